@@ -1,0 +1,32 @@
+# Every target sets up what it needs: a .venv with torch (TORCH_SPEC) and the package.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.aotgrad-installed
+
+.PHONY: venv test demo conformance bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -x -p no:cacheprovider tests
+
+demo: $(STAMP)
+	$(PY) -m aotgrad.demo
+
+conformance: $(STAMP)
+	$(PY) -m tests.conformance.run_opinfo --all --json conformance-results.json
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) aotgrad-out

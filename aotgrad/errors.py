@@ -1,0 +1,57 @@
+"""Typed user-facing errors.
+
+Each error is one actionable sentence; where the problem comes from a line of
+the user's program, that line is named (``file:line in function``).
+Internal invariants are plain ``assert``s, never these.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+
+_PKG_DIRS = (
+    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.abspath(__import__("torch").__file__)),
+)
+
+
+class AotgradError(Exception):
+    """Base of every error aotgrad raises for a user's program or call."""
+
+    def __init__(self, message: str, *, user_line: str | None = None):
+        self.user_line = user_line
+        super().__init__(f"{message} (at {user_line})" if user_line else message)
+
+
+class UnsupportedError(AotgradError):
+    """A construct or operator that cannot be captured."""
+
+
+class DataDependentError(UnsupportedError):
+    """Python control flow or a shape that depends on tensor values."""
+
+
+class InputMismatchError(AotgradError):
+    """A compiled function was called with inputs it was not captured for."""
+
+
+class GraphContractError(AotgradError):
+    """A user-edited graph does not keep the inputs/outputs contract."""
+
+
+class MutationError(UnsupportedError):
+    """An input mutation that cannot be replayed faithfully."""
+
+
+class BudgetError(AotgradError):
+    """A memory budget that no partition can meet."""
+
+
+def user_frame(tb) -> str | None:
+    """The innermost frame of ``tb`` that belongs to the user's code, as text."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    for fr in reversed(frames):
+        path = os.path.abspath(fr.filename)
+        if not path.startswith(_PKG_DIRS) and "<" not in fr.filename:
+            return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
+    return None

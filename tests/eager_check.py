@@ -1,0 +1,144 @@
+"""The one helper every behaviour test uses: run a program eagerly and
+compiled, on identical fresh inputs, and compare everything a user can see.
+
+Compared: outputs (pytree structure, values, dtype, shape, requires_grad,
+whether each output aliases an input), the in-place effects on every input
+tensor and on module parameters and buffers (values and metadata), and the
+gradients of every leaf (inputs and parameters) after a backward pass through
+a fixed random weighting of the outputs.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+import aotgrad
+
+
+@dataclass
+class Run:
+    fn: Any
+    args: tuple
+    kwargs: dict
+    out: Any
+    compiled: Any = None
+
+
+def default_compile(fn, args, kwargs, **opts):
+    capture_opts = {k: opts.pop(k) for k in ("dynamic",) if k in opts}
+    captured = aotgrad.capture(fn, *args, **capture_opts, **kwargs)
+    return captured.compile(**opts)
+
+
+def _fresh(fn, args, kwargs, make):
+    if make is not None:
+        made = make()
+        fn2, a, k = made if len(made) == 3 else (fn, *made)
+        return fn2, tuple(a), dict(k)
+    return copy.deepcopy((fn, tuple(args), dict(kwargs or {})))
+
+
+def _tensors(tree):
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def _state(fn, args, kwargs):
+    """Every tensor the program can change, with a stable name."""
+    named = {}
+    if isinstance(fn, torch.nn.Module):
+        for n, t in fn.named_parameters():
+            named[f"param {n}"] = t
+        for n, t in fn.named_buffers():
+            named[f"buffer {n}"] = t
+    for i, t in enumerate(_tensors((args, kwargs))):
+        named[f"input tensor {i}"] = t
+    return named
+
+
+def _alias_signature(out, inputs):
+    sig = []
+    ptrs = [t.untyped_storage().data_ptr() for t in inputs]
+    for o in _tensors(out):
+        same = [i for i, t in enumerate(inputs) if o is t]
+        shares = [i for i, p in enumerate(ptrs) if p == o.untyped_storage().data_ptr() and p != 0]
+        sig.append((tuple(same), tuple(shares)))
+    return sig
+
+
+def assert_close(a, b, what, rtol, atol):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{what}: eager gave a tensor, compiled {type(b)}"
+        assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+        assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
+        assert a.device == b.device, f"{what}: device {a.device} vs {b.device}"
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=lambda m: f"{what}: {m}")
+    else:
+        assert type(a) is type(b) and a == b, f"{what}: {a!r} vs {b!r}"
+
+
+def _weights(out, seed):
+    g = torch.Generator().manual_seed(seed + 1)
+    return [torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)
+            if o.requires_grad else None for o in _tensors(out)]
+
+
+def _backward(out, weights):
+    terms = [(o * w).sum() for o, w in zip(_tensors(out), weights) if w is not None]
+    if terms:
+        torch.stack(terms).sum().backward()
+    return bool(terms)
+
+
+def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
+          compile: Callable = default_compile, backward: bool = True,
+          rtol: float = 1.3e-6, atol: float = 1e-5, seed: int = 0, calls: int = 1,
+          **opts) -> Run:
+    """Compare ``fn(*args, **kwargs)`` eagerly and compiled; return the compiled run.
+
+    ``make`` returns fresh ``(args, kwargs)`` or ``(fn, args, kwargs)`` per run,
+    for inputs that cannot be deep-copied (non-leaf views, shared storages).
+    ``calls`` runs both that many times on the same inputs (state carried over).
+    """
+    fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
+    for _ in range(calls):
+        torch.manual_seed(seed)
+        out_e = fn_e(*args_e, **kw_e)
+    weights = _weights(out_e, seed)
+    state_e = _state(fn_e, args_e, kw_e)
+
+    fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
+    compiled = compile(fn_c, args_c, kw_c, **dict(opts))
+    for _ in range(calls):
+        torch.manual_seed(seed)
+        out_c = compiled(*args_c, **kw_c)
+    state_c = _state(fn_c, args_c, kw_c)
+
+    _, spec_e = pytree.tree_flatten(out_e)
+    _, spec_c = pytree.tree_flatten(out_c)
+    assert spec_e == spec_c, f"output structure differs:\n eager {spec_e}\n compiled {spec_c}"
+    for i, (a, b) in enumerate(zip(pytree.tree_leaves(out_e), pytree.tree_leaves(out_c))):
+        assert_close(a, b, f"output {i}", rtol, atol)
+        if isinstance(a, torch.Tensor):
+            assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs {b.requires_grad}"
+    assert _alias_signature(out_e, _tensors((args_e, kw_e))) == _alias_signature(out_c, _tensors((args_c, kw_c))), \
+        "outputs alias inputs differently"
+    for name, t in state_e.items():
+        c = state_c[name]
+        assert t.stride() == c.stride() or t.numel() <= 1, f"{name} strides after call: {t.stride()} vs {c.stride()}"
+        assert_close(t, c, f"{name} after call", rtol, atol)
+
+    if backward and _backward(out_e, weights):
+        assert _backward(out_c, weights)
+        for name, t in state_e.items():
+            c = state_c[name]
+            if t.grad is None:
+                assert c.grad is None or not c.grad.any(), f"{name}: eager has no grad, compiled does"
+            else:
+                assert c.grad is not None, f"{name}: compiled produced no grad"
+                assert_close(t.grad, c.grad, f"grad of {name}", rtol * 10, atol * 10)
+    return Run(fn_c, args_c, kw_c, out_c, compiled)
