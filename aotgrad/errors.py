@@ -55,3 +55,7 @@ def user_frame(tb) -> str | None:
         if not path.startswith(_PKG_DIRS) and "<" not in fr.filename:
             return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
     return None
+
+
+class TraceError(AotgradError):
+    """The user's program failed while being traced."""

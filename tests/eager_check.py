@@ -142,3 +142,48 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
                 assert c.grad is not None, f"{name}: compiled produced no grad"
                 assert_close(t.grad, c.grad, f"grad of {name}", rtol * 10, atol * 10)
     return Run(fn_c, args_c, kw_c, out_c, compiled)
+
+
+def _named_state(model):
+    return {**{f"param {n}": p for n, p in model.named_parameters()},
+            **{f"buffer {n}": b for n, b in model.named_buffers()}}
+
+
+def check_training(make: Callable, *, steps: int = 3, batches: Callable | None = None,
+                   optimizer: Callable = lambda ps: torch.optim.SGD(ps, lr=0.1),
+                   compile: Callable = default_compile, rtol: float = 1e-5, atol: float = 1e-5,
+                   seed: int = 0, **opts) -> list[tuple[float, float]]:
+    """Train an eager and a compiled copy of a model side by side; return the
+    per-step ``(eager loss, compiled loss)``.
+
+    ``make()`` returns ``(model, args)`` with ``model(*args)`` the loss and must
+    build identical copies on each call; capture uses ``args``, and
+    ``batches(step)``, if given, supplies each step's args. Every step compares
+    the loss, each gradient, and every parameter and buffer after the update,
+    so a drift is reported at the step it starts, not after it has compounded.
+    """
+    model_e, args = make()
+    model_c, args_c = make()
+    compiled = compile(model_c, tuple(args_c), {}, **dict(opts))
+    opt_e, opt_c = optimizer(model_e.parameters()), optimizer(model_c.parameters())
+    losses = []
+    for step in range(steps):
+        batch = tuple(batches(step)) if batches is not None else tuple(args)
+        results = []
+        for fn, opt in ((model_e, opt_e), (compiled, opt_c)):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(seed + step)
+            loss = fn(*batch)
+            loss.backward()
+            results.append(loss)
+        assert_close(results[0], results[1], f"loss at step {step}", rtol, atol)
+        for (name, t), c in zip(_named_state(model_e).items(), _named_state(model_c).values()):
+            if t.grad is not None:
+                assert c.grad is not None, f"{name}: compiled produced no grad at step {step}"
+                assert_close(t.grad, c.grad, f"grad of {name} at step {step}", rtol * 10, atol * 10)
+        opt_e.step()
+        opt_c.step()
+        for (name, t), c in zip(_named_state(model_e).items(), _named_state(model_c).values()):
+            assert_close(t, c, f"{name} after step {step}", rtol * 10, atol * 10)
+        losses.append((results[0].item(), results[1].item()))
+    return losses

@@ -1,0 +1,140 @@
+"""Input mutations, output aliasing and requires-grad flow of a program.
+
+Found by running the flat function once on functional fake tensors:
+functionalization records which inputs had their data or metadata changed,
+and storages tell which outputs alias inputs or intermediates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..capture.session import Session, from_functional, functional_mode, to_functional
+
+
+@dataclass(frozen=True)
+class ViewMeta:
+    """How to regenerate a view: ``base.as_strided(size, stride, offset)``."""
+    size: tuple
+    stride: tuple
+    offset: Any
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "ViewMeta":
+        return ViewMeta(tuple(map(symbolic, t.shape)), tuple(map(symbolic, t.stride())),
+                        symbolic(t.storage_offset()))
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(v, int) for v in (*self.size, *self.stride, self.offset))
+
+
+def symbolic(v):
+    """An int stays an int; a SymInt becomes its sympy expression (a fact, not a live symbol)."""
+    if isinstance(v, torch.SymInt):
+        expr = v.node.expr
+        return int(expr) if expr.is_number else expr
+    return int(v)
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    requires_grad: bool
+    mutates_data: bool
+    mutates_metadata: bool
+    mutation_hidden: bool        # every mutation ran under no_grad: replay without autograd
+    new_meta: ViewMeta | None    # metadata after a metadata mutation
+
+    @property
+    def mutation_needs_autograd(self) -> bool:
+        return self.mutates_data and not self.mutation_hidden
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    """``kind``: ``plain`` (computed by the graph), ``input`` (is input ``index``),
+    ``input_view`` (a view of input ``index``), ``output`` (the same object as
+    output ``index``), ``output_view`` (a view of plain output ``index``),
+    ``intermediate_view`` (a view of hidden base ``index``, an intermediate the
+    graph also returns), ``constant`` (a non-tensor leaf, ``value``)."""
+    kind: str
+    index: int = -1
+    view: ViewMeta | None = None
+    requires_grad: bool = False
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[OutputInfo, ...]
+    base_count: int                 # intermediate bases returned as extra outputs
+    fake_outputs: tuple             # fake values of the graph's forward values (for tangents)
+    fw_requires_grad: tuple         # whether each forward value requires grad
+
+    def mutated(self):
+        return [i for i, info in enumerate(self.inputs) if info.mutates_data]
+
+
+def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
+    """Run ``flat_fn`` functionalized on fakes and describe what it did."""
+    with session.tracing(), functional_mode():
+        f_ins = [to_functional(t) for t in fake_inputs]
+        f_outs = flat_fn(*f_ins)
+        inputs = tuple(_input_info(f, t) for f, t in zip(f_ins, fake_inputs))
+        outputs, bases = _output_infos(f_outs, f_ins)
+        fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
+              + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
+        rg = tuple(v.requires_grad for v in fw)
+        fake_outs = tuple(from_functional(v) for v in fw)
+    return Analysis(inputs, outputs, len(bases), fake_outs, rg)
+
+
+def _input_info(f, t) -> InputInfo:
+    if not isinstance(t, torch.Tensor):
+        return InputInfo(False, False, False, False, None)
+    torch._sync(f)
+    data = torch._functionalize_has_data_mutation(f.elem)
+    meta = (f.shape != t.shape or f.stride() != t.stride()
+            or f.storage_offset() != t.storage_offset())
+    hidden = data and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(f.elem)
+    return InputInfo(t.requires_grad, data, meta, hidden, ViewMeta.of(f) if meta else None)
+
+
+def _output_infos(f_outs, f_ins):
+    in_storages = {}
+    for i, f in enumerate(f_ins):
+        if isinstance(f, torch.Tensor):
+            in_storages.setdefault(StorageWeakRef(f.untyped_storage()), i)
+    infos, bases, seen = [], [], {}
+    plain_ids = {id(o): j for j, o in reversed(list(enumerate(f_outs)))
+                 if isinstance(o, torch.Tensor) and not o._is_view()}
+    for j, o in enumerate(f_outs):
+        if not isinstance(o, torch.Tensor):
+            infos.append(OutputInfo("constant", value=o))
+            continue
+        rg = o.requires_grad
+        same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
+        storage = StorageWeakRef(o.untyped_storage())
+        if same_in is not None:
+            infos.append(OutputInfo("input", same_in, requires_grad=rg))
+        elif id(o) in seen:
+            infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg))
+        elif storage in in_storages:
+            infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.of(o), rg))
+        elif o._is_view() and id(o._base) in plain_ids:
+            infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.of(o), rg))
+        elif o._is_view():
+            base = o._base
+            k = next((b for b, t in enumerate(bases) if t is base), None)
+            if k is None:
+                k = len(bases)
+                bases.append(base)
+            infos.append(OutputInfo("intermediate_view", k, ViewMeta.of(o), rg))
+        else:
+            infos.append(OutputInfo("plain", requires_grad=rg))
+        seen.setdefault(id(o), j)
+    return tuple(infos), bases

@@ -1,0 +1,37 @@
+"""Graph compilers behind a registry.
+
+A compiler is ``(gm: GraphModule, example_inputs: list) -> callable``; it gets
+a forward or backward graph and fake example inputs and returns what runs it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import AotgradError
+
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register(name: str, compiler: Callable) -> None:
+    _REGISTRY[name] = compiler
+
+
+def get(name_or_fn) -> Callable:
+    if callable(name_or_fn):
+        return name_or_fn
+    try:
+        return _REGISTRY[name_or_fn]
+    except KeyError:
+        raise AotgradError(f"unknown backend {name_or_fn!r}; registered: {sorted(_REGISTRY)}") from None
+
+
+def list() -> list[str]:  # noqa: A001 - the public name the API promises
+    return sorted(_REGISTRY)
+
+
+def eager(gm, example_inputs):
+    """Run the graph as Python: the reference backend."""
+    return gm.forward
+
+
+register("eager", eager)

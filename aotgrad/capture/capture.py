@@ -1,0 +1,105 @@
+"""Stage 0 -> stage 1: ``capture(fn, *args, **kwargs) -> Captured``."""
+from __future__ import annotations
+
+import torch
+
+from .. import errors
+from ..analysis.metadata import analyze
+from ..frontend.flatten import flat_function, signature
+from ..guards import inputs as input_guards
+from ..observe import timed
+from ..passes import eliminate_dead_code, remove_detach
+from ..stages import Captured, Setup
+from .descriptors import Desc, of
+from .joint import layout, trace_joint
+from .session import Session
+
+_DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
+                   "DynamicOutputShapeException", "PendingUnbackedSymbolNotFound")
+_UNSUPPORTED = ("UnsupportedOperatorException", "UnsupportedFakeTensorException")
+
+
+def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
+    """Trace ``fn(*args, **kwargs)`` forward and backward into one joint graph.
+
+    Nothing runs for real: inputs are replaced by fake tensors. ``dynamic=True``
+    makes every size symbolic; tensors marked with ``torch._dynamo.mark_dynamic``
+    get symbolic sizes on the marked dimensions only.
+    """
+    history: list = []
+    with timed(history, "setup") as info:
+        setup = make_setup(fn, args, kwargs, dynamic)
+        info["inputs"] = len(setup.input_descs)
+    with timed(history, "analyze"):
+        analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+    lay = layout(analysis, setup.session.grad_enabled)
+    with timed(history, "trace joint") as info:
+        joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay))
+        info["nodes"] = len(joint.graph.nodes)
+    for p in (remove_detach, eliminate_dead_code):
+        with timed(history, p.__name__):
+            joint = p(joint)
+    with timed(history, "input guards"):
+        guards = _input_guards(setup)
+    in_descs, out_descs = _joint_descs(setup, analysis, lay)
+    name_placeholders(joint, in_descs)
+    return Captured(setup, joint, analysis, lay, guards, setup.out_specs[0],
+                    in_descs, out_descs, tuple(history))
+
+
+def name_placeholders(gm, descs) -> None:
+    """Rename the joint's inputs after their descriptors (``p_fc1_weight``, ``tangent_output_0``)."""
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, d in zip(ph, descs):
+        n._rename(d.ident())
+        n.target = n.name
+    gm.recompile()
+
+
+def make_setup(fn, args, kwargs, dynamic) -> Setup:
+    sig, tensors, descs = signature(fn, args, kwargs)
+    session = Session(dynamic=dynamic, grad_enabled=torch.is_grad_enabled())
+    fakes = [session.fakeify(t) for t in tensors]
+    out_specs: list = []
+    return Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
+                 session, tuple(fakes), tuple(tensors))
+
+
+def _traced(thunk):
+    """Run a trace; turn failures in the user's program into typed errors naming their line."""
+    try:
+        return thunk()
+    except errors.AotgradError:
+        raise
+    except Exception as e:
+        line = errors.user_frame(e.__traceback__)
+        kind = type(e).__name__
+        if kind in _DATA_DEPENDENT:
+            raise errors.DataDependentError(
+                "cannot capture control flow or a shape that depends on tensor values "
+                f"({_first_line(e)}); compute it outside the captured function or use torch.where/torch.cond",
+                user_line=line) from e
+        if kind in _UNSUPPORTED or "numpy" in str(e).lower():
+            raise errors.UnsupportedError(f"cannot capture this operation: {_first_line(e)}", user_line=line) from e
+        raise errors.TraceError(f"tracing failed with {kind}: {_first_line(e)}", user_line=line) from e
+
+
+def _first_line(e) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def _input_guards(setup: Setup):
+    specs = [input_guards.tensor_spec(f, t) for f, t in zip(setup.fake_inputs, setup.real_inputs)]
+    conds = input_guards.shape_conditions(setup.session.shape_env)
+    return input_guards.build(specs, [str(d) for d in setup.input_descs], conds)
+
+
+def _joint_descs(setup, analysis, lay):
+    ins = list(setup.input_descs)
+    fw = [of("mutation", ins[i]) for i in analysis.mutated()]
+    fw += [Desc("output", str(j)) for j, info in enumerate(analysis.outputs) if info.kind == "plain"]
+    fw += [Desc("base", f"views {k}") for k in range(analysis.base_count)]
+    tangents = [of("tangent", fw[k]) for k in lay.tangent_of]
+    grads = [of("grad", ins[i]) for i in lay.grad_of]
+    return tuple(ins + tangents), tuple(fw + grads)

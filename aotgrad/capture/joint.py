@@ -1,0 +1,94 @@
+"""Trace the joint forward+backward function into one functional ATen graph.
+
+The joint function takes ``(*primals, *tangents)`` and returns
+``(*forward_values, *grads)`` where the forward values are, in order, the new
+values of data-mutated inputs, the plain outputs and the hidden bases of
+outputs that are views of intermediates (see :mod:`aotgrad.analysis.metadata`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..analysis.metadata import Analysis
+from .session import Session, from_functional, functional_mode, to_functional
+
+
+@dataclass(frozen=True)
+class JointLayout:
+    """Positions in the joint graph's inputs and outputs."""
+    n_primals: int
+    tangent_of: tuple       # forward-value index each tangent belongs to
+    n_fw: int               # forward values
+    grad_of: tuple          # primal index each grad output belongs to
+
+    @property
+    def is_inference(self) -> bool:
+        return not self.grad_of
+
+
+def layout(analysis: Analysis, grad_enabled: bool) -> JointLayout:
+    needs = [rg and (v.dtype.is_floating_point or v.dtype.is_complex)
+             for v, rg in zip(analysis.fake_outputs, analysis.fw_requires_grad)]
+    tangent_of = tuple(i for i, n in enumerate(needs) if n) if grad_enabled else ()
+    grad_of = tuple(i for i, info in enumerate(analysis.inputs) if info.requires_grad) if tangent_of else ()
+    if not grad_of:
+        tangent_of = ()
+    return JointLayout(len(analysis.inputs), tangent_of, len(analysis.fake_outputs), grad_of)
+
+
+def forward_values(call_ins, outs, analysis: Analysis) -> list:
+    """The graph's forward values from one run of the flat function."""
+    mutated = [call_ins[i] for i in analysis.mutated()]
+    plain = [o for o, info in zip(outs, analysis.outputs) if info.kind == "plain"]
+    bases = [None] * analysis.base_count
+    for o, info in zip(outs, analysis.outputs):
+        if info.kind == "intermediate_view":
+            bases[info.index] = o._base
+    return mutated + plain + bases
+
+
+def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: bool):
+    def joint(*flat):
+        primals, tangents = flat[:lay.n_primals], flat[lay.n_primals:]
+        with functional_mode():
+            f_ins = [to_functional(p) for p in primals]
+            # Mutating a clone keeps the original value for autograd.grad to differentiate.
+            call_ins = [f.clone() if info.mutates_data and info.requires_grad else f
+                        for f, info in zip(f_ins, analysis.inputs)]
+            with torch.set_grad_enabled(grad_enabled):
+                outs = flat_fn(*call_ins)
+            fw = forward_values(call_ins, outs, analysis)
+            grads = []
+            if lay.grad_of:
+                grads = torch.autograd.grad(
+                    [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
+                    [to_functional(t) for t in tangents], allow_unused=True)
+            return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
+    return joint
+
+
+def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
+                lay: JointLayout) -> torch.fx.GraphModule:
+    with session.fake_mode:
+        tangents = [torch.empty_strided(analysis.fake_outputs[i].shape,
+                                        _contiguous_strides(analysis.fake_outputs[i].shape),
+                                        dtype=analysis.fake_outputs[i].dtype,
+                                        device=analysis.fake_outputs[i].device)
+                    for i in lay.tangent_of]
+    fn = joint_function(flat_fn, analysis, lay, session.grad_enabled)
+    # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
+    # running for real (which would bake a constant and consume the real RNG).
+    with session.fake_mode:
+        return make_fx(fn, pre_dispatch=False, record_stack_traces=True,
+                       _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc = acc * s
+    return tuple(reversed(strides))

@@ -1,0 +1,64 @@
+"""The tracing session: the one place that enters fake mode, the shape
+environment, functionalization and the grad mode for tracing.
+
+Everything a trace needs is held as data on :class:`Session`; callers pass a
+function and get results back, never a context manager to keep open.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic, ShapeEnv, StatelessSymbolicContext,
+)
+
+
+@dataclass
+class Session:
+    """Fake mode and shape environment shared by every trace of one capture."""
+    dynamic: bool | None
+    grad_enabled: bool
+    shape_env: ShapeEnv = field(default_factory=ShapeEnv)
+    fake_mode: FakeTensorMode | None = None
+
+    def __post_init__(self):
+        if self.fake_mode is None:
+            self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+
+    def fakeify(self, t: torch.Tensor, dynamic_dims=()) -> torch.Tensor:
+        """A fake copy of ``t``; sizes symbolic where ``dynamic`` or hinted."""
+        dims = set(dynamic_dims) | set(getattr(t, "_dynamo_dynamic_indices", ()))
+        if self.dynamic:
+            dims = set(range(t.dim()))
+        ctx = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())])
+        return self.fake_mode.from_tensor(t, symbolic_context=ctx)
+
+    @contextlib.contextmanager
+    def tracing(self):
+        """Fake mode and the captured grad mode, for metadata analysis."""
+        with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+            yield
+
+    @property
+    def has_symbols(self) -> bool:
+        return bool(self.shape_env.var_to_val) or bool(self.shape_env.guards)
+
+
+def to_functional(t):
+    return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
+
+
+def from_functional(t):
+    if isinstance(t, FunctionalTensor):
+        torch._sync(t)
+        return torch._from_functional_tensor(t.elem)
+    return t
+
+
+def functional_mode() -> FunctionalTensorMode:
+    return FunctionalTensorMode()

@@ -1,0 +1,53 @@
+"""Stage 1 -> stage 2: partition the joint graph, compile both halves and
+wrap them into a callable that behaves like the user's function."""
+from __future__ import annotations
+
+import torch
+
+from . import backends, partition
+from .observe import timed
+from .runtime.call import make_call
+from .runtime.function import autograd_function
+from .stages import Captured, Compiled
+
+
+def _examples(gm) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) -> Compiled:
+    history = list(captured.history)
+    lay = captured.layout
+    fw_c = backends.get(fw_compiler)
+    bw_c = backends.get(bw_compiler if bw_compiler is not None else fw_compiler)
+    if lay.is_inference:
+        part, fw_gm, bw_gm = None, captured.joint, None
+        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
+            fw = fw_c(fw_gm, _examples(fw_gm))
+
+        def run(flat):
+            with torch.no_grad():
+                return fw(*flat)
+    else:
+        with timed(history, "partition") as info:
+            part = partition.get(partitioner)(captured.joint, lay)
+            info["saved"] = len(part.saved)
+        fw_gm, bw_gm = part.forward, part.backward
+        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
+            fw = fw_c(fw_gm, _examples(fw_gm))
+        with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
+            bw = bw_c(bw_gm, _examples(bw_gm))
+        fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
+                                     lay.tangent_of, lay.grad_of,
+                                     name=f"Compiled_{captured.setup.flat_fn.__name__}")
+        run = _apply(fn_class)
+    call = make_call(captured, run)
+    return Compiled(captured, part, fw_gm, bw_gm, call, tuple(history))
+
+
+def _apply(fn_class):
+    apply = fn_class.apply
+
+    def run(flat):
+        return apply(*flat)
+    return run

@@ -1,0 +1,111 @@
+"""Input guards of one captured graph, generated as one Python function.
+
+Checked on every call: dtype, device, rank and sizes (exact for static
+dimensions; for symbolic ones, the values bind the shape environment's
+symbols and its guards and value ranges must hold), requires_grad, and the
+non-tensor values that were baked into the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.printers import PythonPrinter
+
+from ..errors import InputMismatchError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple            # ints, or sympy expressions of the shape environment's symbols
+    requires_grad: bool
+
+
+def tensor_spec(fake: torch.Tensor, real: torch.Tensor) -> TensorSpec:
+    size = tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
+    return TensorSpec(real.dtype, real.device, size, real.requires_grad)
+
+
+def shape_conditions(shape_env) -> list:
+    """The shape environment's guards and value ranges as sympy booleans."""
+    conds = [g.expr for g in shape_env.guards]
+    for sym, vr in shape_env.var_to_range.items():
+        if sym not in shape_env.var_to_val:
+            continue            # unbacked symbols are outputs, not inputs
+        if _finite(vr.lower):
+            conds.append(sympy.Ge(sym, int(vr.lower)))
+        if _finite(vr.upper):
+            conds.append(sympy.Le(sym, int(vr.upper)))
+    for sym, rep in shape_env.replacements.items():
+        if sym in shape_env.var_to_val and rep != sym:
+            conds.append(sympy.Eq(sym, rep))
+    return conds
+
+
+@dataclass(frozen=True)
+class InputGuards:
+    specs: tuple            # TensorSpec per flat tensor
+    descs: tuple            # descriptor text per flat tensor
+    conditions: tuple       # sympy booleans over symbols
+    source: str             # generated checker, for reading
+    check: object           # (flat) -> None, or a failing index / condition text
+    bind: object            # (flat) -> {symbol name: int}
+
+    def __call__(self, flat) -> None:
+        failed = self.check(flat)
+        if failed is not None:
+            raise InputMismatchError(self.explain(flat, failed))
+
+    def explain(self, flat, failed) -> str:
+        if isinstance(failed, str):
+            return f"inputs violate the shape assumption {failed} made while tracing (sizes {self.bind(flat)})"
+        spec, t, name = self.specs[failed], flat[failed], self.descs[failed]
+        if not isinstance(t, torch.Tensor):
+            return f"{name} was a tensor when captured, now {type(t).__name__}"
+        for what, was, now in (("dtype", spec.dtype, t.dtype), ("device", spec.device, t.device),
+                               ("rank", len(spec.size), t.dim()), ("requires_grad", spec.requires_grad, t.requires_grad)):
+            if was != now:
+                return f"{name}: {what} was {was} when captured, now {now}"
+        for d, (was, now) in enumerate(zip(spec.size, t.shape)):
+            if isinstance(was, int) and was != now:
+                return f"{name}: size({d}) was {was} when captured, now {now}"
+        return f"{name}: sizes {tuple(t.shape)} do not fit the captured shape {spec.size}"
+
+
+def build(specs, descs, conditions) -> InputGuards:
+    lines, env, bound = ["def check(flat):"], {"torch": torch}, {}
+    bind_lines = ["def bind(flat):", "    return {"]
+    for i, spec in enumerate(specs):
+        env[f"dt{i}"], env[f"dev{i}"] = spec.dtype, spec.device
+        lines += [f"    t = flat[{i}]",
+                  f"    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor) or t.dtype is not dt{i} "
+                  f"or t.requires_grad is not {spec.requires_grad} or t.device != dev{i} or t.dim() != {len(spec.size)}: return {i}"]
+        exact = [f"t.shape[{d}] != {s}" for d, s in enumerate(spec.size) if isinstance(s, int)]
+        for d, s in enumerate(spec.size):
+            if isinstance(s, sympy.Symbol) and s not in bound:
+                bound[s] = f"flat[{i}].shape[{d}]"
+                bind_lines.append(f"        {str(s)!r}: flat[{i}].shape[{d}],")
+            elif not isinstance(s, int):
+                exact.append(f"t.shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))})")
+        if exact:
+            lines.append(f"    if {' or '.join(exact)}: return {i}")
+    for c in conditions:
+        text = PythonPrinter().doprint(_subst(c, bound))
+        lines.append(f"    if not ({text}): return {str(c)!r}")
+    lines.append("    return None")
+    bind_lines.append("    }")
+    src = "\n".join(lines) + "\n\n" + "\n".join(bind_lines) + "\n"
+    exec(compile(src, "<aotgrad input guards>", "exec"), env)
+    return InputGuards(tuple(specs), tuple(descs), tuple(conditions), src, env["check"], env["bind"])
+
+
+def _finite(v) -> bool:
+    return v not in (int_oo, -int_oo, sympy.oo, -sympy.oo)
+
+
+def _subst(expr, bound):
+    return expr.xreplace({s: sympy.Symbol(src, integer=True) for s, src in bound.items()})

@@ -1,0 +1,68 @@
+"""The default partitioner: the forward computes what the forward outputs
+need; the backward computes the rest; the forward saves every forward value
+the backward reads. Nothing runs in both graphs."""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from ..analysis.ops import is_random
+from ..capture.joint import JointLayout
+from .graphs import ancestors, descendants, extract, is_sym, output_values, placeholders
+
+
+@dataclass(frozen=True)
+class Partition:
+    forward: fx.GraphModule     # (*primals) -> (*fw_values, *saved_tensors, *saved_symbols)
+    backward: fx.GraphModule    # (*saved_tensors, *saved_symbols, *tangents) -> (*grads)
+    saved: tuple[str, ...]      # names of saved values, tensors first
+    n_saved_tensors: int
+
+
+def split_nodes(joint: fx.GraphModule, lay: JointLayout):
+    """Primal and tangent placeholders, forward outputs and grad outputs."""
+    ph = placeholders(joint.graph)
+    outs = output_values(joint.graph)
+    return ph[:lay.n_primals], ph[lay.n_primals:], outs[:lay.n_fw], outs[lay.n_fw:]
+
+
+def forward_nodes(joint, lay):
+    """Nodes the forward must run: what the forward values need, plus symbolic
+    sizes of primals (cheap to save; saving them spares saving whole tensors)."""
+    primals, tangents, fw_outs, _ = split_nodes(joint, lay)
+    tangent_dep = descendants(tangents)
+    fw = ancestors(fw_outs) | set(primals)
+    # Random ops run in the forward, in eager's order, even when unused: the RNG must advance the same.
+    fw |= {n for n in joint.graph.nodes if (is_sym(n) or is_random(n)) and n not in tangent_dep
+           and n.op == "call_function"}
+    fw = fw | ancestors(fw - set(primals))
+    # Unpacking a multi-output op is free; saving its parts beats saving the tuple.
+    fw |= {n for n in joint.graph.nodes if n.target is operator.getitem and n.args[0] in fw}
+    assert not (fw & tangent_dep), "a forward value depends on a tangent"
+    return fw
+
+
+def build(joint: fx.GraphModule, lay: JointLayout, fw_set: set) -> Partition:
+    """Forward and backward graphs for a given set of forward nodes."""
+    primals, tangents, fw_outs, grads = split_nodes(joint, lay)
+    bw_set = ancestors([g for g in grads if g is not None], stop=fw_set) - fw_set
+    bw_set |= set(tangents)
+    saved = [n for n in joint.graph.nodes if n in fw_set and n.op not in ("output", "get_attr")
+             and any(u in bw_set for u in n.users)]
+    saved_t = [n for n in saved if not is_sym(n)]
+    saved_s = [n for n in saved if is_sym(n)]
+    fw_gm = extract(joint, primals, fw_set, [*fw_outs, *saved_t, *saved_s], "Forward")
+    bw_gm = extract(joint, [*saved_t, *saved_s, *tangents], bw_set, list(grads), "Backward")
+    return Partition(fw_gm, bw_gm, tuple(n.name for n in saved_t + saved_s), len(saved_t))
+
+
+def default_partition(joint: fx.GraphModule, lay: JointLayout) -> Partition:
+    """Save what the backward reads; recompute nothing.
+
+    joint: ``a = mm(x, w); r = relu(a); gr = threshold_backward(t, r, 0); ...``
+    forward: ``a = mm(x, w); r = relu(a); return (r, r)``  (output, saved)
+    backward: ``gr = threshold_backward(t, r, 0); ...``
+    """
+    return build(joint, lay, forward_nodes(joint, lay))

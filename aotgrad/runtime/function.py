@@ -1,0 +1,42 @@
+"""The ``torch.autograd.Function`` that runs a compiled forward and backward."""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
+                      tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction"):
+    """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
+
+    ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
+    ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
+    """
+    n_saved_end = n_fw + n_saved_tensors
+    nondiff = tuple(k for k in range(n_fw) if k not in set(tangent_of))
+
+    def forward(ctx, *primals):
+        outs = fw(*primals)
+        ctx.save_for_backward(*outs[n_fw:n_saved_end])
+        ctx.symbols = outs[n_saved_end:]
+        fw_values = outs[:n_fw]
+        if nondiff:
+            ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
+        return tuple(fw_values)
+
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        tangents = [_contiguous(grad_outputs[k]) for k in tangent_of]
+        grads = bw(*ctx.saved_tensors, *ctx.symbols, *tangents)
+        full = [None] * n_primals
+        for i, g in zip(grad_of, grads):
+            full[i] = g
+        return tuple(full)
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _contiguous(g):
+    # Traced tangents were contiguous; incoming grads (of a transposed output, say) may not be.
+    return g if g.is_contiguous() else g.contiguous()

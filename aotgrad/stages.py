@@ -1,0 +1,88 @@
+"""The pipeline's stage objects: Setup -> Captured -> Compiled.
+
+Each is immutable once built and moves forward by a method.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from . import errors
+from .observe import Step, timed
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Stage 0: the user's call flattened, with fake inputs in a tracing session."""
+    fn: Any
+    signature: Any               # frontend.flatten.Signature
+    input_descs: tuple           # Desc per flat input
+    flat_fn: Any
+    out_specs: list              # output tree spec recorded by each trace
+    session: Any                 # capture.session.Session
+    fake_inputs: tuple
+    real_inputs: tuple
+
+
+@dataclass(frozen=True)
+class Captured:
+    """Stage 1: the joint forward+backward graph and what it does to its inputs.
+
+    ``joint`` takes ``(*primals, *tangents)`` and returns ``(*forward_values, *grads)``;
+    ``input_descs``/``output_descs`` name each of them.
+    """
+    setup: Setup
+    joint: fx.GraphModule
+    analysis: Any                # analysis.metadata.Analysis
+    layout: Any                  # capture.joint.JointLayout
+    guards: Any                  # guards.inputs.InputGuards
+    out_spec: pytree.TreeSpec
+    input_descs: tuple
+    output_descs: tuple
+    history: tuple[Step, ...]
+
+    @property
+    def is_inference(self) -> bool:
+        return self.layout.is_inference
+
+    def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default") -> "Compiled":
+        from .compile import compile_captured
+        return compile_captured(self, fw_compiler, bw_compiler, partitioner)
+
+    def with_joint(self, gm: fx.GraphModule) -> "Captured":
+        """The same capture with a user-edited joint graph, after checking its contract."""
+        from .analysis.verify import verify_joint
+        verify_joint(gm, self)
+        step = Step("with_joint", 0.0, {"nodes": len(gm.graph.nodes)})
+        return replace(self, joint=gm, history=self.history + (step,))
+
+    def __str__(self) -> str:
+        from .observe.printing import format_captured
+        return format_captured(self)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Stage 2: compiled forward and backward, callable like the original function."""
+    captured: Captured
+    partition: Any               # partition.Partition (None for inference)
+    forward_graph: fx.GraphModule
+    backward_graph: fx.GraphModule | None
+    call: Any                    # (*args, **kwargs) -> outputs
+    history: tuple[Step, ...]
+
+    def __call__(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+    @property
+    def saved(self) -> tuple:
+        return self.partition.saved if self.partition else ()
+
+    def __str__(self) -> str:
+        from .observe.printing import format_compiled
+        return format_compiled(self)

@@ -1,0 +1,1 @@
+"""Speed and compile-time measurements: aotgrad vs eager vs PyTorch's AOT autograd."""

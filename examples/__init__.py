@@ -1,0 +1,1 @@
+"""Example training programs (models + seeded input factories)."""

@@ -1,0 +1,271 @@
+"""Core behaviours of capture -> compile, each compared with eager."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from dataclasses import dataclass
+
+import aotgrad
+from aotgrad import errors
+from tests.eager_check import check
+
+
+def rand(*shape, rg=True):
+    return torch.randn(*shape, requires_grad=rg)
+
+
+def test_simple_function():
+    check(lambda x, w: (x @ w).relu().sum(), (rand(4, 3), rand(3, 5)))
+
+
+def test_pytree_inputs_and_outputs():
+    def f(d, pair, scale, none):
+        a, b = pair
+        return {"sum": (d["x"] * scale + a).sum(), "list": [b.sin(), None, 3], "t": (a * 2,)}
+    check(f, ({"x": rand(3)}, (rand(3), rand(2)), 2.5, None))
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(Batch)
+
+
+def test_dataclass_pytree():
+    check(lambda b: Batch(b.x * b.y, b.y.cos()), (Batch(rand(3), rand(3)),))
+
+
+def test_kwargs():
+    check(lambda x, *, mask: (x * mask).sum(), (rand(4),), {"mask": torch.tensor([1., 0, 1, 0])})
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_module_parameters_live():
+    m = MLP()
+    run = check(m, (torch.randn(5, 8),))
+    # the compiled function reads the module's live parameters
+    with torch.no_grad():
+        run.fn.fc1.weight.mul_(2)
+    torch.testing.assert_close(run.compiled(run.args[0]), run.fn(run.args[0]))
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(self.emb(idx)).logsumexp(-1).mean()
+
+
+def test_tied_parameters_passed_once():
+    m = Tied()
+    run = check(m, (torch.randint(0, 10, (3, 4)),))
+    params = [d for d in run.compiled.captured.input_descs if d.kind == "param"]
+    assert [d.name for d in params] == ["emb.weight"]
+
+
+def test_batchnorm_buffers_mutated():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    check(m, (torch.randn(2, 3, 8, 8),), calls=2)
+
+
+def test_input_data_mutation():
+    def f(x, y):
+        x.add_(1)
+        return x * y
+    check(f, (torch.randn(3), rand(3)))
+
+
+def test_mutation_through_view_of_input():
+    def f(x):
+        x[0].mul_(2)
+        x.view(-1)[1:].add_(3)
+        return x.sum()
+    check(f, (torch.randn(3, 4),))
+
+
+def test_mutation_of_nonleaf_input_requiring_grad():
+    def make():
+        leaf = torch.randn(4, requires_grad=True)
+        return (leaf * 1, torch.randn(4, requires_grad=True)), {}
+    def f(x, w):
+        x.mul_(w)
+        return (x * 2).sum()
+    check(f, make=make)
+
+
+def test_mutation_under_no_grad_of_param():
+    def f(p, g):
+        out = (p * g).sum()
+        with torch.no_grad():
+            p.sub_(0.1 * g)
+        return out
+    check(f, (rand(3), torch.randn(3)))
+
+
+def test_metadata_mutation():
+    def f(x):
+        x.t_()
+        return x + 1
+    check(f, (torch.randn(2, 3),))
+
+
+def test_outputs_alias_inputs():
+    def f(x):
+        return x, x.view(-1), x.t(), x[1]
+    run = check(f, (torch.randn(3, 4),))
+    x = run.args[0]
+    out = run.out
+    assert out[0] is x
+    assert out[1]._base is x and out[2]._base is x
+
+
+def test_outputs_alias_intermediate():
+    def f(x):
+        y = x * 2
+        return y, y.view(-1), y.t()
+    run = check(f, (rand(3, 4),))
+    y, v, t = run.out
+    assert v._base is y and t._base is y
+    v.add_(0)   # a version-counter bump through the view is seen by its base
+    assert y._version == v._version
+
+
+def test_output_views_of_hidden_intermediate():
+    def f(x):
+        y = x.exp()
+        return y[0], y[1]
+    run = check(f, (rand(3, 4),))
+    a, b = run.out
+    assert a._base is b._base and a._base is not None
+
+
+def test_output_does_not_require_grad_and_integer_outputs():
+    def f(x):
+        return x.argmax(), (x > 0), x.detach() * 2, x.sum()
+    check(f, (rand(5),))
+
+
+def test_dropout_same_numbers_and_mask():
+    check(lambda x: F.dropout(x, 0.5, training=True) * x, (rand(64),))
+
+
+def test_random_ops_consume_rng_like_eager():
+    def f(x):
+        torch.rand(3)            # unused, but advances the RNG
+        return x * torch.rand_like(x)
+    check(f, (rand(4),))
+
+
+def test_same_tensor_passed_twice():
+    x = torch.randn(4, requires_grad=True)
+    check(lambda a, b: (a * b).sum(), make=lambda: ((x.detach().clone().requires_grad_(),) * 2, {}))
+
+
+def test_no_grad_inference_graph():
+    m = MLP()
+    with torch.no_grad():
+        run = check(m, (torch.randn(2, 8),))
+    assert run.compiled.captured.is_inference
+    assert run.compiled.backward_graph is None
+
+
+def test_nothing_requires_grad():
+    run = check(lambda x: x.sin() + 1, (torch.randn(3),))
+    assert run.compiled.captured.is_inference
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * g * x         # deliberately not the true derivative: must be honoured
+
+
+def test_user_autograd_function():
+    check(lambda x: Square.apply(x).sum(), (rand(4),))
+
+
+def test_dynamic_shapes_reuse_and_guards():
+    f = lambda x: (x * x.shape[0]).sum(0)
+    compiled = aotgrad.capture(f, torch.randn(4, 3), dynamic=True).compile()
+    for n in (2, 7):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), f(x))
+    with pytest.raises(errors.InputMismatchError, match="input 0"):
+        compiled(torch.randn(5, 3, 2))
+
+
+@pytest.mark.parametrize("bad, what", [
+    (torch.randn(5, 3), "size\\(0\\) was 4"),
+    (torch.randn(4, 3, dtype=torch.float64), "dtype"),
+    (torch.randn(4, 3, requires_grad=True), "requires_grad"),
+])
+def test_input_mismatch_is_typed(bad, what):
+    compiled = aotgrad.capture(lambda x: x.sum(), torch.randn(4, 3)).compile()
+    with pytest.raises(errors.InputMismatchError, match=what):
+        compiled(bad)
+
+
+def test_data_dependent_control_flow_names_line():
+    def f(x):
+        if x.sum() > 0:  # the offending line
+            return x
+        return -x
+    with pytest.raises(errors.DataDependentError, match="offending line"):
+        aotgrad.capture(f, torch.randn(3))
+
+
+def test_item_in_branch_names_line():
+    def f(x):
+        n = int(x.max().item())  # item drives a branch
+        return x * 2 if n > 0 else x
+    with pytest.raises(errors.DataDependentError, match="item drives a branch"):
+        aotgrad.capture(f, torch.randn(3))
+
+
+def test_numpy_in_forward_is_typed():
+    with pytest.raises(errors.AotgradError):
+        aotgrad.capture(lambda x: torch.from_numpy(x.detach().numpy() * 2), torch.randn(3))
+
+
+def test_print_names_inputs_and_outputs():
+    text = str(aotgrad.capture(MLP(), torch.randn(2, 8)))
+    for name in ("param 'fc1.weight'", "input 0", "tangent of output 0", "grad of param 'fc2.bias'"):
+        assert name in text
+
+
+def test_with_joint_accepts_edit_and_rejects_contract_change():
+    captured = aotgrad.capture(lambda x: (x * 2).sum(), rand(3))
+    gm = captured.joint
+    for n in gm.graph.nodes:          # an edit that keeps the contract: *2 -> *3
+        if n.target is torch.ops.aten.mul.Tensor and n.args[1] == 2:
+            n.args = (n.args[0], 3)
+    gm.recompile()
+    edited = captured.with_joint(gm).compile()
+    x = rand(3)
+    out = edited(x)
+    torch.testing.assert_close(out, (x * 3).sum())
+    bad = torch.fx.symbolic_trace(lambda a: a)
+    with pytest.raises(errors.GraphContractError):
+        captured.with_joint(bad)
+    aotgrad.verify(captured)
