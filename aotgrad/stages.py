@@ -27,6 +27,7 @@ class Setup:
     session: Any                 # capture.session.Session
     fake_inputs: tuple
     real_inputs: tuple
+    rebase: Any = None           # frontend.aliasing.Rebase when aliased inputs are mutated
 
 
 @dataclass(frozen=True)

@@ -35,3 +35,8 @@ def eager(gm, example_inputs):
 
 
 register("eager", eager)
+
+# Imported after ``register`` exists; neither imports Inductor or CUDA at import time.
+from .inductor import inductor  # noqa: E402
+
+register("inductor", inductor)

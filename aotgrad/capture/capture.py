@@ -1,10 +1,13 @@
 """Stage 0 -> stage 1: ``capture(fn, *args, **kwargs) -> Captured``."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import errors
 from ..analysis.metadata import analyze
+from ..frontend.aliasing import find_groups, rebase
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
 from ..observe import timed
@@ -32,6 +35,12 @@ def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
         info["inputs"] = len(setup.input_descs)
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+    changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
+    groups = find_groups(setup.real_inputs, changed)
+    if groups:
+        with timed(history, "synthetic bases", groups=len(groups)):
+            setup = rebased(setup, rebase(len(setup.real_inputs), groups))
+            analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     lay = layout(analysis, setup.session.grad_enabled)
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay))
@@ -58,11 +67,20 @@ def name_placeholders(gm, descs) -> None:
 
 def make_setup(fn, args, kwargs, dynamic) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
-    session = Session(dynamic=dynamic, grad_enabled=torch.is_grad_enabled())
+    session = Session.for_inputs(tensors, dynamic, torch.is_grad_enabled())
     fakes = [session.fakeify(t) for t in tensors]
     out_specs: list = []
     return Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
                  session, tuple(fakes), tuple(tensors))
+
+
+def rebased(setup: Setup, rb) -> Setup:
+    """The same setup with aliased, mutated inputs replaced by synthetic bases."""
+    tensors = rb.graph_inputs(list(setup.real_inputs))
+    session = Session.for_inputs(tensors, setup.session.dynamic, setup.session.grad_enabled)
+    return replace(setup, input_descs=tuple(rb.descs(setup.input_descs)), flat_fn=rb.wrap(setup.flat_fn),
+                   session=session, fake_inputs=tuple(session.fakeify(t) for t in tensors),
+                   real_inputs=tuple(tensors), rebase=rb)
 
 
 def _traced(thunk):

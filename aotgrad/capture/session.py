@@ -27,10 +27,19 @@ class Session:
 
     def __post_init__(self):
         if self.fake_mode is None:
-            self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+            self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True,
+                                            static_shapes=self.dynamic is False)
+
+    @classmethod
+    def for_inputs(cls, tensors, dynamic, grad_enabled) -> "Session":
+        """Static unless asked for ``dynamic`` or some tensor carries ``mark_dynamic`` hints."""
+        hinted = any(getattr(t, "_dynamo_dynamic_indices", None) for t in tensors)
+        return cls(dynamic=True if dynamic else (None if hinted else False), grad_enabled=grad_enabled)
 
     def fakeify(self, t: torch.Tensor, dynamic_dims=()) -> torch.Tensor:
         """A fake copy of ``t``; sizes symbolic where ``dynamic`` or hinted."""
+        if self.dynamic is False:
+            return self.fake_mode.from_tensor(t)
         dims = set(dynamic_dims) | set(getattr(t, "_dynamo_dynamic_indices", ()))
         if self.dynamic:
             dims = set(range(t.dim()))
@@ -43,10 +52,6 @@ class Session:
         """Fake mode and the captured grad mode, for metadata analysis."""
         with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
             yield
-
-    @property
-    def has_symbols(self) -> bool:
-        return bool(self.shape_env.var_to_val) or bool(self.shape_env.guards)
 
 
 def to_functional(t):

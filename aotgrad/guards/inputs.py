@@ -23,25 +23,39 @@ class TensorSpec:
     device: torch.device
     size: tuple            # ints, or sympy expressions of the shape environment's symbols
     requires_grad: bool
+    layout: tuple = ()     # strides then storage offset, the same way
+
+
+def _expr(s):
+    return s.node.expr if isinstance(s, torch.SymInt) else int(s)
+
+
+def _layout_sources(i, ndim):
+    return [f"flat[{i}].stride({d})" for d in range(ndim)] + [f"flat[{i}].storage_offset()"]
 
 
 def tensor_spec(fake: torch.Tensor, real: torch.Tensor) -> TensorSpec:
-    size = tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
-    return TensorSpec(real.dtype, real.device, size, real.requires_grad)
+    return TensorSpec(real.dtype, real.device, tuple(map(_expr, fake.shape)), real.requires_grad,
+                      tuple(map(_expr, (*fake.stride(), fake.storage_offset()))))
+
+
+def _backed(shape_env) -> dict:
+    return getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
 
 
 def shape_conditions(shape_env) -> list:
     """The shape environment's guards and value ranges as sympy booleans."""
     conds = [g.expr for g in shape_env.guards]
+    backed = _backed(shape_env)
     for sym, vr in shape_env.var_to_range.items():
-        if sym not in shape_env.var_to_val:
+        if sym not in backed:
             continue            # unbacked symbols are outputs, not inputs
         if _finite(vr.lower):
             conds.append(sympy.Ge(sym, int(vr.lower)))
         if _finite(vr.upper):
             conds.append(sympy.Le(sym, int(vr.upper)))
     for sym, rep in shape_env.replacements.items():
-        if sym in shape_env.var_to_val and rep != sym:
+        if sym in backed and rep != sym:
             conds.append(sympy.Eq(sym, rep))
     return conds
 
@@ -93,6 +107,12 @@ def build(specs, descs, conditions) -> InputGuards:
                 exact.append(f"t.shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))})")
         if exact:
             lines.append(f"    if {' or '.join(exact)}: return {i}")
+    for i, spec in enumerate(specs):     # symbols seen only in strides or offsets (views of a base)
+        for s, src in zip(spec.layout, _layout_sources(i, len(spec.size))):
+            if isinstance(s, sympy.Symbol) and s not in bound:
+                bound[s] = src
+                bind_lines.append(f"        {str(s)!r}: {src},")
+    conditions = [c for c in conditions if c.free_symbols <= set(bound)]
     for c in conditions:
         text = PythonPrinter().doprint(_subst(c, bound))
         lines.append(f"    if not ({text}): return {str(c)!r}")

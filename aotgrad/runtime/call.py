@@ -23,6 +23,8 @@ def make_call(captured, run):
     has_epilogue = any(i.mutates_data or i.mutates_metadata for i in analysis.inputs)
     simple_outputs = all(o.kind == "plain" for o in analysis.outputs) and not has_epilogue
     grad_guard = captured.is_inference and not setup.session.grad_enabled
+    rebase = setup.rebase
+    aliasing = alias_check(setup, analysis)
 
     def call(*args, **kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -32,6 +34,10 @@ def make_call(captured, run):
             if leaves[i] != v:
                 raise InputMismatchError(f"non-tensor argument {i} was {v!r} when captured, now {leaves[i]!r}")
         flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
+        if aliasing is not None:
+            aliasing(flat)
+        if rebase is not None:
+            flat = rebase.graph_inputs(flat)
         guards(flat)
         if grad_guard and torch.is_grad_enabled() and any(t.requires_grad for t in flat):
             raise InputMismatchError("captured with grad disabled (an inference graph); call it under torch.no_grad() or capture with grad enabled")
@@ -43,6 +49,31 @@ def make_call(captured, run):
         return pytree.tree_unflatten(build_outputs(flat, values, analysis, symbols), out_spec)
 
     return call
+
+
+def alias_check(setup, analysis):
+    """A check that a graph which writes to an input gets no other input sharing
+    that storage, unless they were captured that way (then they must still be)."""
+    rb = setup.rebase
+    changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata]
+    if not changed:
+        return None
+    groups = [g.members for g in rb.groups] if rb else []
+    kept = rb.kept if rb else range(len(analysis.inputs))
+    written = [kept[i] for i in changed if i < len(kept)]
+    grouped = {i for g in groups for i in g}
+
+    def check(flat):
+        keys = [t.untyped_storage()._cdata for t in flat]
+        for g in groups:
+            if len({keys[i] for i in g}) != 1:
+                raise InputMismatchError(f"inputs {list(g)} shared storage when captured, now they do not")
+        for i in written:
+            if any(keys[j] == keys[i] for j in range(len(flat)) if j != i and j not in grouped):
+                raise InputMismatchError(
+                    f"flat input {i} is written to and now shares storage with another input, "
+                    "which it did not when captured; capture again with these inputs")
+    return check
 
 
 def _needs_symbols(analysis) -> bool:

@@ -269,3 +269,37 @@ def test_with_joint_accepts_edit_and_rejects_contract_change():
     with pytest.raises(errors.GraphContractError):
         captured.with_joint(bad)
     aotgrad.verify(captured)
+
+
+def test_same_tensor_twice_one_mutated():
+    def f(a, b):
+        a.add_(1)
+        return a * b
+    x = torch.randn(3)
+    check(f, make=lambda: ((lambda t: (t, t))(x.clone()), {}))
+
+
+def test_overlapping_views_one_mutated():
+    def f(a, b):
+        a.mul_(2)
+        return b + 1
+    base = torch.arange(6.)
+    check(f, make=lambda: ((lambda t: (t[:4], t[2:]))(base.clone()), {}))
+
+
+def test_views_of_base_requiring_grad_one_mutated():
+    def f(a, b):
+        a.mul_(2)
+        return (a * b).sum()
+    leaf = torch.randn(6, requires_grad=True)
+    check(f, make=lambda: ((lambda t: (t[:4], t[2:]))(leaf.detach().clone().requires_grad_() * 1), {}))
+
+
+def test_aliasing_changed_after_capture_is_refused():
+    def f(a, b):
+        a.add_(1)
+        return a * b
+    compiled = aotgrad.capture(f, torch.randn(3), torch.randn(3)).compile()
+    x = torch.randn(3)
+    with pytest.raises(errors.InputMismatchError, match="shares storage"):
+        compiled(x, x)

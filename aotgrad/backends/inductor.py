@@ -1,0 +1,54 @@
+"""``"inductor"``: hand one of our forward/backward graphs to Inductor's graph
+compiler (``compile_fx_inner``), the layer below its own aot_autograd path.
+
+Inductor is imported only when this backend compiles something: importing it
+costs seconds. If Inductor rejects a graph, that graph runs eagerly and a
+warning says why; the other graph of the pair is unaffected.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch.fx as fx
+
+
+def _is_backward(gm: fx.GraphModule) -> bool:
+    return any(n.op == "placeholder" and n.name.startswith("tangent_") for n in gm.graph.nodes)
+
+
+def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:
+    """Retrace with Inductor's decomposition table: its lowerings assume it ran."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode:
+        return make_fx(gm, decomposition_table=select_decomp_table(),
+                       _allow_non_fake_inputs=True)(*example_inputs)
+
+
+def _compile(gm: fx.GraphModule, example_inputs: list):
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    fake_mode = detect_fake_mode(example_inputs)
+    decomposed = _decompose(gm, example_inputs, fake_mode)
+    # fallback_random: random ops draw from the eager RNG, so dropout masks
+    # match eager's for the same seed (Inductor's own RNG would not).
+    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True):
+        compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+
+    def run(*args):
+        # Inductor's convention is one boxed list it may clear as it frees inputs.
+        return compiled(list(args))
+    return run
+
+
+def inductor(gm: fx.GraphModule, example_inputs: list):
+    """Compile ``gm`` with Inductor; fall back to running it eagerly on failure."""
+    try:
+        return _compile(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 - any Inductor failure means "run this graph eagerly"
+        warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because "
+                      f"Inductor failed on it: {type(e).__name__}: {e}", stacklevel=2)
+        return gm.forward
