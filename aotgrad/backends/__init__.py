@@ -30,8 +30,9 @@ def list() -> list[str]:  # noqa: A001 - the public name the API promises
 
 
 def eager(gm, example_inputs):
-    """Run the graph as Python: the reference backend."""
-    return gm.forward
+    """Run the graph as straight-line Python calling each ATen op: the reference backend."""
+    from ..runtime.codegen import python_function
+    return python_function(gm, type(gm).__name__.lower())
 
 
 register("eager", eager)

@@ -40,7 +40,7 @@ def tensor_spec(fake: torch.Tensor, real: torch.Tensor) -> TensorSpec:
 
 
 def _backed(shape_env) -> dict:
-    return getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
+    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
 
 
 def shape_conditions(shape_env) -> list:

@@ -26,10 +26,16 @@ def make_call(captured, run):
     rebase = setup.rebase
     aliasing = alias_check(setup, analysis)
 
+    n_leaves = len(sig.leaves)
+    positional = in_spec == pytree.tree_structure(((0,) * n_leaves, {}))
+
     def call(*args, **kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != in_spec:
-            raise InputMismatchError(f"arguments have structure {spec}, captured with {in_spec}")
+        if positional and not kwargs and len(args) == n_leaves:
+            leaves = args   # flat positional call: a wrong nesting fails the tensor/constant checks below
+        else:
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            if spec != in_spec:
+                raise InputMismatchError(f"arguments have structure {spec}, captured with {in_spec}")
         for i, v in const:
             if leaves[i] != v:
                 raise InputMismatchError(f"non-tensor argument {i} was {v!r} when captured, now {leaves[i]!r}")

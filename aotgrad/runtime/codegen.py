@@ -1,0 +1,87 @@
+"""Turn an FX graph into one straight-line Python function.
+
+Unlike ``GraphModule.__call__`` this skips ``nn.Module`` dispatch and calls
+each ATen overload's C++ entry point directly (``OpOverload._op``), saving a
+Python frame per operator; intermediates are released right after their last
+use, as FX's own code does.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+
+class _Emitter:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.globals: dict = {"torch": torch}
+        self.names: dict[fx.Node, str] = {}
+
+    def bind(self, value, hint: str) -> str:
+        name = f"_{hint}{len(self.globals)}"
+        self.globals[name] = value
+        return name
+
+    def arg(self, a) -> str:
+        if isinstance(a, fx.Node):
+            return self.names[a]
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.arg(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in a.items()) + "}"
+        if a is None or isinstance(a, (bool, int, str)):
+            return repr(a)
+        if isinstance(a, float) and a == a and a not in (float("inf"), float("-inf")):
+            return repr(a)
+        return self.bind(a, "c")
+
+    def call(self, n: fx.Node) -> str:
+        t = n.target
+        if t is operator.getitem:
+            return f"{self.arg(n.args[0])}[{self.arg(n.args[1])}]"
+        fn = t._op if isinstance(t, torch._ops.OpOverload) else t
+        parts = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
+        return f"{self.bind(fn, 'f')}({', '.join(parts)})"
+
+
+def _fetch(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def python_function(gm: fx.GraphModule, name: str = "graph"):
+    """A plain function computing ``gm``; its source is kept on ``fn.source``."""
+    em = _Emitter(gm)
+    nodes = list(gm.graph.nodes)
+    last_use: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            last_use[a] = n
+    params, body = [], []
+    for i, n in enumerate(nodes):
+        var = n.name
+        em.names[n] = var
+        if n.op == "placeholder":
+            params.append(var)
+            continue
+        if n.op == "get_attr":
+            em.names[n] = em.bind(_fetch(gm, n.target), "a")
+            continue
+        if n.op == "output":
+            body.append(f"return {em.arg(tuple(n.args[0]))}")
+            continue
+        assert n.op == "call_function", f"cannot generate code for {n.op} node {n}"
+        body.append(f"{var} = {em.call(n)}")
+        dead = [em.names[a] for a in n.all_input_nodes if last_use.get(a) is n and a.op != "get_attr"]
+        if dead:
+            body.append(f"del {', '.join(dead)}")
+    src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(src, f"<aotgrad {name}>", "exec"), em.globals)
+    fn = em.globals[name]
+    fn.source = src
+    return fn
