@@ -38,6 +38,11 @@ def eager(gm, example_inputs):
 register("eager", eager)
 
 # Imported after ``register`` exists; neither imports Inductor or CUDA at import time.
-from .inductor import inductor  # noqa: E402
+# Aliased so that ``aotgrad.backends.inductor``/``.cudagraphs`` stay the modules.
+from .inductor import inductor as _inductor  # noqa: E402
 
-register("inductor", inductor)
+register("inductor", _inductor)
+
+from .cudagraphs import cudagraphs as _cudagraphs  # noqa: E402
+
+register("cudagraphs", _cudagraphs)

@@ -35,12 +35,15 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
     decomposed = _decompose(gm, example_inputs, fake_mode)
     # fallback_random: random ops draw from the eager RNG, so dropout masks
     # match eager's for the same seed (Inductor's own RNG would not).
-    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True):
+    # layout_optimization off: it would give saved tensors (channels-last)
+    # strides other than those the backward graph was traced with.
+    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True,
+                                                          layout_optimization=False):
         compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
 
     def run(*args):
         # Inductor's convention is one boxed list it may clear as it frees inputs.
-        return compiled(list(args))
+        return tuple(compiled(list(args)))
     return run
 
 

@@ -11,7 +11,7 @@ from ..frontend.aliasing import find_groups, rebase
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
 from ..observe import timed
-from ..passes import eliminate_dead_code, remove_detach
+from ..passes import simplify
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
 from .joint import layout, trace_joint
@@ -45,9 +45,9 @@ def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay))
         info["nodes"] = len(joint.graph.nodes)
-    for p in (remove_detach, eliminate_dead_code):
-        with timed(history, p.__name__):
-            joint = p(joint)
+    with timed(history, "simplify") as info:
+        joint = simplify(joint)
+        info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
         guards = _input_guards(setup)
     in_descs, out_descs = _joint_descs(setup, analysis, lay)

@@ -18,23 +18,21 @@ from .graphs import is_sym
 aten = torch.ops.aten
 
 # Never recomputed by any policy: the backward must reuse their forward result.
-EXPENSIVE = frozenset({
-    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear,
-    aten.convolution, aten._convolution, aten.cudnn_convolution,
-    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._flash_attention_forward, aten._efficient_attention_forward,
-})
+EXPENSIVE = frozenset(getattr(aten, name) for name in (
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
+    "cudnn_convolution", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+    "_efficient_attention_forward") if hasattr(aten, name))
 
 MATMULS = EXPENSIVE
 
 # Cheap ops that carry neither the pointwise tag nor an aliasing schema.
-CHEAP_EXTRA = frozenset({
-    aten._to_copy, aten.clone, aten._unsafe_view, aten.expand_copy, aten.view_copy,
-    aten.permute_copy, aten.t_copy, aten.transpose_copy, aten.unsqueeze_copy,
-    aten.squeeze_copy, aten.slice_copy, aten.select_copy, aten.lift_fresh_copy,
-    aten.full_like, aten.zeros_like, aten.ones_like, aten.empty_like, aten.scalar_tensor,
-})
+CHEAP_EXTRA = frozenset(getattr(aten, name) for name in (
+    "_to_copy", "clone", "_unsafe_view", "expand_copy", "view_copy", "permute_copy", "t_copy",
+    "transpose_copy", "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy",
+    "lift_fresh_copy", "full_like", "zeros_like", "ones_like", "empty_like", "scalar_tensor")
+    if hasattr(aten, name))
 
 # Ops whose output shares its first argument's storage though the schema says otherwise.
 ALIASING_EXTRA = frozenset({aten._unsafe_view})
@@ -84,10 +82,15 @@ def _save_nothing(node):
     return True
 
 
+def _save_everything(node):
+    return False
+
+
 POLICIES = {
-    "cheap": _cheap_policy,           # recompute pointwise/views/reshapes; save the rest
-    "save_matmuls": _save_matmuls,    # recompute everything except matmuls/convs/attention
-    "save_nothing": _save_nothing,    # recompute everything that is not random
+    "cheap": _cheap_policy,              # recompute pointwise/views/reshapes; save the rest
+    "save_matmuls": _save_matmuls,       # recompute everything except matmuls/convs/attention
+    "save_nothing": _save_nothing,       # recompute everything that is not random
+    "save_everything": _save_everything,  # recompute nothing (what the default partitioner saves)
 }
 
 

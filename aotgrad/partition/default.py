@@ -19,6 +19,7 @@ class Partition:
     backward: fx.GraphModule    # (*saved_tensors, *saved_symbols, *tangents) -> (*grads)
     saved: tuple[str, ...]      # names of saved values, tensors first
     n_saved_tensors: int
+    recomputed: tuple[str, ...] = ()   # backward nodes that recompute a forward value
 
 
 def split_nodes(joint: fx.GraphModule, lay: JointLayout):

@@ -1,4 +1,4 @@
 """Graph-to-graph passes: pure functions ``GraphModule -> GraphModule``."""
-from .cleanup import eliminate_dead_code, remove_detach
+from .cleanup import eliminate_dead_code, remove_detach, simplify
 
-__all__ = ["eliminate_dead_code", "remove_detach"]
+__all__ = ["eliminate_dead_code", "remove_detach", "simplify"]

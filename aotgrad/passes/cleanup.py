@@ -1,7 +1,10 @@
-"""Clean-up passes run on every joint graph."""
-from __future__ import annotations
+"""Clean-up passes run on every joint graph.
 
-import copy
+Each public pass is pure: it copies the graph (sharing node metadata) and
+edits the copy. ``simplify`` runs them all on one copy, which is what capture
+uses, because copying and regenerating code dominate on large graphs.
+"""
+from __future__ import annotations
 
 import torch
 import torch.fx as fx
@@ -10,31 +13,50 @@ from ..analysis.ops import is_random
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
-    new = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    """A new graph module to edit; node metadata (fake values) is shared, not deep-copied."""
+    g = fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    new = fx.GraphModule(gm, g, class_name=type(gm).__name__)
     new.meta.update(getattr(gm, "meta", {}))
     return new
 
 
-def eliminate_dead_code(gm: fx.GraphModule) -> fx.GraphModule:
-    """Drop nodes nothing uses, keeping random ops so the RNG advances as in eager.
+def _drop_detach(g: fx.Graph) -> None:
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.detach.default:
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+
+
+def _drop_dead(g: fx.Graph) -> None:
+    g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or is_random(n))
+
+
+def _pure(*edits):
+    def run(gm: fx.GraphModule) -> fx.GraphModule:
+        gm = _copy(gm)
+        for edit in edits:
+            edit(gm.graph)
+        gm.recompile()
+        return gm
+    return run
+
+
+eliminate_dead_code = _pure(_drop_dead)
+eliminate_dead_code.__name__ = "eliminate_dead_code"
+eliminate_dead_code.__doc__ = """Drop nodes nothing uses, keeping random ops so the RNG advances as in eager.
 
     ``a = relu(x); b = sin(x); return a``  ->  ``a = relu(x); return a``
     """
-    gm = _copy(gm)
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or is_random(n))
-    gm.recompile()
-    return gm
 
-
-def remove_detach(gm: fx.GraphModule) -> fx.GraphModule:
-    """Replace ``detach(x)`` by ``x``: graphs run without autograd, so detach is a copy of a name.
+remove_detach = _pure(_drop_detach)
+remove_detach.__name__ = "remove_detach"
+remove_detach.__doc__ = """Replace ``detach(x)`` by ``x``: graphs run without autograd, so detach only renames.
 
     ``d = detach(r); y = threshold_backward(g, d)``  ->  ``y = threshold_backward(g, r)``
     """
-    gm = _copy(gm)
-    for n in list(gm.graph.nodes):
-        if n.op == "call_function" and n.target is torch.ops.aten.detach.default:
-            n.replace_all_uses_with(n.args[0])
-            gm.graph.erase_node(n)
-    gm.recompile()
-    return gm
+
+simplify = _pure(_drop_detach, _drop_dead)
+simplify.__name__ = "simplify"
+simplify.__doc__ = "``remove_detach`` then ``eliminate_dead_code``, on one copy."

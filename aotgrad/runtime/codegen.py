@@ -8,6 +8,7 @@ use, as FX's own code does.
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.fx as fx
@@ -56,6 +57,8 @@ def _fetch(gm, target: str):
 
 def python_function(gm: fx.GraphModule, name: str = "graph"):
     """A plain function computing ``gm``; its source is kept on ``fn.source``."""
+    name = re.sub(r"\W", "_", name)
+    name = name if name.isidentifier() else f"graph_{name}"
     em = _Emitter(gm)
     nodes = list(gm.graph.nodes)
     last_use: dict[fx.Node, fx.Node] = {}

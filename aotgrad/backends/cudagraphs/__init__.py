@@ -1,0 +1,160 @@
+"""``"cudagraphs"``: record each forward/backward graph as a CUDA graph and replay it.
+
+A :class:`CudaGraphs` compiler wraps a graph as follows: inputs it writes to
+are found from schemas (:mod:`.mutation`), parameters and buffers are used in
+place (:mod:`.static`), ops a CUDA graph cannot hold run eagerly between
+graphed segments (:mod:`.segments`), each input shape is warmed up, recorded
+and replayed (:mod:`.recording`) by a runner (:mod:`.runners`), and outputs
+that a later replay would overwrite are cloned or checked (:mod:`.lifetime`).
+
+The forward and the backward of one compiled function share one memory pool:
+``compile`` compiles a function's forward and then its backward, and a
+backward graph (one with ``tangent_*`` inputs) is paired with the forward
+compiled just before it. Pairing also tells the forward which of its outputs
+are saved for the backward, so those are not cloned.
+
+Graphs without CUDA tensors use the :class:`~.runners.NullRunner`: same
+logic, no CUDA graph, useful on CPU and in tests.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+
+import torch
+import torch.fx as fx
+
+from ...errors import AotgradError
+from .lifetime import StaleOutputError
+from .mutation import written_inputs
+from .recording import Graphed
+from .runners import CudaRunner, NullRunner
+from .segments import split
+from .static import static_inputs
+
+__all__ = ["Config", "CudaGraphs", "StaleOutputError", "cudagraphs", "configure"]
+
+
+@dataclass(frozen=True)
+class Config:
+    warmup: int = 1                      # eager calls per input shape before recording
+    max_recordings: int = 8              # recordings kept per graph (LRU order)
+    on_full: str = "eager"               # past the bound: "eager" runs new shapes eagerly, "evict" drops the LRU
+    static_input_indices: tuple = ()     # inputs used in place, besides parameters/buffers
+    runner: str = "auto"                 # "auto" (cuda when inputs are on CUDA), "cuda" or "null"
+
+    def __post_init__(self):
+        for field, allowed in (("on_full", ("eager", "evict")), ("runner", ("auto", "cuda", "null"))):
+            if getattr(self, field) not in allowed:
+                raise AotgradError(f"cudagraphs {field}={getattr(self, field)!r}; expected one of {allowed}")
+        if self.warmup < 0 or self.max_recordings < 1:
+            raise AotgradError("cudagraphs needs warmup >= 0 and max_recordings >= 1")
+
+
+def _device_type(example_inputs) -> str:
+    cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs)
+    return "cuda" if cuda else "cpu"
+
+
+def _is_backward(gm: fx.GraphModule) -> bool:
+    return any(n.op == "placeholder" and n.name.startswith("tangent_") for n in gm.graph.nodes)
+
+
+def _output_names(gm: fx.GraphModule) -> list[str]:
+    return [getattr(o, "name", f"output {i}") for i, o in enumerate(gm.graph.output_node().args[0])]
+
+
+def _output_vals(gm: fx.GraphModule) -> dict:
+    outs = [o for o in gm.graph.output_node().args[0] if isinstance(o, fx.Node)]
+    return {id(o.meta.get("val")): o.meta.get("val") for o in outs}
+
+
+class _Pool:
+    """One memory pool: a CUDA graph pool handle, or a token on the null runner."""
+
+    def __init__(self, cuda: bool):
+        self.handle = torch.cuda.graph_pool_handle() if cuda else object()
+
+
+class CudaGraphs:
+    """A configured cudagraphs compiler: ``(gm, example_inputs) -> callable``."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self._forward = None             # (pool, weakref to the forward) compiled last, awaiting its backward
+        self.last_compiled = None        # weak reference to the graph compiled last, for inspection
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list):
+        use_cuda = self.config.runner == "cuda" or (
+            self.config.runner == "auto" and _device_type(example_inputs) == "cuda")
+        backward = _is_backward(gm)
+        pool, forward = self._pair(gm, use_cuda) if backward else (_Pool(use_cuda), None)
+        runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool.handle))
+        compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu")
+        compiled.pool, compiled.forward = pool, forward
+        self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm))
+        self.last_compiled = weakref.ref(compiled)
+        return compiled
+
+    def _pair(self, bw_gm, use_cuda: bool):
+        """The pool of the forward compiled just before ``bw_gm``, if ``bw_gm``
+        reads that forward's outputs; tells the forward which outputs it saves."""
+        saved = [n for n in bw_gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangent_")]
+        fw_vals = self._forward[2] if self._forward else {}
+        # The same traced value object on both sides: not just equal names.
+        if self._forward is None or not all(id(n.meta.get("val")) in fw_vals for n in saved):
+            return _Pool(use_cuda), None
+        pool, ref, _ = self._forward
+        forward = ref()
+        if isinstance(forward, Graphed):
+            forward.saved_names = frozenset(n.name for n in saved)
+        return pool, forward
+
+
+def _wrap(gm, config, make_runner, device_type):
+    top, parts = split(gm, device_type)
+    in_place = static_inputs(gm, config.static_input_indices)
+    if parts is None:
+        return Graphed(gm.forward, type(gm).__name__, config, in_place, written_inputs(gm),
+                       make_runner, _output_names(gm))
+    for name, capturable in parts.items():
+        if capturable:
+            sub = getattr(top, name)
+            graphed = Graphed(sub.forward, f"{type(gm).__name__}.{name}", config,
+                              _sub_static(top, name, in_place), written_inputs(sub), make_runner)
+            setattr(top, name, _Module(graphed))
+    return _Segmented(top)
+
+
+def _sub_static(top, name, in_place) -> frozenset:
+    """Static inputs of a segment: those it reads straight from a static graph input."""
+    phs = [n for n in top.graph.nodes if n.op == "placeholder"]
+    call = next(n for n in top.graph.nodes if n.op == "call_module" and n.target == name)
+    return frozenset(i for i, a in enumerate(call.args) if a in phs and phs.index(a) in in_place)
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, graphed):
+        super().__init__()
+        self.graphed = graphed
+
+    def forward(self, *args):
+        return self.graphed(*args)
+
+
+class _Segmented:
+    """Graphed segments and eager segments called in order by the split graph."""
+
+    def __init__(self, top):
+        self.top = top
+
+    def __call__(self, *args):
+        return self.top(*args)
+
+
+def configure(**options) -> CudaGraphs:
+    """A cudagraphs compiler with options, e.g. ``configure(max_recordings=4)``."""
+    return CudaGraphs(replace(Config(), **options))
+
+
+cudagraphs = CudaGraphs()

@@ -1,0 +1,142 @@
+"""The per-shape state machine: warm up, record, replay.
+
+``Graphed`` wraps one capturable callable. Each distinct input key (shapes,
+strides, dtypes, scalar values and the addresses of in-place inputs) gets
+its own :class:`Recording`, which runs eagerly for ``warmup`` calls, then
+records, then replays. Recordings are kept in least-recently-used order and
+bounded: past ``max_recordings`` a new key either runs eagerly (``"eager"``,
+the default) or evicts the least recently used recording (``"evict"``), and a
+warning says so once.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+
+import torch
+
+from .lifetime import alias, check_fresh
+
+
+def input_key(args, in_place) -> tuple:
+    key = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device,
+                        a.data_ptr() if i in in_place else None))
+        else:
+            key.append(a)
+    return tuple(key)
+
+
+def _static_copy(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) \
+        if isinstance(t, torch.Tensor) else t
+
+
+class Recording:
+    """One input key's warm-up count, static inputs and runner."""
+
+    def __init__(self, owner, name: str):
+        self.owner, self.name = owner, name
+        self.calls, self.replays, self.recorded = 0, 0, False
+        self.runner = owner.make_runner()
+
+    def __call__(self, args):
+        o = self.owner
+        self.calls += 1
+        if self.calls <= o.config.warmup:
+            return tuple(self.runner.warmup(o.fn, args))
+        if not self.recorded:
+            self.recorded = True
+            self.inputs = [a if i in o.in_place or not isinstance(a, torch.Tensor) else _static_copy(a)
+                           for i, a in enumerate(args)]
+            self.outputs = self.runner.record(o.fn, self.inputs)
+            own = {t.untyped_storage().data_ptr() for i, t in enumerate(self.inputs)
+                   if i in o.in_place and isinstance(t, torch.Tensor)}
+            # Outputs in a parameter's or buffer's memory are not overwritten by a replay.
+            self.in_caller_memory = frozenset(
+                i for i, t in enumerate(self.outputs)
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in own)
+        else:
+            self._copy_in(args)
+            self.runner.replay()
+        self.replays += 1
+        self._copy_back(args)
+        return self.outputs
+
+    def _copy_in(self, args):
+        with torch.no_grad():
+            for i, (s, a) in enumerate(zip(self.inputs, args)):
+                if isinstance(a, torch.Tensor) and s is not a and s.data_ptr() != a.data_ptr():
+                    s.copy_(a)
+
+    def _copy_back(self, args):
+        # Writes to a copied-in input landed in its static buffer; the caller's tensor needs them.
+        with torch.no_grad():
+            for i in self.owner.written:
+                if self.inputs[i] is not args[i] and self.inputs[i].data_ptr() != args[i].data_ptr():
+                    args[i].copy_(self.inputs[i])
+
+
+class Graphed:
+    """A callable graphed per input key. ``keep(i)`` says whether output ``i`` is
+    consumed only by the backward (handed out in place) or kept by the user (cloned)."""
+
+    def __init__(self, fn, name: str, config, in_place, written, make_runner, output_names=()):
+        self.fn, self.name, self.config = fn, name, config
+        self.in_place, self.written = frozenset(in_place), tuple(written)
+        self.make_runner = make_runner
+        self.output_names = tuple(output_names)
+        self.saved_names: frozenset = frozenset()
+        self.recordings: OrderedDict = OrderedDict()
+        self.eager_calls = 0
+        self._warned = False
+
+    def __call__(self, *args):
+        check_fresh(args)
+        rec = self._lookup(input_key(args, self.in_place))
+        if rec is None:
+            self.eager_calls += 1
+            return self.fn(*args)
+        outs = rec(args)
+        if rec.calls <= self.config.warmup:
+            return outs
+        return self._hand_out(rec, outs)
+
+    def _lookup(self, key):
+        rec = self.recordings.get(key)
+        if rec is not None:
+            self.recordings.move_to_end(key)
+            return rec
+        if len(self.recordings) >= self.config.max_recordings:
+            self._warn_full()
+            if self.config.on_full == "eager":
+                return None
+            self.recordings.popitem(last=False)
+        rec = self.recordings[key] = Recording(self, f"{self.name} recording {len(self.recordings)}")
+        return rec
+
+    def _warn_full(self):
+        if not self._warned:
+            self._warned = True
+            what = "run without CUDA graphs" if self.config.on_full == "eager" else \
+                "evict the least recently used recording"
+            warnings.warn(f"aotgrad cudagraphs: {self.name} has {self.config.max_recordings} "
+                          f"recordings (max_recordings); new input shapes {what}", stacklevel=3)
+
+    def _hand_out(self, rec, outs):
+        result = []
+        for i, o in enumerate(outs):
+            name = self.output_names[i] if i < len(self.output_names) else f"output {i}"
+            if not isinstance(o, torch.Tensor):
+                result.append(o)
+            elif i in rec.in_caller_memory:
+                # Not a view: a view made under the forward's no_grad would trip
+                # autograd once an optimizer updates the parameter.
+                result.append(alias(o, None))
+            elif name in self.saved_names:
+                result.append(alias(o, (rec, rec.replays, f"saved tensor {name!r}")))
+            else:
+                result.append(o.clone())
+        return tuple(result)

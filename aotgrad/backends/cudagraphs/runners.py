@@ -1,0 +1,73 @@
+"""Graph runners: record a callable once on static inputs, then replay it.
+
+A runner owns one recording. ``record(fn, inputs)`` returns the static
+outputs; ``replay()`` recomputes them in the same memory, so a replay
+overwrites what the previous one handed out — the property the rest of the
+backend is built around.
+
+* :class:`NullRunner` records by calling ``fn`` and replays by calling it
+  again and copying the results into the recorded outputs; it runs anywhere
+  and lets the whole state machine be tested on CPU.
+* :class:`CudaRunner` captures a ``torch.cuda.CUDAGraph`` on a side stream
+  into the memory pool shared by one compiled function's graphs.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _storage_ptr(t) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+class NullRunner:
+    device_type = "cpu"
+
+    def __init__(self, pool=None):
+        self.pool = pool
+
+    def warmup(self, fn, args):
+        return fn(*args)
+
+    def record(self, fn, inputs):
+        self.fn, self.inputs = fn, inputs
+        self.outputs = tuple(fn(*inputs))
+        in_ptrs = {_storage_ptr(t) for t in inputs} - {None}
+        # Outputs that view an input's memory are recomputed by the writes to that input.
+        self._copy = [i for i, o in enumerate(self.outputs)
+                      if isinstance(o, torch.Tensor) and _storage_ptr(o) not in in_ptrs]
+        return self.outputs
+
+    def replay(self):
+        fresh = self.fn(*self.inputs)
+        with torch.no_grad():
+            for i in self._copy:
+                self.outputs[i].copy_(fresh[i])
+
+
+class CudaRunner:
+    device_type = "cuda"
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.stream = torch.cuda.Stream()
+
+    def warmup(self, fn, args):
+        # Warm-up runs on the side stream the capture will use, so lazy
+        # initialisation (cuBLAS workspaces, allocator pools) happens there.
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            out = fn(*args)
+        torch.cuda.current_stream().wait_stream(self.stream)
+        return out
+
+    def record(self, fn, inputs):
+        self.graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+            outputs = tuple(fn(*inputs))
+        self.graph.replay()          # capture only records; this computes the first outputs
+        return outputs
+
+    def replay(self):
+        self.graph.replay()

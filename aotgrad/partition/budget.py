@@ -1,0 +1,92 @@
+"""A memory budget for the min-cut partitioner, monotonic by construction.
+
+The budget lets the min cut recompute more ops, in a fixed order: most bytes
+saved per recompute FLOP first. Letting it recompute the first k of them for
+growing k gives a sequence of partitions; we keep only those that save fewer
+bytes *and* peak no higher than every one kept before. A budget picks the
+first kept partition that fits, so a smaller budget walks further along one
+fixed chain and can never get a larger saved size or a larger peak.
+"""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..capture.joint import JointLayout
+from ..errors import BudgetError
+from .costs import flops, may_recompute, never_recompute, node_bytes
+from .default import Partition, default_partition, forward_nodes
+from .memory import estimate
+from .min_cut import min_cut_partition
+
+
+def target_bytes(budget, default_saved: int) -> int:
+    """A fraction (0..1, a float) of the default's saved bytes, or a byte count (an int)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        raise BudgetError(f"memory_budget must be a fraction in [0, 1] or a byte count, not {budget!r}")
+    if isinstance(budget, float):
+        if budget > 1:
+            raise BudgetError(f"memory_budget {budget} is a float above 1; pass a fraction in [0, 1] "
+                              f"or an int byte count")
+        return int(budget * default_saved)
+    return budget
+
+
+def recompute_order(joint: fx.GraphModule, lay: JointLayout, policy) -> list[fx.Node]:
+    """Forward ops the policy keeps but a budget may recompute, best bytes-per-FLOP first."""
+    fw = forward_nodes(joint, lay)
+    extra = [n for n in joint.graph.nodes if n in fw and not never_recompute(n)
+             and not may_recompute(n, policy)]
+    return sorted(extra, key=lambda n: -node_bytes(n) / flops(n))
+
+
+def _levels(n: int):
+    k = 0
+    while True:
+        yield k
+        if k >= n:
+            return
+        k = min(n, max(1, 2 * k))
+
+
+def chain(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
+    """The monotonic chain of partitions: each saves fewer bytes and peaks no higher."""
+    order = recompute_order(joint, lay, policy)
+    best = None
+    for k in _levels(len(order)):
+        part = min_cut_partition(joint, lay, policy, frozenset(order[:k]))
+        est = estimate(part)
+        if best is None or (est.saved_bytes < best.saved_bytes and est.peak_bytes <= best.peak_bytes):
+            best = est
+            yield part, est
+
+
+def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:
+    """The partition with the least recomputation whose saved bytes fit ``budget``."""
+    default_saved = estimate(default_partition(joint, lay)).saved_bytes
+    target = target_bytes(budget, default_saved)
+    smallest = None
+    for part, est in chain(joint, lay, policy):
+        if est.saved_bytes <= target:
+            return part
+        smallest = est.saved_bytes
+    raise BudgetError(f"memory budget of {target} bytes cannot be met: the smallest saved-activation "
+                      f"size any partition reaches is {smallest} bytes "
+                      f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved})")
+
+
+def min_cut(budget=None, policy="cheap"):
+    """A partitioner ``(joint, layout) -> Partition`` for ``captured.compile(partitioner=...)``.
+
+    ``budget``: ``None`` for the plain min cut, a fraction of the default
+    partitioner's saved bytes (float in [0, 1]) or a byte count (int).
+    ``policy``: which ops may be recomputed, a name from ``costs.POLICIES``.
+    """
+    if budget is not None:
+        target_bytes(budget, 0)         # reject a malformed budget now, not at compile time
+
+    def partition(joint, lay):
+        if budget is None:
+            return min_cut_partition(joint, lay, policy)
+        return budget_partition(joint, lay, budget, policy)
+    partition.__name__ = f"min_cut(budget={budget!r}, policy={policy!r})"
+    return partition

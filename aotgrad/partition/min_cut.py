@@ -1,0 +1,132 @@
+"""The min-cut partitioner: save the cheapest set of forward values from
+which the backward can recompute everything else it reads.
+
+Each forward node ``n`` becomes an edge ``n.in -> n.out`` whose capacity is
+the bytes saving ``n`` costs; data edges are infinite. The source feeds the
+primals and every node that may not be recomputed; every forward value the
+backward reads drains to the sink. A minimum cut then names the saved values
+(cut edges) and the recomputed ones (nodes on the sink side). Recomputed
+nodes are duplicated into the backward; the forward itself is unchanged.
+
+    forward: a = mm(x, w); r = relu(a); s = sin(r)       backward reads r and s
+    default saves (r, s); min_cut saves a and recomputes r = relu(a), s = sin(r).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import networkx as nx
+import torch.fx as fx
+
+from ..capture.joint import JointLayout
+from .costs import aliases_input, may_recompute, node_bytes
+from .default import Partition, build, forward_nodes, split_nodes
+from .graphs import ancestors, is_sym
+from .memory import estimate
+
+# Bytes dominate the cut; recompute count only breaks ties between equal-byte cuts.
+BYTE_SCALE = 1 << 20
+
+
+def save_costs(joint: fx.GraphModule, fw: set) -> dict:
+    """Bytes saving each forward node keeps alive; 0 for inputs and their views."""
+    cost = {}
+    for n in joint.graph.nodes:
+        if n not in fw:
+            continue
+        base = n.args[0] if aliases_input(n) and n.args and isinstance(n.args[0], fx.Node) else None
+        if n.op == "placeholder" or is_sym(n):
+            cost[n] = 0
+        elif base is not None and base in cost:
+            cost[n] = cost[base] if cost[base] == 0 else node_bytes(n)
+        else:
+            cost[n] = node_bytes(n)
+    return cost
+
+
+def flow_graph(joint: fx.GraphModule, fw: set, bw: set, recomputable) -> nx.DiGraph:
+    g = nx.DiGraph()
+    cost = save_costs(joint, fw)
+    for n in joint.graph.nodes:
+        if n not in fw or n.op in ("output", "get_attr"):
+            continue
+        tuple_valued = isinstance(n.meta.get("val"), (tuple, list))
+        cap = {} if tuple_valued else {"capacity": cost[n] * BYTE_SCALE}   # no capacity: infinite
+        g.add_edge((n, "in"), (n, "out"), **cap)
+        if not recomputable(n):
+            g.add_edge("source", (n, "in"))
+        else:
+            g.add_edge("source", (n, "in"), capacity=1)    # recomputing costs a little
+        for u in n.users:
+            if u in bw:
+                g.add_edge((n, "out"), "sink")
+            elif u in fw and u.op != "output":
+                g.add_edge((n, "out"), (u, "in"))
+    g.add_node("sink")
+    return g
+
+
+def choose(joint: fx.GraphModule, fw: set, bw: set, recomputable) -> set:
+    """The forward nodes to recompute in the backward, by a minimum cut."""
+    _, (src_side, _) = nx.minimum_cut(flow_graph(joint, fw, bw, recomputable), "source", "sink")
+    recomputed = {n for n in fw if (n, "in") not in src_side and n.op == "call_function"}
+    assert all(recomputable(n) for n in recomputed), "a node that may not be recomputed was cut"
+    return recomputed
+
+
+def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set):
+    """A copy of the joint where backward users of each recomputed node read a duplicate.
+
+    Duplicates sit just before their first backward use, so they live no longer
+    than needed. Returns the new joint, its node for each old one, and the duplicates.
+    """
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    g.output(g.graph_copy(joint.graph, env))
+    pos = {n: i for i, n in enumerate(joint.graph.nodes)}
+    order = list(joint.graph.nodes)
+    anchor: dict[fx.Node, int] = {}
+    for n in reversed(order):
+        if n in recomputed:
+            uses = [pos[u] for u in n.users if u in bw] + [anchor[u] for u in n.users if u in anchor]
+            if uses:
+                anchor[n] = min(uses)
+    copies: dict[fx.Node, fx.Node] = {}
+    for n in order:
+        if n in anchor:
+            with g.inserting_before(env[order[anchor[n]]]):
+                copies[n] = g.node_copy(n, lambda a: copies.get(a, env[a]))
+    for n, c in copies.items():
+        for u in n.users:
+            if u in bw:
+                env[u].replace_input_with(env[n], c)
+    return fx.GraphModule(joint, g, class_name=type(joint).__name__), env, tuple(copies.values())
+
+
+def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
+    """Inputs a recomputation must not read: by the time the backward runs, an
+    input may have been updated in place (BatchNorm's running stats). Inputs that
+    require grad cannot be, and those the backward reads anyway are no new risk."""
+    return {p for i, p in enumerate(primals) if i not in set(lay.grad_of)
+            and not any(u in bw for u in p.users)}
+
+
+def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
+                      extra: frozenset = frozenset()) -> Partition:
+    """Save the fewest bytes from which the backward can recompute what it reads.
+
+    ``policy`` names which ops may be recomputed (see ``costs.POLICIES``);
+    ``extra`` are further nodes a memory budget allows to be recomputed.
+    """
+    fw = forward_nodes(joint, lay)
+    primals, _, _, grads = split_nodes(joint, lay)
+    bw = ancestors([x for x in grads if x is not None], stop=fw) - fw
+    unsafe = stale_inputs(primals, lay, bw)
+    recomputed = choose(joint, fw, bw, lambda n: (n in extra or may_recompute(n, policy))
+                        and not any(a in unsafe for a in n.all_input_nodes))
+    new, env, copies = with_recomputation(joint, bw, recomputed)
+    part = replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
+    # The cut's byte count can differ from the estimate's (views of one base
+    # are cut separately); the promise "never more than default" is checked here.
+    default = build(joint, lay, fw)
+    return part if estimate(part).saved_bytes <= estimate(default).saved_bytes else default
