@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
 
 demo: $(STAMP)
-	$(PY) -m aotgrad.demo
+	$(PY) -m examples.demo
 
 conformance: $(STAMP)
 	$(PY) -m tests.conformance.run_opinfo --all --json conformance-results.json
