@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..errors import MutationError, UnsupportedError
 from ..capture.session import Session, from_functional, functional_mode, to_functional
 
 
@@ -81,7 +82,9 @@ class Analysis:
 
 def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     """Run ``flat_fn`` functionalized on fakes and describe what it did."""
-    with session.tracing(), functional_mode():
+    # Sizes that depend on data (nonzero, unique) get unbacked symbols; only the
+    # joint trace binds them to graph nodes, so this pass does not track them.
+    with session.tracing(), functional_mode(), session.shape_env.ignore_fresh_unbacked_symbols():
         f_ins = [to_functional(t) for t in fake_inputs]
         f_outs = flat_fn(*f_ins)
         inputs = tuple(_input_info(f, t) for f, t in zip(f_ins, fake_inputs))
@@ -96,12 +99,32 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
 def _input_info(f, t) -> InputInfo:
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
+    if f.requires_grad != t.requires_grad:
+        raise MutationError("requires_grad_() on an input inside the captured function cannot be replayed; "
+                            "set requires_grad on the input before calling")
     torch._sync(f)
     data = torch._functionalize_has_data_mutation(f.elem)
     meta = (f.shape != t.shape or f.stride() != t.stride()
             or f.storage_offset() != t.storage_offset())
+    if meta and t.requires_grad:
+        raise MutationError(f"an in-place metadata change (size {tuple(t.shape)} -> {tuple(f.shape)}, e.g. t_() "
+                            "or unsqueeze_()) of an input that requires grad cannot be replayed; use the "
+                            "out-of-place op and return the result")
     hidden = data and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(f.elem)
     return InputInfo(t.requires_grad, data, meta, hidden, ViewMeta.of(f) if meta else None)
+
+
+def _symbolic_output(o) -> OutputInfo:
+    """A Python number computed from symbolic sizes: re-evaluated from each call's sizes."""
+    expr, kind = o.node.expr, {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(o)]
+    if expr.is_number:
+        return OutputInfo("constant", value=kind(expr))
+    shape_env = o.node.shape_env
+    backed = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    if not expr.free_symbols <= set(backed):
+        raise UnsupportedError(f"returning a number that depends on tensor values ({expr}) is not supported; "
+                               "return it as a tensor")
+    return OutputInfo("symbolic", value=(kind, expr))
 
 
 def _output_infos(f_outs, f_ins):
@@ -113,6 +136,9 @@ def _output_infos(f_outs, f_ins):
     plain_ids = {id(o): j for j, o in reversed(list(enumerate(f_outs)))
                  if isinstance(o, torch.Tensor) and not o._is_view()}
     for j, o in enumerate(f_outs):
+        if isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            infos.append(_symbolic_output(o))
+            continue
         if not isinstance(o, torch.Tensor):
             infos.append(OutputInfo("constant", value=o))
             continue

@@ -85,4 +85,4 @@ def alias_check(setup, analysis):
 def _needs_symbols(analysis) -> bool:
     metas = [o.view for o in analysis.outputs if o.view is not None]
     metas += [i.new_meta for i in analysis.inputs if i.new_meta is not None]
-    return any(not m.is_static for m in metas)
+    return any(not m.is_static for m in metas) or any(o.kind == "symbolic" for o in analysis.outputs)

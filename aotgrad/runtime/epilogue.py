@@ -9,11 +9,15 @@ import torch
 from ..analysis.metadata import Analysis, ViewMeta
 
 
+def _symbol_map(symbols) -> dict:
+    return {sympy.Symbol(k, integer=True, positive=True): v for k, v in symbols.items()} | \
+        {sympy.Symbol(k, integer=True): v for k, v in symbols.items()}
+
+
 def _concrete(x, symbols):
     if isinstance(x, (int, float)):
         return x
-    return int(x.xreplace({sympy.Symbol(k, integer=True): v for k, v in symbols.items()})) \
-        if not isinstance(x, torch.SymInt) else int(x)
+    return int(x.xreplace(_symbol_map(symbols)))
 
 
 def view_args(meta: ViewMeta, symbols):
@@ -68,6 +72,8 @@ def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
             outs[j] = as_view(bases[info.index], info.view, info.requires_grad, symbols)
         elif kind == "constant":
             outs[j] = info.value
+        elif kind == "symbolic":
+            outs[j] = info.value[0](info.value[1].xreplace(_symbol_map(symbols)))
     for j, info in enumerate(infos):
         if info.kind == "output":
             outs[j] = outs[info.index]

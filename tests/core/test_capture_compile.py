@@ -303,3 +303,35 @@ def test_aliasing_changed_after_capture_is_refused():
     x = torch.randn(3)
     with pytest.raises(errors.InputMismatchError, match="shares storage"):
         compiled(x, x)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.nonzero(x > 0).float().sum() * w,
+    lambda x, w: torch.masked_select(x, x > 0).sum() * w,
+    lambda x, w: x.unique().sum() * w,
+], ids=["nonzero", "masked_select", "unique"])
+def test_data_dependent_output_sizes_are_captured(fn):
+    check(fn, (torch.randn(6), torch.randn((), requires_grad=True)))
+
+
+def test_number_outputs_follow_symbolic_sizes():
+    f = lambda x: (x.view(-1), x.shape[0] * 2)
+    check(f, (torch.randn(4, 3),), dynamic=True)
+    compiled = aotgrad.capture(f, torch.randn(4, 3), dynamic=True).compile()
+    assert compiled(torch.randn(6, 3))[1] == 12
+
+
+def test_metadata_mutation_of_input_requiring_grad_is_refused():
+    def f(x):
+        x.t_()
+        return x * 2
+    with pytest.raises(errors.MutationError, match="t_"):
+        aotgrad.capture(f, torch.randn(2, 3, requires_grad=True) * 1)
+
+
+def test_requires_grad_flip_is_refused():
+    def f(x):
+        x.requires_grad_()
+        return x * 2
+    with pytest.raises(errors.MutationError, match="requires_grad_"):
+        aotgrad.capture(f, torch.randn(3))
