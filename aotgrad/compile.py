@@ -41,8 +41,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) 
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}")
         run = _apply(fn_class)
-    call = make_call(captured, run)
-    return Compiled(captured, part, fw_gm, bw_gm, call, tuple(history))
+    return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))
 
 
 def _apply(fn_class):

@@ -74,11 +74,14 @@ class Compiled:
     partition: Any               # partition.Partition (None for inference)
     forward_graph: fx.GraphModule
     backward_graph: fx.GraphModule | None
-    call: Any                    # (*args, **kwargs) -> outputs
+    path: Any                    # runtime.call.CallPath: match(args, kwargs), run(flat)
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
-        return self.call(*args, **kwargs)
+        flat, why = self.path.match(args, kwargs)
+        if why is not None:
+            raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)")
+        return self.path.run(flat)
 
     @property
     def saved(self) -> tuple:

@@ -29,9 +29,15 @@ def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
     makes every size symbolic; tensors marked with ``torch._dynamo.mark_dynamic``
     get symbolic sizes on the marked dimensions only.
     """
+    return capture_call(fn, args, kwargs, dynamic=dynamic)
+
+
+def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captured:
+    """``capture`` with the arguments as data; ``dynamic_dims`` maps a flat input
+    index to the dimensions to trace symbolically (automatic dynamic uses it)."""
     history: list = []
     with timed(history, "setup") as info:
-        setup = make_setup(fn, args, kwargs, dynamic)
+        setup = make_setup(fn, args, kwargs, dynamic, dynamic_dims or {})
         info["inputs"] = len(setup.input_descs)
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
@@ -65,10 +71,10 @@ def name_placeholders(gm, descs) -> None:
     gm.recompile()
 
 
-def make_setup(fn, args, kwargs, dynamic) -> Setup:
+def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
-    session = Session.for_inputs(tensors, dynamic, torch.is_grad_enabled())
-    fakes = [session.fakeify(t) for t in tensors]
+    session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
+    fakes = [session.fakeify(t, dynamic_dims.get(i, ())) for i, t in enumerate(tensors)]
     out_specs: list = []
     return Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
                  session, tuple(fakes), tuple(tensors))

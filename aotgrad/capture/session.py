@@ -33,7 +33,7 @@ class Session:
     @classmethod
     def for_inputs(cls, tensors, dynamic, grad_enabled) -> "Session":
         """Static unless asked for ``dynamic`` or some tensor carries ``mark_dynamic`` hints."""
-        hinted = any(getattr(t, "_dynamo_dynamic_indices", None) for t in tensors)
+        hinted = dynamic is None or any(getattr(t, "_dynamo_dynamic_indices", None) for t in tensors)
         return cls(dynamic=True if dynamic else (None if hinted else False), grad_enabled=grad_enabled)
 
     def fakeify(self, t: torch.Tensor, dynamic_dims=()) -> torch.Tensor:

@@ -14,7 +14,6 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
-from ..errors import InputMismatchError
 
 
 @dataclass(frozen=True)
@@ -68,11 +67,6 @@ class InputGuards:
     source: str             # generated checker, for reading
     check: object           # (flat) -> None, or a failing index / condition text
     bind: object            # (flat) -> {symbol name: int}
-
-    def __call__(self, flat) -> None:
-        failed = self.check(flat)
-        if failed is not None:
-            raise InputMismatchError(self.explain(flat, failed))
 
     def explain(self, flat, failed) -> str:
         if isinstance(failed, str):

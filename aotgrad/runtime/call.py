@@ -1,60 +1,74 @@
 """The per-call path of a compiled function: flatten the user's arguments,
-check them against the input guards, run the graph, replay mutations,
-rebuild outputs."""
+check them against what the graph assumed, run the graph, replay mutations,
+rebuild outputs.
+
+``match`` never raises: it returns the flat inputs, or a sentence saying why
+these arguments do not fit, so the ``jit`` frontend can try another entry or
+recompile, and ``Compiled.__call__`` can raise a typed error.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import InputMismatchError
 from .epilogue import apply_mutations, build_outputs
 
 
-def make_call(captured, run):
-    setup = captured.setup
+@dataclass(frozen=True)
+class CallPath:
+    match: Callable     # (args, kwargs) -> (flat, None) | (None, reason)
+    run: Callable       # flat -> user outputs
+
+
+def make_call(captured, run_graph) -> CallPath:
+    setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     sig = setup.signature
-    analysis = captured.analysis
-    guards = captured.guards
     slots = tuple((s.module._parameters if s.is_param else s.module._buffers, s.attr) for s in sig.slots)
     const = tuple((i, v) for i, v in enumerate(sig.leaves) if i not in set(sig.tensor_pos))
-    tensor_pos = sig.tensor_pos
-    in_spec, out_spec = sig.in_spec, captured.out_spec
+    tensor_pos, in_spec, out_spec = sig.tensor_pos, sig.in_spec, captured.out_spec
     needs_symbols = _needs_symbols(analysis)
-    has_epilogue = any(i.mutates_data or i.mutates_metadata for i in analysis.inputs)
-    simple_outputs = all(o.kind == "plain" for o in analysis.outputs) and not has_epilogue
+    simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
+        i.mutates_data or i.mutates_metadata for i in analysis.inputs)
     grad_guard = captured.is_inference and not setup.session.grad_enabled
-    rebase = setup.rebase
-    aliasing = alias_check(setup, analysis)
-
+    rebase, aliasing = setup.rebase, alias_check(setup, analysis)
     n_leaves = len(sig.leaves)
     positional = in_spec == pytree.tree_structure(((0,) * n_leaves, {}))
 
-    def call(*args, **kwargs):
+    def match(args, kwargs):
         if positional and not kwargs and len(args) == n_leaves:
             leaves = args   # flat positional call: a wrong nesting fails the tensor/constant checks below
         else:
             leaves, spec = pytree.tree_flatten((args, kwargs))
             if spec != in_spec:
-                raise InputMismatchError(f"arguments have structure {spec}, captured with {in_spec}")
+                return None, f"arguments have structure {spec}, captured with {in_spec}"
         for i, v in const:
             if leaves[i] != v:
-                raise InputMismatchError(f"non-tensor argument {i} was {v!r} when captured, now {leaves[i]!r}")
+                return None, f"non-tensor argument {i} was {v!r} when captured, now {leaves[i]!r}"
         flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
-        if aliasing is not None:
-            aliasing(flat)
+        why = aliasing(flat) if aliasing is not None else None
+        if why:
+            return None, why
         if rebase is not None:
             flat = rebase.graph_inputs(flat)
-        guards(flat)
+        failed = guards.check(flat)
+        if failed is not None:
+            return None, guards.explain(flat, failed)
         if grad_guard and torch.is_grad_enabled() and any(t.requires_grad for t in flat):
-            raise InputMismatchError("captured with grad disabled (an inference graph); call it under torch.no_grad() or capture with grad enabled")
-        values = run(flat)
-        if simple_outputs:
+            return None, "grad mode was disabled when captured (an inference graph), now it is enabled"
+        return flat, None
+
+    def run(flat):
+        values = run_graph(flat)
+        if simple:
             return pytree.tree_unflatten(list(values), out_spec)
         symbols = guards.bind(flat) if needs_symbols else None
         apply_mutations(flat, values, analysis, symbols)
         return pytree.tree_unflatten(build_outputs(flat, values, analysis, symbols), out_spec)
 
-    return call
+    return CallPath(match, run)
 
 
 def alias_check(setup, analysis):
@@ -73,12 +87,12 @@ def alias_check(setup, analysis):
         keys = [t.untyped_storage()._cdata for t in flat]
         for g in groups:
             if len({keys[i] for i in g}) != 1:
-                raise InputMismatchError(f"inputs {list(g)} shared storage when captured, now they do not")
+                return f"inputs {list(g)} shared storage when captured, now they do not"
         for i in written:
             if any(keys[j] == keys[i] for j in range(len(flat)) if j != i and j not in grouped):
-                raise InputMismatchError(
-                    f"flat input {i} is written to and now shares storage with another input, "
-                    "which it did not when captured; capture again with these inputs")
+                return (f"flat input {i} is written to and now shares storage with another input, "
+                        "which it did not when captured")
+        return None
     return check
 
 

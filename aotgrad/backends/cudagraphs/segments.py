@@ -65,5 +65,5 @@ def split(gm: fx.GraphModule, device_type: str):
     if all(capturable.values()) and len(capturable) <= 1:
         return gm, None
     from torch.fx.passes.split_module import split_module
-    top = split_module(gm, None, lambda n: ids[n], keep_original_order=True)
+    top = split_module(gm, None, lambda n: ids[n], keep_original_order=True, tuple_return=True)
     return top, {f"submod_{i}": cap for i, cap in capturable.items()}
