@@ -31,6 +31,7 @@ class Run:
 def default_compile(fn, args, kwargs, **opts):
     capture_opts = {k: opts.pop(k) for k in ("dynamic",) if k in opts}
     captured = aotgrad.capture(fn, *args, **capture_opts, **kwargs)
+    aotgrad.verify(captured)
     return captured.compile(**opts)
 
 
