@@ -14,6 +14,12 @@ __all__ = ["capture", "Captured", "Compiled", "Setup", "backends", "errors", "ve
 from .frontend.jit import Jit, jit
 
 
+def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
+    """A configured ``torch.compile`` backend: ``torch.compile(m, backend=aotgrad.backend(...))``."""
+    from .frontend.dynamo import backend as make
+    return make(fw_compiler, bw_compiler, partitioner, **compile_options)
+
+
 def explain(obj) -> str:
     """Plain-text account of a ``jit`` function's entries and recompiles, or a ``Compiled``'s stages."""
     if isinstance(obj, Jit):
@@ -21,4 +27,4 @@ def explain(obj) -> str:
     return str(obj)
 
 
-__all__ += ["jit", "Jit", "explain"]
+__all__ += ["jit", "Jit", "explain", "backend"]

@@ -39,10 +39,18 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captu
     with timed(history, "setup") as info:
         setup = make_setup(fn, args, kwargs, dynamic, dynamic_dims or {})
         info["inputs"] = len(setup.input_descs)
+    return capture_setup(setup, history)
+
+
+def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Captured:
+    """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
     groups = find_groups(setup.real_inputs, changed)
+    if groups and not allow_rebase:
+        raise errors.MutationError("inputs that share storage are written to; this frontend cannot "
+                                   "give them a synthetic base, so pass them as separate tensors")
     if groups:
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
@@ -114,7 +122,8 @@ def _first_line(e) -> str:
 
 
 def _input_guards(setup: Setup):
-    specs = [input_guards.tensor_spec(f, t) for f, t in zip(setup.fake_inputs, setup.real_inputs)]
+    specs = [input_guards.tensor_spec(f, t) if isinstance(t, torch.Tensor) else None
+             for f, t in zip(setup.fake_inputs, setup.real_inputs)]
     conds = input_guards.shape_conditions(setup.session.shape_env)
     return input_guards.build(specs, [str(d) for d in setup.input_descs], conds)
 

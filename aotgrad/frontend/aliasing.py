@@ -61,7 +61,8 @@ def find_groups(tensors, mutated: set) -> list[AliasGroup]:
     """Groups of inputs sharing a storage where some member is mutated."""
     by_storage: dict = {}
     for i, t in enumerate(tensors):
-        by_storage.setdefault(_key(t), []).append(i)
+        if isinstance(t, torch.Tensor):
+            by_storage.setdefault(_key(t), []).append(i)
     groups = []
     for members in by_storage.values():
         if len(members) > 1 and mutated & set(members):

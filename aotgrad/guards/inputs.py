@@ -88,6 +88,8 @@ def build(specs, descs, conditions) -> InputGuards:
     lines, env, bound = ["def check(flat):"], {"torch": torch}, {}
     bind_lines = ["def bind(flat):", "    return {"]
     for i, spec in enumerate(specs):
+        if spec is None:
+            continue            # a number input (a Dynamo graph's SymInt): its own frontend guards it
         env[f"dt{i}"], env[f"dev{i}"] = spec.dtype, spec.device
         lines += [f"    t = flat[{i}]",
                   f"    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor) or t.dtype is not dt{i} "
@@ -102,6 +104,8 @@ def build(specs, descs, conditions) -> InputGuards:
         if exact:
             lines.append(f"    if {' or '.join(exact)}: return {i}")
     for i, spec in enumerate(specs):     # symbols seen only in strides or offsets (views of a base)
+        if spec is None:
+            continue
         for s, src in zip(spec.layout, _layout_sources(i, len(spec.size))):
             if isinstance(s, sympy.Symbol) and s not in bound:
                 bound[s] = src

@@ -39,13 +39,11 @@ def recompute_order(joint: fx.GraphModule, lay: JointLayout, policy) -> list[fx.
     return sorted(extra, key=lambda n: -node_bytes(n) / flops(n))
 
 
-def _levels(n: int):
-    k = 0
-    while True:
-        yield k
-        if k >= n:
-            return
-        k = min(n, max(1, 2 * k))
+def _levels(n: int, steps: int = 16) -> list[int]:
+    """How many ops of the order each candidate may recompute: fine at first
+    (a few ops often suffice), then in ``steps`` even strides."""
+    stride = max(1, -(-n // steps))
+    return sorted({k for k in (0, 1, 2, 4, *range(0, n, stride), n) if k <= n})
 
 
 def chain(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):

@@ -84,12 +84,13 @@ def alias_check(setup, analysis):
     grouped = {i for g in groups for i in g}
 
     def check(flat):
-        keys = [t.untyped_storage()._cdata for t in flat]
+        keys = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in flat]
         for g in groups:
             if len({keys[i] for i in g}) != 1:
                 return f"inputs {list(g)} shared storage when captured, now they do not"
         for i in written:
-            if any(keys[j] == keys[i] for j in range(len(flat)) if j != i and j not in grouped):
+            if keys[i] is not None and any(keys[j] == keys[i] for j in range(len(flat))
+                                           if j != i and j not in grouped):
                 return (f"flat input {i} is written to and now shares storage with another input, "
                         "which it did not when captured")
         return None

@@ -35,35 +35,58 @@ def _static_copy(t):
 
 
 class Recording:
-    """One input key's warm-up count, static inputs and runner."""
+    """One input key's warm-up count, static inputs and runner.
+
+    Besides the owner's parameters and buffers, a tensor input passed at the
+    same address on every warm-up call and the recording call is used in
+    place. If it later arrives elsewhere, this shape is recorded again with
+    that input copied in.
+    """
 
     def __init__(self, owner, name: str):
         self.owner, self.name = owner, name
         self.calls, self.replays, self.recorded = 0, 0, False
         self.runner = owner.make_runner()
+        self.seen: dict[int, int] | None = None     # input index -> address on every call so far
 
     def __call__(self, args):
         o = self.owner
         self.calls += 1
+        self._observe(args)
         if self.calls <= o.config.warmup:
             return tuple(self.runner.warmup(o.fn, args))
+        if self.recorded and any(args[i].data_ptr() != p for i, p in self.stable.items()):
+            self.seen, self.recorded, self.runner = {}, False, o.make_runner()
         if not self.recorded:
-            self.recorded = True
-            self.inputs = [a if i in o.in_place or not isinstance(a, torch.Tensor) else _static_copy(a)
-                           for i, a in enumerate(args)]
-            self.outputs = self.runner.record(o.fn, self.inputs)
-            own = {t.untyped_storage().data_ptr() for i, t in enumerate(self.inputs)
-                   if i in o.in_place and isinstance(t, torch.Tensor)}
-            # Outputs in a parameter's or buffer's memory are not overwritten by a replay.
-            self.in_caller_memory = frozenset(
-                i for i, t in enumerate(self.outputs)
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in own)
+            self._record(args)
         else:
             self._copy_in(args)
             self.runner.replay()
         self.replays += 1
         self._copy_back(args)
         return self.outputs
+
+    def _observe(self, args):
+        ptrs = {i: a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        if self.seen is None:
+            self.seen = ptrs if self.owner.config.warmup > 0 else {}
+        else:
+            self.seen = {i: p for i, p in self.seen.items() if ptrs.get(i) == p}
+
+    def _record(self, args):
+        o = self.owner
+        self.recorded = True
+        self.stable = {i: p for i, p in self.seen.items() if i not in o.in_place}
+        in_place = o.in_place | set(self.stable)
+        self.inputs = [a if i in in_place or not isinstance(a, torch.Tensor) else _static_copy(a)
+                       for i, a in enumerate(args)]
+        self.outputs = self.runner.record(o.fn, self.inputs)
+        own = {self.inputs[i].untyped_storage().data_ptr() for i in in_place
+               if isinstance(self.inputs[i], torch.Tensor)}
+        # Outputs in memory the caller owns are not overwritten by a replay.
+        self.in_caller_memory = frozenset(
+            i for i, t in enumerate(self.outputs)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in own)
 
     def _copy_in(self, args):
         with torch.no_grad():

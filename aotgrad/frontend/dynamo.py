@@ -1,0 +1,95 @@
+"""aotgrad as a ``torch.compile`` backend: Dynamo is the frontend.
+
+Dynamo hands over an FX graph of torch-level ops and fake example inputs made
+in *its* fake mode and shape environment. We trace the joint graph in that
+same fake mode, so every shape assumption our tracing adds (a backward
+formula branching on a size, say) lands in Dynamo's shape environment and is
+installed with Dynamo's guards: a later input that violates it makes Dynamo
+recompile. Dynamo guards every call, so the compiled callable skips our own
+input checks. Compilation happens here, at lowering time.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+
+from ..capture.capture import capture_setup
+from ..capture.descriptors import Desc
+from ..capture.session import Session
+from ..frontend.flatten import Signature
+from ..observe import timed
+from ..stages import Setup
+
+
+def _desc(node: torch.fx.Node, index: int) -> Desc:
+    """Name a Dynamo placeholder after its source: ``L['self']._modules['fc']._parameters['weight']`` -> param 'fc.weight'."""
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    text = source.name() if callable(getattr(source, "name", None)) else str(getattr(source, "name", "") or node.name)
+    for kind, attr in (("param", "_parameters"), ("buffer", "_buffers")):
+        if attr in text or f"_{kind}s_" in node.name or (kind == "param" and "parameters" in node.name):
+            parts = re.findall(r"\['([^']+)'\]", text)[1:] or [node.name]
+            parts = [p for p in parts if p not in ("self",)]
+            return Desc(kind, ".".join(parts) if parts else node.name)
+    return Desc("input", f"{index} ({text or node.name})")
+
+
+def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
+    fake_mode = detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    session = Session(dynamic=None, grad_enabled=torch.is_grad_enabled(),
+                      shape_env=fake_mode.shape_env, fake_mode=fake_mode)
+    fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
+        t, torch._subclasses.FakeTensor) else t for t in example_inputs]
+    n = len(fakes)
+    sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
+    ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    descs = tuple(_desc(node, i) for i, node in enumerate(ph))
+    out_specs: list = []
+
+    def flat_fn(*flat):
+        leaves, spec = pytree.tree_flatten(gm(*flat))
+        out_specs.append(spec)
+        return leaves
+    flat_fn.__name__ = "dynamo_graph"
+    return Setup(gm, sig, descs, flat_fn, out_specs, session, tuple(fakes), tuple(fakes))
+
+
+def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, partitioner="default",
+                  **compile_options):
+    """The backend entry: capture and compile now; return ``(*args) -> outputs``."""
+    history: list = []
+    with timed(history, "setup (dynamo)") as info:
+        setup = _setup(gm, example_inputs)
+        info["inputs"] = len(example_inputs)
+    captured = capture_setup(setup, history, allow_rebase=False)
+    compiled = captured.compile(fw_compiler, bw_compiler, partitioner, **compile_options)
+    run = compiled.path.run
+
+    def call(*args):
+        return run(list(args))
+    call.compiled = compiled
+    return call
+
+
+def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
+    """A ``torch.compile`` backend built from any pair of graph compilers and a partitioner.
+
+    ``torch.compile(model, backend=aotgrad.backend(fw_compiler="inductor"))``
+    """
+    def aotgrad_backend(gm, example_inputs, **options):
+        opts = {"fw_compiler": fw_compiler, "bw_compiler": bw_compiler, "partitioner": partitioner,
+                **compile_options, **options}
+        return compile_graph(gm, example_inputs, **opts)
+    return aotgrad_backend
+
+
+def aotgrad_backend(gm, example_inputs, **options):
+    """``torch.compile(model, backend="aotgrad")``: registered through the ``torch_dynamo_backends`` entry point."""
+    return compile_graph(gm, example_inputs, **options)

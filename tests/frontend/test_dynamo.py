@@ -1,0 +1,96 @@
+"""aotgrad as a torch.compile backend, compared with eager."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import aotgrad
+from tests.eager_check import check
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def dynamo(fn, args, kwargs, backend="aotgrad", **opts):
+    return torch.compile(fn, backend=backend, **opts)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.bn(self.conv(x))).flatten(1)).log_softmax(-1)
+
+
+def test_backend_by_name_trains_like_eager():
+    check(Net(), (torch.randn(2, 3, 8, 8),), compile=dynamo, calls=2)
+
+
+def test_configured_backend():
+    check(Net(), (torch.randn(2, 3, 8, 8),), compile=dynamo, backend=aotgrad.backend(fw_compiler="eager"))
+
+
+def test_dynamic_shapes():
+    check(nn.Linear(4, 3), (torch.randn(5, 4),), compile=dynamo, dynamic=True)
+
+
+def test_graph_breaks():
+    def f(x, w):
+        y = (x * w).sin()
+        print("graph break", end="\r")
+        return (y * w).cos().sum()
+    check(f, (torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)), compile=dynamo)
+
+
+def test_eval_no_grad_inference():
+    m = Net().eval()
+    with torch.no_grad():
+        check(m, (torch.randn(2, 3, 8, 8),), compile=dynamo)
+
+
+def test_parameters_named_in_descriptors():
+    seen = []
+
+    def spy(gm, example_inputs):
+        from aotgrad.frontend.dynamo import compile_graph
+        call = compile_graph(gm, example_inputs)
+        seen.append(call.compiled.captured.input_descs)
+        return call
+    m = nn.Linear(3, 2)
+    torch.compile(m, backend=spy)(torch.randn(4, 3)).sum().backward()
+    kinds = {(d.kind, d.name) for d in seen[0]}
+    assert ("param", "weight") in kinds and ("param", "bias") in kinds
+
+
+@torch.library.custom_op("aotgrad_test::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 1.0
+
+
+@scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _scale_backward(ctx, grad):
+    # A size test only the backward makes: Dynamo never sees it, our joint trace does.
+    return grad * 2 if grad.shape[0] > 4 else grad * 3
+
+
+scale.register_autograd(_scale_backward)
+
+
+def test_joint_trace_guards_reach_dynamo():
+    f = torch.compile(lambda x: scale(x).sum(), backend="aotgrad", dynamic=True)
+    for n, factor in ((8, 2.0), (6, 2.0), (3, 3.0)):
+        x = torch.randn(n, requires_grad=True)
+        f(x).backward()
+        torch.testing.assert_close(x.grad, torch.full((n,), factor))
