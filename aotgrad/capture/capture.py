@@ -57,7 +57,8 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     lay = layout(analysis, setup.session.grad_enabled)
     with timed(history, "trace joint") as info:
-        joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay))
+        joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay,
+                                           user_fn=setup.fn))
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "simplify") as info:
         joint = simplify(joint)

@@ -70,8 +70,15 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
     return joint
 
 
+def _anchor_user_frames(user_fn) -> None:
+    """make_fx keeps stack frames of ``forward`` methods; also keep a plain user function's own frames."""
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None and callable(user_fn) and hasattr(user_fn, "__code__"):
+        register(user_fn)
+
+
 def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
-                lay: JointLayout) -> torch.fx.GraphModule:
+                lay: JointLayout, user_fn=None) -> torch.fx.GraphModule:
     with session.fake_mode:
         tangents = [torch.empty_strided(analysis.fake_outputs[i].shape,
                                         _contiguous_strides(analysis.fake_outputs[i].shape),
@@ -79,6 +86,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
                                         device=analysis.fake_outputs[i].device)
                     for i in lay.tangent_of]
     fn = joint_function(flat_fn, analysis, lay, session.grad_enabled)
+    _anchor_user_frames(user_fn)
     # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
     # running for real (which would bake a constant and consume the real RNG).
     with session.fake_mode:
