@@ -7,7 +7,7 @@ import torch
 from . import backends, partition
 from .observe import timed
 from .runtime.call import make_call
-from .runtime.function import autograd_function
+from .runtime.function import autograd_function, fast_apply
 from .stages import Captured, Compiled
 
 
@@ -40,13 +40,5 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) 
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}")
-        run = _apply(fn_class)
+        run = fast_apply(fn_class)
     return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))
-
-
-def _apply(fn_class):
-    apply = fn_class.apply
-
-    def run(flat):
-        return apply(*flat)
-    return run

@@ -58,18 +58,22 @@ def chain(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
             yield part, est
 
 
-def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:
-    """The partition with the least recomputation whose saved bytes fit ``budget``."""
-    default_saved = estimate(default_partition(joint, lay)).saved_bytes
-    target = target_bytes(budget, default_saved)
+def pick(candidates, target: int, default_saved: int) -> Partition:
+    """The first partition of the chain (least recomputation) saving at most ``target`` bytes."""
     smallest = None
-    for part, est in chain(joint, lay, policy):
+    for part, est in candidates:
         if est.saved_bytes <= target:
             return part
         smallest = est.saved_bytes
     raise BudgetError(f"memory budget of {target} bytes cannot be met: the smallest saved-activation "
                       f"size any partition reaches is {smallest} bytes "
                       f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved})")
+
+
+def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:
+    """The partition with the least recomputation whose saved bytes fit ``budget``."""
+    default_saved = estimate(default_partition(joint, lay)).saved_bytes
+    return pick(chain(joint, lay, policy), target_bytes(budget, default_saved), default_saved)
 
 
 def min_cut(budget=None, policy="cheap"):

@@ -88,10 +88,13 @@ def _save_everything(node):
 
 POLICIES = {
     "cheap": _cheap_policy,              # recompute pointwise/views/reshapes; save the rest
-    "save_matmuls": _save_matmuls,       # recompute everything except matmuls/convs/attention
-    "save_nothing": _save_nothing,       # recompute everything that is not random
+    "save_matmuls": _save_matmuls,       # save only matmul/conv/attention outputs (and what cannot be recomputed)
+    "save_nothing": _save_nothing,       # save only what cannot be recomputed (random, inputs)
     "save_everything": _save_everything,  # recompute nothing (what the default partitioner saves)
 }
+# Policies under which what may be recomputed must be (JAX's dots_saveable,
+# nothing_saveable); under the others the min cut saves whatever is cheaper.
+STRICT = frozenset({"save_matmuls", "save_nothing"})
 
 
 def may_recompute(node: fx.Node, policy) -> bool:

@@ -9,6 +9,8 @@ outputs stay alive; gradients stay alive after the backward (in ``.grad``).
 from __future__ import annotations
 
 import operator
+import os
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -17,6 +19,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import _PKG_DIRS
 from .costs import aliases_input, flops, tensor_bytes
 from .graphs import is_sym, output_values, placeholders
 
@@ -46,15 +49,19 @@ class MemoryEstimate:
         return "\n".join(rows)
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
 def user_line(node: fx.Node) -> str | None:
-    """The innermost-but-one frame of the node's stack trace: the user's own line."""
-    trace = node.meta.get("stack_trace")
-    if not trace:
-        return None
-    lines = [ln.strip() for ln in trace.strip().splitlines()]
-    frames = [f"{ln} {code}" for ln, code in zip(lines, lines[1:] + [""]) if ln.startswith("File ")]
-    user = [f for f in frames if "site-packages" not in f and "/torch/" not in f]
-    return (user or frames or [None])[-1]
+    """The innermost frame of the node's stack trace outside torch and aotgrad."""
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    found = None
+    for i, ln in enumerate(lines):
+        m = _FRAME.search(ln)
+        if m and not os.path.abspath(m.group(1)).startswith(_PKG_DIRS):
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
+            found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}: {code}"
+    return found
 
 
 def _is_tuple(n: fx.Node) -> bool:

@@ -19,7 +19,7 @@ import networkx as nx
 import torch.fx as fx
 
 from ..capture.joint import JointLayout
-from .costs import aliases_input, may_recompute, node_bytes
+from .costs import STRICT, aliases_input, may_recompute, node_bytes
 from .default import Partition, build, forward_nodes, split_nodes
 from .graphs import ancestors, is_sym
 from .memory import estimate
@@ -44,14 +44,15 @@ def save_costs(joint: fx.GraphModule, fw: set) -> dict:
     return cost
 
 
-def flow_graph(joint: fx.GraphModule, fw: set, bw: set, recomputable) -> nx.DiGraph:
+def flow_graph(joint: fx.GraphModule, fw: set, bw: set, recomputable, saveable) -> nx.DiGraph:
     g = nx.DiGraph()
     cost = save_costs(joint, fw)
     for n in joint.graph.nodes:
         if n not in fw or n.op in ("output", "get_attr"):
             continue
         tuple_valued = isinstance(n.meta.get("val"), (tuple, list))
-        cap = {} if tuple_valued else {"capacity": cost[n] * BYTE_SCALE}   # no capacity: infinite
+        no_save = tuple_valued or not saveable(n)
+        cap = {} if no_save else {"capacity": cost[n] * BYTE_SCALE}   # no capacity: infinite
         g.add_edge((n, "in"), (n, "out"), **cap)
         if not recomputable(n):
             g.add_edge("source", (n, "in"))
@@ -66,9 +67,13 @@ def flow_graph(joint: fx.GraphModule, fw: set, bw: set, recomputable) -> nx.DiGr
     return g
 
 
-def choose(joint: fx.GraphModule, fw: set, bw: set, recomputable) -> set:
+def choose(joint: fx.GraphModule, fw: set, bw: set, recomputable, saveable=lambda n: True) -> set:
     """The forward nodes to recompute in the backward, by a minimum cut."""
-    _, (src_side, _) = nx.minimum_cut(flow_graph(joint, fw, bw, recomputable), "source", "sink")
+    try:
+        graph = flow_graph(joint, fw, bw, recomputable, saveable)
+        _, (src_side, _) = nx.minimum_cut(graph, "source", "sink")
+    except nx.NetworkXUnbounded:     # the backward reads a value nothing may save: recompute nothing
+        return set()
     recomputed = {n for n in fw if (n, "in") not in src_side and n.op == "call_function"}
     assert all(recomputable(n) for n in recomputed), "a node that may not be recomputed was cut"
     return recomputed
@@ -122,8 +127,12 @@ def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
     primals, _, _, grads = split_nodes(joint, lay)
     bw = ancestors([x for x in grads if x is not None], stop=fw) - fw
     unsafe = stale_inputs(primals, lay, bw)
-    recomputed = choose(joint, fw, bw, lambda n: (n in extra or may_recompute(n, policy))
-                        and not any(a in unsafe for a in n.all_input_nodes))
+    def recomputable(n):
+        return (n in extra or may_recompute(n, policy)) and not any(a in unsafe for a in n.all_input_nodes)
+
+    def saveable(n):
+        return policy not in STRICT or n in extra or not recomputable(n)
+    recomputed = choose(joint, fw, bw, recomputable, saveable)
     new, env, copies = with_recomputation(joint, bw, recomputed)
     part = replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
     # The cut's byte count can differ from the estimate's (views of one base

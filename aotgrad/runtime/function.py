@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction"):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
+
+    The backward graph is made of differentiable ATen ops on saved tensors that
+    keep their history, so ``create_graph=True`` differentiates through it.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -24,7 +26,6 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
         return tuple(fw_values)
 
-    @once_differentiable
     def backward(ctx, *grad_outputs):
         tangents = [_contiguous(grad_outputs[k]) for k in tangent_of]
         grads = bw(*ctx.saved_tensors, *ctx.symbols, *tangents)
@@ -35,6 +36,19 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
 
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def fast_apply(fn_class):
+    """``fn_class.apply`` without the Python-level wrapper (functorch bookkeeping,
+    setup_context binding) that a Function with a plain ``forward(ctx, ...)`` does
+    not need; the full path is kept for when functorch transforms are active."""
+    c_apply = super(torch.autograd.Function, fn_class).apply
+    full = fn_class.apply
+    active = torch._C._are_functorch_transforms_active
+
+    def apply(flat):
+        return full(*flat) if active() else c_apply(*flat)
+    return apply
 
 
 def _contiguous(g):

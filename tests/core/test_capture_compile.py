@@ -335,3 +335,15 @@ def test_requires_grad_flip_is_refused():
         return x * 2
     with pytest.raises(errors.MutationError, match="requires_grad_"):
         aotgrad.capture(f, torch.randn(3))
+
+
+def test_double_backward_through_backward_graph():
+    x = torch.randn(4, requires_grad=True)
+    compiled = aotgrad.capture(lambda t: (t ** 3).sin().sum(), x).compile()
+    (g,) = torch.autograd.grad(compiled(x), x, create_graph=True)
+    g.sum().backward()
+    x_e = x.detach().clone().requires_grad_()
+    (g_e,) = torch.autograd.grad((x_e ** 3).sin().sum(), x_e, create_graph=True)
+    g_e.sum().backward()
+    torch.testing.assert_close(g, g_e)
+    torch.testing.assert_close(x.grad, x_e.grad)

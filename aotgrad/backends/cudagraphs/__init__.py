@@ -28,7 +28,8 @@ from ...errors import AotgradError
 from .lifetime import StaleOutputError
 from .mutation import written_inputs
 from .recording import Graphed
-from .runners import CudaRunner, NullRunner
+from .lifetime import check_fresh
+from .runners import CudaRunner, NullRunner, Pool
 from .segments import split
 from .static import static_inputs
 
@@ -69,13 +70,6 @@ def _output_vals(gm: fx.GraphModule) -> dict:
     return {id(o.meta.get("val")): o.meta.get("val") for o in outs}
 
 
-class _Pool:
-    """One memory pool: a CUDA graph pool handle, or a token on the null runner."""
-
-    def __init__(self, cuda: bool):
-        self.handle = torch.cuda.graph_pool_handle() if cuda else object()
-
-
 class CudaGraphs:
     """A configured cudagraphs compiler: ``(gm, example_inputs) -> callable``."""
 
@@ -88,10 +82,10 @@ class CudaGraphs:
         use_cuda = self.config.runner == "cuda" or (
             self.config.runner == "auto" and _device_type(example_inputs) == "cuda")
         backward = _is_backward(gm)
-        pool, forward = self._pair(gm, use_cuda) if backward else (_Pool(use_cuda), None)
+        pool, forward = self._pair(gm, use_cuda) if backward else (Pool(use_cuda), None)
         runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool.handle))
-        compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu")
-        compiled.pool, compiled.forward = pool, forward
+        compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu", pool)
+        compiled.forward = forward
         self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm))
         self.last_compiled = weakref.ref(compiled)
         return compiled
@@ -103,7 +97,7 @@ class CudaGraphs:
         fw_vals = self._forward[2] if self._forward else {}
         # The same traced value object on both sides: not just equal names.
         if self._forward is None or not all(id(n.meta.get("val")) in fw_vals for n in saved):
-            return _Pool(use_cuda), None
+            return Pool(use_cuda), None
         pool, ref, _ = self._forward
         forward = ref()
         if isinstance(forward, Graphed):
@@ -111,19 +105,20 @@ class CudaGraphs:
         return pool, forward
 
 
-def _wrap(gm, config, make_runner, device_type):
+def _wrap(gm, config, make_runner, device_type, pool):
     top, parts = split(gm, device_type)
     in_place = static_inputs(gm, config.static_input_indices)
     if parts is None:
         return Graphed(gm.forward, type(gm).__name__, config, in_place, written_inputs(gm),
-                       make_runner, _output_names(gm))
+                       make_runner, _output_names(gm), pool=pool)
     for name, capturable in parts.items():
         if capturable:
             sub = getattr(top, name)
             graphed = Graphed(sub.forward, f"{type(gm).__name__}.{name}", config,
-                              _sub_static(top, name, in_place), written_inputs(sub), make_runner)
+                              _sub_static(top, name, in_place), written_inputs(sub), make_runner,
+                              pool=pool, check_inputs=False)
             setattr(top, name, _Module(graphed))
-    return _Segmented(top)
+    return _Segmented(top, pool)
 
 
 def _sub_static(top, name, in_place) -> frozenset:
@@ -145,10 +140,11 @@ class _Module(torch.nn.Module):
 class _Segmented:
     """Graphed segments and eager segments called in order by the split graph."""
 
-    def __init__(self, top):
-        self.top = top
+    def __init__(self, top, pool):
+        self.top, self.pool = top, pool
 
     def __call__(self, *args):
+        check_fresh(args)
         return self.top(*args)
 
 

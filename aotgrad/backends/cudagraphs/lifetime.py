@@ -2,9 +2,11 @@
 
 Outputs a user can keep are cloned out of static memory. Outputs consumed only
 by the backward (saved tensors) are handed out in place, each tagged with the
-recording and replay that produced it; a graph that receives a tagged tensor
-after its recording was replayed again raises :class:`StaleOutputError`
-naming it, instead of computing with overwritten data.
+memory pool and its replay count when they were handed out; a compiled graph
+that receives a tagged tensor after another replay in that pool (which may
+have written over it: graphs in one pool reuse each other's freed memory)
+raises :class:`StaleOutputError` naming it, instead of computing with
+overwritten data.
 """
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ def check_fresh(args) -> None:
     for a in args:
         tag = getattr(a, "_aotgrad_replay", None) if isinstance(a, torch.Tensor) else None
         if tag is not None:
-            recording, replay, name = tag
-            if recording.replays != replay:
+            pool, replay, name = tag
+            if pool.replays != replay:
                 raise StaleOutputError(
-                    f"{name} (from {recording.name}, replay {replay}) was overwritten by replay "
-                    f"{recording.replays}; run backward before the next forward call, or use the "
-                    f"eager backend for steps that interleave forwards")
+                    f"{name} may have been overwritten: {pool.replays - replay} later CUDA graph "
+                    f"replay(s) ran in its memory pool; run backward before the next forward "
+                    f"call, or use the eager backend for steps that interleave forwards")

@@ -16,6 +16,7 @@ from collections import OrderedDict
 import torch
 
 from .lifetime import alias, check_fresh
+from .runners import Pool
 
 
 def input_key(args, in_place) -> tuple:
@@ -63,6 +64,7 @@ class Recording:
             self._copy_in(args)
             self.runner.replay()
         self.replays += 1
+        self.owner.pool.replays += 1
         self._copy_back(args)
         return self.outputs
 
@@ -103,11 +105,18 @@ class Recording:
 
 
 class Graphed:
-    """A callable graphed per input key. ``keep(i)`` says whether output ``i`` is
-    consumed only by the backward (handed out in place) or kept by the user (cloned)."""
+    """A callable graphed per input key, its recordings in one memory ``pool``.
 
-    def __init__(self, fn, name: str, config, in_place, written, make_runner, output_names=()):
+    Outputs named in ``saved_names`` (consumed only by the backward) are handed
+    out in place and tagged; others are cloned. ``check_inputs=False`` is for
+    segments of a split graph, whose caller checks the inputs once.
+    """
+
+    def __init__(self, fn, name: str, config, in_place, written, make_runner, output_names=(),
+                 pool=None, check_inputs: bool = True):
         self.fn, self.name, self.config = fn, name, config
+        self.pool = pool if pool is not None else Pool()
+        self.check_inputs = check_inputs
         self.in_place, self.written = frozenset(in_place), tuple(written)
         self.make_runner = make_runner
         self.output_names = tuple(output_names)
@@ -117,7 +126,8 @@ class Graphed:
         self._warned = False
 
     def __call__(self, *args):
-        check_fresh(args)
+        if self.check_inputs:
+            check_fresh(args)
         rec = self._lookup(input_key(args, self.in_place))
         if rec is None:
             self.eager_calls += 1
@@ -159,7 +169,7 @@ class Graphed:
                 # autograd once an optimizer updates the parameter.
                 result.append(alias(o, None))
             elif name in self.saved_names:
-                result.append(alias(o, (rec, rec.replays, f"saved tensor {name!r}")))
+                result.append(alias(o, (self.pool, self.pool.replays, f"saved tensor {name!r}")))
             else:
                 result.append(o.clone())
         return tuple(result)

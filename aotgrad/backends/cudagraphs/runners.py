@@ -16,6 +16,16 @@ from __future__ import annotations
 import torch
 
 
+class Pool:
+    """One memory pool shared by a compiled function's graphs, and a count of
+    the replays in it: any of them may reuse memory another graph's outputs
+    were recorded in, so this count is what output lifetimes are checked against."""
+
+    def __init__(self, cuda: bool = False):
+        self.handle = torch.cuda.graph_pool_handle() if cuda else object()
+        self.replays = 0
+
+
 def _storage_ptr(t) -> int | None:
     return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
 

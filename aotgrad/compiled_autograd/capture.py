@@ -1,0 +1,288 @@
+"""Capture of one ``.backward()`` into an FX graph of ATen ops.
+
+PyTorch's C++ autograd engine, with a compiler installed, walks the autograd
+graph once and calls this object for every step instead of running it:
+``begin_capture`` hands over the lifted inputs (saved tensors, root grads,
+leaves), sizes and scalars; built-in nodes arrive as ``apply_functional``
+(a C++ function of (grads, saved values)), Python ``autograd.Function``s as
+``proxy_call_backward``, hooks as ``*_hook``, leaves as ``accumulate_grad``;
+``end_capture`` returns what the engine runs from then on, for every backward
+whose autograd graph has the same structure.
+
+Built-in nodes are traced through on fake tensors with symbolic sizes, so
+they become ATen ops; everything holding user Python (hooks, custom
+backwards, ``.grad`` updates) becomes one opaque call node (``opaque.py``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch._subclasses import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode, PythonKeyTracer, disable_proxy_modes_tracing,
+    fetch_object_proxy, track_tensor_tree)
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from ..errors import UnsupportedError
+from . import opaque
+
+
+@dataclass
+class Structure:
+    """What the engine told us about the autograd graph, in call order (for miss reasons)."""
+    steps: list = field(default_factory=list)
+
+
+class _Session:
+    """The fake mode, shape environment and FX tracer of one capture, entered once."""
+
+    def __init__(self):
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True,
+                                        shape_env=self.shape_env)
+        self.tracer = PythonKeyTracer()
+        self.tracer.root = torch.nn.Module()
+        self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+        self.tracer.tensor_attrs = {}
+        self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
+        self._modes = contextlib.ExitStack()
+
+    def enter(self):
+        self._modes.enter_context(self.fake_mode)
+        self._modes.enter_context(self.proxy_mode)
+
+    def exit(self):
+        self._modes.close()
+
+
+class CaptureInstance:
+    """The object the C++ engine drives during one capture (its protocol, our graph)."""
+
+    def __init__(self, on_capture):
+        self._on_capture = on_capture   # (CaptureInstance, graph, n_hooks_used) -> runtime fn
+        self.session = _Session()
+        self.structure = Structure()
+        self.functionals: dict[str, tuple] = {}
+        self.hook_proxies: dict[int, fx.Proxy] = {}
+        self.symnode_proxy: dict = {}
+
+    # -- protocol: lifecycle ------------------------------------------------
+    def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
+        s = self.session
+        self.accumulate = accumulate_grad
+        self.n_inputs, self.n_sizes, self.n_scalars = len(inputs), len(sizes), len(scalars)
+        for idx, x in enumerate(inputs):
+            inputs[idx] = s.fake_mode.from_tensor(x)
+        self._bind(inputs, [self._placeholder(f"input_{i}") for i in range(len(inputs))])
+        sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _Src("sizes", i), DimDynamic.DYNAMIC)
+                     for i, v in enumerate(sizes)]
+        self._bind_syms(sym_sizes, "size")
+        for i, v in enumerate(scalars):
+            src = _Src("scalars", i)
+            if isinstance(v, int):
+                scalars[i] = s.shape_env.create_unspecified_symint_and_symbol(v, src, DimDynamic.DYNAMIC)
+            else:
+                sym = s.shape_env.create_unspecified_symbol(v, source=src, dynamic_dim=DimDynamic.DYNAMIC)
+                scalars[i] = s.shape_env.create_symfloatnode(sym, hint=v, source=src)
+        self._bind_syms(scalars, "scalar")
+        self.structure.steps.append(("begin", len(inputs), len(sizes), len(scalars)))
+        s.enter()
+        return "aotgrad_compiled_autograd", inputs, sym_sizes, scalars
+
+    def end_capture(self, outputs):
+        self._opaque(opaque.final_callbacks_stub)
+        self.session.exit()
+        tr = self.session.tracer
+        tr.create_node("output", "output", (tr.create_arg(self._proxy(outputs)),), {})
+        graph = tr.graph
+        graph.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_function" and n.target in opaque.IMPURE)
+        gm = fx.GraphModule(tr.root, graph, "CompiledAutograd")
+        return self._on_capture(self, gm)
+
+    def close(self):
+        self.session.exit()
+
+    def log_compile_reasons(self, reasons):
+        self.structure.steps.append(("engine_reasons", tuple(reasons)))
+
+    def set_node_origin(self, node_name, nodecall_index, pyobj):
+        self.structure.steps.append(("node", node_name))
+
+    # -- protocol: built-in nodes, traced through to ATen --------------------
+    def bind_function(self, fn_name, fn, is_custom_function, is_traceable):
+        self.functionals[fn_name] = (fn, is_traceable)
+        return fn_name
+
+    def apply_functional(self, fn_name, grads, args, output_metadata):
+        fn, traceable = self.functionals[fn_name]
+        self.structure.steps.append(("functional", fn_name))
+        if not traceable:
+            raise UnsupportedError(f"autograd node {fn_name} is a C++ node not marked traceable; "
+                                   "run this backward outside aotgrad.compiled_autograd")
+        return fn(grads, *args)
+
+    def validate_outputs(self, _, outputs, args, output_metadata):
+        fn, _ = self.functionals["validate_outputs"]
+        return fn(outputs, *args)
+
+    def accumulate(self, old_var, new_var):
+        return torch.add(old_var, new_var)
+
+    def call_copy_slices_prologue(self, inputs, base_sizes, base_strides, base_storage_offset,
+                                  view_sizes, view_strides, view_storage_offset):
+        grad = inputs[0]
+        result = grad.new_empty_strided(base_sizes, base_strides)
+        result.copy_(grad)
+        grad_slice = result.as_strided(view_sizes, view_strides, view_storage_offset - base_storage_offset)
+        return [result, grad_slice, grad_slice.clone(memory_format=torch.contiguous_format)]
+
+    def call_copy_slices_epilogue(self, needs_input_grad, result, res, grad_slice):
+        out = [None] * len(needs_input_grad)
+        for i, needed in enumerate(needs_input_grad):
+            if needed and res[i] is not None:
+                if i == 0:
+                    grad_slice.copy_(res[i])
+                    out[i] = result
+                else:
+                    out[i] = res[i]
+        return out
+
+    # -- protocol: opaque Python -------------------------------------------
+    def proxy_call_backward(self, inputs, output_metadatas, saved_tensors, backward_idx, ctx,
+                            maybe_backward_state_idx, opaque_object_indices=()):
+        cls = ctx._forward_cls
+        self.structure.steps.append(("custom_backward", cls.__qualname__, id(cls)))
+        proxy = self._opaque(opaque.call_backward, self._hook(backward_idx),
+                             self._proxy(list(saved_tensors)), *self._proxy(list(inputs)))
+        with disable_proxy_modes_tracing():
+            grads = [None if m is None else torch.empty(m[3], dtype=m[2], layout=m[0], device=m[1])
+                     for m in output_metadatas]
+        grads = [None if g is None else self.session.fake_mode.from_tensor(g) if False else g for g in grads]
+        self._bind_some(grads, proxy)
+        return tuple(grads)
+
+    def accumulate_grad(self, variable, variable_grad, grad, has_post_hooks=None):
+        if has_post_hooks is None:    # torch <= 2.11: (variable, grad, has_post_hooks)
+            grad = variable_grad
+        self.structure.steps.append(("accumulate_grad",))
+        self._opaque(opaque.accumulate_grad, self._proxy(variable), self._proxy(grad))
+        return None if has_post_hooks is None else variable
+
+    def tensor_pre_hook(self, inputs, hook_id, i):
+        inputs[i] = self._call_hook(hook_id, "tensor_pre_hook", inputs[i])
+        return inputs
+
+    def pre_hook(self, inputs, hook_id):
+        proxy = self._opaque(opaque.call_hook, self._hook(hook_id), self._proxy(list(inputs)),
+                             hook_type="pre_hook")
+        return self._clones(inputs, proxy)
+
+    def post_hook(self, outputs, inputs, hook_id):
+        proxy = self._opaque(opaque.call_hook, self._hook(hook_id), self._proxy(list(outputs)),
+                             self._proxy(list(inputs)), hook_type="post_hook")
+        return self._clones(outputs, proxy)
+
+    def post_acc_grad_hook(self, input, hook_id):
+        return [self._call_hook(hook_id, "post_acc_grad_hook", input)]
+
+    def cpp_tensor_pre_hook(self, inputs, hook_id, i):
+        inputs[i] = self._unsupported("a C++ tensor pre-hook (e.g. retain_grad on this torch version)")
+        return inputs
+
+    def unpack_hook(self, hook_id, data_id):
+        return self._unsupported("saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks)")
+
+    def bind_backward_state(self, index):
+        return self._unsupported("a Dynamo BackwardState")
+
+    # -- helpers ------------------------------------------------------------
+    def _unsupported(self, what):
+        raise UnsupportedError(f"aotgrad.compiled_autograd does not capture {what}; "
+                               "run this backward outside the compiled_autograd context")
+
+    def _call_hook(self, hook_id, hook_type, value):
+        self.structure.steps.append((hook_type,))
+        proxy = self._opaque(opaque.call_hook, self._hook(hook_id), self._proxy(value), hook_type=hook_type)
+        with disable_proxy_modes_tracing():
+            out = _clone(value)
+        self._bind([out], [proxy])
+        return out
+
+    def _clones(self, values, proxy):
+        self.structure.steps.append(("node_hook", len(values)))
+        with disable_proxy_modes_tracing():
+            outs = [_clone(v) for v in values]
+        self._bind_some(outs, proxy)
+        return outs
+
+    def _placeholder(self, name):
+        return self.session.tracer.create_proxy("placeholder", name, (), {})
+
+    def _hook(self, idx):
+        if idx not in self.hook_proxies:
+            with self.session.tracer.graph.inserting_before(self._first_non_placeholder()):
+                self.hook_proxies[idx] = self._placeholder(f"hook_{idx}")
+        return self.hook_proxies[idx]
+
+    def _first_non_placeholder(self):
+        for n in self.session.tracer.graph.nodes:
+            if n.op != "placeholder":
+                return n
+        return None
+
+    def _opaque(self, fn, *args, **kwargs):
+        return self.session.tracer.create_proxy("call_function", fn, args, kwargs)
+
+    def _bind_syms(self, syms, prefix):
+        proxies = [self._placeholder(f"{prefix}_{i}") for i in range(len(syms))]
+        for sym, p in zip(syms, proxies):
+            p.node.meta["val"] = sym
+            if isinstance(sym, (torch.SymInt, torch.SymFloat)):
+                self.symnode_proxy[sym.node] = p
+        self._bind(syms, proxies)
+
+    def _bind(self, objects, proxies):
+        for obj, p in zip(objects, proxies):
+            if isinstance(obj, torch.Tensor):
+                p.node.meta["val"] = obj
+        track_tensor_tree(list(objects), list(proxies), constant=None, tracer=self.session.tracer)
+
+    def _bind_some(self, objects, proxy):
+        for i, obj in enumerate(objects):
+            if obj is not None:
+                self._bind([obj], [proxy[i]])
+
+    def _proxy(self, t):
+        if t is None:
+            return None
+        if isinstance(t, (list, tuple)):
+            return type(t)(self._proxy(x) for x in t)
+        if isinstance(t, (torch.SymInt, torch.SymFloat)):
+            return self.symnode_proxy[t.node]
+        if not isinstance(t, torch.Tensor):
+            return t
+        return fetch_object_proxy(self.session.tracer, t).proxy
+
+
+def _clone(x):
+    return None if x is None else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+
+
+@dataclass(frozen=True)
+class _Src:
+    """A shape-environment source naming a lifted size or scalar: ``sizes[3]``."""
+    kind: str
+    index: int
+
+    def name(self):
+        return f"{self.kind}[{self.index}]"
+
+    def guard_source(self):
+        from torch._guards import GuardSource
+        return GuardSource.LOCAL
+
+    def is_ephemeral(self):
+        return False

@@ -1,0 +1,64 @@
+"""Python calls the compiled-autograd graph makes at run time, opaque to the compiler.
+
+Each is a plain function the graph calls with real tensors and the real
+Python objects (hooks, autograd ``ctx``) the engine hands in; none of them is
+traced through, so arbitrary Python in a hook or a custom backward is safe.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def call_hook(hook, *args, hook_type: str):
+    """A tensor/node hook; ``None`` from a hook means "keep the value"."""
+    result = hook(*args)
+    if hook_type == "post_acc_grad_hook":
+        if result is not None:
+            raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+        return args[0]
+    return args[0] if result is None else result
+
+
+class _SavedCtx:
+    """The real autograd ``ctx`` with its saved tensors taken from the graph's inputs."""
+
+    def __init__(self, ctx, saved_tensors):
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "saved_tensors", tuple(saved_tensors))
+
+    @property
+    def saved_variables(self):
+        return self.saved_tensors
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._ctx, name, value)
+
+
+def call_backward(ctx, saved_tensors, *grads):
+    """Run a ``torch.autograd.Function``'s Python backward as the eager engine would."""
+    fake = _SavedCtx(ctx, saved_tensors)
+    out = ctx._forward_cls.backward(fake, *grads)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def accumulate_grad(variable: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``variable.grad += grad`` with eager's rules: the first gradient is copied in
+    the variable's layout, later ones are added in place (grad mode is off here)."""
+    with torch.no_grad():
+        if variable.grad is None:
+            new = torch.empty_strided(variable.size(), variable.stride(),
+                                      dtype=variable.dtype, device=variable.device)
+            variable.grad = new.copy_(grad)
+        else:
+            variable.grad.add_(grad)
+    return variable.grad
+
+
+def final_callbacks_stub() -> None:
+    """Marks where the engine runs queued final callbacks; nothing runs here."""
+
+
+IMPURE = frozenset({call_hook, call_backward, accumulate_grad, final_callbacks_stub})

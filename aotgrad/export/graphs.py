@@ -1,0 +1,117 @@
+"""FX graphs as plain picklable data, and back, without re-tracing.
+
+``dump_graph(gm)`` lists each node as ``(op, name, target, args, kwargs)``,
+naming ATen overloads (``aten::mm.default``) and Python functions
+(``_operator.getitem``) by text and other nodes by a :class:`Ref`; tensors
+that ``get_attr`` nodes read are kept by value. ``load_graph`` rebuilds an
+equal ``GraphModule`` in one pass. Node metadata (fake values) is not kept:
+a loaded graph runs, but a backend that needs example inputs cannot compile it.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+FORMAT = 1
+
+
+class Unserializable(Exception):
+    """A graph holds something that cannot be written as data (a higher-order op, a Python object)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+
+
+def _target_out(t):
+    if isinstance(t, torch._ops.OpOverload):
+        return ("op", t._schema.name, t._overloadname)
+    if getattr(t, "__module__", None) in ("_operator", "operator", "builtins", "math", "torch", "torch._sym_node_impl") \
+            or t in vars(operator).values() or t in vars(builtins).values():
+        module = getattr(t, "__module__", None) or "builtins"
+        return ("py", module, t.__qualname__)
+    raise Unserializable(f"graph target {t!r} cannot be serialised")
+
+
+def _target_in(spec):
+    kind, a, b = spec
+    if kind == "op":
+        ns, name = a.split("::")
+        return getattr(getattr(getattr(torch.ops, ns), name), b)
+    obj = importlib.import_module(a)
+    for part in b.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _arg_out(a):
+    return fx.node.map_arg(a, lambda n: Ref(n.name))
+
+
+def _arg_in(a, env):
+    if isinstance(a, Ref):
+        return env[a.name]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_arg_in(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _arg_in(v, env) for k, v in a.items()}
+    if isinstance(a, slice):
+        return slice(_arg_in(a.start, env), _arg_in(a.stop, env), _arg_in(a.step, env))
+    return a
+
+
+def dump_graph(gm: fx.GraphModule) -> dict:
+    nodes, attrs = [], {}
+    for n in gm.graph.nodes:
+        target = n.target
+        if n.op == "call_function":
+            target = _target_out(n.target)
+        elif n.op == "get_attr":
+            attrs[n.target] = _attr(gm, n.target)
+        elif n.op not in ("placeholder", "output"):
+            raise Unserializable(f"graph node {n.name} has op {n.op}")
+        nodes.append((n.op, n.name, target, _arg_out(n.args), _arg_out(n.kwargs)))
+    return {"format": FORMAT, "nodes": nodes, "attrs": attrs, "class": type(gm).__name__}
+
+
+def _attr(gm, target):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise Unserializable(f"graph attribute {target} is a {type(value).__name__}, not a tensor")
+    return value.detach().clone() if not isinstance(value, torch.nn.Parameter) else value
+
+
+def load_graph(data: dict) -> fx.GraphModule:
+    assert data["format"] == FORMAT, data["format"]
+    graph, env = fx.Graph(), {}
+    for op, name, target, args, kwargs in data["nodes"]:
+        a, k = _arg_in(args, env), _arg_in(kwargs, env)
+        if op == "placeholder":
+            node = graph.placeholder(target)
+        elif op == "output":
+            node = graph.output(a[0])
+        elif op == "get_attr":
+            node = graph.get_attr(target)
+        else:
+            node = graph.call_function(_target_in(target), a, k)
+        if op != "output":
+            node._rename(name)
+        env[name] = node
+    root = torch.nn.Module()
+    for target, value in data["attrs"].items():
+        *path, last = target.split(".")
+        owner = root
+        for p in path:
+            if not hasattr(owner, p):
+                owner.add_module(p, torch.nn.Module())
+            owner = getattr(owner, p)
+        setattr(owner, last, value) if isinstance(value, torch.nn.Parameter) else owner.register_buffer(last, value)
+    return fx.GraphModule(root, graph, class_name=data["class"])
