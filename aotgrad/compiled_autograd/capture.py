@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch._dynamo.source import GetItemSource, LocalSource
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode, PythonKeyTracer, disable_proxy_modes_tracing,
@@ -160,7 +161,6 @@ class CaptureInstance:
         with disable_proxy_modes_tracing():
             grads = [None if m is None else torch.empty(m[3], dtype=m[2], layout=m[0], device=m[1])
                      for m in output_metadatas]
-        grads = [None if g is None else self.session.fake_mode.from_tensor(g) if False else g for g in grads]
         self._bind_some(grads, proxy)
         return tuple(grads)
 
@@ -271,18 +271,5 @@ def _clone(x):
     return None if x is None else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
 
 
-@dataclass(frozen=True)
-class _Src:
-    """A shape-environment source naming a lifted size or scalar: ``sizes[3]``."""
-    kind: str
-    index: int
-
-    def name(self):
-        return f"{self.kind}[{self.index}]"
-
-    def guard_source(self):
-        from torch._guards import GuardSource
-        return GuardSource.LOCAL
-
-    def is_ephemeral(self):
-        return False
+def _Src(kind, index):
+    return GetItemSource(LocalSource(kind), index)

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction"):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
-    The backward graph is made of differentiable ATen ops on saved tensors that
-    keep their history, so ``create_graph=True`` differentiates through it.
+    Saved intermediates carry no history (the forward graph runs without
+    autograd), so differentiating the backward again would silently miss terms:
+    under ``create_graph=True`` the grads come from ``once_differentiable`` and
+    raise if differentiated, which costs nothing on the usual path.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -26,13 +29,20 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
         return tuple(fw_values)
 
-    def backward(ctx, *grad_outputs):
+    def first_order(ctx, *grad_outputs):
         tangents = [_contiguous(grad_outputs[k]) for k in tangent_of]
         grads = bw(*ctx.saved_tensors, *ctx.symbols, *tangents)
         full = [None] * n_primals
         for i, g in zip(grad_of, grads):
             full[i] = g
         return tuple(full)
+
+    guarded = once_differentiable(first_order)
+
+    def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():     # only under create_graph=True
+            return guarded(ctx, *grad_outputs)
+        return first_order(ctx, *grad_outputs)
 
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward)})

@@ -1,0 +1,55 @@
+"""Compiled autograd: capture a whole ``.backward()`` as one graph and run it compiled.
+
+    with aotgrad.compiled_autograd("eager") as ca:
+        loss.backward()
+    print(ca.explain())        # captures, why each one missed the cache, graph sizes
+
+The engine (C++) walks the autograd graph and calls ``capture.CaptureInstance``;
+its result is cached by the engine on the graph's structure (node types, edges,
+non-tensor saved values) with every size lifted as an input, so a batch-size
+change reuses the compiled backward. ``runtime.py`` turns a capture into what
+runs; ``explain.py`` says why a backward was (re)captured.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from .. import backends
+from .capture import CaptureInstance
+from .explain import CompiledAutograd
+
+__all__ = ["compiled_autograd", "CompiledAutograd"]
+
+_engine = torch._C._dynamo.compiled_autograd
+_last_compiler = [None]
+
+
+@contextlib.contextmanager
+def compiled_autograd(compiler="eager"):
+    """Run every backward inside the block through a captured, compiled graph.
+
+    ``compiler`` is a backend name (``"eager"``, ``"inductor"``) or a graph
+    compiler ``(gm, example_inputs) -> callable``. Yields a ``CompiledAutograd``
+    that records each capture and the reason it missed the cache.
+    """
+    compile_fn = backends.get(compiler)
+    if _last_compiler[0] is not compile_fn:
+        _engine.clear_cache()   # the engine's cache does not know which compiler filled it
+        _last_compiler[0] = compile_fn
+    state = CompiledAutograd(compile_fn)
+    factory = functools.partial(CaptureInstance, state.on_capture)
+    prior = _engine.set_autograd_compiler(factory, True)
+    try:
+        with torch.autograd.set_multithreading_enabled(False):
+            yield state
+    finally:
+        _engine.set_autograd_compiler(*prior)
+
+
+def reset() -> None:
+    """Forget every compiled backward (the engine's cache is process-wide)."""
+    _engine.clear_cache()
+    _last_compiler[0] = None

@@ -1,0 +1,64 @@
+"""What a ``compiled_autograd`` block did: its captures, and why each missed the cache."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .runtime import make_runtime
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One captured backward: its graph, its structure, and why it was not a cache hit."""
+    graph: fx.GraphModule
+    structure: tuple
+    reason: str
+    seconds: float
+
+    def count(self, kind: str) -> int:
+        """Number of graph nodes of ``kind``: "aten" or "opaque"."""
+        nodes = [n for n in self.graph.graph.nodes if n.op == "call_function"]
+        aten = [n for n in nodes if isinstance(n.target, torch._ops.OpOverload)]
+        return len(aten) if kind == "aten" else len(nodes) - len(aten)
+
+
+class CompiledAutograd:
+    """State of one ``with aotgrad.compiled_autograd(...)`` block."""
+
+    def __init__(self, compile_fn):
+        self.compile_fn = compile_fn
+        self.captures: list[Capture] = []
+        self.runs = 0
+
+    def on_capture(self, instance, gm):
+        start = time.perf_counter()
+        structure = tuple(instance.structure.steps)
+        runtime = make_runtime(instance, gm, self.compile_fn, self)
+        self.captures.append(Capture(gm, structure, self._miss_reason(structure),
+                                     time.perf_counter() - start))
+        return runtime
+
+    def _miss_reason(self, structure) -> str:
+        if not self.captures:
+            return "first backward in this block (or a structure the engine had not cached)"
+        prev = self.captures[-1].structure
+        for i, (a, b) in enumerate(zip(prev, structure)):
+            if a != b:
+                return f"autograd graph differs at step {i}: was {_fmt(a)}, now {_fmt(b)}"
+        if len(prev) != len(structure):
+            return f"autograd graph has {len(structure)} steps, the previous capture {len(prev)}"
+        return "same node sequence; the engine's key differs in edges or non-tensor saved values"
+
+    def explain(self) -> str:
+        lines = [f"compiled_autograd: {len(self.captures)} capture(s), {self.runs} run(s)"]
+        for i, c in enumerate(self.captures):
+            lines.append(f"  capture {i}: {c.count('aten')} aten ops, {c.count('opaque')} opaque calls, "
+                         f"compiled in {c.seconds * 1e3:.1f} ms; miss: {c.reason}")
+        return "\n".join(lines)
+
+
+def _fmt(step) -> str:
+    return " ".join(str(s) for s in step if not isinstance(s, int) or step[0] == "begin")
