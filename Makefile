@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -x -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 demo: $(STAMP)
 	$(PY) -m examples.demo

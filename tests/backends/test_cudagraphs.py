@@ -1,0 +1,288 @@
+"""The cudagraphs backend's logic, on CPU through the null graph runner:
+mutation analysis, static inputs, partitioning, warm-up/record/replay with
+a bounded LRU of recordings, output lifetime and the shared memory pool."""
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import aotgrad
+from aotgrad.backends import cudagraphs as cg
+from aotgrad.backends.cudagraphs.mutation import written_inputs
+from aotgrad.backends.cudagraphs.recording import Graphed
+from aotgrad.backends.cudagraphs.runners import NullRunner
+from aotgrad.backends.cudagraphs.segments import segment_ids, why_not_capturable
+from aotgrad.backends.cudagraphs.static import static_inputs
+from examples import models
+from tests.eager_check import check, check_training
+
+
+# --- mutation analysis ------------------------------------------------------
+
+def test_mutation_through_list_argument():
+    def f(a, b, c):
+        torch._foreach_add_([a, b], [c, c])
+        return c * 2
+    gm = make_fx(f)(torch.ones(2), torch.ones(2), torch.ones(2))
+    assert written_inputs(gm) == (0, 1)
+
+
+def test_mutation_through_a_view_and_a_copy_back():
+    def f(x, y, z):
+        x.view(-1).add_(1)
+        z.copy_(y * 2)         # what functionalization leaves for a mutated input
+        return y + 1
+    gm = make_fx(f)(torch.ones(2, 2), torch.ones(3), torch.ones(3))
+    assert written_inputs(gm) == (0, 2)
+
+
+def test_functional_graph_writes_nothing():
+    gm = make_fx(lambda x: (x.sin() + 1).sum())(torch.ones(3))
+    assert written_inputs(gm) == ()
+
+
+# --- static inputs ----------------------------------------------------------
+
+def test_parameters_and_buffers_are_static():
+    m, args = models.make_cnn(batch=2)
+    fw = aotgrad.capture(m, *args).compile().forward_graph
+    names = [n.name for n in fw.graph.nodes if n.op == "placeholder"]
+    found = static_inputs(fw)
+    assert {names[i] for i in found} == {n for n in names if n.startswith(("p_", "b_"))}
+    assert found and not any(names[i].startswith("input") for i in found)
+    assert static_inputs(fw, given=(len(names) - 1,)) == found | {len(names) - 1}
+
+
+# --- partitioning -----------------------------------------------------------
+
+def test_host_sync_and_data_dependent_shapes_split_the_graph():
+    def f(x):
+        s = x.sum().item()
+        return (x * 2).nonzero(), x + s
+    gm = make_fx(f, tracing_mode="fake")(torch.ones(4))
+    ids, capturable = segment_ids(gm, "cpu")
+    by_name = {n.target.__name__ if callable(n.target) else n.name: ids[n] for n in ids}
+    assert not capturable[by_name["_local_scalar_dense.default"]]
+    assert not capturable[by_name["nonzero.default"]]
+    assert capturable[by_name["sum.default"]] and capturable[by_name["mul.Tensor"]]
+
+
+def test_cpu_tensor_in_a_cuda_graph_is_not_capturable():
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        gm = make_fx(lambda x, c: (x + 1, c * 2, x.sin()))(
+            torch.empty(3, device="cuda"), torch.empty(3))
+    why = {n.name: why_not_capturable(n, "cuda") for n in gm.graph.nodes if n.op == "call_function"}
+    assert why["add"] is None and why["sin"] is None
+    assert "cpu" in why["mul"]
+
+
+def test_segmented_graph_runs_like_eager():
+    def f(x, w):
+        h = (x @ w).relu()
+        return h * h.sum().item(), h.cos()
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    run = cg.configure(warmup=0)(gm, [])
+    for _ in range(3):
+        for got, want in zip(run(x, w), f(x, w)):
+            torch.testing.assert_close(got, want)
+    graphed = [m.graphed for m in run.top.children() if isinstance(m, cg._Module)]
+    assert len(graphed) == 2 and all(g.recordings for g in graphed)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: torch.nonzero(x > 0).float().sum() * w,
+    lambda x, w: torch.masked_select(x, x > 0).sum() * w,
+    lambda x, w: (x * w).sum().item() * w.cos(),
+], ids=["nonzero", "masked_select", "item"])
+def test_data_dependent_programs_run_in_segments(fn):
+    check(fn, (torch.randn(6), torch.randn((), requires_grad=True)), calls=3,
+          fw_compiler=cg.configure(warmup=0))
+
+
+# --- warm-up / record / replay ----------------------------------------------
+
+class Counting:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def _graphed(fn, written=(), in_place=(), **cfg):
+    return Graphed(fn, "g", cg.Config(**cfg), in_place, written, NullRunner)
+
+
+def test_warmup_then_record_then_replay_on_static_copies():
+    fn = Counting(lambda x: (x * 2,))
+    g = _graphed(fn, warmup=2)
+    x = torch.ones(3)
+    inputs = [x * k for k in (1, 2, 3, 4)]      # kept alive: each at its own address
+    outs = [g(i)[0] for i in inputs]
+    for k, o in zip((1, 2, 3, 4), outs):
+        torch.testing.assert_close(o, torch.full((3,), 2. * k))
+    (rec,) = g.recordings.values()
+    assert rec.calls == 4 and rec.replays == 2
+    assert rec.inputs[0] is not x and fn.calls == 4
+
+
+def test_in_place_inputs_are_not_copied_and_writes_reach_the_caller():
+    def step(p, x):
+        x.add_(1)
+        return (p * x,)
+    p, x = torch.ones(3), torch.zeros(3)
+    g = _graphed(step, written=(1,), in_place=(0,), warmup=0)   # no warm-up: x is not seen as stable
+    for _ in range(3):
+        g(p, x)
+    (rec,) = g.recordings.values()
+    assert rec.inputs[0] is p and rec.inputs[1] is not x
+    torch.testing.assert_close(x, torch.full((3,), 3.))
+    p.fill_(5)                                  # an optimizer step, in place
+    torch.testing.assert_close(g(p, x)[0], torch.full((3,), 20.))
+
+
+def test_inputs_at_a_stable_address_are_used_in_place_until_they_move():
+    fn = Counting(lambda x: (x * 2,))
+    g = _graphed(fn, warmup=1)
+    x = torch.ones(3)
+    g(x), g(x)                                  # warm-up, record at the same address
+    (rec,) = g.recordings.values()
+    assert rec.inputs[0] is x
+    x.fill_(3)                                  # new data, same memory: no copy needed
+    torch.testing.assert_close(g(x)[0], torch.full((3,), 6.))
+    y = torch.full((3,), 4.)                    # moved: recorded again, now copying in
+    torch.testing.assert_close(g(y)[0], torch.full((3,), 8.))
+    assert rec.inputs[0] is not y and rec.inputs[0] is not x
+    torch.testing.assert_close(g(x)[0], torch.full((3,), 6.))
+
+
+def test_one_recording_per_shape_bounded_and_warned_once():
+    fn = Counting(lambda x: (x + 1,))
+    g = _graphed(fn, warmup=0, max_recordings=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (1, 2, 1, 3, 4, 2):
+            torch.testing.assert_close(g(torch.zeros(n))[0], torch.ones(n))
+    assert len(g.recordings) == 2 and g.eager_calls == 2
+    assert len([w for w in caught if "max_recordings" in str(w.message)]) == 1
+
+
+def test_evict_policy_drops_the_least_recently_used():
+    g = _graphed(lambda x: (x + 1,), warmup=0, max_recordings=2, on_full="evict")
+    with pytest.warns(UserWarning, match="evict"):
+        for n in (1, 2, 1, 3):
+            g(torch.zeros(n))
+    assert [k[0][0] for k in g.recordings] == [(1,), (3,)]
+
+
+# --- output lifetime --------------------------------------------------------
+
+def test_outputs_the_user_keeps_are_not_overwritten():
+    g = _graphed(lambda x: (x * 2,), warmup=0)
+    first = g(torch.ones(2))[0]
+    g(torch.full((2,), 5.))
+    torch.testing.assert_close(first, torch.full((2,), 2.))
+
+
+def test_outputs_in_parameter_memory_are_returned_as_they_are():
+    p = torch.ones(3)
+    g = _graphed(lambda p, x: (p.view(3), p * x), in_place=(0,), warmup=0)
+    g(p, torch.ones(3))
+    out, _ = g(p, torch.ones(3))
+    assert out.data_ptr() == p.data_ptr()
+
+
+def test_backward_after_a_later_forward_replay_names_the_saved_tensor():
+    m, args = models.make_mlp()
+    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=0))
+    compiled(*args).backward()                  # records
+    first = compiled(*args)                     # replay 2
+    second = compiled(*args)                    # replay 3 overwrites replay 2's saved tensors
+    second.backward()
+    with pytest.raises(cg.StaleOutputError, match="saved tensor .* may have been overwritten"):
+        first.backward()
+
+
+def test_a_replay_of_another_shape_in_the_pool_also_makes_saved_tensors_stale():
+    w = torch.randn(4, 5, requires_grad=True)
+    compiled = aotgrad.capture(lambda x, w: (x @ w).tanh().sum(), torch.randn(3, 4), w,
+                               dynamic=True).compile(fw_compiler=cg.configure(warmup=0))
+    first = compiled(torch.randn(3, 4), w)
+    compiled(torch.randn(6, 4), w).backward()   # its forward may reuse first's memory
+    with pytest.raises(cg.StaleOutputError):
+        first.backward()
+
+
+def test_forward_and_backward_share_one_pool():
+    m, args = models.make_mlp()
+    c = aotgrad.capture(m, *args).compile()
+    backend = cg.configure()
+
+    def examples(gm):
+        return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fw1, bw1 = backend(c.forward_graph, examples(c.forward_graph)), backend(c.backward_graph, examples(c.backward_graph))
+    fw2 = backend(c.forward_graph, examples(c.forward_graph))
+    assert fw1.pool is bw1.pool and fw2.pool is not fw1.pool
+    assert fw1.saved_names and fw1.saved_names <= set(fw1.output_names)
+
+
+# --- whole programs, compared with eager --------------------------------------
+
+def test_mlp_matches_eager_while_replaying():
+    m, args = models.make_mlp()
+    backend = cg.configure(warmup=0)
+    check(m, args, calls=4, fw_compiler=backend)
+    (rec,) = backend.last_compiled().recordings.values()
+    assert rec.replays == 1     # the backward ran on its recording
+
+
+def test_cnn_batchnorm_dropout_trains_like_eager():
+    backend = cg.configure(warmup=1)
+    check_training(lambda: models.make_cnn(batch=4), steps=4, fw_compiler=backend,
+                   batches=lambda step: models.cnn_batch(batch=4, seed=100 + step))
+    (rec,) = backend.last_compiled().recordings.values()
+    assert rec.calls == 4 and rec.replays == 3      # warm-up, record, two replays
+
+
+def test_gpt_tiny_trains_like_eager_with_adamw():
+    check_training(lambda: models.make_gpt_tiny(batch=2, dropout=0.1), steps=3,
+                   fw_compiler=cg.configure(warmup=1),
+                   batches=lambda step: models.gpt_batch(models.GPT_TINY, batch=2, seed=100 + step),
+                   optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+
+
+def test_dynamic_shapes_get_one_recording_each_up_to_the_bound():
+    w = torch.randn(4, 5, requires_grad=True)
+
+    def f(x, w):
+        return (x @ w).relu().sum()
+    backend = cg.configure(warmup=0, max_recordings=2)
+    compiled = aotgrad.capture(f, torch.randn(3, 4), w, dynamic=True).compile(fw_compiler=backend)
+    with pytest.warns(UserWarning, match="max_recordings"):
+        for n in (3, 5, 3, 7):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x, w), f(x, w))
+    fw = backend.last_compiled().forward
+    assert len(fw.recordings) == 2 and fw.eager_calls == 1
+
+
+def test_a_backward_pairs_only_with_its_own_forward():
+    m, args = models.make_mlp()
+    c = aotgrad.capture(m, *args).compile()
+    other = aotgrad.capture(models.make_mlp()[0], *args).compile()
+    backend = cg.configure()
+
+    def examples(gm):
+        return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fw = backend(other.forward_graph, examples(other.forward_graph))
+    bw = backend(c.backward_graph, examples(c.backward_graph))
+    assert bw.forward is None and bw.pool is not fw.pool and not fw.saved_names
+
+
+def test_bad_options_are_named():
+    with pytest.raises(aotgrad.errors.AotgradError, match="on_full='drop'"):
+        cg.configure(on_full="drop")

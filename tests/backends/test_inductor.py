@@ -1,0 +1,57 @@
+"""The inductor delegate: our graphs through Inductor's graph compiler,
+compared with eager. Inductor compiles C++ on CPU, so only the smallest
+program runs in ``make test``; whole models are ``slow``."""
+import importlib
+import warnings
+
+import pytest
+import torch
+
+import aotgrad
+from examples import models
+from tests.eager_check import check, check_training
+
+
+def test_small_function_forward_and_backward():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="aotgrad inductor backend")
+        check(lambda x, w: (x @ w).relu().sum(), (torch.randn(4, 3, requires_grad=True),
+                                                  torch.randn(3, 5, requires_grad=True)),
+              fw_compiler="inductor")
+
+
+def test_failure_falls_back_to_eager_with_a_warning(monkeypatch):
+    mod = importlib.import_module("aotgrad.backends.inductor")
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernel for you")
+    monkeypatch.setattr(mod, "_compile", broken)
+    with pytest.warns(UserWarning, match="running .* eagerly .*no kernel for you"):
+        check(lambda x: x.sin().sum(), (torch.randn(3, requires_grad=True),), fw_compiler="inductor")
+
+
+def test_registered():
+    assert {"eager", "inductor"} <= set(aotgrad.backends.list())
+
+
+@pytest.mark.slow
+def test_mlp_training_step():
+    losses = check_training(lambda: models.make_mlp(), steps=2, fw_compiler="inductor",
+                            rtol=1e-4, atol=1e-4)
+    assert len(losses) == 2
+
+
+@pytest.mark.slow
+def test_cnn_batchnorm_dropout_training_step():
+    losses = check_training(lambda: models.make_cnn(batch=4), steps=2, fw_compiler="inductor",
+                            batches=lambda step: models.cnn_batch(batch=4, seed=100 + step),
+                            rtol=1e-4, atol=1e-4)
+    assert len(losses) == 2
+
+
+@pytest.mark.slow
+def test_dynamic_shapes():
+    w = torch.randn(4, 5, requires_grad=True)
+    for n in (3, 6):
+        check(lambda x, w: (x @ w).relu().sum(), (torch.randn(n, 4), w), dynamic=True,
+              fw_compiler="inductor")
