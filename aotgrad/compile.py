@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import backends, partition
+from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
 from .runtime.function import autograd_function, fast_apply
@@ -15,6 +16,11 @@ def _examples(gm) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _compile(compiler, gm, info: GraphInfo):
+    gm.meta["aotgrad"] = info
+    return compiler(gm, _examples(gm))
+
+
 def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) -> Compiled:
     history = list(captured.history)
     lay = captured.layout
@@ -23,7 +29,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) 
     if lay.is_inference:
         part, fw_gm, bw_gm = None, captured.joint, None
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = fw_c(fw_gm, _examples(fw_gm))
+            fw = _compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured)))
 
         def run(flat):
             with torch.no_grad():
@@ -34,9 +40,9 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) 
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = fw_c(fw_gm, _examples(fw_gm))
+            fw = _compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)))
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
-            bw = bw_c(bw_gm, _examples(bw_gm))
+            bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}")

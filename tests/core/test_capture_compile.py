@@ -346,3 +346,18 @@ def test_double_backward_refused_not_wrong():
     torch.testing.assert_close(g, g_e)            # first order is right
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
         g.sum().backward()                        # second order raises instead of missing terms
+
+
+def test_compilers_receive_graph_info():
+    seen = {}
+
+    def spy(gm, example_inputs):
+        seen[gm.meta["aotgrad"].kind] = gm.meta["aotgrad"]
+        return gm.forward
+    m = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    aotgrad.capture(m, torch.randn(4, 3)).compile(fw_compiler=spy)
+    fw, bw = seen["forward"], seen["backward"]
+    assert fw.input_names[0] == "param '0.weight'" and 0 in fw.static_inputs
+    assert len(fw.mutated_inputs) == 3          # running_mean, running_var, num_batches_tracked
+    assert fw.saved_outputs and fw.function_id == bw.function_id
+    assert bw.input_names[-1] == "tangent of output 0"
