@@ -21,7 +21,8 @@ def _compile(compiler, gm, info: GraphInfo):
     return compiler(gm, _examples(gm))
 
 
-def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) -> Compiled:
+def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
+                     memory_budget=None) -> Compiled:
     history = list(captured.history)
     lay = captured.layout
     fw_c = backends.get(fw_compiler)
@@ -36,7 +37,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner) 
                 return fw(*flat)
     else:
         with timed(history, "partition") as info:
-            part = partition.get(partitioner)(captured.joint, lay)
+            part = partition.get(partitioner, memory_budget)(captured.joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):

@@ -51,9 +51,12 @@ class Captured:
     def is_inference(self) -> bool:
         return self.layout.is_inference
 
-    def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default") -> "Compiled":
+    def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default",
+                memory_budget=None) -> "Compiled":
+        """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
+        partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner."""
         from .compile import compile_captured
-        return compile_captured(self, fw_compiler, bw_compiler, partitioner)
+        return compile_captured(self, fw_compiler, bw_compiler, partitioner, memory_budget)
 
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
@@ -86,6 +89,13 @@ class Compiled:
     @property
     def saved(self) -> tuple:
         return self.partition.saved if self.partition else ()
+
+    @property
+    def memory(self):
+        """Predicted memory: ``saved_bytes``, ``peak_bytes``, ``saved`` (one entry per
+        saved tensor) and ``recompute_flops``; ``None`` for an inference graph."""
+        from .partition import estimate
+        return estimate(self.partition) if self.partition else None
 
     def __str__(self) -> str:
         from .observe.printing import format_compiled
