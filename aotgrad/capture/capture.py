@@ -11,7 +11,7 @@ from ..frontend.aliasing import find_groups, rebase
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
 from ..observe import timed
-from ..passes import simplify
+from ..passes import share_recomputed_randomness, simplify
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
 from .joint import layout, trace_joint
@@ -61,6 +61,7 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
                                            user_fn=setup.fn))
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "simplify") as info:
+        joint = share_recomputed_randomness(joint, len(lay.tangent_of))
         joint = simplify(joint)
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
