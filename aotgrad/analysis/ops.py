@@ -1,6 +1,8 @@
 """Per-operator facts read from operator schemas and tags, not if-chains."""
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -15,3 +17,53 @@ def is_random(node: fx.Node) -> bool:
 def mutated_args(op: torch._ops.OpOverload) -> list[str]:
     """Names of the arguments an operator writes to (``alias_info.is_write``)."""
     return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+aten = torch.ops.aten
+
+# Never recomputed by any policy: the backward must reuse their forward result.
+EXPENSIVE = frozenset(getattr(aten, name) for name in (
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
+    "cudnn_convolution", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+    "_efficient_attention_forward") if hasattr(aten, name))
+
+MATMULS = EXPENSIVE
+
+# Cheap ops that carry neither the pointwise tag nor an aliasing schema.
+CHEAP_EXTRA = frozenset(getattr(aten, name) for name in (
+    "_to_copy", "clone", "_unsafe_view", "expand_copy", "view_copy", "permute_copy", "t_copy",
+    "transpose_copy", "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy",
+    "lift_fresh_copy", "full_like", "zeros_like", "ones_like", "empty_like", "scalar_tensor")
+    if hasattr(aten, name))
+
+# Ops whose output shares its first argument's storage though the schema says otherwise.
+ALIASING_EXTRA = frozenset({aten._unsafe_view})
+
+
+def packet(node: fx.Node):
+    t = node.target
+    return t.overloadpacket if isinstance(t, torch._ops.OpOverload) else None
+
+
+def aliases_input(node: fx.Node) -> bool:
+    """Whether the node's output is a view of (shares storage with) its first argument."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    return packet(node) in ALIASING_EXTRA or any(r.alias_info is not None for r in t._schema.returns)
+
+
+def is_cheap(node: fx.Node) -> bool:
+    """Pointwise ops, views, reshapes, casts and unpacking a tuple."""
+    if node.target is operator.getitem:
+        return True
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    return torch.Tag.pointwise in t.tags or aliases_input(node) or packet(node) in CHEAP_EXTRA
+
+
+def is_expensive(node: fx.Node) -> bool:
+    return packet(node) in EXPENSIVE

@@ -20,7 +20,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import _PKG_DIRS
-from .costs import aliases_input, flops, tensor_bytes
+from ..analysis.ops import aliases_input
+from .costs import flops, tensor_bytes
 from .graphs import is_sym, output_values, placeholders
 
 

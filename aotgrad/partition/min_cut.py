@@ -19,7 +19,8 @@ import networkx as nx
 import torch.fx as fx
 
 from ..capture.joint import JointLayout
-from .costs import STRICT, aliases_input, may_recompute, node_bytes
+from ..analysis.ops import aliases_input
+from .costs import STRICT, may_recompute, node_bytes
 from .default import Partition, build, forward_nodes, split_nodes
 from .graphs import ancestors, is_sym
 from .memory import estimate

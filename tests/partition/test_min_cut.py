@@ -105,7 +105,7 @@ def test_recomputation_never_reads_an_input_updated_in_place(budget):
 @pytest.mark.parametrize("policy", ["save_matmuls", "save_nothing"])
 def test_strict_policies_save_only_what_they_name(policy):
     """Besides matmul outputs (save_matmuls), only random draws and views are saved."""
-    from aotgrad.partition.costs import aliases_input, is_expensive
+    from aotgrad.analysis.ops import aliases_input, is_expensive
     model, args = make_gpt_dropout()
     captured = aotgrad.capture(model, *args)
     cut = min_cut_partition(captured.joint, captured.layout, policy)
