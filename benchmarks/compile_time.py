@@ -9,7 +9,7 @@ Two views, medians over repeats:
 
 PyTorch's ``aot_function`` traces lazily on the first call, so for every
 system the measured span is: make the step, run the first forward+backward.
-The *compile* column subtracts one steady-state step from that span.
+The *compile* column subtracts a steady-state step (median of a few) from it.
 
     python -m benchmarks.compile_time
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,10 +30,12 @@ LIBRARY_IMPORTS = {
     "torch_aot": "import functorch.compile, torch._functorch.aot_autograd",
     "aotgrad": "import aotgrad",
 }
+STEADY_STEPS = 3
 
 
 def _timed_step(system: str) -> dict:
-    """Build gpt_small, make ``system``'s step and train two steps; seconds."""
+    """Build gpt_small, make ``system``'s step, train a first step and then
+    a few steady ones; seconds."""
     from benchmarks.common import SYSTEMS, train_once
     from examples import models
 
@@ -43,10 +46,15 @@ def _timed_step(system: str) -> dict:
     t2 = time.perf_counter()
     train_once(step, args)
     t3 = time.perf_counter()
-    train_once(step, args)
-    t4 = time.perf_counter()
-    return {"build": t1 - t0, "make": t2 - t1, "first": t3 - t2, "steady": t4 - t3,
-            "compile": (t3 - t1) - (t4 - t3)}
+    steady = statistics.median(_seconds(lambda: train_once(step, args)) for _ in range(STEADY_STEPS))
+    return {"build": t1 - t0, "make": t2 - t1, "first": t3 - t2, "steady": steady,
+            "compile": (t3 - t1) - steady}
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def child(system: str) -> dict:
@@ -57,13 +65,19 @@ def child(system: str) -> dict:
     t1 = time.perf_counter()
     exec(LIBRARY_IMPORTS[system])
     t2 = time.perf_counter()
-    return {"import_torch": t1 - t0, "import_lib": t2 - t1, **_timed_step(system)}
+    r = _timed_step(system)
+    return {"import_torch": t1 - t0, "import_lib": t2 - t1, **r,
+            "to_first_step": t2 - t0 + r["build"] + r["make"] + r["first"]}
 
 
 def cold(system: str) -> dict:
+    import torch
+
+    # The child runs with this process's thread count, so cold and warm agree.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--child", system],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "child failed")
@@ -93,29 +107,34 @@ def run(repeats: int = 3) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| system | cold: process | cold: import lib | cold: compile | warm: compile "
-             "| warm: make + first step | steady step |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| system | cold: imports → first step done | cold: import lib | cold: compile "
+             "| warm: make step | warm: first step | warm: compile | steady step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['system']} | error: {r['error']} | | | | | |")
+            lines.append(f"| {r['system']} | error: {r['error']} | | | | | | |")
             continue
         c, w = r["cold"], r["warm"]
-        lines.append(f"| {r['system']} | {c['process']:.2f} s | {c['import_lib']:.2f} s "
-                     f"| {c['compile']:.2f} s | {w['compile']:.2f} s "
-                     f"| {w['make'] + w['first']:.2f} s | {w['steady'] * 1e3:.0f} ms |")
+        lines.append(f"| {r['system']} | {c['to_first_step']:.2f} s | {c['import_lib']:.2f} s "
+                     f"| {c['compile']:.2f} s | {w['make']:.2f} s | {w['first']:.2f} s "
+                     f"| {w['compile']:.2f} s | {w['steady'] * 1e3:.0f} ms |")
     return "\n".join(lines)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads; one keeps timings steady on a shared machine")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(child(a.child)))
         return
-    print(f"gpt_small training step, median of {a.repeats}")
+    import torch
+
+    torch.set_num_threads(a.threads)
+    print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))
 
 

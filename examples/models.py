@@ -8,7 +8,7 @@ copies (one to run eagerly, one to compile).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -141,7 +141,7 @@ def make_gpt(cfg: GPTConfig = GPT_TINY, batch: int = 4, seed: int = 0):
 
 
 def make_gpt_tiny(batch: int = 4, seed: int = 0, dropout: float = 0.0):
-    return make_gpt(GPTConfig(**{**GPT_TINY.__dict__, "dropout": dropout}), batch, seed)
+    return make_gpt(replace(GPT_TINY, dropout=dropout), batch, seed)
 
 
 def make_gpt_small(batch: int = 4, seed: int = 0):

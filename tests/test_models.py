@@ -10,14 +10,10 @@ def test_gpt_tiny_tied_weights_and_dropout():
     # Dropout draws random masks inside the graph; reseeding before each call
     # must give the compiled step the same masks as eager.
     model, args = models.make_gpt_tiny(batch=2, dropout=0.1)
-    check(model, args, calls=3)
-
-
-def test_gpt_tiny_tied_weight_gets_one_summed_grad():
-    model, args = models.make_gpt_tiny(batch=2)
-    run = check(model, args)
+    run = check(model, args, calls=3)
+    # The tied weight's grad (compared by check under its first name) sums
+    # both uses; the tie itself must survive compiling.
     assert run.fn.lm_head.weight is run.fn.tok_emb.weight
-    assert run.fn.tok_emb.weight.grad is not None
 
 
 def test_cnn_batchnorm_running_stats_and_dropout():
