@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+		|| echo "no chromium: the HTML report's browser test will skip"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 demo: $(STAMP)

@@ -8,10 +8,9 @@
 from . import backends, errors
 from .analysis.verify import verify
 from .capture.capture import capture
-from .stages import Captured, Compiled, Setup
-
-__all__ = ["capture", "Captured", "Compiled", "Setup", "backends", "errors", "verify"]
 from .frontend.jit import Jit, jit
+from .observe import trace
+from .stages import Captured, Compiled, Setup
 
 
 def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
@@ -21,10 +20,11 @@ def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **comp
 
 
 def explain(obj) -> str:
-    """Plain-text account of a ``jit`` function's entries and recompiles, or a ``Compiled``'s stages."""
-    if isinstance(obj, Jit):
-        return obj.explain()
-    return str(obj)
+    """Plain-text account of a ``jit`` function (entries, recompile reasons), a ``Compiled`` or a ``Captured``:
+    stages with durations, graph sizes, saved activations, guards."""
+    from .observe.explain import explain as explain_text
+    return explain_text(obj)
 
 
-__all__ += ["jit", "Jit", "explain", "backend"]
+__all__ = ["capture", "Captured", "Compiled", "Setup", "jit", "Jit", "backend", "explain", "trace",
+           "backends", "errors", "verify"]
