@@ -60,6 +60,8 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay,
                                            user_fn=setup.fn))
         info["nodes"] = len(joint.graph.nodes)
+    if setup.session.grad_enabled:
+        _refuse_grad_constants(joint)
     with timed(history, "simplify") as info:
         joint = share_recomputed_randomness(joint, len(lay.tangent_of))
         joint = simplify(joint)
@@ -70,6 +72,20 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
     name_placeholders(joint, in_descs)
     return Captured(setup, joint, analysis, lay, guards, setup.out_specs[0],
                     in_descs, out_descs, tuple(history))
+
+
+def _refuse_grad_constants(joint) -> None:
+    """Tensors that require grad but are not inputs (a module reached through a closure or a
+    global) were baked in as constants: their gradients would be silently dropped."""
+    for n in joint.graph.nodes:
+        t = getattr(joint, n.target, None) if n.op == "get_attr" else None
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            trace = next((u.meta.get("stack_trace") for u in n.users if u.meta.get("stack_trace")), None)
+            line = trace.strip().splitlines()[-1].strip() if trace else None
+            raise errors.UnsupportedError(
+                f"the function uses a tensor of shape {tuple(t.shape)} that requires grad but is not an input "
+                "(a module's parameter reached through a closure or a global?); its gradient would be lost. "
+                "Capture the module itself, or pass the tensor as an argument", user_line=line)
 
 
 def name_placeholders(gm, descs) -> None:

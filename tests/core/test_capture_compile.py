@@ -361,3 +361,11 @@ def test_compilers_receive_graph_info():
     assert len(fw.mutated_inputs) == 3          # running_mean, running_var, num_batches_tracked
     assert fw.saved_outputs and fw.function_id == bw.function_id
     assert bw.input_names[-1] == "tangent of output 0"
+
+
+def test_parameters_reached_through_a_closure_are_refused():
+    m = nn.Linear(3, 2)
+    with pytest.raises(errors.UnsupportedError, match="requires grad but is not an input"):
+        aotgrad.capture(lambda x: m(x).sum(), torch.randn(4, 3))
+    with torch.no_grad():            # no gradients to lose: an inference graph may read them
+        check(lambda x: m(x).sum(), (torch.randn(4, 3),))
