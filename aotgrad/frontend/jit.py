@@ -5,6 +5,10 @@ Each entry is a ``Compiled`` whose generated guards check everything the
 graph assumed (pytree structure, baked-in non-tensor values, dtype, device,
 rank, sizes or their symbolic ranges, requires_grad, aliasing of written
 inputs) plus the grad and autocast modes it was captured under.
+
+A compile first looks in the on-disk cache (:mod:`aotgrad.guards.cache`),
+keyed before capture on the function, its inputs and the options; a hit is
+rebuilt without tracing and still guards every call like a fresh compile.
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..capture.capture import capture_call
+from ..observe import timed
+from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
+from ..export.graphs import Unserializable
+from ..guards import cache
 from .flatten import signature
 
 log = logging.getLogger("aotgrad.jit")
@@ -35,6 +43,7 @@ class Entry:
     compiled: object
     modes: tuple
     reason: str | None          # why it was compiled: None for the first entry
+    loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
 
 
 @dataclass
@@ -67,12 +76,58 @@ class Jit:
             return self.fn(*args, **kwargs)
         if reason is not None:
             log.info("recompiling %s: %s", _name(self.fn), reason)
-        captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
-        compiled = captured.compile(**self.compile_options)
-        self.entries.append(Entry(compiled, modes, reason))
+        with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
+                   entry=len(self.entries), reason=reason) as info:
+            compiled, loaded = self._compile(modes, args, kwargs)
+            info["from disk cache"] = loaded
+        self.entries.append(Entry(compiled, modes, reason, loaded))
         flat, why = compiled.path.match(args, kwargs)
         assert why is None, f"a fresh compile rejected its own inputs: {why}"
         return compiled.path.run(flat)
+
+    def _compile(self, modes, args, kwargs):
+        """``(compiled, loaded)``: from the disk cache when it has this call, else captured
+        and compiled here (and stored for the next process)."""
+        key = self._key(modes, args, kwargs)
+        if key is not None:
+            with timed([], "cache lookup", key=key) as info:
+                compiled = self._load(key, args, kwargs)
+                info["hit"] = compiled is not None
+            if compiled is not None:
+                return compiled, True
+        captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
+        compiled = captured.compile(**self.compile_options)
+        if key is not None:
+            try:
+                with timed([], "cache store", key=key):
+                    cache.store("jit", key, dump_compiled(compiled))
+            except Unserializable as e:
+                log.info("not caching %s on disk: %s", _name(self.fn), e)
+        return compiled, False
+
+    def _key(self, modes, args, kwargs) -> str | None:
+        opts = self.compile_options
+        if not cache.enabled() or opts.get("fw_compiler", "eager") not in LOADABLE_BACKENDS \
+                or opts.get("bw_compiler") not in LOADABLE_BACKENDS:
+            return None
+        return cache.jit_key(self.fn, args, kwargs, modes=modes, dynamic=self.dynamic,
+                             dynamic_dims=self.dynamic_dims, options=opts)
+
+    def _load(self, key, args, kwargs):
+        record = cache.load("jit", key)
+        if record is None:
+            return None
+        opts = self.compile_options
+        try:
+            compiled = load_compiled(record, self.fn, args, kwargs,
+                                     opts.get("fw_compiler", "eager"), opts.get("bw_compiler"))
+        except Exception as e:  # an entry this build cannot rebuild: compile instead, never fail the call
+            log.warning("cannot rebuild the cached entry of %s (%s: %s); compiling", _name(self.fn), type(e).__name__, e)
+            return None
+        if compiled is None or compiled.path.match(args, kwargs)[1] is not None:
+            return None
+        log.info("loaded %s from the disk cache", _name(self.fn))
+        return compiled
 
     def _why(self, modes, args, kwargs) -> str | None:
         """Why the newest entry does not fit; widens ``dynamic_dims`` when only sizes changed."""
@@ -106,7 +161,8 @@ class Jit:
         for k, e in enumerate(self.entries):
             g = e.compiled.captured.guards
             sizes = ", ".join(f"{d}: {tuple(str(s) for s in spec.size)}" for d, spec in zip(g.descs, g.specs))
-            lines.append(f"  entry {k}: " + ("first call" if e.reason is None else f"recompiled because {e.reason}"))
+            lines.append(f"  entry {k}: " + ("first call" if e.reason is None else f"recompiled because {e.reason}")
+                         + (" (loaded from the disk cache)" if e.loaded else ""))
             lines.append(f"    sizes {sizes}")
             for c in g.conditions:
                 lines.append(f"    assumes {c}")

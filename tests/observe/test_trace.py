@@ -98,3 +98,13 @@ def test_disk_cache_hit_is_traced(tmp_path, mlp, monkeypatch):
     names = [e["name"] for e in sink.events]
     assert "trace joint" not in names
     assert any("cache" in e["args"].get("message", "") for e in sink.events if e["ph"] == "i")
+
+
+def test_jit_recompile_is_one_event_with_its_reason(tmp_path, mlp):
+    j = aotgrad.jit(mlp, dynamic=False)
+    with aotgrad.trace(tmp_path / "t.json"):
+        j(torch.randn(3, 4)); j(torch.randn(5, 4))
+    events = [e for e in load_events(tmp_path / "t.json") if e["ph"] == "X"]
+    first, again = [e for e in events if e["name"] in ("jit compile", "jit recompile")]
+    assert first["args"]["reason"] is None and again["args"]["entry"] == 1
+    assert "size(0) was 3 when captured, now 5" in again["args"]["reason"]

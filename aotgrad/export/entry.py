@@ -1,0 +1,116 @@
+"""A compiled training step as data: what ``Captured`` and ``Compiled`` hold,
+minus the live objects (the user's function, fake tensors, the tracing
+session), so another process can rebuild a ``Compiled`` without tracing.
+
+``dump_compiled`` writes the joint, forward and backward graphs, the analysis,
+layout, descriptors, output structure and the guards' specs and conditions.
+``load_compiled`` re-flattens the live call (cheap: no tracing), rebuilds the
+guards from their specs, and compiles the stored partition with the named
+backend.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import time
+from dataclasses import dataclass, replace
+
+from ..compile import compile_captured
+from ..frontend.flatten import flat_function, signature
+from ..guards import cache
+from ..guards import inputs as input_guards
+from ..observe import Step
+from ..partition import Partition
+from ..stages import Captured, Setup
+from .graphs import Unserializable, dump_graph, load_graph
+
+@dataclass(frozen=True)
+class LoadedSession:
+    """What a loaded entry keeps of its tracing session: the modes, no fake mode.
+    (A real ``Session`` builds a shape environment, which imports Dynamo: seconds.)"""
+    dynamic: bool | None
+    grad_enabled: bool
+
+
+# Backends that compile a graph without the fake example values a loaded graph lacks.
+LOADABLE_BACKENDS = ("eager", None)
+
+
+def dump_compiled(compiled) -> dict:
+    """Everything ``load_compiled`` needs; raises ``Unserializable`` when some part is not data."""
+    c = compiled.captured
+    if c.setup.rebase is not None:
+        raise Unserializable("inputs with synthetic bases (aliased, mutated inputs) are not cached")
+    part = compiled.partition
+    g = c.guards
+    return {
+        "setup_descs": tuple(map(str, c.setup.input_descs)),
+        "session": (c.setup.session.dynamic, c.setup.session.grad_enabled),
+        "joint": dump_graph(c.joint),
+        "partition": None if part is None else dump_partition(part),
+        "analysis": replace(c.analysis, fake_outputs=()),   # fake values only serve tracing
+        "layout": c.layout,
+        "guards": (g.specs, g.descs, g.conditions),
+        "out_spec": c.out_spec,
+        "descs": (c.input_descs, c.output_descs),
+    }
+
+
+def dump_partition(part) -> tuple:
+    return (dump_graph(part.forward), dump_graph(part.backward), part.saved, part.n_saved_tensors, part.recomputed)
+
+
+def load_partition(data) -> Partition:
+    fw, bw, saved, n_saved, recomputed = data
+    return Partition(load_graph(fw), load_graph(bw), saved, n_saved, recomputed)
+
+
+def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
+    """A ``Compiled`` for ``fn(*args, **kwargs)`` from ``record``, or None when the call
+    does not flatten to the inputs the record was captured with."""
+    start = time.perf_counter()
+    sig, tensors, descs = signature(fn, args, kwargs)
+    if tuple(map(str, descs)) != record["setup_descs"]:
+        return None
+    dynamic, grad_enabled = record["session"]
+    out_specs = [record["out_spec"]]
+    setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
+                  LoadedSession(dynamic, grad_enabled), (), tuple(tensors))
+    guards = input_guards.build(*record["guards"])
+    in_descs, out_descs = record["descs"]
+    step = Step("load from disk cache", time.perf_counter() - start, {})
+    captured = Captured(setup, load_graph(record["joint"]), record["analysis"], record["layout"], guards,
+                        record["out_spec"], in_descs, out_descs, (step,))
+    part = None if record["partition"] is None else load_partition(record["partition"])
+    return compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
+
+
+def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner="default", memory_budget=None):
+    """``captured.compile(...)`` that reuses a partition stored on disk for the same
+    (possibly user-edited) joint graph, layout and options: the staged path's cache."""
+    key = staged_key(captured, fw_compiler, bw_compiler, partitioner, memory_budget)
+    if key is not None and not captured.is_inference:
+        start = time.perf_counter()
+        data = cache.load("staged", key)
+        if data is not None:
+            part = load_partition(data)
+            step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
+            compiled = compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
+            return replace(compiled, history=compiled.history + (step,))
+    compiled = compile_captured(captured, fw_compiler, bw_compiler, partitioner, memory_budget)
+    if key is not None and compiled.partition is not None:
+        cache.store("staged", key, dump_partition(compiled.partition))
+    return compiled
+
+
+def staged_key(captured, fw_compiler="eager", bw_compiler=None, partitioner="default",
+               memory_budget=None) -> str | None:
+    """The staged path's key: the joint graph as data (so an edit changes it), its layout, the options."""
+    if not cache.enabled() or not isinstance(partitioner, str) \
+            or fw_compiler not in LOADABLE_BACKENDS or bw_compiler not in LOADABLE_BACKENDS:
+        return None
+    try:
+        graph = hashlib.sha256(pickle.dumps(dump_graph(captured.joint), protocol=4)).hexdigest()
+    except Unserializable:
+        return None
+    return cache.digest("staged", graph, captured.layout, fw_compiler, bw_compiler, partitioner, memory_budget)

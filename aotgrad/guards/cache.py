@@ -1,0 +1,305 @@
+"""The on-disk cache: compiled entries that a later process loads instead of
+capturing and compiling again.
+
+An entry lives in one file named by its key: ``MAGIC``, the SHA-256 of the
+payload, then the pickled payload. Writes go to a temporary file that is
+renamed over the entry (atomic on POSIX and Windows), so concurrent writers of
+one key each leave a whole file and readers never see half of one; a file that
+fails its checksum is reported once per process, ignored, and rewritten by the
+next store.
+
+Keys are computed *before* capture by ``jit_key`` from what decides the graph:
+the function's code (and the code and values it reaches through globals and
+closures), a module's classes, attributes and parameter metadata, the
+structure and metadata of the inputs, grad/autocast modes, the options that
+affect code, and the versions of torch and of aotgrad's own source. Anything
+the fingerprint cannot describe as data makes the call uncacheable rather than
+risking a stale graph; and a loaded entry's guards still check every call.
+
+``AOTGRAD_CACHE=0`` disables the cache; ``AOTGRAD_CACHE_DIR`` moves it from
+``~/.cache/aotgrad``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import marshal
+import os
+import pickle
+import sys
+import types
+import uuid
+import warnings
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+
+log = logging.getLogger("aotgrad.cache")
+
+MAGIC = b"AOTGRAD\x01"
+_DIGEST = 32
+_warned: set = set()
+
+
+# ---------------------------------------------------------------- the store
+
+def enabled() -> bool:
+    return os.environ.get("AOTGRAD_CACHE", "1") != "0"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AOTGRAD_CACHE_DIR") or Path.home() / ".cache" / "aotgrad")
+
+
+def entry_path(kind: str, key: str) -> Path:
+    return cache_dir() / f"{kind}-{key}.bin"
+
+
+def load(kind: str, key: str):
+    """The stored value, or None when absent, disabled, or corrupt (warned about once)."""
+    if not enabled():
+        return None
+    path = entry_path(kind, key)
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    payload = blob[len(MAGIC) + _DIGEST:]
+    if blob[:len(MAGIC)] != MAGIC or blob[len(MAGIC):len(MAGIC) + _DIGEST] != hashlib.sha256(payload).digest():
+        _corrupt(path, "its checksum does not match (truncated or overwritten)")
+        return None
+    try:
+        with warnings.catch_warnings():     # torch's TreeSpec unpickling warns about its own internals
+            warnings.simplefilter("ignore", FutureWarning)
+            return pickle.loads(payload)
+    except Exception as e:  # a whole file from an incompatible writer
+        _corrupt(path, f"it does not unpickle ({type(e).__name__}: {e})")
+        return None
+
+
+def store(kind: str, key: str, value) -> bool:
+    """Write ``value`` atomically; False (and a log line) when it cannot be written."""
+    if not enabled():
+        return False
+    path = entry_path(kind, key)
+    try:
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # some value in the entry is not data (an output constant, say)
+        log.info("not caching %s on disk: %s: %s", path.name, type(e).__name__, e)
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        log.warning("cannot write aotgrad cache entry %s: %s", path, e)
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+
+
+def _corrupt(path, why) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        warnings.warn(f"aotgrad: ignoring the cache entry {path} because {why}; it will be rewritten",
+                      stacklevel=4)
+
+
+# ---------------------------------------------------------------- keys
+
+class Uncacheable(Exception):
+    """The fingerprint met a value it cannot describe as data."""
+
+
+_LIB_PREFIXES = ("torch", "builtins", "math", "operator", "_operator", "functools", "typing", "numpy",
+                 "collections", "itertools", "aotgrad")
+_source_hash: str | None = None
+
+
+# The parts of aotgrad whose code decides what a compiled entry contains or does.
+_KEYED_SOURCES = ("analysis", "backends", "capture", "export", "frontend", "guards", "partition", "passes",
+                  "runtime", "compile.py", "stages.py")
+
+
+def aotgrad_source_hash() -> str:
+    """Hash of the aotgrad source that produces and runs entries: a changed compiler
+    never loads an old entry (observability and CLI code are left out)."""
+    global _source_hash
+    if _source_hash is None:
+        h = hashlib.sha256()
+        root = Path(__file__).resolve().parent.parent
+        for part in _KEYED_SOURCES:
+            paths = [root / part] if part.endswith(".py") else sorted((root / part).rglob("*.py"))
+            for p in paths:
+                h.update(str(p.relative_to(root)).encode())
+                h.update(p.read_bytes())
+        _source_hash = h.hexdigest()
+    return _source_hash
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(repr(("aotgrad-cache", 1, sys.version, torch.__version__, aotgrad_source_hash()) + parts)
+                          .encode()).hexdigest()
+
+
+def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> str | None:
+    """The key of one ``jit`` compile, or None when something in it cannot be fingerprinted."""
+    try:
+        program = _module_fp(fn, {}) if isinstance(fn, torch.nn.Module) else _fp(fn, {})
+        parts = (program, _inputs(args, kwargs), modes, _global_state(), dynamic,
+                 sorted((i, sorted(d)) for i, d in dynamic_dims.items()), _options(options))
+    except Uncacheable as e:
+        log.info("not caching %s on disk: %s", getattr(fn, "__name__", type(fn).__name__), e)
+        return None
+    return digest("jit", parts)
+
+
+def _global_state() -> tuple:
+    """Process-wide settings a trace reads without the guards checking them."""
+    return (str(torch.get_default_dtype()), str(torch.get_autocast_dtype("cpu")), str(torch.get_autocast_dtype("cuda")),
+            torch.are_deterministic_algorithms_enabled())
+
+
+def _options(options: dict):
+    for k, v in options.items():
+        if not isinstance(v, (str, int, float, bool, type(None))):
+            raise Uncacheable(f"compile option {k}={v!r} is not a plain value")
+    return sorted(options.items())
+
+
+def _inputs(args, kwargs):
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    storages: dict = {}
+    out = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            first = storages.setdefault(leaf.untyped_storage()._cdata, len(storages))
+            out.append(("tensor", type(leaf).__qualname__, _tensor_meta(leaf), leaf.is_leaf, first,
+                        tuple(sorted(getattr(leaf, "_dynamo_dynamic_indices", ())))))
+        else:
+            out.append(_fp(leaf, {}))
+    return tuple(out)
+
+
+def _tensor_meta(t: torch.Tensor):
+    return (str(t.dtype), str(t.device), tuple(t.shape), t.stride(), t.storage_offset(), t.requires_grad)
+
+
+def _tensor_value(t: torch.Tensor):
+    if t.numel() > 1 << 20 or t.device.type == "meta" or t.is_sparse:
+        raise Uncacheable("a large or special tensor is baked into the function")
+    data = t.detach().cpu().contiguous().view(torch.uint8) if t.numel() else t.detach().cpu()
+    return ("value", _tensor_meta(t), hashlib.sha256(bytes(data.numpy().tobytes())).hexdigest())
+
+
+def _fp(v, seen: dict):
+    """A description of ``v`` as nested tuples of plain values."""
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
+        return (type(v).__name__, repr(v))
+    if isinstance(v, (tuple, list, frozenset, set)):
+        items = sorted(map(repr, v)) if isinstance(v, (set, frozenset)) else v
+        return (type(v).__name__, tuple(_fp(x, seen) for x in items))
+    if isinstance(v, dict):
+        return ("dict", tuple((repr(k), _fp(x, seen)) for k, x in v.items()))
+    if isinstance(v, (torch.dtype, torch.device, torch.memory_format, torch.layout, slice, type(Ellipsis))):
+        return (type(v).__name__, repr(v))
+    if isinstance(v, types.ModuleType):
+        return ("module", v.__name__)
+    if isinstance(v, torch.nn.Module):
+        raise Uncacheable("a module reached through globals or a closure: its weights would be baked in")
+    if isinstance(v, torch.Tensor):
+        return _tensor_value(v)
+    if isinstance(v, (types.FunctionType, types.MethodType, type)) and _is_lib(v):
+        return ("lib", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v)))
+    if isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return ("op", str(v))
+    if isinstance(v, types.BuiltinFunctionType):
+        owner = getattr(v, "__self__", None)
+        return ("builtin", getattr(v, "__module__", None), getattr(owner, "__name__", None), v.__qualname__)
+    if isinstance(v, types.MethodType):
+        return ("method", _fp(v.__func__, seen), _fp(v.__self__, seen))
+    if isinstance(v, types.FunctionType):
+        return _function_fp(v, seen)
+    if isinstance(v, type):
+        return _class_fp(v, seen)
+    if dataclasses.is_dataclass(v):
+        return ("dataclass", _class_fp(type(v), seen),
+                tuple((f.name, _fp(getattr(v, f.name), seen)) for f in dataclasses.fields(v)))
+    raise Uncacheable(f"cannot fingerprint a {type(v).__qualname__}")
+
+
+def _is_lib(v) -> bool:
+    module = getattr(v, "__module__", None) or ""
+    return module.split(".")[0] in _LIB_PREFIXES
+
+
+def _function_fp(fn, seen):
+    if fn in seen:
+        return ("recursive", fn.__qualname__)
+    seen[fn] = True
+    code = fn.__code__
+    g = fn.__globals__
+    refs = tuple((n, _fp(g[n], seen)) for n in sorted(_names(code)) if n in g)
+    cells = tuple(_fp(c.cell_contents, seen) for c in (fn.__closure__ or ()))
+    return ("function", fn.__module__, fn.__qualname__, hashlib.sha256(marshal.dumps(code)).hexdigest(),
+            refs, cells, _fp(fn.__defaults__, seen), _fp(fn.__kwdefaults__, seen))
+
+
+def _names(code) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _names(c)
+    return names
+
+
+def _class_fp(cls, seen):
+    if _is_lib(cls):
+        return ("lib", cls.__module__, cls.__qualname__)
+    if cls in seen:
+        return ("recursive", cls.__qualname__)
+    seen[cls] = True
+    body = []
+    for k, v in sorted(vars(cls).items()):
+        if k.startswith("__") and k not in ("__init__", "__call__"):
+            continue
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if isinstance(v, property):
+            v = v.fget
+        try:
+            body.append((k, _fp(v, seen)))
+        except Uncacheable:
+            body.append((k, "opaque", _source(v)))
+    return ("class", cls.__module__, cls.__qualname__, tuple(body),
+            tuple(_class_fp(b, seen) for b in cls.__bases__))
+
+
+def _source(v) -> str:
+    try:
+        return hashlib.sha256(inspect.getsource(v).encode()).hexdigest()
+    except (OSError, TypeError):
+        raise Uncacheable(f"cannot fingerprint {v!r}") from None
+
+
+def _module_fp(module: torch.nn.Module, seen):
+    subs = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        attrs = tuple((k, _fp(v, seen)) for k, v in sorted(vars(m).items())
+                      if not k.startswith("_") and k != "training")
+        subs.append((name, _class_fp(type(m), seen), m.training, attrs))
+    state = [("p", n, _tensor_meta(p)) for n, p in module.named_parameters(remove_duplicate=False)]
+    state += [("b", n, _tensor_meta(b)) for n, b in module.named_buffers(remove_duplicate=False)]
+    # Which names share a tensor (tied weights) decides the graph's inputs.
+    ids: dict = {}
+    ties = tuple(ids.setdefault(id(t), len(ids)) for _, t in (*module.named_parameters(remove_duplicate=False),
+                                                              *module.named_buffers(remove_duplicate=False)))
+    return ("nn.Module", tuple(subs), tuple(state), ties)
