@@ -8,6 +8,7 @@
 from . import backends, errors
 from .analysis.verify import verify
 from .capture.capture import capture
+from .compiled_autograd import compiled_autograd
 from .frontend.jit import Jit, jit
 from .observe import trace
 from .stages import Captured, Compiled, Setup
@@ -27,4 +28,5 @@ def explain(obj) -> str:
 
 
 __all__ = ["capture", "Captured", "Compiled", "Setup", "jit", "Jit", "backend", "explain", "trace",
+           "compiled_autograd",
            "backends", "errors", "verify"]

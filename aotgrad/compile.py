@@ -46,6 +46,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
-                                     name=f"Compiled_{captured.setup.flat_fn.__name__}")
+                                     name=f"Compiled_{captured.setup.flat_fn.__name__}",
+                                     bw_graph=bw_gm)
         run = fast_apply(fn_class)
     return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))

@@ -19,7 +19,7 @@ import torch
 
 from .. import backends
 from .capture import CaptureInstance
-from .explain import CompiledAutograd
+from .explain import ACTIVE, CompiledAutograd
 
 __all__ = ["compiled_autograd", "CompiledAutograd"]
 
@@ -42,10 +42,12 @@ def compiled_autograd(compiler="eager"):
     state = CompiledAutograd(compile_fn)
     factory = functools.partial(CaptureInstance, state.on_capture)
     prior = _engine.set_autograd_compiler(factory, True)
+    ACTIVE.append(state)
     try:
         with torch.autograd.set_multithreading_enabled(False):
             yield state
     finally:
+        ACTIVE.pop()
         _engine.set_autograd_compiler(*prior)
 
 
@@ -53,3 +55,7 @@ def reset() -> None:
     """Forget every compiled backward (the engine's cache is process-wide)."""
     _engine.clear_cache()
     _last_compiler[0] = None
+
+
+# ``aotgrad.compiled_autograd`` is this function once re-exported; keep reset reachable.
+compiled_autograd.reset = reset

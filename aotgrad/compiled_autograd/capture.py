@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from torch._dynamo.source import GetItemSource, LocalSource
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode, PythonKeyTracer, disable_proxy_modes_tracing,
     fetch_object_proxy, track_tensor_tree)
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
 
 from ..errors import UnsupportedError
 from . import opaque
+from .guards import SizeGuard
 
 
 @dataclass
@@ -52,43 +53,63 @@ class _Session:
         self._modes = contextlib.ExitStack()
 
     def enter(self):
+        self._modes.enter_context(enable_python_dispatcher())
         self._modes.enter_context(self.fake_mode)
         self._modes.enter_context(self.proxy_mode)
+        # Sizes are lifted inputs and must not specialise. Recording guards makes the
+        # symbolic reasoning several times slower (a GPT block: minutes); checking
+        # them at run time is not built yet, so they are not recorded (as in PyTorch's).
+        self._modes.enter_context(_suppress_guards(self.shape_env))
 
     def exit(self):
         self._modes.close()
+
+
+# The engine binds each C++ node's functional once per process, not once per capture.
+FUNCTIONALS: dict[str, tuple] = {}
+
+
+def _functional(name):
+    try:
+        return FUNCTIONALS[name]
+    except KeyError:
+        raise UnsupportedError(f"the autograd engine never bound {name!r} to aotgrad; another compiled "
+                               "autograd implementation was used first in this process") from None
 
 
 class CaptureInstance:
     """The object the C++ engine drives during one capture (its protocol, our graph)."""
 
     def __init__(self, on_capture):
-        self._on_capture = on_capture   # (CaptureInstance, graph, n_hooks_used) -> runtime fn
+        self._on_capture = on_capture   # (CaptureInstance, GraphModule) -> (runtime_wrapper, compiled)
         self.session = _Session()
         self.structure = Structure()
-        self.functionals: dict[str, tuple] = {}
         self.hook_proxies: dict[int, fx.Proxy] = {}
         self.symnode_proxy: dict = {}
 
     # -- protocol: lifecycle ------------------------------------------------
     def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
+        if torch.is_grad_enabled():   # the engine runs with grad mode = create_graph
+            raise UnsupportedError("aotgrad.compiled_autograd cannot capture a double backward "
+                                   "(create_graph=True); run this backward outside the context")
         s = self.session
-        self.accumulate = accumulate_grad
         self.n_inputs, self.n_sizes, self.n_scalars = len(inputs), len(sizes), len(scalars)
         for idx, x in enumerate(inputs):
             inputs[idx] = s.fake_mode.from_tensor(x)
         self._bind(inputs, [self._placeholder(f"input_{i}") for i in range(len(inputs))])
-        sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _Src("sizes", i), DimDynamic.DYNAMIC)
+        sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _source("sizes", i), DimDynamic.DYNAMIC)
                      for i, v in enumerate(sizes)]
         self._bind_syms(sym_sizes, "size")
         for i, v in enumerate(scalars):
-            src = _Src("scalars", i)
+            src = _source("scalars", i)
             if isinstance(v, int):
                 scalars[i] = s.shape_env.create_unspecified_symint_and_symbol(v, src, DimDynamic.DYNAMIC)
             else:
                 sym = s.shape_env.create_unspecified_symbol(v, source=src, dynamic_dim=DimDynamic.DYNAMIC)
                 scalars[i] = s.shape_env.create_symfloatnode(sym, hint=v, source=src)
         self._bind_syms(scalars, "scalar")
+        self.size_guard = SizeGuard.of(sym_sizes)
+        self.scalar_guard = SizeGuard.of([v for v in scalars if not isinstance(v, (float, torch.SymFloat))])
         self.structure.steps.append(("begin", len(inputs), len(sizes), len(scalars)))
         s.enter()
         return "aotgrad_compiled_autograd", inputs, sym_sizes, scalars
@@ -99,7 +120,7 @@ class CaptureInstance:
         tr = self.session.tracer
         tr.create_node("output", "output", (tr.create_arg(self._proxy(outputs)),), {})
         graph = tr.graph
-        graph.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_function" and n.target in opaque.IMPURE)
+        graph.eliminate_dead_code(is_impure_node=_impure)
         gm = fx.GraphModule(tr.root, graph, "CompiledAutograd")
         return self._on_capture(self, gm)
 
@@ -114,11 +135,11 @@ class CaptureInstance:
 
     # -- protocol: built-in nodes, traced through to ATen --------------------
     def bind_function(self, fn_name, fn, is_custom_function, is_traceable):
-        self.functionals[fn_name] = (fn, is_traceable)
+        FUNCTIONALS[fn_name] = (fn, is_traceable)
         return fn_name
 
     def apply_functional(self, fn_name, grads, args, output_metadata):
-        fn, traceable = self.functionals[fn_name]
+        fn, traceable = _functional(fn_name)
         self.structure.steps.append(("functional", fn_name))
         if not traceable:
             raise UnsupportedError(f"autograd node {fn_name} is a C++ node not marked traceable; "
@@ -126,7 +147,7 @@ class CaptureInstance:
         return fn(grads, *args)
 
     def validate_outputs(self, _, outputs, args, output_metadata):
-        fn, _ = self.functionals["validate_outputs"]
+        fn, _ = _functional("validate_outputs")
         return fn(outputs, *args)
 
     def accumulate(self, old_var, new_var):
@@ -156,6 +177,8 @@ class CaptureInstance:
                             maybe_backward_state_idx, opaque_object_indices=()):
         cls = ctx._forward_cls
         self.structure.steps.append(("custom_backward", cls.__qualname__, id(cls)))
+        if getattr(cls, "_aotgrad_backward", None) is not None:
+            return self._inline_aotgrad_backward(cls._aotgrad_backward, inputs, saved_tensors, ctx, backward_idx)
         proxy = self._opaque(opaque.call_backward, self._hook(backward_idx),
                              self._proxy(list(saved_tensors)), *self._proxy(list(inputs)))
         with disable_proxy_modes_tracing():
@@ -163,6 +186,31 @@ class CaptureInstance:
                      for m in output_metadatas]
         self._bind_some(grads, proxy)
         return tuple(grads)
+
+    def _inline_aotgrad_backward(self, info, inputs, saved_tensors, ctx, backward_idx):
+        """aotgrad's own backward: its ATen graph is traced into this one, not called.
+
+        The prologue (the saved symbols kept on ``ctx``) is an opaque read of the
+        run's ``ctx``, each symbol lifted as a size; the graph and the epilogue
+        (placing grads by ``grad_of``) are traced through.
+        """
+        env = self.session.shape_env
+        symbols = [env.create_unspecified_symint_and_symbol(v, _source(f"ctx{backward_idx}.symbols", i),
+                                                            DimDynamic.DYNAMIC) if type(v) is int else v
+                   for i, v in enumerate(ctx.symbols)]
+        symbols_proxy = self._opaque(opaque.saved_symbols, self._hook(backward_idx), SizeGuard.of(symbols))
+        for i, sym in enumerate(symbols):
+            if isinstance(sym, torch.SymInt):
+                proxy = symbols_proxy[i]
+                proxy.node.meta["val"] = sym
+                self.symnode_proxy[sym.node] = proxy
+                track_tensor_tree(sym, proxy, constant=None, tracer=self.session.tracer)
+        tangents = [inputs[k] if inputs[k].is_contiguous() else inputs[k].contiguous() for k in info.tangent_of]
+        grads = info.graph(*saved_tensors, *symbols, *tangents)
+        full = [None] * info.n_primals
+        for i, g in zip(info.grad_of, grads):
+            full[i] = g
+        return tuple(full)
 
     def accumulate_grad(self, variable, variable_grad, grad, has_post_hooks=None):
         if has_post_hooks is None:    # torch <= 2.11: (variable, grad, has_post_hooks)
@@ -189,7 +237,12 @@ class CaptureInstance:
         return [self._call_hook(hook_id, "post_acc_grad_hook", input)]
 
     def cpp_tensor_pre_hook(self, inputs, hook_id, i):
-        inputs[i] = self._unsupported("a C++ tensor pre-hook (e.g. retain_grad on this torch version)")
+        # C++ hooks (``retain_grad``) stay with the engine, which runs them by id.
+        self.structure.steps.append(("cpp_tensor_pre_hook",))
+        proxy = self._opaque(opaque.call_cpp_tensor_pre_hooks, hook_id, self._proxy(inputs[i]))
+        with disable_proxy_modes_tracing():
+            inputs[i] = _clone(inputs[i])
+        self._bind([inputs[i]], [proxy])
         return inputs
 
     def unpack_hook(self, hook_id, data_id):
@@ -267,9 +320,15 @@ class CaptureInstance:
         return fetch_object_proxy(self.session.tracer, t).proxy
 
 
+def _impure(node: fx.Node) -> bool:
+    return node.op in ("placeholder", "output") or node.target in opaque.IMPURE or node.is_impure()
+
+
 def _clone(x):
     return None if x is None else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
 
 
-def _Src(kind, index):
+def _source(kind, index):
+    """Names a lifted value for the shape environment: ``sizes[3]``."""
+    from torch._dynamo.source import GetItemSource, LocalSource   # importing torch._dynamo costs seconds
     return GetItemSource(LocalSource(kind), index)

@@ -36,7 +36,7 @@ class CompiledAutograd:
     def on_capture(self, instance, gm):
         start = time.perf_counter()
         structure = tuple(instance.structure.steps)
-        runtime = make_runtime(instance, gm, self.compile_fn, self)
+        runtime = make_runtime(instance, gm, self.compile_fn, _count_run)
         self.captures.append(Capture(gm, structure, self._miss_reason(structure),
                                      time.perf_counter() - start))
         return runtime
@@ -58,6 +58,15 @@ class CompiledAutograd:
             lines.append(f"  capture {i}: {c.count('aten')} aten ops, {c.count('opaque')} opaque calls, "
                          f"compiled in {c.seconds * 1e3:.1f} ms; miss: {c.reason}")
         return "\n".join(lines)
+
+
+ACTIVE: list[CompiledAutograd] = []
+
+
+def _count_run() -> None:
+    # The engine's cache outlives a block: a backward captured in one block runs in later ones.
+    if ACTIVE:
+        ACTIVE[-1].runs += 1
 
 
 def _fmt(step) -> str:

@@ -57,8 +57,20 @@ def accumulate_grad(variable: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return variable.grad
 
 
+def saved_symbols(ctx, guard) -> tuple:
+    """The sizes an aotgrad forward saved on ``ctx`` (read, not traced: they vary per run)."""
+    guard.check(ctx.symbols)
+    return tuple(ctx.symbols)
+
+
+def call_cpp_tensor_pre_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
+    """C++ tensor pre-hooks (``retain_grad``), run by the engine that registered them."""
+    return torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
+
+
 def final_callbacks_stub() -> None:
     """Marks where the engine runs queued final callbacks; nothing runs here."""
 
 
-IMPURE = frozenset({call_hook, call_backward, accumulate_grad, final_callbacks_stub})
+IMPURE = frozenset({call_hook, call_backward, accumulate_grad, call_cpp_tensor_pre_hooks,
+                    final_callbacks_stub})

@@ -12,6 +12,10 @@ import contextlib
 
 import torch
 
+from .. import backends
+from ..errors import UnsupportedError
+from .segments import SegmentedBackward
+
 _engine = torch._C._dynamo.compiled_autograd
 
 
@@ -24,17 +28,24 @@ def engine_compiler_off():
         _engine.set_autograd_compiler(*prior)
 
 
-def make_runtime(instance, gm, compile_fn, state):
+def make_runtime(instance, gm, compile_fn, count_run):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     pick = [_lifted_position(n.target) for n in placeholders]
-    compiled = compile_fn(gm, [n.meta.get("val") for n in placeholders])
+    if compile_fn is backends.eager:   # runs opaque Python calls itself: one graph
+        compiled = compile_fn(gm, [n.meta.get("val") for n in placeholders])
+    else:
+        compiled = SegmentedBackward(gm, compile_fn)
 
     def runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs):
-        state.runs += 1
+        if torch.is_grad_enabled():   # a cached structure met again under create_graph=True
+            raise UnsupportedError("aotgrad.compiled_autograd cannot run a double backward "
+                                   "(create_graph=True); run this backward outside the context")
+        instance.size_guard.check(sizes)
+        count_run()
         lifted = {"input": inputs, "size": sizes, "scalar": scalars, "hook": hooks}
         flat = [lifted[kind][i] for kind, i in pick]
         with engine_compiler_off():
-            return compiled_fn(*flat)
+            return list(compiled_fn(*flat))
 
     return runtime_wrapper, compiled
 

@@ -1,12 +1,23 @@
 """The ``torch.autograd.Function`` that runs a compiled forward and backward."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.autograd.function import once_differentiable
 
 
+class BackwardGraph(NamedTuple):
+    """What compiled autograd needs to trace this backward into its own graph."""
+    graph: object          # fx.GraphModule: (*saved_tensors, *saved_symbols, *tangents) -> grads
+    n_primals: int
+    tangent_of: tuple
+    grad_of: tuple
+
+
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
-                      tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction"):
+                      tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
+                      bw_graph=None):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -45,7 +56,10 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         return first_order(ctx, *grad_outputs)
 
     return type(name, (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "backward": staticmethod(backward)})
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        # Read by aotgrad/compiled_autograd to inline this backward into its graph.
+        "_aotgrad_backward": None if bw_graph is None else
+        BackwardGraph(bw_graph, n_primals, tuple(tangent_of), tuple(grad_of))})
 
 
 def fast_apply(fn_class):

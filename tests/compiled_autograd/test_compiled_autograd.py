@@ -1,0 +1,379 @@
+"""Compiled autograd against eager autograd: gradients, hooks, cache reuse."""
+import operator
+
+import pytest
+import torch
+import torch.nn as nn
+
+import aotgrad
+from aotgrad.compiled_autograd import compiled_autograd, opaque, reset, runtime
+from aotgrad.errors import UnsupportedError
+from dataclasses import replace
+
+from examples.models import GPT_TINY, make_cnn, make_gpt, make_mlp
+
+
+def make_gpt_one_block():
+    # One block keeps the symbolic trace to seconds on a busy CPU.
+    return make_gpt(replace(GPT_TINY, n_layer=1, dropout=0.0), batch=2)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    reset()
+    yield
+    reset()
+
+
+def grads_of(params):
+    return [None if p.grad is None else p.grad.clone() for p in params]
+
+
+def assert_same(eager, compiled, atol=1e-6):
+    assert len(eager) == len(compiled)
+    for e, c in zip(eager, compiled):
+        assert (e is None) == (c is None)
+        if e is not None:
+            torch.testing.assert_close(c, e, atol=atol, rtol=1e-5)
+
+
+def eager_vs_compiled(make, step, compiler="eager"):
+    """Run ``step(*make())`` eagerly and inside compiled_autograd; compare leaf grads."""
+    model, batch = make()
+    step(model, batch)
+    eager = grads_of(model.parameters())
+    model, batch = make()
+    with compiled_autograd(compiler) as ca:
+        step(model, batch)
+    assert_same(eager, grads_of(model.parameters()))
+    return ca
+
+
+def loss_backward(model, batch):
+    model(*batch).backward()
+
+
+@pytest.mark.parametrize("make", [make_mlp, make_gpt_one_block, make_cnn], ids=["mlp", "gpt", "cnn"])
+def test_models_match_eager(make):
+    ca = eager_vs_compiled(lambda: _no_dropout(make()), loss_backward)
+    assert len(ca.captures) == 1 and ca.runs == 1
+    assert ca.captures[0].count("aten") > 0
+
+
+def _no_dropout(made):
+    model, batch = made
+    return model.eval(), batch
+
+
+def test_graph_is_aten_with_symbolic_sizes():
+    model, (x, y) = make_mlp(batch=4, depth=2)
+    with compiled_autograd() as ca:
+        model(x, y).backward()
+    graph = ca.captures[0].graph.graph
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    assert any(isinstance(n.target, torch._ops.OpOverload) for n in calls)
+    sizes = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("size_")]
+    assert sizes and all(isinstance(n.meta["val"], torch.SymInt) for n in sizes)
+
+
+def test_batch_size_change_reuses_compiled_backward():
+    model, _ = make_mlp(depth=3)
+    with compiled_autograd() as ca:
+        for batch in (4, 7, 2, 9):
+            x, y = torch.randn(batch, 32), torch.randn(batch, 32)
+            model.zero_grad(set_to_none=True)
+            model(x, y).backward()
+            got = grads_of(model.parameters())
+            with runtime.engine_compiler_off():
+                model.zero_grad(set_to_none=True)
+                model(x, y).backward()
+            assert_same(grads_of(model.parameters()), got)
+    assert len(ca.captures) == 1 and ca.runs == 4
+
+
+def test_structure_change_recaptures_with_reason():
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3)
+    with compiled_autograd() as ca:
+        (x @ w).sum().backward()
+        (x @ w).sin().sum().backward()
+    assert len(ca.captures) == 2
+    assert "differs" in ca.captures[1].reason or "steps" in ca.captures[1].reason
+    assert "capture 1" in ca.explain()
+
+
+def test_gradient_accumulates_across_backwards():
+    w = torch.randn(3, 2, requires_grad=True)
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        (x @ w).square().sum().backward()
+    eager = w.grad.clone()
+    w.grad = None
+    held = None
+    with compiled_autograd():
+        for i in range(3):
+            (x @ w).square().sum().backward()
+            held = w.grad if i == 0 else held
+    torch.testing.assert_close(w.grad, eager)
+    assert held is w.grad   # later backwards add into the same .grad tensor, as eager does
+
+
+def test_shared_grad_is_not_aliased_between_leaves():
+    a = torch.randn(3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    with compiled_autograd():
+        (a + b).sum().backward()
+    a.grad.add_(1.0)
+    torch.testing.assert_close(b.grad, torch.ones(3))
+
+
+def test_autograd_grad_returns_grads():
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 2, requires_grad=True)
+    eager = torch.autograd.grad((x @ w).tanh().sum(), [x, w])
+    with compiled_autograd():
+        compiled = torch.autograd.grad((x @ w).tanh().sum(), [x, w])
+    assert_same(list(eager), list(compiled))
+    assert x.grad is None and w.grad is None
+
+
+def test_retain_graph_twice():
+    def run():
+        torch.manual_seed(0)
+        w = torch.randn(4, 4, requires_grad=True)
+        y = (torch.randn(2, 4) @ w).relu().sum()
+        y.backward(retain_graph=True)
+        y.backward()
+        return w.grad
+    eager = run()
+    with compiled_autograd():
+        compiled = run()
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_create_graph_is_refused():
+    x = torch.randn(3, requires_grad=True)
+    with compiled_autograd(), pytest.raises(UnsupportedError, match="create_graph"):
+        x.sin().sum().backward(create_graph=True)
+
+
+class ScaleWithLog(torch.autograd.Function):
+    """A custom Function whose backward keeps Python-side books."""
+    log = []
+
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.k = k
+        ctx.save_for_backward(x)
+        return x * k
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        ScaleWithLog.log.append((ctx.k, tuple(g.shape), ctx.needs_input_grad))
+        return g * ctx.k + x.cos() * 0.5, None
+
+
+def test_custom_function_backward_is_an_opaque_call():
+    def run():
+        ScaleWithLog.log.clear()
+        torch.manual_seed(0)
+        w = torch.randn(4, 3, requires_grad=True)
+        out = ScaleWithLog.apply(torch.randn(5, 4) @ w, 3.0).sin().sum()
+        out.backward()
+        return w.grad, list(ScaleWithLog.log)
+    eager = run()
+    with compiled_autograd() as ca:
+        compiled = run()
+    torch.testing.assert_close(compiled[0], eager[0])
+    assert compiled[1] == eager[1]
+    targets = [n.target for n in ca.captures[0].graph.graph.nodes]
+    assert opaque.call_backward in targets
+
+
+def test_custom_function_state_read_at_run_time():
+    w = torch.randn(3, requires_grad=True)
+    with compiled_autograd() as ca:
+        for k in (2.0, 5.0):
+            w.grad = None
+            ScaleWithLog.apply(w, k).sum().backward()
+            torch.testing.assert_close(w.grad, torch.full((3,), k) + w.detach().cos() * 0.5)
+    assert len(ca.captures) == 1
+
+
+def hooked_program(log):
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, requires_grad=True)
+    x = torch.randn(2, 4)
+    h = x @ w
+    h.register_hook(lambda g: (log.append("tensor hook on h"), g * 2)[1])
+    h.retain_grad()
+    y = ScaleWithLog.apply(h.tanh(), 3.0)
+    w.register_hook(lambda g: log.append("tensor hook on w"))
+    w.register_post_accumulate_grad_hook(lambda p: log.append(("post-accumulate", round(p.grad.sum().item(), 4))))
+    y.grad_fn.register_prehook(lambda go: log.append("node pre-hook"))
+    y.grad_fn.register_hook(lambda gi, go: log.append("node hook"))
+    y.sum().backward()
+    return w.grad, h.grad
+
+
+def test_hooks_of_every_kind_in_eager_order():
+    eager_log, compiled_log = [], []
+    eager = hooked_program(eager_log)
+    with compiled_autograd():
+        compiled = hooked_program(compiled_log)
+    assert_same(list(eager), list(compiled))
+    assert compiled_log == eager_log
+    assert len(eager_log) == 5
+
+
+def test_hooks_run_again_on_a_cache_hit():
+    log = []
+    with compiled_autograd() as ca:
+        hooked_program(log)
+        hooked_program(log)
+    assert len(ca.captures) == 1 and ca.runs == 2
+    assert log[:5] == log[5:]
+
+
+def test_eager_region_between_two_aotgrad_compiled_regions():
+    torch.manual_seed(0)
+    w1 = torch.randn(4, 4, requires_grad=True)
+    w2 = torch.randn(4, 2, requires_grad=True)
+    x = torch.randn(3, 4)
+    first = aotgrad.capture(lambda a, w: (a @ w).relu(), x, w1).compile()
+    second = aotgrad.capture(lambda a, w: (a @ w).sin(), x.clone().requires_grad_(), w2).compile()
+
+    def step():
+        return second(first(x, w1).exp() * 0.5, w2).sum()
+
+    step().backward()
+    eager = grads_of([w1, w2])
+    w1.grad = w2.grad = None
+    with compiled_autograd() as ca:
+        step().backward()
+    assert_same(eager, grads_of([w1, w2]))
+    assert len(ca.captures) == 1
+
+
+class TwoTensor(torch.Tensor):
+    """A wrapper subclass holding two tensors that must stay equal."""
+
+    @staticmethod
+    def __new__(cls, a, b):
+        return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        unwrap = lambda t, f: f(t) if isinstance(t, TwoTensor) else t  # noqa: E731
+        a = func(*torch.utils._pytree.tree_map(lambda t: unwrap(t, lambda s: s.a), args), **kwargs)
+        b = func(*torch.utils._pytree.tree_map(lambda t: unwrap(t, lambda s: s.b), args), **kwargs)
+        return TwoTensor(a, b) if isinstance(a, torch.Tensor) else a
+
+
+class MakeTwo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return TwoTensor(g * 2, g * 2).a
+
+
+def test_subclass_built_in_backward_is_recorded():
+    x = torch.randn(3, requires_grad=True)
+    MakeTwo.apply(x).sum().backward()
+    eager = x.grad.clone()
+    x.grad = None
+    with compiled_autograd():
+        MakeTwo.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad, eager)
+
+
+def test_callable_compiler_sees_flat_graph():
+    seen = []
+
+    def compiler(gm, example_inputs):
+        seen.append(len(example_inputs))
+        return gm
+
+    w = torch.randn(3, requires_grad=True)
+    with compiled_autograd(compiler):
+        w.exp().sum().backward()
+    torch.testing.assert_close(w.grad, w.detach().exp())
+    assert seen and seen[0] > 0
+
+
+def test_opaque_calls_split_the_graph_for_a_compiler():
+    compiled_segments = []
+
+    def compiler(gm, example_inputs):
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        assert all(isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem
+                   for n in calls)
+        compiled_segments.append(gm)
+        return gm
+
+    log = []
+    with compiled_autograd(compiler):
+        got = hooked_program(log)
+    eager = hooked_program([])
+    assert_same(list(eager), list(got))
+    assert len(log) == 5 and len(compiled_segments) >= 2
+
+
+def test_inductor_compiler_matches_eager_and_reuses_across_batch_sizes():
+    model, _ = make_mlp(depth=2)
+    with compiled_autograd("inductor") as ca:
+        for batch in (4, 6):
+            x, y = torch.randn(batch, 32), torch.randn(batch, 32)
+            model.zero_grad(set_to_none=True)
+            model(x, y).backward()
+            got = grads_of(model.parameters())
+            with runtime.engine_compiler_off():
+                model.zero_grad(set_to_none=True)
+                model(x, y).backward()
+            assert_same(grads_of(model.parameters()), got, atol=1e-5)
+    assert len(ca.captures) == 1 and ca.runs == 2
+
+
+def test_size_specialised_at_capture_is_checked_not_reused():
+    c = torch.randn(1, 3, requires_grad=True)
+
+    def step(n):
+        c.grad = None
+        (torch.randn(n, 3) + c).sin().sum().backward()
+
+    with compiled_autograd():
+        step(1)   # broadcasting decided on batch 1: no reduction in the graph
+        with pytest.raises(aotgrad.errors.InputMismatchError, match="was 1 when captured"):
+            step(4)
+    reset()
+    with compiled_autograd() as ca:
+        step(4)
+        step(6)
+    assert len(ca.captures) == 1 and ca.runs == 2
+
+
+def test_aotgrad_backward_is_inlined():
+    w = torch.randn(4, 3, requires_grad=True)
+    f = aotgrad.capture(lambda a, w: (a @ w).relu().sum(1), torch.randn(5, 4), w, dynamic=True).compile()
+    f(torch.randn(5, 4), w).sum().backward()     # eager autograd, for reference below
+    with compiled_autograd() as ca:
+        for batch in (5, 8):
+            x = torch.randn(batch, 4)
+            w.grad = None
+            f(x, w).exp().sum().backward()
+            got = w.grad
+            w.grad = None
+            with runtime.engine_compiler_off():
+                f(x, w).exp().sum().backward()
+            torch.testing.assert_close(got, w.grad)
+    graph = ca.captures[0].graph.graph
+    assert opaque.call_backward not in [n.target for n in graph.nodes]
+    assert len(ca.captures) == 1 and ca.runs == 2
