@@ -55,8 +55,8 @@ class Captured:
                 memory_budget=None) -> "Compiled":
         """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
         partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner."""
-        from .compile import compile_captured
-        return compile_captured(self, fw_compiler, bw_compiler, partitioner, memory_budget)
+        from .export.entry import compile_cached
+        return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
 
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""

@@ -94,6 +94,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         data = cache.load("staged", key)
         if data is not None:
             part = load_partition(data)
+            _propagate_fakes(part, captured)
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
             compiled = compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
             return replace(compiled, history=compiled.history + (step,))
@@ -101,6 +102,24 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
     if key is not None and compiled.partition is not None:
         cache.store("staged", key, dump_partition(compiled.partition))
     return compiled
+
+
+def _propagate_fakes(part, captured) -> None:
+    """Give a loaded partition's nodes the fake values and source lines a fresh one has (memory
+    estimates and backends read them): run both graphs on the joint's fake inputs, and copy
+    stack traces from the joint's nodes of the same name."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode, lay = captured.setup.session.fake_mode, captured.layout
+    ph = [n.meta["val"] for n in captured.joint.graph.nodes if n.op == "placeholder"]
+    with mode:
+        FakeTensorProp(part.forward, mode).propagate_dont_convert_inputs(*ph[:lay.n_primals])
+        fw_out = [a.meta["val"] for a in part.forward.graph.output_node().args[0]]
+        FakeTensorProp(part.backward, mode).propagate_dont_convert_inputs(*fw_out[lay.n_fw:], *ph[lay.n_primals:])
+    traces = {n.name: n.meta["stack_trace"] for n in captured.joint.graph.nodes if n.meta.get("stack_trace")}
+    for gm in (part.forward, part.backward):
+        for n in gm.graph.nodes:
+            if n.name in traces:
+                n.meta.setdefault("stack_trace", traces[n.name])
 
 
 def staged_key(captured, fw_compiler="eager", bw_compiler=None, partitioner="default",
