@@ -60,12 +60,19 @@ def _state(fn, args, kwargs):
     return named
 
 
+def _storage_ptr(t):
+    return t.untyped_storage().data_ptr() if t.layout == torch.strided else None
+
+
 def _alias_signature(out, inputs):
     sig = []
-    ptrs = [t.untyped_storage().data_ptr() for t in inputs]
+    ptrs = [_storage_ptr(t) for t in inputs]
     for o in _tensors(out):
+        if o.layout != torch.strided:
+            sig.append(((), ()))
+            continue
         same = [i for i, t in enumerate(inputs) if o is t]
-        shares = [i for i, p in enumerate(ptrs) if p == o.untyped_storage().data_ptr() and p != 0]
+        shares = [i for i, p in enumerate(ptrs) if p == o.untyped_storage().data_ptr() and p]
         sig.append((tuple(same), tuple(shares)))
     return sig
 
@@ -76,6 +83,8 @@ def assert_close(a, b, what, rtol, atol):
         assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
         assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
         assert a.device == b.device, f"{what}: device {a.device} vs {b.device}"
+        if a.dtype.itemsize == 1 and a.dtype.is_floating_point:   # float8: compare in float32
+            a, b = a.float(), b.float()
         torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m: f"{what}: {m}")
     else:
@@ -89,7 +98,8 @@ def _weights(out, seed):
 
 
 def _backward(out, weights):
-    terms = [(o * w).sum() for o, w in zip(_tensors(out), weights) if w is not None]
+    # Complex outputs contribute their real part: backward needs a real scalar.
+    terms = [torch.real((o * w).sum()) for o, w in zip(_tensors(out), weights) if w is not None]
     if terms:
         torch.stack(terms).sum().backward()
     return bool(terms)

@@ -127,6 +127,31 @@ def _symbolic_output(o) -> OutputInfo:
     return OutputInfo("symbolic", value=(kind, expr))
 
 
+def _replayable(view, base) -> bool:
+    """Whether ``base.as_strided(...)`` regenerates ``view`` at run time: same dtype (not
+    ``view_as_real``), and sizes computable from the inputs (no data-dependent symbols).
+    Other aliasing outputs are returned by the graph as fresh values: right numbers,
+    without the view relationship."""
+    if view.dtype != base.dtype or view.layout != torch.strided:
+        return False
+    free = set()
+    for v in (*view.shape, *view.stride(), view.storage_offset()):
+        if isinstance(v, torch.SymInt):
+            free |= v.node.expr.free_symbols
+    if not free:
+        return True
+    shape_env = _shape_env_of(view)
+    backed = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    return free <= set(backed)
+
+
+def _shape_env_of(t):
+    for v in (*t.shape, *t.stride(), t.storage_offset()):
+        if isinstance(v, torch.SymInt):
+            return v.node.shape_env
+    return None
+
+
 def _output_infos(f_outs, f_ins):
     in_storages = {}
     for i, f in enumerate(f_ins):
@@ -149,11 +174,11 @@ def _output_infos(f_outs, f_ins):
             infos.append(OutputInfo("input", same_in, requires_grad=rg))
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg))
-        elif storage in in_storages:
+        elif storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
             infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.of(o), rg))
-        elif o._is_view() and id(o._base) in plain_ids:
+        elif o._is_view() and id(o._base) in plain_ids and _replayable(o, o._base):
             infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.of(o), rg))
-        elif o._is_view():
+        elif o._is_view() and storage not in in_storages and _replayable(o, o._base):
             base = o._base
             k = next((b for b, t in enumerate(bases) if t is base), None)
             if k is None:

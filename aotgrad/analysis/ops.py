@@ -14,6 +14,14 @@ def is_random(node: fx.Node) -> bool:
         torch.Tag.nondeterministic_seeded in t.tags
 
 
+def has_side_effect(node: fx.Node) -> bool:
+    """Nodes that must run even when nothing reads them, in eager's order: random
+    ops and ops that return nothing (error checks such as ``_linalg_check_errors``)."""
+    t = node.target
+    return is_random(node) or (node.op == "call_function" and isinstance(t, torch._ops.OpOverload)
+                                and not t._schema.returns)
+
+
 def mutated_args(op: torch._ops.OpOverload) -> list[str]:
     """Names of the arguments an operator writes to (``alias_info.is_write``)."""
     return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]

@@ -99,6 +99,10 @@ def name_placeholders(gm, descs) -> None:
 
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
+    for t, d in zip(tensors, descs):
+        if t.layout != torch.strided or t.is_nested:
+            raise errors.UnsupportedError(f"{d} has layout {t.layout}{' (nested)' if t.is_nested else ''}; "
+                                          "only strided (dense) tensors can be captured")
     session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
     fakes = [session.fakeify(t, dynamic_dims.get(i, ())) for i, t in enumerate(tensors)]
     out_specs: list = []

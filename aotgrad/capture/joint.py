@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..analysis.metadata import Analysis
-from .session import Session, from_functional, functional_mode, to_functional
+from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     _anchor_user_frames(user_fn)
     # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
     # running for real (which would bake a constant and consume the real RNG).
-    with session.fake_mode:
+    with session.fake_mode, traceable_ops():
         return make_fx(fn, pre_dispatch=False, record_stack_traces=True,
                        _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
 

@@ -50,8 +50,40 @@ class Session:
     @contextlib.contextmanager
     def tracing(self):
         """Fake mode and the captured grad mode, for metadata analysis."""
-        with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+        with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), traceable_ops():
             yield
+
+
+# Ops PyTorch marks as ordered side effects that return nothing: error checks
+# (``linalg.cholesky`` raising on a non-positive-definite input) and printing.
+# Threading effect tokens through the joint graph buys nothing for them: we
+# keep them as ordinary nodes that dead-code elimination and the partitioner
+# treat as side effects (see analysis.ops.has_side_effect).
+_PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
+
+
+@contextlib.contextmanager
+def traceable_ops():
+    """Settings under which traced graphs run correctly outside the trace.
+
+    * effect-only checks become plain nodes (above);
+    * oneDNN is off, so RNNs trace into plain ATen ops: the fused
+      ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
+      that Python cannot pass back to its backward.
+    """
+    from torch._library.simple_registry import singleton
+    holders = [singleton.find(name).effect for name in _PLAIN_EFFECTS]
+    saved = [h.effect for h in holders]
+    mkldnn = torch._C._get_mkldnn_enabled()
+    for h in holders:
+        h.register(None)
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(mkldnn)
+        for h, effect in zip(holders, saved):
+            h.register(effect)
 
 
 def to_functional(t):

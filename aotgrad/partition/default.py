@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from ..analysis.ops import is_random
+from ..analysis.ops import has_side_effect
 from ..capture.joint import JointLayout
 from .graphs import ancestors, descendants, extract, is_sym, output_values, placeholders
 
@@ -35,8 +35,8 @@ def forward_nodes(joint, lay):
     primals, tangents, fw_outs, _ = split_nodes(joint, lay)
     tangent_dep = descendants(tangents)
     fw = ancestors(fw_outs) | set(primals)
-    # Random ops run in the forward, in eager's order, even when unused: the RNG must advance the same.
-    fw |= {n for n in joint.graph.nodes if (is_sym(n) or is_random(n)) and n not in tangent_dep
+    # Random ops and checks run in the forward, in eager's order, even when unused (the RNG must advance the same).
+    fw |= {n for n in joint.graph.nodes if (is_sym(n) or has_side_effect(n)) and n not in tangent_dep
            and n.op == "call_function"}
     fw = fw | ancestors(fw - set(primals))
     # Unpacking a multi-output op is free; saving its parts beats saving the tuple.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..analysis.ops import is_random
+from ..analysis.ops import has_side_effect
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -30,7 +30,7 @@ def _drop_detach(g: fx.Graph) -> None:
 
 
 def _drop_dead(g: fx.Graph) -> None:
-    g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or is_random(n))
+    g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or has_side_effect(n))
 
 
 def _pure(*edits):

@@ -5,7 +5,9 @@ Outcomes:
   mismatch    -- check() itself found a difference (an AssertionError raised by
                  its comparisons, not by an ``assert`` inside the compiler).
   typed_error -- the compiler refused with an ``aotgrad.errors.AotgradError``.
-  crash       -- any other exception: a bug in the compiler.
+  crash       -- any other exception, a sample past its time limit, a dispatch
+                 mode left active, or (see isolate.py) a dead worker process:
+                 a bug in the compiler.
   skip        -- eager PyTorch itself fails on the sample, or it cannot be built.
 """
 from __future__ import annotations
@@ -18,11 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
 import aotgrad.errors
-from tests.eager_check import check
+from tests.eager_check import _backward, _weights, check
 
 OUTCOMES = ("pass", "mismatch", "typed_error", "crash", "skip")
 SEED = 0
@@ -132,10 +133,6 @@ def classify(exc) -> Outcome:
     return out
 
 
-def _tensors(tree):
-    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
-
-
 def eager_preflight(sample: Sample, timeout):
     """Run the sample eagerly, forward and backward; None if eager is fine.
 
@@ -146,9 +143,10 @@ def eager_preflight(sample: Sample, timeout):
             torch.manual_seed(SEED)
             fn, args, kwargs = sample.make()
             out = fn(*args, **kwargs)
-            diff = [o for o in _tensors(out) if o.requires_grad]
-            if sample.backward and diff:
-                torch.stack([o.float().sum() for o in diff]).sum().backward()
+            if sample.backward:
+                # Exactly check()'s eager backward, so a sample it cannot
+                # differentiate (say, a complex output) is a skip, not a crash.
+                _backward(out, _weights(out, SEED))
     except Exception as exc:
         fr = _innermost(exc)
         return Outcome("skip", type(exc).__name__, "eager raised: " + _message(exc, 200),
@@ -193,24 +191,43 @@ def run_sample(sample: Sample, compile_fn, *, timeout=60.0, **opts) -> Outcome:
             _reset_global_state()
 
 
-def run_samples(build, compile_fn, *, indices=None, timeout=60.0, **opts):
-    """Run the samples ``build()`` returns (only ``indices`` if given).
+def build_samples(build):
+    """``(samples, None)``, or ``([], skip record)`` if generating them failed.
 
-    Building them is eager work too: if it fails, the whole op is one skip.
+    Generating samples is eager work too: if it fails, the whole entry is one skip.
     """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(SEED)
-            samples = build()
+            return build(), None
     except Exception as exc:
         bad = Outcome("skip", type(exc).__name__, "sample generation failed: " + _message(exc, 200))
-        return [bad.as_dict(0)]
+        return [], bad.as_dict(0)
     finally:
         _reset_global_state()
-    if indices is not None:
-        samples = [s for s in samples if s.index in set(indices)]
-    return [_record(s, run_sample(s, compile_fn, timeout=timeout, **opts)) for s in samples]
+
+
+def run_samples(build, compile_fn, *, exclude=(), timeout=60.0, report=None, **opts):
+    """Run the samples ``build()`` returns, except indices in ``exclude``.
+
+    ``report(kind, value)``, if given, hears ``("start", index)`` before and
+    ``("result", record)`` after each sample, so a supervising process knows
+    which sample it was in if this process dies.
+    """
+    samples, failed = build_samples(build)
+    if failed:
+        return [failed]
+    results = []
+    for s in samples:
+        if s.index in exclude:
+            continue
+        if report:
+            report("start", s.index)
+        results.append(_record(s, run_sample(s, compile_fn, timeout=timeout, **opts)))
+        if report:
+            report("result", results[-1])
+    return results
 
 
 def _record(sample, outcome):

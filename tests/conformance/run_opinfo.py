@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import torch
 
 from tests.conformance import sweep
-
-
-def _compiler(reference):
-    if reference:
-        from tests.conformance.reference import aot_function_compile
-        return aot_function_compile
-    from tests.eager_check import default_compile
-    return default_compile
+from tests.conformance.isolate import Worker
 
 
 def _parse(argv):
@@ -36,6 +30,8 @@ def _parse(argv):
     p.add_argument("--reference", action="store_true", help="use torch's aot_function instead of aotgrad")
     p.add_argument("--dynamic", action="store_true", help="capture with dynamic=True")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per sample (default 60)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run samples in this process (a hard crash then ends the sweep)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-entry progress lines")
     args = p.parse_args(argv)
     args.dbs = sweep.DATABASES if args.db == "all" else tuple(args.db.split(","))
@@ -53,21 +49,39 @@ def _progress(i, n, key, res):
     print(f"  [{i}/{n}] {key}: {text} ({res['seconds']:.1f}s)", file=sys.stderr, flush=True)
 
 
-def run_db(db, args, compile_fn, report):
+def run_db(db, args, runner, report):
     """Run the chosen entries of ``db`` into ``report[db]``, saving as it goes."""
-    table = sweep.entries(db)
-    keys = sweep.choose(list(table), ops=args.ops and args.ops.split(","),
+    names = args.ops.split(",") if args.ops else None
+    keys = sweep.choose(list(sweep.entries(db)), ops=names,
                         sample=None if args.all else args.sample)
+    if names and len(args.dbs) == 1:
+        unknown = [n for n in names if not sweep.choose(keys, ops=[n])]
+        if unknown:
+            print(f"warning: not in {db}: {', '.join(unknown)}", file=sys.stderr)
     ops = report["databases"].setdefault(db, {"ops": {}})["ops"]
-    opts = {"dynamic": True} if args.dynamic else {}
     for i, key in enumerate(keys, 1):
-        ops[key] = sweep.run_entry(db, table[key], compile_fn, max_samples=args.max_samples,
-                                   timeout=args.timeout, **opts)
+        ops[key] = runner(db, key)
         if not args.quiet:
             _progress(i, len(keys), key, ops[key])
         if args.json and i % 20 == 0:
             _write(args.json, report)  # a killed long sweep still leaves its results
     report["databases"][db]["summary"] = sweep.summarize(ops)
+
+
+def _runner(args):
+    """``(run(db, key) -> result, close())``: in a worker process unless --in-process."""
+    opts = {"dynamic": True} if args.dynamic else {}
+    if args.in_process:
+        compile_fn, tables = sweep.compiler(args.reference), {}
+
+        def run(db, key):
+            table = tables.setdefault(db, sweep.entries(db))
+            return sweep.run_entry(db, table[key], compile_fn, max_samples=args.max_samples,
+                                   timeout=args.timeout, **opts)
+        return run, lambda: None
+    worker = Worker(args.reference, **opts)
+    return (lambda db, key: worker.run_entry(db, key, max_samples=args.max_samples,
+                                             timeout=args.timeout)), worker.close
 
 
 def _write(path, report):
@@ -88,14 +102,20 @@ def print_report(db, ops):
 
 def main(argv=None):
     args = _parse(argv)
-    compile_fn = _compiler(args.reference)
+    # Every sample must be captured and compiled from scratch: a disk-cache hit
+    # would skip the very stages under test (and a sweep would fill ~/.cache).
+    os.environ.setdefault("AOTGRAD_CACHE", "0")
+    runner, close = _runner(args)
     report = {"meta": {"compiler": "torch aot_function" if args.reference else "aotgrad",
                        "torch": torch.__version__, "argv": sys.argv[1:],
                        "started": time.strftime("%Y-%m-%d %H:%M:%S")}, "databases": {}}
-    for db in args.dbs:
-        run_db(db, args, compile_fn, report)
-        if args.json:
-            _write(args.json, report)
+    try:
+        for db in args.dbs:
+            run_db(db, args, runner, report)
+            if args.json:
+                _write(args.json, report)
+    finally:
+        close()
     for db in args.dbs:
         print_report(db, report["databases"][db]["ops"])
     return 0

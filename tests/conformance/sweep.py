@@ -36,7 +36,17 @@ def choose(keys, *, ops=None, sample=None):
     return spread(keys, sample)
 
 
-def run_entry(db, entry, compile_fn, *, max_samples=None, indices=None, timeout=60.0, **opts):
+def compiler(reference=False):
+    """The ``compile=`` for check(): aotgrad's, or torch's aot_function as a reference."""
+    if reference:
+        from tests.conformance.reference import aot_function_compile
+        return aot_function_compile
+    from tests.eager_check import default_compile
+    return default_compile
+
+
+def run_entry(db, entry, compile_fn, *, max_samples=None, exclude=(), timeout=60.0,
+              report=None, **opts):
     """Results of one database entry: its per-sample outcomes and time taken."""
     src = _SOURCES[db]
 
@@ -44,7 +54,7 @@ def run_entry(db, entry, compile_fn, *, max_samples=None, indices=None, timeout=
         built = src.samples(entry)
         return spread(built, max_samples) if max_samples else built
     start = time.perf_counter()
-    results = run_samples(build, compile_fn, indices=indices, timeout=timeout, **opts)
+    results = run_samples(build, compile_fn, exclude=exclude, timeout=timeout, report=report, **opts)
     return {"seconds": round(time.perf_counter() - start, 3), "samples": results}
 
 
@@ -73,7 +83,8 @@ def summarize(ops):
 def _signature(s):
     """A short, number-free description that groups similar failures."""
     if s["outcome"] == "crash":
-        text = f'{s.get("type")} at {s.get("aotgrad_frame") or s.get("where")}: {s.get("message", "")[:90]}'
+        where = s.get("aotgrad_frame") or s.get("where")
+        text = f'{s.get("type")}{" at " + where if where else ""}: {s.get("message", "")[:90]}'
     elif s["outcome"] == "typed_error":
         text = f'{s.get("type")}: {s.get("message", "")[:90]}'
     else:

@@ -369,3 +369,28 @@ def test_parameters_reached_through_a_closure_are_refused():
         aotgrad.capture(lambda x: m(x).sum(), torch.randn(4, 3))
     with torch.no_grad():            # no gradients to lose: an inference graph may read them
         check(lambda x: m(x).sum(), (torch.randn(4, 3),))
+
+
+def test_linalg_error_checks_stay_in_the_graph():
+    a = torch.randn(4, 4)
+    spd = (a @ a.T + 4 * torch.eye(4)).requires_grad_()
+    check(lambda m: torch.linalg.cholesky(m), (spd,))
+    compiled = aotgrad.capture(lambda m: torch.linalg.cholesky(m), spd).compile()
+    with pytest.raises(torch.linalg.LinAlgError):       # eager raises here too
+        compiled(-spd.detach().requires_grad_())
+
+
+def test_recurrent_modules():
+    check(nn.LSTM(4, 5, batch_first=True, num_layers=2), (torch.randn(2, 3, 4),))
+    check(nn.GRU(4, 5), (torch.randn(3, 2, 4),))
+
+
+def test_views_that_cannot_be_replayed_are_returned_as_values():
+    check(lambda x: torch.nonzero(x > 0, as_tuple=True), (torch.randn(6),))
+    check(lambda x, s: x.narrow(0, s, 2), (torch.randn(6, requires_grad=True), torch.tensor(1)))
+    check(lambda x: torch.view_as_real(x * 2), (torch.randn(3, dtype=torch.complex64, requires_grad=True),))
+
+
+def test_sparse_inputs_are_refused():
+    with pytest.raises(errors.UnsupportedError, match="sparse"):
+        aotgrad.capture(lambda x: x * 2, torch.eye(3).to_sparse())
