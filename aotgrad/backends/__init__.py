@@ -32,7 +32,9 @@ def list() -> list[str]:  # noqa: A001 - the public name the API promises
 def eager(gm, example_inputs):
     """Run the graph as straight-line Python calling each ATen op: the reference backend."""
     from ..runtime.codegen import python_function
-    return python_function(gm, type(gm).__name__.lower())
+    info = gm.meta.get("aotgrad")
+    # A backward takes its inputs boxed, so saved activations die at their last use.
+    return python_function(gm, type(gm).__name__.lower(), boxed=info is not None and info.kind == "backward")
 
 
 register("eager", eager)

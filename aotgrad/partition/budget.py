@@ -66,7 +66,7 @@ def pick(candidates, target: int, default_saved: int) -> Partition:
             return part
         smallest = est.saved_bytes
     raise BudgetError(f"memory budget of {target} bytes cannot be met: the smallest saved-activation "
-                      f"size any partition reaches is {smallest} bytes "
+                      f"size reachable without raising the peak is {smallest} bytes "
                       f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved})")
 
 

@@ -113,14 +113,17 @@ def _last_uses(g: fx.Graph, key: dict, made: dict) -> dict:
     return last
 
 
-def simulate(g: fx.Graph, inputs: dict, input_bytes: dict) -> int:
-    """Peak bytes of running ``g``: inputs in ``input_bytes`` count from the start,
-    the graph's outputs stay alive to its end."""
+def simulate(g: fx.Graph, inputs: dict, input_bytes: dict, free_inputs: bool = False) -> int:
+    """Peak bytes of running ``g``: inputs in ``input_bytes`` count from the start
+    (and, with ``free_inputs``, are freed after their last use, as a boxed backward
+    does with saved activations); the graph's outputs stay alive to its end."""
     key = _storages(g, inputs)
     made = _allocations(g, key)
     last = _last_uses(g, key, made)
     outs = {key.get(o) for o in output_values(g) if isinstance(o, fx.Node)}
     size = {k: b for ks in made.values() for k, b in ks.items()}
+    if free_inputs:
+        size.update(input_bytes)
     frees = {}
     for k, i in last.items():
         if k not in outs and k in size:
@@ -150,12 +153,17 @@ def estimate(part) -> MemoryEstimate:
         seen.add(k)
     saved_bytes = sum(e.nbytes for e in entries)
     value_keys = {fkey.get(v) for v in fw_values if isinstance(v, fx.Node)} - seen
-    between = saved_bytes + sum(fsize.get(k, 0) for k in value_keys)
+    held = sum(fsize.get(k, 0) for k in value_keys)     # forward outputs the user still holds
 
+    # The backward takes saved activations as inputs and frees each after its last use.
     bw_ph = placeholders(bw)
+    saved_keys = {p: fkey.get(s) for p, s in zip(bw_ph[:part.n_saved_tensors], saved_nodes)}
     tangents = {p: p for p in bw_ph[n_saved:]}
-    bw_peak = simulate(bw, {**{p: None for p in bw_ph[:n_saved]}, **tangents},
-                       {p: tensor_bytes(p.meta.get("val")) for p in tangents})
+    in_bytes = {k: fsize.get(k, 0) for k in saved_keys.values() if k is not None}
+    in_bytes.update({p: tensor_bytes(p.meta.get("val")) for p in tangents})
+    bw_peak = simulate(bw, {**saved_keys, **{p: None for p in bw_ph[part.n_saved_tensors:n_saved]}, **tangents},
+                       in_bytes, free_inputs=True)
+    between = held
     by_name = {n.name: n for n in bw.nodes}
     cost = sum(flops(by_name[r]) for r in getattr(part, "recomputed", ()) if r in by_name)
     return MemoryEstimate(saved_bytes, max(fw_peak, between + bw_peak), fw_peak,

@@ -55,8 +55,13 @@ def _fetch(gm, target: str):
     return obj
 
 
-def python_function(gm: fx.GraphModule, name: str = "graph"):
-    """A plain function computing ``gm``; its source is kept on ``fn.source``."""
+def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False):
+    """A plain function computing ``gm``; its source is kept on ``fn.source``.
+
+    ``boxed``: the function takes one list of inputs and empties it, so each
+    input is freed right after its last use (a backward's saved activations)
+    instead of living until the call returns; it is marked ``_boxed_call``.
+    """
     name = re.sub(r"\W", "_", name)
     name = name if name.isidentifier() else f"graph_{name}"
     em = _Emitter(gm)
@@ -83,8 +88,13 @@ def python_function(gm: fx.GraphModule, name: str = "graph"):
         dead = [em.names[a] for a in n.all_input_nodes if last_use.get(a) is n and a.op != "get_attr"]
         if dead:
             body.append(f"del {', '.join(dead)}")
+    if boxed:
+        unpack = f"{', '.join(params)}{',' if len(params) == 1 else ''} = args" if params else "pass"
+        body = [unpack, "args.clear()", *body]
+        params = ["args"]
     src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(src, f"<aotgrad {name}>", "exec"), em.globals)
     fn = em.globals[name]
     fn.source = src
+    fn._boxed_call = boxed
     return fn

@@ -40,9 +40,14 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
         return tuple(fw_values)
 
+    boxed = getattr(bw, "_boxed_call", False)
+
     def first_order(ctx, *grad_outputs):
-        tangents = [_contiguous(grad_outputs[k]) for k in tangent_of]
-        grads = bw(*ctx.saved_tensors, *ctx.symbols, *tangents)
+        args = [*ctx.saved_tensors, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
+        # Drop ctx's own references (unless the graph is retained) so a boxed backward
+        # frees each saved activation at its last use, as eager autograd does.
+        ctx.maybe_clear_saved_tensors()
+        grads = bw(args) if boxed else bw(*args)
         full = [None] * n_primals
         for i, g in zip(grad_of, grads):
             full[i] = g

@@ -10,7 +10,7 @@ from aotgrad.partition.budget import budget_partition, chain, pick, target_bytes
 from tests.eager_check import check
 from tests.partition.test_min_cut import MODELS
 
-BUDGETS = (1.0, 0.5, 0.25, 0.1, 0.0)
+BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1, 0.0)
 
 
 def _captured(name):
@@ -50,7 +50,7 @@ def test_impossible_budget_names_smallest_amount():
     captured = _captured("cnn")     # its dropout mask and batch-norm inputs must be saved
     candidates = list(chain(captured.joint, captured.layout))
     smallest = min(est.saved_bytes for _, est in candidates)
-    with pytest.raises(BudgetError, match=f"smallest saved-activation size any partition reaches is {smallest} bytes"):
+    with pytest.raises(BudgetError, match=f"smallest saved-activation size reachable without raising the peak is {smallest} bytes"):
         pick(candidates, 0, 1)
 
 
@@ -61,7 +61,7 @@ def test_malformed_budget_is_refused():
         min_cut(budget=-1)
 
 
-@pytest.mark.parametrize("name,budget", [("mlp", 0.25), ("gpt_dropout", 0.5)])
+@pytest.mark.parametrize("name,budget", [("mlp", 0.25), ("gpt_dropout", 0.7)])
 def test_budgeted_gradients_match_eager(name, budget):
     check(None, make=lambda: (*MODELS[name](), {}), partitioner=min_cut(budget=budget),
           rtol=1e-5, atol=1e-5)
