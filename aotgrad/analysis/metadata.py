@@ -129,10 +129,12 @@ def _symbolic_output(o) -> OutputInfo:
 
 def _replayable(view, base) -> bool:
     """Whether ``base.as_strided(...)`` regenerates ``view`` at run time: same dtype (not
-    ``view_as_real``), and sizes computable from the inputs (no data-dependent symbols).
+    ``view_as_real``), same conjugate/negative bits (not ``conj()``), and sizes computable
+    from the inputs (no data-dependent symbols).
     Other aliasing outputs are returned by the graph as fresh values: right numbers,
     without the view relationship."""
-    if view.dtype != base.dtype or view.layout != torch.strided:
+    if view.dtype != base.dtype or view.layout != torch.strided or \
+            view.is_conj() != base.is_conj() or view.is_neg() != base.is_neg():
         return False
     free = set()
     for v in (*view.shape, *view.stride(), view.storage_offset()):

@@ -394,3 +394,8 @@ def test_views_that_cannot_be_replayed_are_returned_as_values():
 def test_sparse_inputs_are_refused():
     with pytest.raises(errors.UnsupportedError, match="sparse"):
         aotgrad.capture(lambda x: x * 2, torch.eye(3).to_sparse())
+
+
+def test_lazy_conjugate_views_keep_their_bit():
+    check(lambda x: torch.fft.ifft(x, n=10, dim=1, norm="ortho"), (torch.randn(5, 6, 7),))
+    check(lambda z: (z * 2).conj(), (torch.randn(3, dtype=torch.complex64),))
