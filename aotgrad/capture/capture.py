@@ -7,6 +7,7 @@ import torch
 
 from .. import errors
 from ..analysis.metadata import analyze
+from ..analysis.ops import is_random
 from ..frontend.aliasing import find_groups, rebase
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
@@ -15,7 +16,7 @@ from ..passes import share_recomputed_randomness, simplify
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
 from .joint import layout, trace_joint
-from .session import Session
+from .session import SEEDED, Session
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
                    "DynamicOutputShapeException", "PendingUnbackedSymbolNotFound")
@@ -44,6 +45,8 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captu
 
 def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
+    rng = torch.random.get_rng_state()
+    SEEDED.clear()
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
@@ -68,6 +71,15 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
         guards = _input_guards(setup)
+    if SEEDED and any(is_random(n) for n in joint.graph.nodes):
+        raise errors.UnsupportedError(
+            f"torch.manual_seed({SEEDED[0]}) inside the captured function: the compiled graph would not "
+            "reseed, so its random numbers would differ from eager's; seed before calling it")
+    if not torch.equal(rng, torch.random.get_rng_state()):
+        raise errors.UnsupportedError(
+            "the function changed the global RNG while being traced (torch.manual_seed, set_rng_state, or "
+            "drawing numbers outside tensor ops); the compiled graph would not repeat that, so its random "
+            "numbers would differ from eager's. Seed outside the captured function")
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
     name_placeholders(joint, in_descs)
     return Captured(setup, joint, analysis, lay, guards, setup.out_specs[0],

@@ -62,11 +62,23 @@ class Session:
 _PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
 
 
+SEEDED: list = []      # seeds the traced function set; capture refuses them if random ops follow
+
+
+def _record_seed(seeder):
+    def manual_seed(seed):
+        SEEDED.append(seed)
+        return seeder(seed)
+    return manual_seed
+
+
 @contextlib.contextmanager
 def traceable_ops():
     """Settings under which traced graphs run correctly outside the trace.
 
     * effect-only checks become plain nodes (above);
+    * seeding the global RNG is recorded (``SEEDED``): the graph would not
+      repeat it, so capture refuses it when the graph draws random numbers;
     * oneDNN is off, so RNNs trace into plain ATen ops: the fused
       ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
       that Python cannot pass back to its backward.
@@ -75,12 +87,15 @@ def traceable_ops():
     holders = [singleton.find(name).effect for name in _PLAIN_EFFECTS]
     saved = [h.effect for h in holders]
     mkldnn = torch._C._get_mkldnn_enabled()
+    seeders = (torch.manual_seed, torch.random.manual_seed)
     for h in holders:
         h.register(None)
     torch._C._set_mkldnn_enabled(False)
+    torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
     try:
         yield
     finally:
+        torch.manual_seed, torch.random.manual_seed = seeders
         torch._C._set_mkldnn_enabled(mkldnn)
         for h, effect in zip(holders, saved):
             h.register(effect)

@@ -399,3 +399,11 @@ def test_sparse_inputs_are_refused():
 def test_lazy_conjugate_views_keep_their_bit():
     check(lambda x: torch.fft.ifft(x, n=10, dim=1, norm="ortho"), (torch.randn(5, 6, 7),))
     check(lambda z: (z * 2).conj(), (torch.randn(3, dtype=torch.complex64),))
+
+
+def test_seeding_inside_the_function_is_refused():
+    def f(x):
+        torch.manual_seed(42)
+        return x * torch.rand_like(x)
+    with pytest.raises(errors.UnsupportedError, match="manual_seed"):
+        aotgrad.capture(f, torch.randn(3))
