@@ -82,15 +82,21 @@ def alias_check(setup, analysis):
     kept = rb.kept if rb else range(len(analysis.inputs))
     written = [kept[i] for i in changed if i < len(kept)]
     grouped = {i for g in groups for i in g}
+    # Parameters and buffers are not compared with each other (a module's own state does not
+    # alias itself); each written input is compared with every other input.
+    n_state = len(setup.signature.slots)
 
     def check(flat):
-        keys = [t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None for t in flat]
+        key = {i: flat[i].untyped_storage()._cdata for i in range(n_state, len(flat))
+               if isinstance(flat[i], torch.Tensor)}
+        for i in (*written, *grouped):
+            if i not in key and isinstance(flat[i], torch.Tensor):
+                key[i] = flat[i].untyped_storage()._cdata
         for g in groups:
-            if len({keys[i] for i in g}) != 1:
+            if len({key.get(i) for i in g}) != 1:
                 return f"inputs {list(g)} shared storage when captured, now they do not"
         for i in written:
-            if keys[i] is not None and any(keys[j] == keys[i] for j in range(len(flat))
-                                           if j != i and j not in grouped):
+            if i in key and any(k == key[i] for j, k in key.items() if j != i and j not in grouped):
                 return (f"flat input {i} is written to and now shares storage with another input, "
                         "which it did not when captured")
         return None
