@@ -41,8 +41,15 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
                                                           layout_optimization=False):
         compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
 
+    # Inductor's convention is one boxed list it clears as it frees inputs; a backward
+    # is handed its list directly (``_boxed_call``) so saved activations die early.
+    if _is_backward(gm):
+        def run_boxed(args):
+            return tuple(compiled(args))
+        run_boxed._boxed_call = True
+        return run_boxed
+
     def run(*args):
-        # Inductor's convention is one boxed list it may clear as it frees inputs.
         return tuple(compiled(list(args)))
     return run
 
