@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..capture.session import Session, backed_symbols, from_functional, functional_mode, to_functional
 from ..errors import MutationError, UnsupportedError
-from ..capture.session import Session, from_functional, functional_mode, to_functional
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _symbolic_output(o) -> OutputInfo:
     if expr.is_number:
         return OutputInfo("constant", value=kind(expr))
     shape_env = o.node.shape_env
-    backed = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    backed = backed_symbols(shape_env)
     if not expr.free_symbols <= set(backed):
         raise UnsupportedError(f"returning a number that depends on tensor values ({expr}) is not supported; "
                                "return it as a tensor")
@@ -143,7 +143,7 @@ def _replayable(view, base) -> bool:
     if not free:
         return True
     shape_env = _shape_env_of(view)
-    backed = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    backed = backed_symbols(shape_env)
     return free <= set(backed)
 
 

@@ -14,6 +14,8 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
+from ..capture.session import backed_symbols
+
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,10 @@ def tensor_spec(fake: torch.Tensor, real: torch.Tensor) -> TensorSpec:
                       tuple(map(_expr, (*fake.stride(), fake.storage_offset()))))
 
 
-def _backed(shape_env) -> dict:
-    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
-
-
 def shape_conditions(shape_env) -> list:
     """The shape environment's guards and value ranges as sympy booleans."""
     conds = [g.expr for g in shape_env.guards]
-    backed = _backed(shape_env)
+    backed = backed_symbols(shape_env)
     for sym, vr in shape_env.var_to_range.items():
         if sym not in backed:
             continue            # unbacked symbols are outputs, not inputs
