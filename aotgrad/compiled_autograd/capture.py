@@ -28,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
 
 from ..errors import UnsupportedError
-from . import opaque
+from . import accumulate, opaque
 from .guards import SizeGuard
 
 
@@ -86,6 +86,7 @@ class CaptureInstance:
         self.structure = Structure()
         self.hook_proxies: dict[int, fx.Proxy] = {}
         self.symnode_proxy: dict = {}
+        self._engine_node = (None, False)
 
     # -- protocol: lifecycle ------------------------------------------------
     def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
@@ -112,15 +113,19 @@ class CaptureInstance:
         self.scalar_guard = SizeGuard.of([v for v in scalars if not isinstance(v, (float, torch.SymFloat))])
         self.structure.steps.append(("begin", len(inputs), len(sizes), len(scalars)))
         s.enter()
+        self._last_tagged = next(iter(reversed(s.tracer.graph.nodes)))
         return "aotgrad_compiled_autograd", inputs, sym_sizes, scalars
 
     def end_capture(self, outputs):
+        self._tag_engine_node()
         self._opaque(opaque.final_callbacks_stub)
         self.session.exit()
         tr = self.session.tracer
         tr.create_node("output", "output", (tr.create_arg(self._proxy(outputs)),), {})
         graph = tr.graph
+        accumulate.steal_fresh_grads(graph)
         graph.eliminate_dead_code(is_impure_node=_impure)
+        accumulate.run_early(graph)
         gm = fx.GraphModule(tr.root, graph, "CompiledAutograd")
         return self._on_capture(self, gm)
 
@@ -131,7 +136,22 @@ class CaptureInstance:
         self.structure.steps.append(("engine_reasons", tuple(reasons)))
 
     def set_node_origin(self, node_name, nodecall_index, pyobj):
+        """The engine is about to run its next node: tag the graph nodes the last one traced."""
         self.structure.steps.append(("node", node_name))
+        self._tag_engine_node()
+        self._engine_node = (len(self.structure.steps), node_name == "torch::autograd::AccumulateGrad")
+
+    def _tag_engine_node(self):
+        """Mark the nodes traced since the previous call (see ``accumulate.run_early``)."""
+        last = next(iter(reversed(self.session.tracer.graph.nodes)))
+        node, self._last_tagged = self._last_tagged.next, last
+        index, accumulates = self._engine_node
+        while index is not None and node.op != "root":
+            if node.op != "placeholder":
+                node.meta[accumulate.ENGINE_NODE] = index
+                if accumulates:
+                    node.meta[accumulate.GROUP] = index
+            node = node.next
 
     # -- protocol: built-in nodes, traced through to ATen --------------------
     def bind_function(self, fn_name, fn, is_custom_function, is_traceable):
@@ -213,11 +233,18 @@ class CaptureInstance:
         return tuple(full)
 
     def accumulate_grad(self, variable, variable_grad, grad, has_post_hooks=None):
-        if has_post_hooks is None:    # torch <= 2.11: (variable, grad, has_post_hooks)
+        legacy = has_post_hooks is None
+        if legacy:    # torch <= 2.11: (variable, grad, has_post_hooks); no lifted .grad
             grad = variable_grad
         self.structure.steps.append(("accumulate_grad",))
-        self._opaque(opaque.accumulate_grad, self._proxy(variable), self._proxy(grad))
-        return None if has_post_hooks is None else variable
+        if legacy or not accumulate.traceable(variable, variable_grad, grad):
+            self._opaque(opaque.accumulate_grad, self._proxy(variable), self._proxy(grad))
+        elif variable_grad is not None:
+            variable_grad.add_(grad)     # eager: ``.grad += new`` in place (grad mode is off)
+        else:
+            value = accumulate.trace_first_grad(variable, grad)
+            self._opaque(opaque.set_grad, self._proxy(variable), self._proxy(value))
+        return None if legacy else variable
 
     def tensor_pre_hook(self, inputs, hook_id, i):
         inputs[i] = self._call_hook(hook_id, "tensor_pre_hook", inputs[i])

@@ -57,6 +57,11 @@ def accumulate_grad(variable: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return variable.grad
 
 
+def set_grad(variable: torch.Tensor, value: torch.Tensor) -> None:
+    """A variable's first gradient, computed in the graph, becomes its ``.grad``."""
+    variable.grad = value
+
+
 def saved_symbols(ctx, guard) -> tuple:
     """The sizes an aotgrad forward saved on ``ctx`` (read, not traced: they vary per run)."""
     guard.check(ctx.symbols)
@@ -73,4 +78,4 @@ def final_callbacks_stub() -> None:
 
 
 IMPURE = frozenset({call_hook, call_backward, accumulate_grad, call_cpp_tensor_pre_hooks,
-                    final_callbacks_stub})
+                    set_grad, final_callbacks_stub})

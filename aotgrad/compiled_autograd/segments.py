@@ -16,6 +16,8 @@ import operator
 import torch
 import torch.fx as fx
 
+from . import opaque
+
 
 def _compilable(node: fx.Node, run: list) -> bool:
     if node.op != "call_function":
@@ -26,18 +28,27 @@ def _compilable(node: fx.Node, run: list) -> bool:
 
 
 def _runs(nodes):
-    """Group the body nodes in order: lists of compilable nodes, or single Python nodes."""
-    groups, current = [], []
+    """Group the body nodes in order: lists of compilable nodes, or single Python nodes.
+
+    Setting ``.grad`` does not end a run: only user Python could see it, so it is
+    done right after the run's segment (before the next Python call).
+    """
+    groups, current, deferred = [], [], []
     for n in nodes:
         if _compilable(n, current):
             current.append(n)
             continue
+        if current and n.target is opaque.set_grad:
+            deferred.append(n)
+            continue
         if current:
             groups.append(current)
-            current = []
+            groups.extend(deferred)
+            current, deferred = [], []
         groups.append(n)
     if current:
         groups.append(current)
+        groups.extend(deferred)
     return groups
 
 

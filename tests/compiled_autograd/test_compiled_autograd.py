@@ -377,3 +377,70 @@ def test_aotgrad_backward_is_inlined():
     graph = ca.captures[0].graph.graph
     assert opaque.call_backward not in [n.target for n in graph.nodes]
     assert len(ca.captures) == 1 and ca.runs == 2
+
+
+def test_accumulation_is_in_the_graph_and_keeps_eager_layout():
+    w = torch.randn(3, 4).t().detach().requires_grad_()    # a leaf with transposed strides
+    b = torch.randn(3, requires_grad=True)
+    x = torch.randn(5, 4)
+
+    def step():
+        (x @ w + b).tanh().sum().backward()
+
+    step()
+    eager = grads_of([w, b])
+    eager_strides = w.grad.stride()
+    w.grad = b.grad = None
+    with compiled_autograd() as ca:
+        step()
+        assert_same(eager, grads_of([w, b]))
+        assert w.grad.stride() == eager_strides
+        step()   # .grad now exists: a new structure, accumulated in place
+    assert_same([2 * g for g in eager], grads_of([w, b]))
+    first, second = (c.graph.graph for c in ca.captures)
+    targets = [n.target for n in first.nodes]
+    assert opaque.accumulate_grad not in targets and targets.count(opaque.set_grad) == 2
+    assert [n.target for n in second.nodes].count(torch.ops.aten.add_.Tensor) == 2
+
+
+def _segment_compiler(gm, example_inputs):
+    return gm
+
+
+@pytest.mark.parametrize("compiler", ["eager", _segment_compiler], ids=["eager", "segments"])
+def test_post_accumulate_hooks_of_every_layer_in_eager_order(compiler):
+    def run(log):
+        model, (x, y) = make_mlp(batch=4, depth=3)
+        for name, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, name=name: log.append(name))
+        for i, layer in enumerate(m for m in model.modules() if isinstance(m, nn.Linear)):
+            layer.register_full_backward_pre_hook(lambda mod, g, i=i: log.append(f"pre {i}"))
+        model(x, y).backward()
+        return grads_of(model.parameters())
+
+    eager_log, compiled_log = [], []
+    eager = run(eager_log)
+    with compiled_autograd(compiler):
+        compiled = run(compiled_log)
+    assert_same(eager, compiled)
+    assert compiled_log == eager_log and len(eager_log) > 6
+
+
+def test_run_early_moves_accumulation_to_the_end_of_the_node_that_made_its_grad():
+    from aotgrad.compiled_autograd import accumulate
+    g = torch.fx.Graph()
+    p, x, hook = g.placeholder("p"), g.placeholder("x"), g.placeholder("hook")
+    a = g.call_function(torch.ops.aten.sin.default, (x,))
+    a_hook = g.call_function(opaque.call_hook, (hook, a), {"hook_type": "post_hook"})   # same engine node
+    b = g.call_function(torch.ops.aten.cos.default, (x,))
+    c = g.call_function(torch.ops.aten.exp.default, (b,))
+    first = g.call_function(opaque.set_grad, (p, a))
+    second = g.call_function(opaque.set_grad, (p, a))
+    third = g.call_function(opaque.set_grad, (p, c))
+    g.output(None)
+    for node, step in ((a, 1), (a_hook, 1), (b, 2), (c, 2), (first, 3), (second, 4), (third, 5)):
+        node.meta[accumulate.ENGINE_NODE] = step
+    for node in (first, second, third):
+        node.meta[accumulate.GROUP] = node.meta[accumulate.ENGINE_NODE]
+    assert accumulate.run_early(g) == 2
+    assert list(g.nodes)[3:] == [a, a_hook, first, second, b, c, third, list(g.nodes)[-1]]
