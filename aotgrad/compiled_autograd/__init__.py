@@ -7,19 +7,22 @@
 The engine (C++) walks the autograd graph and calls ``capture.CaptureInstance``;
 its result is cached by the engine on the graph's structure (node types, edges,
 non-tensor saved values) with every size lifted as an input, so a batch-size
-change reuses the compiled backward. ``runtime.py`` turns a capture into what
-runs; ``explain.py`` says why a backward was (re)captured.
+change reuses the compiled backward. ``accumulate.py`` traces ``.grad``
+accumulation into the graph and runs it early; ``runtime.py`` turns a capture
+into what runs, recapturing from the ``tape.py`` recording when a run's sizes
+break the capture's assumptions; ``explain.py`` says why a backward was
+(re)captured.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
 from .. import backends
 from .capture import CaptureInstance
 from .explain import ACTIVE, CompiledAutograd
+from .tape import Tape
 
 __all__ = ["compiled_autograd", "CompiledAutograd"]
 
@@ -40,7 +43,8 @@ def compiled_autograd(compiler="eager"):
         _engine.clear_cache()   # the engine's cache does not know which compiler filled it
         _last_compiler[0] = compile_fn
     state = CompiledAutograd(compile_fn)
-    factory = functools.partial(CaptureInstance, state.on_capture)
+    def factory():
+        return Tape(CaptureInstance(state.on_capture))
     prior = _engine.set_autograd_compiler(factory, True)
     ACTIVE.append(state)
     try:

@@ -29,7 +29,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 
 from ..errors import UnsupportedError
 from . import accumulate, opaque
-from .guards import SizeGuard
+from .guards import DecisionLog, SizeGuard
 
 
 @dataclass
@@ -42,7 +42,9 @@ class _Session:
     """The fake mode, shape environment and FX tracer of one capture, entered once."""
 
     def __init__(self):
-        self.shape_env = ShapeEnv()
+        # 0 and 1 stay symbols (with hints) so that every lifted size keeps its identity
+        # through the engine, for the tape; guards.py still holds the capture to them.
+        self.shape_env = ShapeEnv(specialize_zero_one=False)
         self.fake_mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True,
                                         shape_env=self.shape_env)
         self.tracer = PythonKeyTracer()
@@ -51,6 +53,7 @@ class _Session:
         self.tracer.tensor_attrs = {}
         self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
         self._modes = contextlib.ExitStack()
+        self.decisions = DecisionLog(self.shape_env)
 
     def enter(self):
         self._modes.enter_context(enable_python_dispatcher())
@@ -87,6 +90,8 @@ class CaptureInstance:
         self.hook_proxies: dict[int, fx.Proxy] = {}
         self.symnode_proxy: dict = {}
         self._engine_node = (None, False)
+        self.ctx_guards: list = []    # (backward_idx, SizeGuard) per inlined aotgrad backward
+        self.symbol_reads: dict = {}  # sympy symbol -> Python reading its value at run time
 
     # -- protocol: lifecycle ------------------------------------------------
     def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
@@ -101,6 +106,7 @@ class CaptureInstance:
         sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _source("sizes", i), DimDynamic.DYNAMIC)
                      for i, v in enumerate(sizes)]
         self._bind_syms(sym_sizes, "size")
+        self._read_symbols(sym_sizes, "size[{}]")
         for i, v in enumerate(scalars):
             src = _source("scalars", i)
             if isinstance(v, int):
@@ -109,8 +115,10 @@ class CaptureInstance:
                 sym = s.shape_env.create_unspecified_symbol(v, source=src, dynamic_dim=DimDynamic.DYNAMIC)
                 scalars[i] = s.shape_env.create_symfloatnode(sym, hint=v, source=src)
         self._bind_syms(scalars, "scalar")
+        self._read_symbols(scalars, "scalar[{}]")
         self.size_guard = SizeGuard.of(sym_sizes)
-        self.scalar_guard = SizeGuard.of([v for v in scalars if not isinstance(v, (float, torch.SymFloat))])
+        self.scalar_guard = SizeGuard.of([v if isinstance(v, (int, torch.SymInt)) else None for v in scalars],
+                                         "lifted scalar")
         self.structure.steps.append(("begin", len(inputs), len(sizes), len(scalars)))
         s.enter()
         self._last_tagged = next(iter(reversed(s.tracer.graph.nodes)))
@@ -218,7 +226,10 @@ class CaptureInstance:
         symbols = [env.create_unspecified_symint_and_symbol(v, _source(f"ctx{backward_idx}.symbols", i),
                                                             DimDynamic.DYNAMIC) if type(v) is int else v
                    for i, v in enumerate(ctx.symbols)]
-        symbols_proxy = self._opaque(opaque.saved_symbols, self._hook(backward_idx), SizeGuard.of(symbols))
+        guard = SizeGuard.of(symbols, "saved size")
+        self._read_symbols(symbols, f"hook[{backward_idx}].symbols[{{}}]")
+        self.ctx_guards.append((backward_idx, guard))
+        symbols_proxy = self._opaque(opaque.saved_symbols, self._hook(backward_idx))
         for i, sym in enumerate(symbols):
             if isinstance(sym, torch.SymInt):
                 proxy = symbols_proxy[i]
@@ -279,6 +290,11 @@ class CaptureInstance:
         return self._unsupported("a Dynamo BackwardState")
 
     # -- helpers ------------------------------------------------------------
+    def _read_symbols(self, values, read):
+        for i, v in enumerate(values):
+            if isinstance(v, (torch.SymInt, torch.SymFloat)) and v.node.expr.is_symbol:
+                self.symbol_reads.setdefault(v.node.expr, read.format(i))
+
     def _unsupported(self, what):
         raise UnsupportedError(f"aotgrad.compiled_autograd does not capture {what}; "
                                "run this backward outside the compiled_autograd context")

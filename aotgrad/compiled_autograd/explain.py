@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .runtime import make_runtime
+from .runtime import CompiledBackward, make_variant
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,13 @@ class CompiledAutograd:
         self.runs = 0
 
     def on_capture(self, instance, gm):
+        """The engine finished a capture: compile it; returns (runtime_wrapper, compiled_fn)."""
         start = time.perf_counter()
         structure = tuple(instance.structure.steps)
-        runtime = make_runtime(instance, gm, self.compile_fn, _count_run)
+        variant = make_variant(instance, gm, self.compile_fn)
         self.captures.append(Capture(gm, structure, self._miss_reason(structure),
                                      time.perf_counter() - start))
-        return runtime
+        return CompiledBackward(variant, instance.tape, self.compile_fn, _Events()), variant.compiled
 
     def _miss_reason(self, structure) -> str:
         if not self.captures:
@@ -63,10 +64,18 @@ class CompiledAutograd:
 ACTIVE: list[CompiledAutograd] = []
 
 
-def _count_run() -> None:
-    # The engine's cache outlives a block: a backward captured in one block runs in later ones.
-    if ACTIVE:
-        ACTIVE[-1].runs += 1
+class _Events:
+    """Runs and recaptures, counted by the block active when they happen: the engine's
+    cache outlives a block, so a backward captured in one block runs in later ones."""
+
+    def ran(self) -> None:
+        if ACTIVE:
+            ACTIVE[-1].runs += 1
+
+    def recaptured(self, variant, instance, reason: str, seconds: float) -> None:
+        if ACTIVE:
+            ACTIVE[-1].captures.append(Capture(variant.graph, tuple(instance.structure.steps),
+                                               f"recaptured: {reason}", seconds))
 
 
 def _fmt(step) -> str:

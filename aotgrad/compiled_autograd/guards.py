@@ -5,25 +5,31 @@ structure, whatever its sizes. The trace made three kinds of assumption about
 the lifted sizes: where a size was 0 or 1, broadcasting and empty-tensor
 decisions were taken on that value; other sizes were treated as >= 2; sizes equal at
 capture share a symbol. A run whose sizes break one of these would compute
-with the wrong graph, so it stops with an error naming the size instead.
+with the wrong graph: it is recaptured instead (``runtime.CompiledBackward``),
+and ``explain()`` names the size.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import InputMismatchError
 
 
 @dataclass(frozen=True)
 class SizeGuard:
     constants: tuple    # (index, value): sizes traced as constants, or symbols seen as 0 or 1
     groups: tuple       # tuples of indices traced as one symbol (each >= 2)
+    what: str = "lifted size"
+    # The same checks as one C-level pick each (this runs before every backward).
+    _constant_values: tuple = field(default=(), compare=False, repr=False)
+    _pick_constants: object = field(default=None, compare=False, repr=False)
+    _pick_symbolic: object = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, lifted: list) -> "SizeGuard":
+    def of(cls, lifted: list, what: str = "lifted size") -> "SizeGuard":
         constants, groups = [], defaultdict(list)
         for i, v in enumerate(lifted):
             hint = v.node.hint if isinstance(v, torch.SymInt) else v
@@ -33,26 +39,87 @@ class SizeGuard:
                 # 0 and 1 decide broadcasting and empty-tensor paths, which the trace
                 # took on the capture's values (guards are not recorded, see capture.py).
                 constants.append((i, hint))
-        return cls(tuple(constants), tuple(tuple(g) for g in groups.values()))
+        groups = tuple(tuple(g) for g in groups.values())
+        return cls(tuple(constants), groups, what, tuple(v for _, v in constants),
+                   _picker([i for i, _ in constants]), _picker([g[0] for g in groups]))
+
+    def _holds(self, values) -> bool:
+        return (self._pick_constants(values) == self._constant_values
+                and min(self._pick_symbolic(values), default=2) >= 2
+                and all(values[i] == values[g[0]] for g in self.groups if len(g) > 1 for i in g[1:]))
 
     def violation(self, values) -> str | None:
         """Why ``values`` may not use this capture, or ``None``."""
+        if self._holds(values):
+            return None
         for i, v in self.constants:
             if values[i] != v:
-                return f"lifted size {i} was {v} when captured (0 and 1 are specialised), now {values[i]}"
+                return f"{self.what} {i} was {v} when captured (0 and 1 are specialised), now {values[i]}"
         for group in self.groups:
             first = values[group[0]]
             if first < 2:
-                return f"lifted size {group[0]} was symbolic (>= 2) when captured, now {first}"
+                return f"{self.what} {group[0]} was symbolic (>= 2) when captured, now {first}"
             for i in group[1:]:
                 if values[i] != first:
-                    return (f"lifted sizes {group[0]} and {i} were equal when captured (one symbol), "
+                    return (f"{self.what}s {group[0]} and {i} were equal when captured (one symbol), "
                             f"now {first} and {values[i]}")
         return None
 
-    def check(self, values) -> None:
-        why = self.violation(values)
-        if why is not None:
-            raise InputMismatchError(
-                f"compiled_autograd: {why}; call aotgrad.compiled_autograd.reset() before this "
-                "backward, or keep such sizes fixed")
+
+def _picker(indices: list):
+    """``values -> tuple(values[i] for i in indices)``, in C."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        return lambda values: (values[indices[0]],)
+    return lambda values: ()
+
+
+class DecisionLog:
+    """Every size comparison the trace decided, with the answer it took.
+
+    Guards are not recorded in the shape environment (see capture.py: that makes
+    tracing a large backward many times slower); instead each expression the
+    environment is asked to evaluate is logged here with its answer, and
+    ``DecisionGuard`` re-checks them on each run's values.
+    """
+
+    def __init__(self, shape_env):
+        self.answers: dict = {}
+        evaluate = shape_env.evaluate_expr
+
+        def logged(expr, *args, **kwargs):
+            answer = evaluate(expr, *args, **kwargs)
+            if getattr(expr, "free_symbols", None):
+                self.answers.setdefault(expr, answer)
+            return answer
+
+        shape_env.evaluate_expr = logged
+
+
+@dataclass(frozen=True)
+class DecisionGuard:
+    """The logged decisions as one generated Python function over the lifted values."""
+    check: object           # (size, scalar, hook) -> index of the first broken decision, or None
+    texts: tuple            # the decisions, printed
+
+    @classmethod
+    def of(cls, log: DecisionLog, where: dict) -> "DecisionGuard":
+        """``where`` maps each symbol to the Python that reads its run-time value."""
+        from torch.utils._sympy.printers import PythonPrinter
+        printer, lines, texts = PythonPrinter(), [], []
+        for expr, answer in log.answers.items():
+            if not expr.free_symbols <= where.keys():
+                continue    # a symbol made inside the trace: decided by the others
+            lines.append(f"    if ({printer.doprint(expr)}) != {answer!r}: return {len(texts)}")
+            texts.append(f"{expr} was {answer}")
+        binds = [f"    {sym} = {read}" for sym, read in where.items()
+                 if any(sym.name in line for line in lines)]
+        source = "\n".join(["def check(size, scalar, hook):", *binds, *lines, "    return None"])
+        scope = {"torch": torch, "math": __import__("math")}
+        exec(compile(source, "<aotgrad compiled_autograd guard>", "exec"), scope)
+        return cls(scope["check"], tuple(texts))
+
+    def violation(self, size, scalar, hook) -> str | None:
+        broken = self.check(size, scalar, hook)
+        return None if broken is None else f"size decision {self.texts[broken]} when captured"

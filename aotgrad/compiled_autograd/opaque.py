@@ -62,9 +62,9 @@ def set_grad(variable: torch.Tensor, value: torch.Tensor) -> None:
     variable.grad = value
 
 
-def saved_symbols(ctx, guard) -> tuple:
-    """The sizes an aotgrad forward saved on ``ctx`` (read, not traced: they vary per run)."""
-    guard.check(ctx.symbols)
+def saved_symbols(ctx) -> tuple:
+    """The sizes an aotgrad forward saved on ``ctx`` (read, not traced: they vary per run;
+    the capture's assumptions about them are checked before the run, see runtime.py)."""
     return tuple(ctx.symbols)
 
 

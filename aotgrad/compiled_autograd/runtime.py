@@ -3,17 +3,25 @@
 The captured graph's placeholders are the engine's lifted values, flat and in
 order: tensors, sizes, scalars, then the hooks/ctx objects it uses. The
 engine calls ``runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks,
-packed)``; we pick the used hooks, switch compiled autograd off (a hook may
-call ``backward`` itself) and call the compiled graph.
+packed)`` — here a ``CompiledBackward`` holding every capture made for one
+autograd-graph structure, each valid for the sizes its guards admit. It picks
+the first whose guards pass, recaptures (by replaying the first capture's
+``tape``) when none does, switches compiled autograd off (a hook may call
+``backward`` itself) and calls the compiled graph.
 """
 from __future__ import annotations
 
 import contextlib
+import time
+from dataclasses import dataclass
 
 import torch
+import torch.fx as fx
 
 from .. import backends
-from ..errors import UnsupportedError
+from ..errors import InputMismatchError, UnsupportedError
+from . import tape
+from .guards import DecisionGuard
 from .segments import SegmentedBackward
 
 _engine = torch._C._dynamo.compiled_autograd
@@ -28,26 +36,82 @@ def engine_compiler_off():
         _engine.set_autograd_compiler(*prior)
 
 
-def make_runtime(instance, gm, compile_fn, count_run):
+@dataclass
+class Variant:
+    """One capture: its graph compiled, and the size assumptions it holds under."""
+    graph: fx.GraphModule
+    compiled: object
+    pick: list              # (engine list, index) per placeholder
+    guards: list            # (where the values are, SizeGuard)
+
+    def violation(self, lifted: dict) -> str | None:
+        for where, guard in self.guards:
+            if where == "decisions":
+                why = guard.violation(lifted["size"], lifted["scalar"], lifted["hook"])
+            elif isinstance(where, str):
+                why = guard.violation(lifted[where])
+            else:
+                why = guard.violation(lifted["hook"][where].symbols)
+                why = why and f"aotgrad backward {where}: {why}"
+            if why is not None:
+                return why
+        return None
+
+    def run(self, lifted: dict):
+        flat = [lifted[kind][i] for kind, i in self.pick]
+        with engine_compiler_off():
+            return list(self.compiled(*flat))
+
+
+def make_variant(instance, gm, compile_fn) -> Variant:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    pick = [_lifted_position(n.target) for n in placeholders]
     if compile_fn is backends.eager:   # runs opaque Python calls itself: one graph
         compiled = compile_fn(gm, [n.meta.get("val") for n in placeholders])
     else:
         compiled = SegmentedBackward(gm, compile_fn)
+    decisions = DecisionGuard.of(instance.session.decisions, instance.symbol_reads)
+    guards = [("size", instance.size_guard), ("scalar", instance.scalar_guard), *instance.ctx_guards,
+              ("decisions", decisions)]
+    return Variant(gm, compiled, [_lifted_position(n.target) for n in placeholders], guards)
 
-    def runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs):
+
+class CompiledBackward:
+    """What the engine caches for one autograd-graph structure (its ``runtime_wrapper``)."""
+
+    def __init__(self, first: Variant, recording: tape.Tape, compile_fn, events):
+        self.variants = [first]
+        self.tape = recording
+        self.compile_fn = compile_fn
+        self.events = events    # .ran() and .recaptured(variant, reason, seconds)
+
+    def __call__(self, compiled_fn, inputs, sizes, scalars, hooks, packed_inputs):
         if torch.is_grad_enabled():   # a cached structure met again under create_graph=True
             raise UnsupportedError("aotgrad.compiled_autograd cannot run a double backward "
                                    "(create_graph=True); run this backward outside the context")
-        instance.size_guard.check(sizes)
-        count_run()
         lifted = {"input": inputs, "size": sizes, "scalar": scalars, "hook": hooks}
-        flat = [lifted[kind][i] for kind, i in pick]
-        with engine_compiler_off():
-            return list(compiled_fn(*flat))
+        reason = None
+        for variant in self.variants:
+            why = variant.violation(lifted)
+            if why is None:
+                self.events.ran()
+                return variant.run(lifted)
+            reason = reason or why
+        variant = self._recapture(reason, inputs, sizes, scalars, hooks)
+        self.events.ran()
+        return variant.run(lifted)
 
-    return runtime_wrapper, compiled
+    def _recapture(self, reason, inputs, sizes, scalars, hooks) -> Variant:
+        if self.tape.missing is not None:
+            raise InputMismatchError(
+                f"compiled_autograd: {reason}, and this backward cannot be recaptured "
+                f"({self.tape.missing}); call aotgrad.compiled_autograd.reset() before it")
+        from .capture import CaptureInstance   # capture imports this module's users
+        start = time.perf_counter()
+        instance = CaptureInstance(lambda inst, gm: make_variant(inst, gm, self.compile_fn))
+        variant = tape.replay(self.tape, instance, inputs, sizes, scalars, hooks)
+        self.variants.append(variant)
+        self.events.recaptured(variant, instance, reason, time.perf_counter() - start)
+        return variant
 
 
 def _lifted_position(placeholder_name: str) -> tuple[str, int]:

@@ -342,22 +342,62 @@ def test_inductor_compiler_matches_eager_and_reuses_across_batch_sizes():
     assert len(ca.captures) == 1 and ca.runs == 2
 
 
-def test_size_specialised_at_capture_is_checked_not_reused():
+def _broadcast_step(c, n, width=3):
+    c.grad = None
+    torch.manual_seed(n)
+    (torch.randn(n, width) + c).sin().sum().backward()
+    return c.grad
+
+
+def test_size_specialised_at_capture_is_recaptured_not_reused():
     c = torch.randn(1, 3, requires_grad=True)
-
-    def step(n):
-        c.grad = None
-        (torch.randn(n, 3) + c).sin().sum().backward()
-
-    with compiled_autograd():
-        step(1)   # broadcasting decided on batch 1: no reduction in the graph
-        with pytest.raises(aotgrad.errors.InputMismatchError, match="was 1 when captured"):
-            step(4)
-    reset()
+    eager = {n: _broadcast_step(c, n).clone() for n in (1, 4, 6)}
     with compiled_autograd() as ca:
-        step(4)
-        step(6)
-    assert len(ca.captures) == 1 and ca.runs == 2
+        for n in (1, 4, 6, 1):   # batch 1: broadcasting decided on 1, no reduction traced
+            torch.testing.assert_close(_broadcast_step(c, n), eager[n])
+    assert len(ca.captures) == 2 and ca.runs == 4
+    assert ca.captures[1].reason.startswith("recaptured: lifted size") and "was 1 when captured" in ca.captures[1].reason
+    assert "recaptured" in ca.explain()
+
+
+def test_sizes_equal_at_capture_are_not_assumed_equal_unless_compared():
+    c = torch.randn(3, requires_grad=True)
+    sizes = ((3, 3), (5, 3), (3, 3))
+    eager = {n: _broadcast_step(c, *n).clone() for n in sizes}
+    with compiled_autograd() as ca:
+        for n in sizes:
+            torch.testing.assert_close(_broadcast_step(c, *n), eager[n])
+    assert len(ca.captures) == 1 and ca.runs == 3
+
+
+def test_decision_guard_rechecks_each_size_comparison_the_trace_made():
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
+    from aotgrad.compiled_autograd.guards import DecisionGuard, DecisionLog
+    env = ShapeEnv(specialize_zero_one=False)
+    log = DecisionLog(env)
+    from aotgrad.compiled_autograd.capture import _source
+    a, b = (env.create_unspecified_symint_and_symbol(4, _source("sizes", i), DimDynamic.DYNAMIC) for i in (0, 1))
+    with _suppress_guards(env):
+        assert a == b and not (a * 2 < b)
+    guard = DecisionGuard.of(log, {a.node.expr: "size[0]", b.node.expr: "size[1]"})
+    assert guard.violation([4, 4], [], []) is None and guard.violation([7, 7], [], []) is None
+    assert "was True when captured" in guard.violation([4, 5], [], [])
+
+
+def test_backward_that_cannot_be_replayed_still_refuses_wrong_sizes(monkeypatch):
+    from aotgrad.compiled_autograd import tape
+    end = tape.Tape._end
+
+    def incomplete_end(self, outputs):
+        self.missing = "a value with no origin"
+        return end(self, outputs)
+
+    monkeypatch.setattr(tape.Tape, "_end", incomplete_end)
+    c = torch.randn(1, 3, requires_grad=True)
+    with compiled_autograd():
+        _broadcast_step(c, 1)
+        with pytest.raises(aotgrad.errors.InputMismatchError, match="cannot be recaptured"):
+            _broadcast_step(c, 4)
 
 
 def test_aotgrad_backward_is_inlined():
