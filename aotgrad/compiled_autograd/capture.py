@@ -126,7 +126,7 @@ class CaptureInstance:
 
     def end_capture(self, outputs):
         self._tag_engine_node()
-        self._opaque(opaque.final_callbacks_stub)
+        self._opaque(opaque.run_final_callbacks)
         self.session.exit()
         tr = self.session.tracer
         tr.create_node("output", "output", (tr.create_arg(self._proxy(outputs)),), {})

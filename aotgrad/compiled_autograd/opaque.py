@@ -6,6 +6,8 @@ traced through, so arbitrary Python in a hook or a custom backward is safe.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -73,9 +75,50 @@ def call_cpp_tensor_pre_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
     return torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
 
 
-def final_callbacks_stub() -> None:
-    """Marks where the engine runs queued final callbacks; nothing runs here."""
+# Callbacks queued with ``Variable._execution_engine.queue_callback`` by the hooks of
+# each compiled backward running now (innermost last); see ``queued_callbacks``.
+_QUEUED: list[list] = []
+
+
+class _QueueingEngine:
+    """Stands in for the autograd engine object while a compiled backward runs: the
+    engine's own graph task is never finished, so callbacks are kept here."""
+
+    def __init__(self, engine, callbacks: list):
+        self._engine, self._callbacks = engine, callbacks
+
+    def queue_callback(self, callback) -> None:
+        self._callbacks.append(callback)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@contextlib.contextmanager
+def queued_callbacks():
+    """Collect the callbacks hooks queue during one compiled backward."""
+    from torch.autograd.variable import Variable
+    callbacks: list = []
+    engine = Variable._execution_engine
+    Variable._execution_engine = _QueueingEngine(engine, callbacks)
+    _QUEUED.append(callbacks)
+    try:
+        yield
+    finally:
+        _QUEUED.pop()
+        Variable._execution_engine = engine
+
+
+def run_final_callbacks() -> None:
+    """Where eager autograd runs the queued callbacks: after everything else, in queue
+    order, including any a callback queues."""
+    callbacks = _QUEUED[-1] if _QUEUED else []
+    i = 0
+    while i < len(callbacks):
+        callbacks[i]()
+        i += 1
+    callbacks.clear()
 
 
 IMPURE = frozenset({call_hook, call_backward, accumulate_grad, call_cpp_tensor_pre_hooks,
-                    set_grad, final_callbacks_stub})
+                    set_grad, run_final_callbacks})

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from .. import backends
 from ..errors import InputMismatchError, UnsupportedError
-from . import tape
+from . import opaque, tape
 from .guards import DecisionGuard
 from .segments import SegmentedBackward
 
@@ -59,7 +59,7 @@ class Variant:
 
     def run(self, lifted: dict):
         flat = [lifted[kind][i] for kind, i in self.pick]
-        with engine_compiler_off():
+        with engine_compiler_off(), opaque.queued_callbacks():
             return list(self.compiled(*flat))
 
 

@@ -484,3 +484,28 @@ def test_run_early_moves_accumulation_to_the_end_of_the_node_that_made_its_grad(
         node.meta[accumulate.GROUP] = node.meta[accumulate.ENGINE_NODE]
     assert accumulate.run_early(g) == 2
     assert list(g.nodes)[3:] == [a, a_hook, first, second, b, c, third, list(g.nodes)[-1]]
+
+
+def test_callbacks_queued_by_hooks_run_after_the_backward():
+    from torch.autograd import Variable
+
+    def run(log):
+        torch.manual_seed(0)
+        w = torch.randn(3, requires_grad=True)
+
+        def hook(g):
+            log.append("hook")
+            Variable._execution_engine.queue_callback(
+                lambda: (log.append(("first", w.grad.sum().item())),
+                         Variable._execution_engine.queue_callback(lambda: log.append("second"))))
+        w.register_hook(hook)
+        (w * 2).sin().sum().backward()
+        log.append("after backward")
+        return w.grad
+
+    eager_log, compiled_log = [], []
+    eager = run(eager_log)
+    with compiled_autograd():
+        compiled = run(compiled_log)
+    assert_same([eager], [compiled])
+    assert compiled_log == eager_log == ["hook", ("first", eager.sum().item()), "second", "after backward"]
