@@ -268,39 +268,80 @@ class TwoTensor(torch.Tensor):
     """A wrapper subclass holding two tensors that must stay equal."""
 
     @staticmethod
-    def __new__(cls, a, b):
-        return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
+    def __new__(cls, a, b, outer_size=None, outer_stride=None):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, a.shape if outer_size is None else outer_size,
+            strides=a.stride() if outer_stride is None else outer_stride,
+            storage_offset=a.storage_offset(), dtype=a.dtype, device=a.device, layout=a.layout,
+            requires_grad=a.requires_grad)
 
-    def __init__(self, a, b):
+    def __init__(self, a, b, outer_size=None, outer_stride=None):
         self.a, self.b = a, b
+
+    def __tensor_flatten__(self):      # lets fake tensors stand in for it while tracing
+        return ["a", "b"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return TwoTensor(inner["a"], inner["b"], outer_size, outer_stride)
+
+    def __repr__(self):
+        return f"TwoTensor({self.a}, {self.b})"
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._python_dispatch import return_and_correct_aliasing
         kwargs = kwargs or {}
         unwrap = lambda t, f: f(t) if isinstance(t, TwoTensor) else t  # noqa: E731
         a = func(*torch.utils._pytree.tree_map(lambda t: unwrap(t, lambda s: s.a), args), **kwargs)
         b = func(*torch.utils._pytree.tree_map(lambda t: unwrap(t, lambda s: s.b), args), **kwargs)
-        return TwoTensor(a, b) if isinstance(a, torch.Tensor) else a
+        if not isinstance(a, torch.Tensor):
+            return a
+        return return_and_correct_aliasing(func, args, kwargs, TwoTensor(a, b))
 
 
 class MakeTwo(torch.autograd.Function):
+    calls = 0
+
     @staticmethod
     def forward(ctx, x):
         return x * 2
 
     @staticmethod
     def backward(ctx, g):
+        MakeTwo.calls += 1
         return TwoTensor(g * 2, g * 2).a
 
 
-def test_subclass_built_in_backward_is_recorded():
+def test_subclass_built_in_a_custom_backward_is_built_at_run_time():
     x = torch.randn(3, requires_grad=True)
     MakeTwo.apply(x).sum().backward()
     eager = x.grad.clone()
-    x.grad = None
-    with compiled_autograd():
-        MakeTwo.apply(x).sum().backward()
-    torch.testing.assert_close(x.grad, eager)
+    MakeTwo.calls = 0
+    with compiled_autograd() as ca:
+        for _ in range(2):
+            x.grad = None
+            MakeTwo.apply(x).sum().backward()
+            torch.testing.assert_close(x.grad, eager)
+    assert MakeTwo.calls == 2 and len(ca.captures) == 1     # run by the graph, not at capture
+
+
+def test_subclass_leaf_gradient_is_a_subclass_traced_as_graph_nodes():
+    def run():
+        torch.manual_seed(0)
+        a = torch.randn(3)
+        w = TwoTensor(a.clone(), a.clone()).requires_grad_()
+        (w * w).sin().sum().backward()
+        return w.grad
+
+    eager = run()
+    with compiled_autograd() as ca:
+        compiled = run()
+    assert type(compiled) is TwoTensor is type(eager)
+    torch.testing.assert_close(compiled.a, eager.a)
+    torch.testing.assert_close(compiled.b, eager.b)
+    assert ca.captures[0].count("aten") >= 3 and opaque.call_backward not in [
+        n.target for n in ca.captures[0].graph.graph.nodes]
 
 
 def test_callable_compiler_sees_flat_graph():
