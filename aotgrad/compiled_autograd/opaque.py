@@ -6,8 +6,6 @@ traced through, so arbitrary Python in a hook or a custom backward is safe.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 
@@ -94,19 +92,18 @@ class _QueueingEngine:
         return getattr(self._engine, name)
 
 
-@contextlib.contextmanager
-def queued_callbacks():
-    """Collect the callbacks hooks queue during one compiled backward."""
+def collect_callbacks() -> None:
+    """Until ``stop_collecting``, callbacks hooks queue are kept for ``run_final_callbacks``."""
     from torch.autograd.variable import Variable
     callbacks: list = []
-    engine = Variable._execution_engine
-    Variable._execution_engine = _QueueingEngine(engine, callbacks)
+    Variable._execution_engine = _QueueingEngine(Variable._execution_engine, callbacks)
     _QUEUED.append(callbacks)
-    try:
-        yield
-    finally:
-        _QUEUED.pop()
-        Variable._execution_engine = engine
+
+
+def stop_collecting() -> None:
+    from torch.autograd.variable import Variable
+    _QUEUED.pop()
+    Variable._execution_engine = Variable._execution_engine._engine
 
 
 def run_final_callbacks() -> None:

@@ -59,8 +59,13 @@ class Variant:
 
     def run(self, lifted: dict):
         flat = [lifted[kind][i] for kind, i in self.pick]
-        with engine_compiler_off(), opaque.queued_callbacks():
+        prior = _engine.set_autograd_compiler(None, False)   # a hook may run a backward itself
+        opaque.collect_callbacks()
+        try:
             return list(self.compiled(*flat))
+        finally:
+            opaque.stop_collecting()
+            _engine.set_autograd_compiler(*prior)
 
 
 def make_variant(instance, gm, compile_fn) -> Variant:
