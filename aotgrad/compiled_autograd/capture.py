@@ -245,10 +245,13 @@ class CaptureInstance:
 
     def accumulate_grad(self, variable, variable_grad, grad, has_post_hooks=None):
         legacy = has_post_hooks is None
-        if legacy:    # torch <= 2.11: (variable, grad, has_post_hooks); no lifted .grad
-            grad = variable_grad
+        if legacy:
+            # torch 2.11 calls (variable, grad, has_post_hooks) and ignores the result.
+            # Its engine lifts the current ``.grad`` all the same (an input, part of the
+            # cache key) and sets it on the fake ``variable``: read it from there.
+            grad, variable_grad = variable_grad, variable.grad
         self.structure.steps.append(("accumulate_grad",))
-        if legacy or not accumulate.traceable(variable, variable_grad, grad):
+        if not accumulate.traceable(variable, variable_grad, grad):
             self._opaque(opaque.accumulate_grad, self._proxy(variable), self._proxy(grad))
         elif variable_grad is not None:
             variable_grad.add_(grad)     # eager: ``.grad += new`` in place (grad mode is off)

@@ -65,8 +65,15 @@ class Tape:
 
     def _call(self, name, method, args):
         if self.missing is None:
+            recorded = args
+            if name == "set_node_origin":
+                recorded = args[:2] + (None,)
+            elif name == "accumulate_grad" and len(args) == 3:
+                # torch <= 2.11 passes (variable, grad, has_post_hooks), the lifted ``.grad``
+                # set on the fake variable: record it as torch 2.13's call, which names it.
+                recorded = (args[0], args[0].grad, *args[1:])
             try:
-                encoded = self._encode(args[:2] + (None,) if name == "set_node_origin" else args, name)
+                encoded = self._encode(recorded, name)
             except Incomplete as e:
                 self.missing = f"{name}: {e}"
         result = method(*args)

@@ -11,6 +11,8 @@ graph). Consecutive nodes of the same kind form one segment.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -64,6 +66,29 @@ def split(gm: fx.GraphModule, device_type: str):
     ids, capturable = segment_ids(gm, device_type)
     if all(capturable.values()) and len(capturable) <= 1:
         return gm, None
-    from torch.fx.passes.split_module import split_module
-    top = split_module(gm, None, lambda n: ids[n], keep_original_order=True, tuple_return=True)
+    top = _split_module(gm, lambda n: ids[n])
     return top, {f"submod_{i}": cap for i, cap in capturable.items()}
+
+
+def _split_module(gm: fx.GraphModule, callback) -> fx.GraphModule:
+    """``split_module`` with every submodule returning a tuple, even of one value."""
+    import inspect
+
+    from torch.fx.passes.split_module import split_module
+    if "tuple_return" in inspect.signature(split_module).parameters:
+        return split_module(gm, None, callback, keep_original_order=True, tuple_return=True)
+    # torch 2.11 has no ``tuple_return``: a one-output submodule returns the bare
+    # value and its caller uses it directly. Wrap it and unpack it as torch 2.13 does.
+    top = split_module(gm, None, callback, keep_original_order=True)
+    for call in list(top.graph.find_nodes(op="call_module")):
+        sub = getattr(top, call.target)
+        out = sub.graph.output_node()
+        if isinstance(out.args[0], (tuple, list)):
+            continue
+        out.args = ((out.args[0],),)
+        sub.recompile()
+        with top.graph.inserting_after(call):
+            item = top.graph.call_function(operator.getitem, (call, 0))
+        call.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
+    top.recompile()
+    return top
