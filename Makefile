@@ -3,7 +3,8 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.aotgrad-installed
+# One stamp per torch spec: asking for another torch reinstalls it into the venv.
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
 
 .PHONY: venv test demo conformance bench clean
 
@@ -12,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	rm -f $(VENV)/.installed-* $(VENV)/.aotgrad-installed
 	touch $(STAMP)
 
 venv: $(STAMP)
