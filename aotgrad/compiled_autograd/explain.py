@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from . import opaque
 from .runtime import CompiledBackward, make_variant
 
 
@@ -20,9 +21,19 @@ class Capture:
 
     def count(self, kind: str) -> int:
         """Number of graph nodes of ``kind``: "aten" or "opaque"."""
-        nodes = [n for n in self.graph.graph.nodes if n.op == "call_function"]
-        aten = [n for n in nodes if isinstance(n.target, torch._ops.OpOverload)]
-        return len(aten) if kind == "aten" else len(nodes) - len(aten)
+        if kind == "opaque":
+            return sum(self.opaque_calls().values())
+        return sum(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                   for n in self.graph.graph.nodes)
+
+    def opaque_calls(self) -> dict[str, int]:
+        """The Python calls the graph makes, by kind (what a compiler cannot see into)."""
+        calls: dict[str, int] = {}
+        for n in self.graph.graph.nodes:
+            if n.op == "call_function" and n.target.__module__ == opaque.__name__:
+                kind = n.kwargs.get("hook_type") or n.target.__name__
+                calls[kind] = calls.get(kind, 0) + 1
+        return calls
 
 
 class CompiledAutograd:
@@ -56,8 +67,9 @@ class CompiledAutograd:
     def explain(self) -> str:
         lines = [f"compiled_autograd: {len(self.captures)} capture(s), {self.runs} run(s)"]
         for i, c in enumerate(self.captures):
-            lines.append(f"  capture {i}: {c.count('aten')} aten ops, {c.count('opaque')} opaque calls, "
-                         f"compiled in {c.seconds * 1e3:.1f} ms; miss: {c.reason}")
+            calls = ", ".join(f"{k} x{v}" for k, v in c.opaque_calls().items())
+            lines.append(f"  capture {i}: {c.count('aten')} aten ops, {c.count('opaque')} opaque calls "
+                         f"({calls}), compiled in {c.seconds * 1e3:.1f} ms; miss: {c.reason}")
         return "\n".join(lines)
 
 

@@ -228,11 +228,15 @@ def hooked_program(log):
 def test_hooks_of_every_kind_in_eager_order():
     eager_log, compiled_log = [], []
     eager = hooked_program(eager_log)
-    with compiled_autograd():
+    with compiled_autograd() as ca:
         compiled = hooked_program(compiled_log)
     assert_same(list(eager), list(compiled))
     assert compiled_log == eager_log
     assert len(eager_log) == 5
+    calls = ca.captures[0].opaque_calls()    # every hook is called from the graph, none dropped
+    assert calls.keys() >= {"tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook",
+                            "call_backward", "call_cpp_tensor_pre_hooks"}
+    assert "tensor_pre_hook x2" in ca.explain()
 
 
 def test_hooks_run_again_on_a_cache_hit():
