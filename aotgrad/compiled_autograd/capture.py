@@ -367,7 +367,11 @@ class CaptureInstance:
 
 
 def _impure(node: fx.Node) -> bool:
-    return node.op in ("placeholder", "output") or node.target in opaque.IMPURE or node.is_impure()
+    """What dead-code elimination keeps. Unused placeholders go (most lifted sizes are
+    never read): the runtime picks only the engine's values the graph reads."""
+    if node.op == "placeholder":
+        return False
+    return node.op == "output" or node.target in opaque.IMPURE or node.is_impure()
 
 
 def _clone(x):

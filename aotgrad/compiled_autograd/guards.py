@@ -27,6 +27,7 @@ class SizeGuard:
     _constant_values: tuple = field(default=(), compare=False, repr=False)
     _pick_constants: object = field(default=None, compare=False, repr=False)
     _pick_symbolic: object = field(default=None, compare=False, repr=False)
+    _shared: tuple = field(default=(), compare=False, repr=False)   # groups of two or more
 
     @classmethod
     def of(cls, lifted: list, what: str = "lifted size") -> "SizeGuard":
@@ -41,12 +42,13 @@ class SizeGuard:
                 constants.append((i, hint))
         groups = tuple(tuple(g) for g in groups.values())
         return cls(tuple(constants), groups, what, tuple(v for _, v in constants),
-                   _picker([i for i, _ in constants]), _picker([g[0] for g in groups]))
+                   picker([i for i, _ in constants]), picker([g[0] for g in groups]),
+                   tuple(g for g in groups if len(g) > 1))
 
     def _holds(self, values) -> bool:
         return (self._pick_constants(values) == self._constant_values
                 and min(self._pick_symbolic(values), default=2) >= 2
-                and all(values[i] == values[g[0]] for g in self.groups if len(g) > 1 for i in g[1:]))
+                and all(values[i] == values[g[0]] for g in self._shared for i in g[1:]))
 
     def violation(self, values) -> str | None:
         """Why ``values`` may not use this capture, or ``None``."""
@@ -66,7 +68,7 @@ class SizeGuard:
         return None
 
 
-def _picker(indices: list):
+def picker(indices: list):
     """``values -> tuple(values[i] for i in indices)``, in C."""
     if len(indices) > 1:
         return operator.itemgetter(*indices)
@@ -111,6 +113,8 @@ class DecisionGuard:
         for expr, answer in log.answers.items():
             if not expr.free_symbols <= where.keys():
                 continue    # a symbol made inside the trace: decided by the others
+            if _implied_by_size_guards(expr):
+                continue
             lines.append(f"    if ({printer.doprint(expr)}) != {answer!r}: return {len(texts)}")
             texts.append(f"{expr} was {answer}")
         binds = [f"    {sym} = {read}" for sym, read in where.items()
@@ -123,3 +127,20 @@ class DecisionGuard:
     def violation(self, size, scalar, hook) -> str | None:
         broken = self.check(size, scalar, hook)
         return None if broken is None else f"size decision {self.texts[broken]} when captured"
+
+
+def _implied_by_size_guards(expr) -> bool:
+    """``s == 1``, ``s >= 0``, ``s > 1``...: one symbol against -1, 0 or 1 (an inequality
+    against up to 1). The ``SizeGuard``s already hold every symbol to its captured 0 or 1,
+    or to >= 2, which settles these; they are most of the log (checked every run)."""
+    if not getattr(expr, "is_Relational", False) or len(expr.free_symbols) != 1:
+        return False
+    lhs, rhs = expr.lhs, expr.rhs
+    if lhs.is_Integer and rhs.is_Symbol:
+        lhs, rhs = rhs, lhs
+    if not (lhs.is_Symbol and rhs.is_Integer):
+        return False
+    if type(expr).__name__ in ("Equality", "Unequality"):
+        return -1 <= int(rhs) <= 1
+    return int(rhs) <= 1
+

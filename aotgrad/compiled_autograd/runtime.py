@@ -12,6 +12,8 @@ the first whose guards pass, recaptures (by replaying the first capture's
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 import time
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ import torch.fx as fx
 from .. import backends
 from ..errors import InputMismatchError, UnsupportedError
 from . import opaque, tape
-from .guards import DecisionGuard
+from .guards import DecisionGuard, picker
 from .segments import SegmentedBackward
 
 _engine = torch._C._dynamo.compiled_autograd
@@ -44,6 +46,11 @@ class Variant:
     pick: list              # (engine list, index) per placeholder
     guards: list            # (where the values are, SizeGuard)
 
+    def __post_init__(self):
+        # Runs of placeholders reading one engine list, each picked by one C-level call.
+        self._picks = [(kind, picker([i for _, i in run]))
+                       for kind, run in itertools.groupby(self.pick, key=operator.itemgetter(0))]
+
     def violation(self, lifted: dict) -> str | None:
         for where, guard in self.guards:
             if where == "decisions":
@@ -58,7 +65,9 @@ class Variant:
         return None
 
     def run(self, lifted: dict):
-        flat = [lifted[kind][i] for kind, i in self.pick]
+        flat = []
+        for kind, pick in self._picks:
+            flat.extend(pick(lifted[kind]))
         prior = _engine.set_autograd_compiler(None, False)   # a hook may run a backward itself
         opaque.collect_callbacks()
         try:

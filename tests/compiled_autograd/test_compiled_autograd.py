@@ -423,8 +423,9 @@ def test_decision_guard_rechecks_each_size_comparison_the_trace_made():
     from aotgrad.compiled_autograd.capture import _source
     a, b = (env.create_unspecified_symint_and_symbol(4, _source("sizes", i), DimDynamic.DYNAMIC) for i in (0, 1))
     with _suppress_guards(env):
-        assert a == b and not (a * 2 < b)
+        assert a == b and not (a * 2 < b) and a >= 1 and a != 1    # the last two: held by SizeGuard
     guard = DecisionGuard.of(log, {a.node.expr: "size[0]", b.node.expr: "size[1]"})
+    assert len(guard.texts) == 2
     assert guard.violation([4, 4], [], []) is None and guard.violation([7, 7], [], []) is None
     assert "was True when captured" in guard.violation([4, 5], [], [])
 
