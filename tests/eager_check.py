@@ -9,6 +9,7 @@ a fixed random weighting of the outputs.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,6 +34,11 @@ def default_compile(fn, args, kwargs, **opts):
     captured = aotgrad.capture(fn, *args, **capture_opts, **kwargs)
     aotgrad.verify(captured)
     return captured.compile(**opts)
+
+
+def as_is(fn, args, kwargs, **opts):
+    """A ``compile`` that leaves the program eager (when what is compiled is its backward)."""
+    return fn
 
 
 def _fresh(fn, args, kwargs, make):
@@ -107,6 +113,7 @@ def _backward(out, weights):
 
 def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
           compile: Callable = default_compile, backward: bool = True,
+          backward_context: Callable = contextlib.nullcontext,
           rtol: float = 1.3e-6, atol: float = 1e-5, seed: int = 0, calls: int = 1,
           **opts) -> Run:
     """Compare ``fn(*args, **kwargs)`` eagerly and compiled; return the compiled run.
@@ -114,6 +121,8 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     ``make`` returns fresh ``(args, kwargs)`` or ``(fn, args, kwargs)`` per run,
     for inputs that cannot be deep-copied (non-leaf views, shared storages).
     ``calls`` runs both that many times on the same inputs (state carried over).
+    The compiled run's backward runs inside ``backward_context()`` (compiled
+    autograd: ``compile=as_is, backward_context=lambda: aotgrad.compiled_autograd()``).
     """
     fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
     for _ in range(calls):
@@ -144,7 +153,8 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
         assert_close(t, c, f"{name} after call", rtol, atol)
 
     if backward and _backward(out_e, weights):
-        assert _backward(out_c, weights)
+        with backward_context():
+            assert _backward(out_c, weights)
         for name, t in state_e.items():
             c = state_c[name]
             if not t.is_leaf:
@@ -164,7 +174,8 @@ def _named_state(model):
 
 def check_training(make: Callable, *, steps: int = 3, batches: Callable | None = None,
                    optimizer: Callable = lambda ps: torch.optim.SGD(ps, lr=0.1),
-                   compile: Callable = default_compile, rtol: float = 1e-5, atol: float = 1e-5,
+                   compile: Callable = default_compile, backward_context: Callable = contextlib.nullcontext,
+                   rtol: float = 1e-5, atol: float = 1e-5,
                    seed: int = 0, **opts) -> list[tuple[float, float]]:
     """Train an eager and a compiled copy of a model side by side; return the
     per-step ``(eager loss, compiled loss)``.
@@ -183,11 +194,12 @@ def check_training(make: Callable, *, steps: int = 3, batches: Callable | None =
     for step in range(steps):
         batch = tuple(batches(step)) if batches is not None else tuple(args)
         results = []
-        for fn, opt in ((model_e, opt_e), (compiled, opt_c)):
+        for fn, opt, context in ((model_e, opt_e, contextlib.nullcontext), (compiled, opt_c, backward_context)):
             opt.zero_grad(set_to_none=True)
             torch.manual_seed(seed + step)
             loss = fn(*batch)
-            loss.backward()
+            with context():
+                loss.backward()
             results.append(loss)
         assert_close(results[0], results[1], f"loss at step {step}", rtol, atol)
         for (name, t), c in zip(_named_state(model_e).items(), _named_state(model_c).values()):

@@ -11,11 +11,20 @@ from aotgrad.errors import UnsupportedError
 from dataclasses import replace
 
 from examples.models import GPT_TINY, make_cnn, make_gpt, make_mlp
+from tests.eager_check import as_is, assert_close, check, check_training
 
 
 def make_gpt_one_block():
     # One block keeps the symbolic trace to seconds on a busy CPU.
     return make_gpt(replace(GPT_TINY, n_layer=1, dropout=0.0), batch=2)
+
+
+def _segment_compiler(gm, example_inputs):
+    """A graph compiler: the captured graph is split at its Python calls (segments.py)."""
+    return gm
+
+
+COMPILERS = {"eager": "eager", "segments": _segment_compiler}
 
 
 @pytest.fixture(autouse=True)
@@ -30,11 +39,12 @@ def grads_of(params):
 
 
 def assert_same(eager, compiled, atol=1e-6):
+    """Gradient lists, element by element, through the shared eager comparison."""
     assert len(eager) == len(compiled)
-    for e, c in zip(eager, compiled):
-        assert (e is None) == (c is None)
+    for i, (e, c) in enumerate(zip(eager, compiled)):
+        assert (e is None) == (c is None), f"grad {i}: eager {e is not None}, compiled {c is not None}"
         if e is not None:
-            torch.testing.assert_close(c, e, atol=atol, rtol=1e-5)
+            assert_close(e, c, f"grad {i}", rtol=1e-5, atol=atol)
 
 
 def eager_vs_compiled(make, step, compiler="eager"):
@@ -58,6 +68,24 @@ def test_models_match_eager(make):
     ca = eager_vs_compiled(lambda: _no_dropout(make()), loss_backward)
     assert len(ca.captures) == 1 and ca.runs == 1
     assert ca.captures[0].count("aten") > 0
+
+
+def test_program_outputs_state_and_every_leaf_grad_match_eager():
+    def program(x, w, b, scale):
+        h = torch.addmm(b, x, w).relu()
+        scale.mul_(0.5)            # an input mutated in the forward
+        return h * scale, h.sum(1)
+
+    args = (torch.randn(5, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True),
+            torch.randn(3, requires_grad=True), torch.ones(3))
+    check(program, args, compile=as_is, backward_context=compiled_autograd)
+
+
+@pytest.mark.parametrize("compiler", ["eager", "segments"])
+def test_training_steps_match_eager(compiler):
+    check_training(lambda: make_mlp(batch=4, depth=3), steps=3, compile=as_is,
+                   backward_context=lambda: compiled_autograd(COMPILERS[compiler]),
+                   optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
 
 
 def _no_dropout(made):
@@ -489,11 +517,7 @@ def test_accumulation_is_in_the_graph_and_keeps_eager_layout():
     assert [n.target for n in second.nodes].count(torch.ops.aten.add_.Tensor) == 2
 
 
-def _segment_compiler(gm, example_inputs):
-    return gm
-
-
-@pytest.mark.parametrize("compiler", ["eager", _segment_compiler], ids=["eager", "segments"])
+@pytest.mark.parametrize("compiler", ["eager", "segments"])
 def test_post_accumulate_hooks_of_every_layer_in_eager_order(compiler):
     def run(log):
         model, (x, y) = make_mlp(batch=4, depth=3)
@@ -506,7 +530,7 @@ def test_post_accumulate_hooks_of_every_layer_in_eager_order(compiler):
 
     eager_log, compiled_log = [], []
     eager = run(eager_log)
-    with compiled_autograd(compiler):
+    with compiled_autograd(COMPILERS[compiler]):
         compiled = run(compiled_log)
     assert_same(eager, compiled)
     assert compiled_log == eager_log and len(eager_log) > 6
