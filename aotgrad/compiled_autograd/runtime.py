@@ -89,6 +89,10 @@ def make_variant(instance, gm, compile_fn) -> Variant:
     return Variant(gm, compiled, [_lifted_position(n.target) for n in placeholders], guards)
 
 
+# Captures kept per autograd-graph structure: past this, sizes vary too much to compile for.
+MAX_VARIANTS = 8
+
+
 class CompiledBackward:
     """What the engine caches for one autograd-graph structure (its ``runtime_wrapper``)."""
 
@@ -115,6 +119,11 @@ class CompiledBackward:
         return variant.run(lifted)
 
     def _recapture(self, reason, inputs, sizes, scalars, hooks) -> Variant:
+        if len(self.variants) >= MAX_VARIANTS:
+            raise InputMismatchError(
+                f"compiled_autograd: {reason}, and this backward was already captured "
+                f"{MAX_VARIANTS} times for other sizes (MAX_VARIANTS); sizes that change this "
+                "often belong outside the context, or call aotgrad.compiled_autograd.reset()")
         if self.tape.missing is not None:
             raise InputMismatchError(
                 f"compiled_autograd: {reason}, and this backward cannot be recaptured "

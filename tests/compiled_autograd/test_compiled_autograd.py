@@ -458,6 +458,18 @@ def test_decision_guard_rechecks_each_size_comparison_the_trace_made():
     assert "was True when captured" in guard.violation([4, 5], [], [])
 
 
+def test_recaptures_per_structure_are_bounded(monkeypatch):
+    monkeypatch.setattr(runtime, "MAX_VARIANTS", 2)
+    c = torch.randn(1, 3, requires_grad=True)
+    eager = _broadcast_step(c, 4).clone()
+    with compiled_autograd() as ca:
+        _broadcast_step(c, 1)
+        torch.testing.assert_close(_broadcast_step(c, 4), eager)   # second capture: within the bound
+        with pytest.raises(aotgrad.errors.InputMismatchError, match="already captured 2 times"):
+            _broadcast_step(c, 0)
+    assert len(ca.captures) == 2
+
+
 def test_backward_that_cannot_be_replayed_still_refuses_wrong_sizes(monkeypatch):
     from aotgrad.compiled_autograd import tape
     end = tape.Tape._end
