@@ -54,6 +54,9 @@ class _Session:
         self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
         self._modes = contextlib.ExitStack()
         self.decisions = DecisionLog(self.shape_env)
+        # Each op of a backward is traced once, on sizes no other op shares: the fake-tensor
+        # dispatch cache never hits and building its entries was a third of capture time.
+        self.fake_mode.cache_enabled = False
 
     def enter(self):
         self._modes.enter_context(enable_python_dispatcher())
