@@ -49,7 +49,16 @@ class BudgetError(AotgradError):
 
 def user_frame(tb) -> str | None:
     """The innermost frame of ``tb`` that belongs to the user's code, as text."""
-    frames = traceback.extract_tb(tb) if tb is not None else []
+    return _innermost_user(traceback.extract_tb(tb) if tb is not None else [])
+
+
+def caller_line() -> str | None:
+    """The innermost frame now running that belongs to the user's code (for an error
+    raised from inside PyTorch's engine: the user's ``.backward()`` line)."""
+    return _innermost_user(traceback.extract_stack())
+
+
+def _innermost_user(frames) -> str | None:
     for fr in reversed(frames):
         path = os.path.abspath(fr.filename)
         if not path.startswith(_PKG_DIRS) and "<" not in fr.filename:

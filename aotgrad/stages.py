@@ -4,16 +4,14 @@ Each is immutable once built and moves forward by a method.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from . import errors
-from .observe import Step, timed
+from .observe import Step
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ and ours both claim the engine's per-node hooks, once per process.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time

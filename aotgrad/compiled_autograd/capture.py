@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import (
     fetch_object_proxy, track_tensor_tree)
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
 
-from ..errors import UnsupportedError
+from ..errors import UnsupportedError, caller_line
 from . import accumulate, opaque
 from .guards import DecisionLog, SizeGuard
 
@@ -80,7 +80,8 @@ def _functional(name):
         return FUNCTIONALS[name]
     except KeyError:
         raise UnsupportedError(f"the autograd engine never bound {name!r} to aotgrad; another compiled "
-                               "autograd implementation was used first in this process") from None
+                               "autograd implementation was used first in this process",
+                               user_line=caller_line()) from None
 
 
 class CaptureInstance:
@@ -100,7 +101,8 @@ class CaptureInstance:
     def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
         if torch.is_grad_enabled():   # the engine runs with grad mode = create_graph
             raise UnsupportedError("aotgrad.compiled_autograd cannot capture a double backward "
-                                   "(create_graph=True); run this backward outside the context")
+                                   "(create_graph=True); run this backward outside the context",
+                                   user_line=caller_line())
         s = self.session
         self.n_inputs, self.n_sizes, self.n_scalars = len(inputs), len(sizes), len(scalars)
         for idx, x in enumerate(inputs):
@@ -173,9 +175,13 @@ class CaptureInstance:
         fn, traceable = _functional(fn_name)
         self.structure.steps.append(("functional", fn_name))
         if not traceable:
-            raise UnsupportedError(f"autograd node {fn_name} is a C++ node not marked traceable; "
-                                   "run this backward outside aotgrad.compiled_autograd")
-        return fn(grads, *args)
+            self._unsupported(f"autograd node {fn_name} (a C++ node not marked traceable)")
+        try:
+            return fn(grads, *args)
+        except UnsupportedError:
+            raise
+        except Exception as e:   # an op without a symbolic-shape kernel, a size it cannot reason about
+            self._unsupported(f"autograd node {fn_name} ({type(e).__name__}: {str(e).splitlines()[0]})", e)
 
     def validate_outputs(self, _, outputs, args, output_metadata):
         fn, _ = _functional("validate_outputs")
@@ -301,9 +307,10 @@ class CaptureInstance:
             if isinstance(v, (torch.SymInt, torch.SymFloat)) and v.node.expr.is_symbol:
                 self.symbol_reads.setdefault(v.node.expr, read.format(i))
 
-    def _unsupported(self, what):
+    def _unsupported(self, what, cause=None):
         raise UnsupportedError(f"aotgrad.compiled_autograd does not capture {what}; "
-                               "run this backward outside the compiled_autograd context")
+                               "run this backward outside the compiled_autograd context",
+                               user_line=caller_line()) from cause
 
     def _call_hook(self, hook_id, hook_type, value):
         self.structure.steps.append((hook_type,))

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from .. import backends
-from ..errors import InputMismatchError, UnsupportedError
+from ..errors import InputMismatchError, UnsupportedError, caller_line
 from . import opaque, tape
 from .guards import DecisionGuard, picker
 from .segments import SegmentedBackward
@@ -105,7 +105,8 @@ class CompiledBackward:
     def __call__(self, compiled_fn, inputs, sizes, scalars, hooks, packed_inputs):
         if torch.is_grad_enabled():   # a cached structure met again under create_graph=True
             raise UnsupportedError("aotgrad.compiled_autograd cannot run a double backward "
-                                   "(create_graph=True); run this backward outside the context")
+                                   "(create_graph=True); run this backward outside the context",
+                                   user_line=caller_line())
         lifted = {"input": inputs, "size": sizes, "scalar": scalars, "hook": hooks}
         reason = None
         for variant in self.variants:
@@ -123,11 +124,13 @@ class CompiledBackward:
             raise InputMismatchError(
                 f"compiled_autograd: {reason}, and this backward was already captured "
                 f"{MAX_VARIANTS} times for other sizes (MAX_VARIANTS); sizes that change this "
-                "often belong outside the context, or call aotgrad.compiled_autograd.reset()")
+                "often belong outside the context, or call aotgrad.compiled_autograd.reset()",
+                user_line=caller_line())
         if self.tape.missing is not None:
             raise InputMismatchError(
                 f"compiled_autograd: {reason}, and this backward cannot be recaptured "
-                f"({self.tape.missing}); call aotgrad.compiled_autograd.reset() before it")
+                f"({self.tape.missing}); call aotgrad.compiled_autograd.reset() before it",
+                user_line=caller_line())
         from .capture import CaptureInstance   # capture imports this module's users
         start = time.perf_counter()
         instance = CaptureInstance(lambda inst, gm: make_variant(inst, gm, self.compile_fn))

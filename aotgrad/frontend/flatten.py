@@ -8,7 +8,7 @@ are baked into the graph and checked on every call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree

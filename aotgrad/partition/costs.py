@@ -6,13 +6,11 @@ A *policy* names which ops may be recomputed.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
-from ..analysis.ops import MATMULS, is_cheap, is_expensive, is_random, packet
+from ..analysis.ops import is_cheap, is_expensive, is_random, packet
 from .graphs import is_sym
 
 def never_recompute(node: fx.Node) -> bool:

@@ -187,10 +187,11 @@ def test_retain_graph_twice():
     torch.testing.assert_close(compiled, eager)
 
 
-def test_create_graph_is_refused():
+def test_create_graph_is_refused_naming_the_users_line():
     x = torch.randn(3, requires_grad=True)
-    with compiled_autograd(), pytest.raises(UnsupportedError, match="create_graph"):
+    with compiled_autograd(), pytest.raises(UnsupportedError, match="create_graph") as caught:
         x.sin().sum().backward(create_graph=True)
+    assert "test_compiled_autograd.py" in caught.value.user_line and "backward(" in caught.value.user_line
 
 
 class ScaleWithLog(torch.autograd.Function):
@@ -591,3 +592,20 @@ def test_callbacks_queued_by_hooks_run_after_the_backward():
         compiled = run(compiled_log)
     assert_same([eager], [compiled])
     assert compiled_log == eager_log == ["hook", ("first", eager.sum().item()), "second", "after backward"]
+
+
+def test_a_node_that_cannot_be_traced_is_a_typed_error_naming_it(monkeypatch):
+    from aotgrad.compiled_autograd import capture
+    x = torch.randn(3, requires_grad=True)
+    with compiled_autograd():
+        x.sin().sum().backward()       # the engine binds SinBackward0 on its first capture
+    reset()
+    fn, traceable = capture.FUNCTIONALS["SinBackward0"]
+
+    def broken(grads, *args):
+        raise NotImplementedError("no symbolic kernel for this op")
+
+    monkeypatch.setitem(capture.FUNCTIONALS, "SinBackward0", (broken, traceable))
+    with compiled_autograd(), pytest.raises(UnsupportedError, match="SinBackward0.*no symbolic kernel") as caught:
+        x.sin().sum().backward()
+    assert "test_compiled_autograd.py" in caught.value.user_line

@@ -92,7 +92,6 @@ def test_budget_never_recomputes_random_ops():
 
 
 def test_compile_memory_budget_and_memory_report():
-    import aotgrad
     from tests.eager_check import check
     m = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
                             torch.nn.Linear(64, 4))
