@@ -609,3 +609,24 @@ def test_a_node_that_cannot_be_traced_is_a_typed_error_naming_it(monkeypatch):
     with compiled_autograd(), pytest.raises(UnsupportedError, match="SinBackward0.*no symbolic kernel") as caught:
         x.sin().sum().backward()
     assert "test_compiled_autograd.py" in caught.value.user_line
+
+
+def test_torch_compile_regions_around_a_graph_break_are_inlined_into_one_backward():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def step(x):
+        h = model[0](x).relu()
+        torch._dynamo.graph_break()        # two Dynamo graphs, each compiled by aotgrad
+        return model[2](h * 2).sin().sum()
+
+    x = torch.randn(5, 8)
+    step(x).backward()
+    eager = grads_of(model.parameters())
+    compiled_step = torch.compile(step, backend="aotgrad")
+    compiled_step(x)
+    model.zero_grad(set_to_none=True)
+    with compiled_autograd() as ca:
+        compiled_step(x).backward()
+    assert_same(eager, grads_of(model.parameters()))
+    assert len(ca.captures) == 1 and "call_backward" not in ca.captures[0].opaque_calls()
