@@ -630,3 +630,21 @@ def test_torch_compile_regions_around_a_graph_break_are_inlined_into_one_backwar
         compiled_step(x).backward()
     assert_same(eager, grads_of(model.parameters()))
     assert len(ca.captures) == 1 and "call_backward" not in ca.captures[0].opaque_calls()
+
+
+def test_cnn_captured_at_batch_one_is_recaptured_for_larger_batches():
+    torch.manual_seed(0)
+    model, _ = make_cnn(batch=1)
+    model.eval()
+    with compiled_autograd() as ca:
+        for batch_size in (1, 3, 2, 1):
+            torch.manual_seed(batch_size)
+            _, batch = make_cnn(batch=batch_size)
+            model.zero_grad(set_to_none=True)
+            model(*batch).backward()
+            got = grads_of(model.parameters())
+            model.zero_grad(set_to_none=True)
+            with runtime.engine_compiler_off():
+                model(*batch).backward()
+            assert_same(grads_of(model.parameters()), got, atol=1e-5)
+    assert [c.reason.split(":")[0] for c in ca.captures][1:] == ["recaptured"] and ca.runs == 4
