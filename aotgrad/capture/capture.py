@@ -12,7 +12,8 @@ from ..frontend.aliasing import find_groups, rebase
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
 from ..observe import timed
-from ..passes import share_recomputed_randomness, simplify
+from ..passes import share_recomputed_randomness
+from ..passes.cleanup import simplify_owned
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
 from .joint import layout, trace_joint
@@ -67,7 +68,7 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         _refuse_grad_constants(joint)
     with timed(history, "simplify") as info:
         joint = share_recomputed_randomness(joint, len(lay.tangent_of))
-        joint = simplify(joint)
+        joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
         guards = _input_guards(setup)
