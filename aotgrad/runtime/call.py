@@ -60,15 +60,41 @@ def make_call(captured, run_graph) -> CallPath:
             return None, "grad mode was disabled when captured (an inference graph), now it is enabled"
         return flat, None
 
+    unflatten = _unflattener(out_spec)
+
     def run(flat):
         values = run_graph(flat)
         if simple:
-            return pytree.tree_unflatten(list(values), out_spec)
+            return unflatten(list(values))
         symbols = guards.bind(flat) if needs_symbols else None
         apply_mutations(flat, values, analysis, symbols)
-        return pytree.tree_unflatten(build_outputs(flat, values, analysis, symbols), out_spec)
+        return unflatten(build_outputs(flat, values, analysis, symbols))
 
     return CallPath(match, run)
+
+
+def _unflattener(spec) -> Callable:
+    """``pytree.tree_unflatten`` for ``spec``, except that a ``torch.Size`` output comes back
+    a ``torch.Size`` (pytree rebuilds it as a plain tuple; eager returns the Size)."""
+    if not _has_size(spec):
+        return lambda leaves: pytree.tree_unflatten(leaves, spec)
+    return lambda leaves: _restore_sizes(pytree.tree_unflatten(leaves, spec), spec)
+
+
+def _has_size(spec) -> bool:
+    return spec.type is torch.Size or any(_has_size(c) for c in spec.children_specs)
+
+
+def _restore_sizes(value, spec):
+    if spec.type is torch.Size:
+        return torch.Size(value)
+    if not _has_size(spec):
+        return value
+    if spec.type in (tuple, list):
+        return spec.type(_restore_sizes(v, c) for v, c in zip(value, spec.children_specs))
+    if spec.type is dict:
+        return {k: _restore_sizes(value[k], c) for k, c in zip(spec.context, spec.children_specs)}
+    return value   # other containers holding a Size keep pytree's tuple
 
 
 def alias_check(setup, analysis):

@@ -25,6 +25,13 @@ def test_pytree_inputs_and_outputs():
     check(f, ({"x": rand(3)}, (rand(3), rand(2)), 2.5, None))
 
 
+def test_size_outputs_stay_torch_size():
+    def f(x):   # pytree rebuilds a torch.Size as a tuple; eager returns the Size
+        return torch.broadcast_shapes(x.shape, (1, 3)), {"shape": (x * 2).shape, "y": x.sin()}
+    run = check(f, (rand(2, 3),))
+    assert type(run.out[0]) is torch.Size and type(run.out[1]["shape"]) is torch.Size
+
+
 @dataclass
 class Batch:
     x: torch.Tensor
