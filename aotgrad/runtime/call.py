@@ -82,7 +82,7 @@ def _unflattener(spec) -> Callable:
 
 
 def _has_size(spec) -> bool:
-    return spec.type is torch.Size or any(_has_size(c) for c in spec.children_specs)
+    return spec.type is torch.Size or any(_has_size(c) for c in spec.children())
 
 
 def _restore_sizes(value, spec):
@@ -91,9 +91,9 @@ def _restore_sizes(value, spec):
     if not _has_size(spec):
         return value
     if spec.type in (tuple, list):
-        return spec.type(_restore_sizes(v, c) for v, c in zip(value, spec.children_specs))
+        return spec.type(_restore_sizes(v, c) for v, c in zip(value, spec.children()))
     if spec.type is dict:
-        return {k: _restore_sizes(value[k], c) for k, c in zip(spec.context, spec.children_specs)}
+        return {k: _restore_sizes(value[k], c) for k, c in zip(spec.context, spec.children())}
     return value   # other containers holding a Size keep pytree's tuple
 
 
