@@ -16,6 +16,7 @@ backwards, ``.grad`` updates) becomes one opaque call node (``opaque.py``).
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
 
 from ..errors import UnsupportedError, caller_line
+from ..observe import events
 from . import accumulate, opaque
 from .guards import DecisionLog, SizeGuard
 
@@ -127,6 +129,7 @@ class CaptureInstance:
         self.structure.steps.append(("begin", len(inputs), len(sizes), len(scalars)))
         s.enter()
         self._last_tagged = next(iter(reversed(s.tracer.graph.nodes)))
+        self._started = (time.perf_counter(), events.now_us())
         return "aotgrad_compiled_autograd", inputs, sym_sizes, scalars
 
     def end_capture(self, outputs):
@@ -140,6 +143,9 @@ class CaptureInstance:
         graph.eliminate_dead_code(is_impure_node=_impure)
         accumulate.run_early(graph)
         gm = fx.GraphModule(tr.root, graph, "CompiledAutograd")
+        self.capture_seconds = time.perf_counter() - self._started[0]
+        events.emit("compiled_autograd capture", self._started[1], self.capture_seconds * 1e6,
+                    {"nodes": len(graph.nodes), "lifted inputs": self.n_inputs, "lifted sizes": self.n_sizes})
         return self._on_capture(self, gm)
 
     def close(self):

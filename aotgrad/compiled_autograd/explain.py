@@ -1,12 +1,12 @@
 """What a ``compiled_autograd`` block did: its captures, and why each missed the cache."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from ..observe import timed
 from . import opaque
 from .runtime import CompiledBackward, make_variant
 
@@ -17,7 +17,8 @@ class Capture:
     graph: fx.GraphModule
     structure: tuple
     reason: str
-    seconds: float
+    seconds: float              # compiling the captured graph
+    capture_seconds: float      # the engine's walk, traced (or the tape's replay)
 
     def count(self, kind: str) -> int:
         """Number of graph nodes of ``kind``: "aten" or "opaque"."""
@@ -46,11 +47,12 @@ class CompiledAutograd:
 
     def on_capture(self, instance, gm):
         """The engine finished a capture: compile it; returns (runtime_wrapper, compiled_fn)."""
-        start = time.perf_counter()
         structure = tuple(instance.structure.steps)
-        variant = make_variant(instance, gm, self.compile_fn)
+        history: list = []
+        with timed(history, "compiled_autograd compile", compiler=getattr(self.compile_fn, "__name__", "?")):
+            variant = make_variant(instance, gm, self.compile_fn)
         self.captures.append(Capture(gm, structure, self._miss_reason(structure),
-                                     time.perf_counter() - start))
+                                     history[0].seconds, instance.capture_seconds))
         return CompiledBackward(variant, instance.tape, self.compile_fn, _Events()), variant.compiled
 
     def _miss_reason(self, structure) -> str:
@@ -69,7 +71,8 @@ class CompiledAutograd:
         for i, c in enumerate(self.captures):
             calls = ", ".join(f"{k} x{v}" for k, v in c.opaque_calls().items())
             lines.append(f"  capture {i}: {c.count('aten')} aten ops, {c.count('opaque')} opaque calls "
-                         f"({calls}), compiled in {c.seconds * 1e3:.1f} ms; miss: {c.reason}")
+                         f"({calls}), captured in {c.capture_seconds * 1e3:.0f} ms, compiled in "
+                         f"{c.seconds * 1e3:.1f} ms; miss: {c.reason}")
         return "\n".join(lines)
 
 
@@ -87,7 +90,8 @@ class _Events:
     def recaptured(self, variant, instance, reason: str, seconds: float) -> None:
         if ACTIVE:
             ACTIVE[-1].captures.append(Capture(variant.graph, tuple(instance.structure.steps),
-                                               f"recaptured: {reason}", seconds))
+                                               f"recaptured: {reason}", seconds - instance.capture_seconds,
+                                               instance.capture_seconds))
 
 
 def _fmt(step) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ import torch.fx as fx
 
 from .. import backends
 from ..errors import InputMismatchError, UnsupportedError, caller_line
+from ..observe import timed
 from . import opaque, tape
 from .guards import DecisionGuard, picker
 from .segments import SegmentedBackward
@@ -132,11 +132,12 @@ class CompiledBackward:
                 f"({self.tape.missing}); call aotgrad.compiled_autograd.reset() before it",
                 user_line=caller_line())
         from .capture import CaptureInstance   # capture imports this module's users
-        start = time.perf_counter()
+        history: list = []
         instance = CaptureInstance(lambda inst, gm: make_variant(inst, gm, self.compile_fn))
-        variant = tape.replay(self.tape, instance, inputs, sizes, scalars, hooks)
+        with timed(history, "compiled_autograd recapture", reason=reason):
+            variant = tape.replay(self.tape, instance, inputs, sizes, scalars, hooks)
         self.variants.append(variant)
-        self.events.recaptured(variant, instance, reason, time.perf_counter() - start)
+        self.events.recaptured(variant, instance, reason, history[0].seconds)
         return variant
 
 

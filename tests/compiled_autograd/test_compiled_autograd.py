@@ -648,3 +648,17 @@ def test_cnn_captured_at_batch_one_is_recaptured_for_larger_batches():
                 model(*batch).backward()
             assert_same(grads_of(model.parameters()), got, atol=1e-5)
     assert [c.reason.split(":")[0] for c in ca.captures][1:] == ["recaptured"] and ca.runs == 4
+
+
+def test_capture_compile_and_recapture_are_trace_events(tmp_path):
+    import json
+    path = tmp_path / "trace.json"
+    c = torch.randn(1, 3, requires_grad=True)
+    with aotgrad.trace(path), compiled_autograd() as ca:
+        _broadcast_step(c, 1)
+        _broadcast_step(c, 4)
+    events = {e["name"]: e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert {"compiled_autograd capture", "compiled_autograd compile", "compiled_autograd recapture"} <= set(events)
+    assert events["compiled_autograd capture"]["args"]["nodes"] > 0
+    assert "was 1 when captured" in events["compiled_autograd recapture"]["args"]["reason"]
+    assert all(c.capture_seconds > 0 and c.seconds > 0 for c in ca.captures)
