@@ -65,8 +65,8 @@ class _Session:
         self._modes.enter_context(self.fake_mode)
         self._modes.enter_context(self.proxy_mode)
         # Sizes are lifted inputs and must not specialise. Recording guards makes the
-        # symbolic reasoning several times slower (a GPT block: minutes); checking
-        # them at run time is not built yet, so they are not recorded (as in PyTorch's).
+        # symbolic reasoning several times slower (a GPT block: minutes), so they are
+        # not recorded; the decisions they would guard are logged instead (guards.py).
         self._modes.enter_context(_suppress_guards(self.shape_env))
 
     def exit(self):

@@ -1,70 +1,57 @@
 """The size assumptions a capture made, checked before each run of it.
 
 The engine reuses a captured backward for every autograd graph of the same
-structure, whatever its sizes. The trace made three kinds of assumption about
-the lifted sizes: where a size was 0 or 1, broadcasting and empty-tensor
-decisions were taken on that value; other sizes were treated as >= 2; sizes equal at
-capture share a symbol. A run whose sizes break one of these would compute
-with the wrong graph: it is recaptured instead (``runtime.CompiledBackward``),
-and ``explain()`` names the size.
+structure, whatever its sizes. Each lifted size is its own symbol. The trace
+assumed two things about them: a size that was 0 or 1 keeps that value
+(broadcasting and empty-tensor paths were decided on it), and any other size
+stays >= 2 (``SizeGuard``); every comparison between sizes that it decided
+keeps its answer (``DecisionLog`` / ``DecisionGuard``). A run whose sizes break
+one of these would compute with the wrong graph: it is recaptured instead
+(``runtime.CompiledBackward``), and ``explain()`` names the size.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 import operator
 from dataclasses import dataclass, field
 
 import torch
 
 
-
 @dataclass(frozen=True)
 class SizeGuard:
     constants: tuple    # (index, value): sizes traced as constants, or symbols seen as 0 or 1
-    groups: tuple       # tuples of indices traced as one symbol (each >= 2)
+    symbolic: tuple     # indices of symbols seen as >= 2
     what: str = "lifted size"
     # The same checks as one C-level pick each (this runs before every backward).
     _constant_values: tuple = field(default=(), compare=False, repr=False)
     _pick_constants: object = field(default=None, compare=False, repr=False)
     _pick_symbolic: object = field(default=None, compare=False, repr=False)
-    _shared: tuple = field(default=(), compare=False, repr=False)   # groups of two or more
 
     @classmethod
     def of(cls, lifted: list, what: str = "lifted size") -> "SizeGuard":
-        constants, groups = [], defaultdict(list)
+        constants, symbolic = [], []
         for i, v in enumerate(lifted):
             hint = v.node.hint if isinstance(v, torch.SymInt) else v
             if isinstance(v, torch.SymInt) and hint >= 2:
-                groups[v.node.expr].append(i)
+                symbolic.append(i)
             elif isinstance(hint, int):
                 # 0 and 1 decide broadcasting and empty-tensor paths, which the trace
-                # took on the capture's values (guards are not recorded, see capture.py).
+                # took on the capture's values.
                 constants.append((i, hint))
-        groups = tuple(tuple(g) for g in groups.values())
-        return cls(tuple(constants), groups, what, tuple(v for _, v in constants),
-                   picker([i for i, _ in constants]), picker([g[0] for g in groups]),
-                   tuple(g for g in groups if len(g) > 1))
-
-    def _holds(self, values) -> bool:
-        return (self._pick_constants(values) == self._constant_values
-                and min(self._pick_symbolic(values), default=2) >= 2
-                and all(values[i] == values[g[0]] for g in self._shared for i in g[1:]))
+        return cls(tuple(constants), tuple(symbolic), what, tuple(v for _, v in constants),
+                   picker([i for i, _ in constants]), picker(symbolic))
 
     def violation(self, values) -> str | None:
         """Why ``values`` may not use this capture, or ``None``."""
-        if self._holds(values):
+        if (self._pick_constants(values) == self._constant_values
+                and min(self._pick_symbolic(values), default=2) >= 2):
             return None
         for i, v in self.constants:
             if values[i] != v:
                 return f"{self.what} {i} was {v} when captured (0 and 1 are specialised), now {values[i]}"
-        for group in self.groups:
-            first = values[group[0]]
-            if first < 2:
-                return f"{self.what} {group[0]} was symbolic (>= 2) when captured, now {first}"
-            for i in group[1:]:
-                if values[i] != first:
-                    return (f"{self.what}s {group[0]} and {i} were equal when captured (one symbol), "
-                            f"now {first} and {values[i]}")
+        for i in self.symbolic:
+            if values[i] < 2:
+                return f"{self.what} {i} was symbolic (>= 2) when captured, now {values[i]}"
         return None
 
 

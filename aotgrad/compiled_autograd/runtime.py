@@ -44,7 +44,7 @@ class Variant:
     graph: fx.GraphModule
     compiled: object
     pick: list              # (engine list, index) per placeholder
-    guards: list            # (where the values are, SizeGuard)
+    guards: list            # (where the values are, SizeGuard or DecisionGuard)
 
     def __post_init__(self):
         # Runs of placeholders reading one engine list, each picked by one C-level call.

@@ -2,7 +2,7 @@
 
 The engine caches one backward per autograd-graph structure and never asks for
 a second capture of the same structure. When a run's sizes break what the
-capture assumed (a size that was 0 or 1, two sizes that were equal; see
+capture assumed (a size that was 0 or 1, a comparison between sizes; see
 ``guards.py``), the runtime recaptures by replaying this tape: the same calls,
 in the same order, on fresh fake tensors whose sizes are the run's.
 
