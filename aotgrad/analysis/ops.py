@@ -14,6 +14,17 @@ def is_random(node: fx.Node) -> bool:
         torch.Tag.nondeterministic_seeded in t.tags
 
 
+RNG_META = "aotgrad_rng"   # (device, epoch, index) a random node draws at; see passes.rng_positions
+
+
+def draws_at_backward(node: fx.Node) -> bool:
+    """Random ops that draw from the RNG as it stands when ``backward()`` runs (a custom
+    backward's ``rand_like``, a checkpoint recomputing without ``preserve_rng_state``):
+    they belong to the backward graph, not the forward."""
+    tag = node.meta.get(RNG_META)
+    return tag is not None and tag[1] == "bw"
+
+
 def has_side_effect(node: fx.Node) -> bool:
     """Nodes that must run even when nothing reads them, in eager's order: random
     ops and ops that return nothing (error checks such as ``_linalg_check_errors``)."""
@@ -38,6 +49,19 @@ EXPENSIVE = frozenset(getattr(aten, name) for name in (
     "_efficient_attention_forward") if hasattr(aten, name))
 
 MATMULS = EXPENSIVE
+
+
+def _overloads(*names) -> frozenset:
+    """``"bernoulli.p"`` -> ``aten.bernoulli.p``, a bare name -> ``.default``; names this torch lacks are skipped."""
+    found = (getattr(getattr(aten, p, None), o or "default", None) for p, _, o in (n.partition(".") for n in names))
+    return frozenset(op for op in found if op is not None)
+
+
+# Ops whose tensor arguments give only a shape, dtype and device, never values: two calls
+# from the same RNG state draw the same numbers whatever tensors they were given.
+SHAPE_ONLY = _overloads("empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+                        "randint_like", "randint_like.low_dtype", "bernoulli.p", "new_empty", "new_zeros",
+                        "new_ones", "new_full")
 
 # Cheap ops that carry neither the pointwise tag nor an aliasing schema.
 CHEAP_EXTRA = frozenset(getattr(aten, name) for name in (

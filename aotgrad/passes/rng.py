@@ -1,58 +1,110 @@
-"""Random ops replayed by the backward read the forward's values.
+"""A random op that replays a draw reads the first draw's value.
 
-``torch.utils.checkpoint`` recomputes its region during the backward and
-restores the RNG state first, so eager's recomputed dropout mask equals the
-forward's. Traced with fake tensors, that restore does nothing, and the
-recomputation would draw a fresh mask. This pass pairs each random op traced
-during the backward with the forward random op it replays (same operator,
-shape and non-tensor arguments, in order) and makes the backward use the
-forward's value, which the partitioner then saves.
+Each random node carries the RNG position it draws at
+(:mod:`aotgrad.passes.rng_positions`). Two nodes at one position are one draw
+made twice from the same state: ``torch.utils.checkpoint`` recomputing its
+region in the backward after restoring the RNG, or code after a
+``torch.random.fork_rng`` block repeating what the block drew. The later node
+is replaced by the first, so the compiled program draws each number once, in
+eager's order, and the partitioner saves the forward's mask for the backward.
+A replay that would not give the same numbers (another operator, shape or
+input from the same state) is refused.
 
-    fw: m = bernoulli(e, 0.3) ... bw: m2 = bernoulli(e2, 0.3); y = mul(g, m2)
-    ->  fw: m = bernoulli(e, 0.3) ... bw: y = mul(g, m)
+    fw: m = bernoulli(e, 0.3)  @(cpu, fw, 0)  ...  bw: m2 = bernoulli(e2, 0.3)  @(cpu, fw, 0); y = mul(g, m2)
+    ->  fw: m = bernoulli(e, 0.3)  ...  bw: y = mul(g, m)
 """
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
-from ..analysis.ops import is_random
+from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _copy, _drop_dead
+from .rng_positions import ENDS, PHASE
 
 
-def _signature(n: fx.Node):
-    val = n.meta.get("val")
-    consts = tuple(a for a in n.args if not isinstance(a, fx.Node))
-    return n.target, tuple(getattr(val, "shape", ())), consts, tuple(sorted(n.kwargs.items(), key=str))
+class _Values:
+    """Numbers naming what a node computes: equal numbers, equal values (hash-consing)."""
+
+    def __init__(self):
+        self.of: dict[fx.Node, int] = {}
+        self.ids: dict = {}
+
+    def key(self, n: fx.Node):
+        """What ``n`` computes from: operator, argument values and constants."""
+        if n.op != "call_function":
+            return (n.op, n)
+        shape_only = n.target in SHAPE_ONLY
+        args = tuple(self._arg(a, shape_only) for a in n.args)
+        kwargs = tuple(sorted((k, self._arg(v, shape_only)) for k, v in n.kwargs.items()))
+        return (n.target, args, kwargs, n.meta.get(RNG_META))
+
+    def _arg(self, a, shape_only):
+        if isinstance(a, fx.Node):
+            val = a.meta.get("val")
+            if shape_only and isinstance(val, torch.Tensor):
+                return ("like", tuple(val.shape), val.dtype, str(val.device))
+            return ("node", self.of[a])
+        if isinstance(a, (list, tuple)):
+            return tuple(self._arg(x, shape_only) for x in a)
+        return a if isinstance(a, (int, float, bool, str, type(None))) else repr(a)
+
+    def assign(self, n: fx.Node) -> None:
+        self.of[n] = self.ids.setdefault(self.key(n), len(self.ids))
 
 
-def _backward_start(g: fx.Graph, n_tangents: int) -> int:
-    """Index of the first node that reads a tangent: everything after it was traced by autograd.grad."""
-    nodes = list(g.nodes)
-    tangents = [n for n in nodes if n.op == "placeholder"][-n_tangents:] if n_tangents else []
-    users = [nodes.index(u) for t in tangents for u in t.users]
-    return min(users) if users else len(nodes)
+def _where(n: fx.Node) -> str | None:
+    trace = n.meta.get("stack_trace")
+    return trace.strip().splitlines()[-1].strip() if trace else None
 
 
-def share_recomputed_randomness(gm: fx.GraphModule, n_tangents: int) -> fx.GraphModule:
-    nodes = list(gm.graph.nodes)
-    start = _backward_start(gm.graph, n_tangents)
-    if not any(is_random(n) for n in nodes[start:]):
+def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
+    """Replace every replayed draw by the first draw at its RNG position (see the module docstring)."""
+    if not any(RNG_META in n.meta for n in gm.graph.nodes):
         return gm
     gm = _copy(gm)
-    nodes = list(gm.graph.nodes)
-    forward = [n for n in nodes[:start] if is_random(n)]
-    used = 0
-    for n in nodes[start:]:
-        if not is_random(n):
+    values, first = _Values(), {}
+    for n in list(gm.graph.nodes):
+        at = n.meta.get(RNG_META) if is_random(n) else None
+        prior = first.setdefault(at, n) if at is not None else n
+        if prior is n:
+            if at is not None:
+                _refuse_unknown_state(n, at)
+            values.assign(n)
             continue
-        sig = _signature(n)
-        match = next((k for k in range(used, len(forward)) if _signature(forward[k]) == sig), None)
-        if match is None:
-            raise UnsupportedError(f"the backward draws random numbers ({n.target}) that replay no forward "
-                                   "random op; its result would differ from eager")
-        n.replace_all_uses_with(forward[match])
-        used = match + 1
+        if values.key(n) != values.key(prior):
+            raise UnsupportedError(
+                f"{n.target} draws from an RNG state that {prior.target} already drew from, with another "
+                "operator, shape or input (a torch.utils.checkpoint region that recomputes differently, or "
+                "code after torch.random.fork_rng drawing differently); the compiled graph cannot replay "
+                "that state", user_line=_where(n))
+        n.replace_all_uses_with(prior)
+        values.of[n] = values.of[prior]
+        gm.graph.erase_node(n)
+    _refuse_rewinds(first, gm.meta.get(ENDS, {}))
     _drop_dead(gm.graph)
     gm.recompile()
     return gm
+
+
+def _refuse_unknown_state(n: fx.Node, at) -> None:
+    """A first draw at a forward position made during the backward reads a forward state the
+    forward never drew from (a checkpoint region that draws more when recomputed)."""
+    if at[1] == "fw" and n.meta.get(PHASE) == "bw":
+        raise UnsupportedError(
+            f"the backward draws random numbers ({n.target}) from a restored forward RNG state the forward "
+            "never drew them from (a torch.utils.checkpoint region that recomputes differently); the "
+            "compiled graph cannot reproduce them", user_line=_where(n))
+
+
+def _refuse_rewinds(first: dict, ends: dict) -> None:
+    """Each pass must leave the stream where eager leaves it: after its last draw, not rewound."""
+    for (dev, phase), (epoch, index) in ends.items():
+        drawn = [n for (d, e, i), n in first.items() if d == dev and e == phase and i >= index]
+        if epoch != phase or drawn:
+            line = _where(drawn[0]) if drawn else None
+            raise UnsupportedError(
+                f"the {'forward' if phase == 'fw' else 'backward'} leaves the {dev} RNG state rewound "
+                "(torch.random.fork_rng or set_rng_state around random ops, with no draw after it); the "
+                "compiled graph would leave it advanced", user_line=line)
