@@ -14,6 +14,7 @@ from ..guards import inputs as input_guards
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
+from ..passes.rng_positions import traced_with_positions
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
 from .joint import layout, trace_joint
@@ -61,13 +62,13 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     lay = layout(analysis, setup.session.grad_enabled)
     with timed(history, "trace joint") as info:
-        joint = _traced(lambda: trace_joint(setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay,
-                                           user_fn=setup.fn))
+        joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
+            setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn)))
         info["nodes"] = len(joint.graph.nodes)
     if setup.session.grad_enabled:
         _refuse_grad_constants(joint)
     with timed(history, "simplify") as info:
-        joint = share_recomputed_randomness(joint, len(lay.tangent_of))
+        joint = share_recomputed_randomness(joint)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):

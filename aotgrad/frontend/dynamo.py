@@ -21,6 +21,7 @@ from ..capture.descriptors import Desc
 from ..capture.session import Session
 from ..frontend.flatten import Signature
 from ..observe import timed
+from ..passes.checkpoint_regions import untag_checkpoints
 from ..stages import Setup
 
 
@@ -52,9 +53,10 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
     descs = tuple(_desc(node, i) for i, node in enumerate(ph))
     out_specs: list = []
+    body = untag_checkpoints(gm)
 
     def flat_fn(*flat):
-        leaves, spec = pytree.tree_flatten(gm(*flat))
+        leaves, spec = pytree.tree_flatten(body(*flat))
         out_specs.append(spec)
         return leaves
     flat_fn.__name__ = "dynamo_graph"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from ..analysis.ops import has_side_effect
+from ..analysis.ops import draws_at_backward, has_side_effect
 from ..capture.joint import JointLayout
 from .graphs import ancestors, descendants, extract, is_sym, output_values, placeholders
 
@@ -37,7 +37,7 @@ def forward_nodes(joint, lay):
     fw = ancestors(fw_outs) | set(primals)
     # Random ops and checks run in the forward, in eager's order, even when unused (the RNG must advance the same).
     fw |= {n for n in joint.graph.nodes if (is_sym(n) or has_side_effect(n)) and n not in tangent_dep
-           and n.op == "call_function"}
+           and n.op == "call_function" and not draws_at_backward(n)}
     fw = fw | ancestors(fw - set(primals))
     # Unpacking a multi-output op is free; saving its parts beats saving the tuple.
     fw |= {n for n in joint.graph.nodes if n.target is operator.getitem and n.args[0] in fw}
@@ -48,7 +48,9 @@ def forward_nodes(joint, lay):
 def build(joint: fx.GraphModule, lay: JointLayout, fw_set: set) -> Partition:
     """Forward and backward graphs for a given set of forward nodes."""
     primals, tangents, fw_outs, grads = split_nodes(joint, lay)
-    bw_set = ancestors([g for g in grads if g is not None], stop=fw_set) - fw_set
+    # Draws from the RNG as it stands at backward() run there even when nothing reads them.
+    bw_draws = [n for n in joint.graph.nodes if draws_at_backward(n)]
+    bw_set = ancestors([g for g in grads if g is not None] + bw_draws, stop=fw_set) - fw_set
     bw_set |= set(tangents)
     saved = [n for n in joint.graph.nodes if n in fw_set and n.op not in ("output", "get_attr")
              and any(u in bw_set for u in n.users)]
