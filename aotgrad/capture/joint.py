@@ -13,6 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..analysis.metadata import Analysis
+from ..frontend.flatten import module_state
 from ..passes.rng_positions import backward_begins
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
 
@@ -65,9 +66,10 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             grads = []
             if lay.grad_of:
                 backward_begins()
-                grads = torch.autograd.grad(
-                    [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
-                    [to_functional(t) for t in tangents], allow_unused=True)
+                with module_state(flat_fn, call_ins):
+                    grads = torch.autograd.grad(
+                        [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
+                        [to_functional(t) for t in tangents], allow_unused=True)
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     return joint
 

@@ -7,6 +7,7 @@ are baked into the graph and checked on every call.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -92,5 +93,16 @@ def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
         out_specs.append(spec)
         return out_leaves
 
+    if is_module:
+        flat_fn.module_state = lambda flat: torch.nn.utils.stateless._reparametrize_module(
+            fn, dict(zip(sig.state_names, flat[:n_state])), tie_weights=True, strict=False)
     flat_fn.__name__ = getattr(fn, "__name__", type(fn).__name__)
     return flat_fn
+
+
+def module_state(flat_fn, flat):
+    """A context in which ``flat_fn``'s module (if any) holds ``flat``'s parameters and buffers.
+    The backward runs in it: a ``torch.utils.checkpoint`` region recomputed there calls the
+    module again, and must read the traced inputs, not the real parameters."""
+    state = getattr(flat_fn, "module_state", None)
+    return state(flat) if state is not None else contextlib.nullcontext()
