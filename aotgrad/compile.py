@@ -8,6 +8,8 @@ from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
+from .runtime.modes import without_autocast
+from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply
 from .stages import Captured, Compiled
 
@@ -18,7 +20,14 @@ def _examples(gm) -> list:
 
 def _compile(compiler, gm, info: GraphInfo):
     gm.meta["aotgrad"] = info
-    return compiler(gm, _examples(gm))
+    return without_autocast(compiler(gm, _examples(gm)))
+
+
+def _with_grad(run):
+    def run_with_grad(flat):
+        with torch.enable_grad():
+            return run(flat)
+    return run_with_grad
 
 
 def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
@@ -47,6 +56,8 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
-                                     bw_graph=bw_gm)
+                                     bw_graph=bw_gm, double_backward=differentiable_backward(captured))
         run = fast_apply(fn_class)
+        if not captured.setup.session.grad_enabled:
+            run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
     return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))

@@ -18,7 +18,10 @@ from ..errors import MutationError, UnsupportedError
 
 @dataclass(frozen=True)
 class ViewMeta:
-    """How to regenerate a view: ``base.as_strided(size, stride, offset)``."""
+    """How to regenerate a view: ``base.as_strided(size, stride, offset)``; ``offset`` is
+    absolute, or relative to the base's own storage offset when made by ``relative``
+    (a frontend that does not guard storage offsets, Dynamo, may hand the same graph
+    inputs at another offset)."""
     size: tuple
     stride: tuple
     offset: Any
@@ -27,6 +30,11 @@ class ViewMeta:
     def of(t: torch.Tensor) -> "ViewMeta":
         return ViewMeta(tuple(map(symbolic, t.shape)), tuple(map(symbolic, t.stride())),
                         symbolic(t.storage_offset()))
+
+    @staticmethod
+    def relative(t: torch.Tensor, base: torch.Tensor) -> "ViewMeta":
+        return ViewMeta(tuple(map(symbolic, t.shape)), tuple(map(symbolic, t.stride())),
+                        symbolic(t.storage_offset() - base.storage_offset()))
 
     @property
     def is_static(self) -> bool:
@@ -46,7 +54,7 @@ class InputInfo:
     requires_grad: bool
     mutates_data: bool
     mutates_metadata: bool
-    mutation_hidden: bool        # every mutation ran under no_grad: replay without autograd
+    mutation_hidden: bool        # autograd saw no write (no_grad, .data, .detach()): replay without autograd
     new_meta: ViewMeta | None    # metadata after a metadata mutation
 
     @property
@@ -66,6 +74,7 @@ class OutputInfo:
     view: ViewMeta | None = None
     requires_grad: bool = False
     value: Any = None
+    is_leaf: bool = True         # no grad_fn (``requires_grad_()`` inside, or a factory with requires_grad=True)
 
 
 @dataclass(frozen=True)
@@ -86,8 +95,9 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     # joint trace binds them to graph nodes, so this pass does not track them.
     with session.tracing(), functional_mode(), session.shape_env.ignore_fresh_unbacked_symbols():
         f_ins = [to_functional(t) for t in fake_inputs]
+        grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
         f_outs = flat_fn(*f_ins)
-        inputs = tuple(_input_info(f, t) for f, t in zip(f_ins, fake_inputs))
+        inputs = tuple(_input_info(f, t, g) for f, t, g in zip(f_ins, fake_inputs, grad_fns))
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
@@ -96,22 +106,34 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     return Analysis(inputs, outputs, len(bases), fake_outs, rg)
 
 
-def _input_info(f, t) -> InputInfo:
+def _input_info(f, t, grad_fn_before) -> InputInfo:
+    """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
+    recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
+    not, and is replayed without autograd."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
-    if f.requires_grad != t.requires_grad:
-        raise MutationError("requires_grad_() on an input inside the captured function cannot be replayed; "
-                            "set requires_grad on the input before calling")
     torch._sync(f)
+    if _storage_changed(f.elem):
+        raise MutationError("set_() (or another storage swap) on an input replaces its storage; the compiled "
+                            "graph cannot rebind the caller's tensor: return the new tensor instead")
     data = torch._functionalize_has_data_mutation(f.elem)
+    seen = f.grad_fn is not grad_fn_before
+    if f.requires_grad != t.requires_grad and not (data and seen and f.requires_grad):
+        what = "detach_()" if t.requires_grad else "requires_grad_()"
+        raise MutationError(f"{what} on an input inside the captured function cannot be replayed on the "
+                            f"caller's tensor; call {what} on it before calling")
     meta = (f.shape != t.shape or f.stride() != t.stride()
             or f.storage_offset() != t.storage_offset())
     if meta and t.requires_grad:
         raise MutationError(f"an in-place metadata change (size {tuple(t.shape)} -> {tuple(f.shape)}, e.g. t_() "
                             "or unsqueeze_()) of an input that requires grad cannot be replayed; use the "
                             "out-of-place op and return the result")
-    hidden = data and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(f.elem)
-    return InputInfo(t.requires_grad, data, meta, hidden, ViewMeta.of(f) if meta else None)
+    return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None)
+
+
+def _storage_changed(elem) -> bool:
+    changed = getattr(torch, "_functionalize_was_storage_changed", None)
+    return bool(changed and changed(elem))
 
 
 def _symbolic_output(o) -> OutputInfo:
@@ -169,25 +191,26 @@ def _output_infos(f_outs, f_ins):
         if not isinstance(o, torch.Tensor):
             infos.append(OutputInfo("constant", value=o))
             continue
-        rg = o.requires_grad
+        rg, leaf = o.requires_grad, o.grad_fn is None
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
         if same_in is not None:
-            infos.append(OutputInfo("input", same_in, requires_grad=rg))
+            infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
-            infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg))
+            infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
         elif storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
-            infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.of(o), rg))
+            infos.append(OutputInfo("input_view", in_storages[storage],
+                                    ViewMeta.relative(o, f_ins[in_storages[storage]]), rg, is_leaf=leaf))
         elif o._is_view() and id(o._base) in plain_ids and _replayable(o, o._base):
-            infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.of(o), rg))
+            infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.relative(o, o._base), rg, is_leaf=leaf))
         elif o._is_view() and storage not in in_storages and _replayable(o, o._base):
             base = o._base
             k = next((b for b, t in enumerate(bases) if t is base), None)
             if k is None:
                 k = len(bases)
                 bases.append(base)
-            infos.append(OutputInfo("intermediate_view", k, ViewMeta.of(o), rg))
+            infos.append(OutputInfo("intermediate_view", k, ViewMeta.relative(o, base), rg, is_leaf=leaf))
         else:
-            infos.append(OutputInfo("plain", requires_grad=rg))
+            infos.append(OutputInfo("plain", requires_grad=rg, is_leaf=leaf))
         seen.setdefault(id(o), j)
     return tuple(infos), bases

@@ -60,12 +60,12 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
-    lay = layout(analysis, setup.session.grad_enabled)
+    lay = layout(analysis)
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn)))
         info["nodes"] = len(joint.graph.nodes)
-    if setup.session.grad_enabled:
+    if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     with timed(history, "simplify") as info:
         joint = share_recomputed_randomness(joint)

@@ -31,10 +31,13 @@ class JointLayout:
         return not self.grad_of
 
 
-def layout(analysis: Analysis, grad_enabled: bool) -> JointLayout:
+def layout(analysis: Analysis) -> JointLayout:
+    """Tangents for the forward values that require grad as traced: under the captured grad mode and
+    any ``no_grad``/``enable_grad`` region inside, so an ``enable_grad`` block called under an outer
+    ``no_grad`` still gets a backward (the runtime then applies the graph with grad enabled)."""
     needs = [rg and (v.dtype.is_floating_point or v.dtype.is_complex)
              for v, rg in zip(analysis.fake_outputs, analysis.fw_requires_grad)]
-    tangent_of = tuple(i for i, n in enumerate(needs) if n) if grad_enabled else ()
+    tangent_of = tuple(i for i, n in enumerate(needs) if n)
     grad_of = tuple(i for i, info in enumerate(analysis.inputs) if info.requires_grad) if tangent_of else ()
     if not grad_of:
         tangent_of = ()

@@ -1,9 +1,9 @@
 """Input guards of one captured graph, generated as one Python function.
 
-Checked on every call: dtype, device, rank and sizes (exact for static
-dimensions; for symbolic ones, the values bind the shape environment's
-symbols and its guards and value ranges must hold), requires_grad, and the
-non-tensor values that were baked into the graph.
+Checked on every call: dtype, device, rank, sizes, strides and storage offset
+(exact where static; symbolic ones bind the shape environment's symbols and
+its guards and value ranges must hold) and requires_grad. Non-tensor values
+baked into the graph are checked by the call path.
 """
 from __future__ import annotations
 
@@ -79,7 +79,10 @@ class InputGuards:
         for d, (was, now) in enumerate(zip(spec.size, t.shape)):
             if isinstance(was, int) and was != now:
                 return f"{name}: size({d}) was {was} when captured, now {now}"
-        return f"{name}: sizes {tuple(t.shape)} do not fit the captured shape {spec.size}"
+        if all(isinstance(s, int) for s in spec.size):
+            return (f"{name}: strides {t.stride()} and storage offset {t.storage_offset()} differ from the "
+                    f"captured layout {spec.layout[:-1]} and offset {spec.layout[-1]}")
+        return f"{name}: sizes {tuple(t.shape)} or layout do not fit the captured shape {spec.size}"
 
 
 def build(specs, descs, conditions) -> InputGuards:
@@ -108,6 +111,9 @@ def build(specs, descs, conditions) -> InputGuards:
             if isinstance(s, sympy.Symbol) and s not in bound:
                 bound[s] = src
                 bind_lines.append(f"        {str(s)!r}: {src},")
+    for i, spec in enumerate(specs):
+        if spec is not None:
+            lines += _layout_checks(i, spec, bound)
     conditions = [c for c in conditions if c.free_symbols <= set(bound)]
     for c in conditions:
         text = PythonPrinter().doprint(_subst(c, bound))
@@ -117,6 +123,21 @@ def build(specs, descs, conditions) -> InputGuards:
     src = "\n".join(lines) + "\n\n" + "\n".join(bind_lines) + "\n"
     exec(compile(src, "<aotgrad input guards>", "exec"), env)
     return InputGuards(tuple(specs), tuple(descs), tuple(conditions), src, env["check"], env["bind"])
+
+
+def _layout_checks(i: int, spec: TensorSpec, bound: dict) -> list:
+    """Strides and storage offset are part of what a graph assumed: the trace may have decided on
+    them (``contiguous()`` returning its input, ``reshape`` viewing or copying) and outputs that
+    view an input are regenerated with them. Static ones are compared as one tuple."""
+    if not spec.layout:
+        return []
+    if all(isinstance(s, int) for s in spec.layout):
+        return [f"    if flat[{i}].stride() != {tuple(spec.layout[:-1])!r} "
+                f"or flat[{i}].storage_offset() != {spec.layout[-1]}: return {i}"]
+    checks = [f"{src} != {s}" if isinstance(s, int) else f"{src} != ({PythonPrinter().doprint(_subst(s, bound))})"
+              for s, src in zip(spec.layout, _layout_sources(i, len(spec.size)))
+              if not (isinstance(s, sympy.Symbol) and bound.get(s) == src)]
+    return [f"    if {' or '.join(checks)}: return {i}"] if checks else []
 
 
 def _finite(v) -> bool:

@@ -31,7 +31,7 @@ def make_call(captured, run_graph) -> CallPath:
     tensor_pos, in_spec, out_spec = sig.tensor_pos, sig.in_spec, captured.out_spec
     needs_symbols = _needs_symbols(analysis)
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
-        i.mutates_data or i.mutates_metadata for i in analysis.inputs)
+        i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
     grad_guard = captured.is_inference and not setup.session.grad_enabled
     rebase, aliasing = setup.rebase, alias_check(setup, analysis)
     n_leaves = len(sig.leaves)
@@ -127,6 +127,19 @@ def alias_check(setup, analysis):
                         "which it did not when captured")
         return None
     return check
+
+
+def _grads_as_traced(captured) -> bool:
+    """Whether the graph's outputs come back with the traced ``requires_grad`` by themselves:
+    every output that requires grad has a tangent, and (in a training graph, where a
+    non-differentiable output may share storage with a differentiable one) none is without."""
+    lay, analysis = captured.layout, captured.analysis
+    n_mut = len(analysis.mutated())
+    has_tangent = {k - n_mut for k in lay.tangent_of}
+    rg = [o.requires_grad for o in analysis.outputs]
+    if lay.is_inference:
+        return not any(rg)
+    return all(r and j in has_tangent for j, r in enumerate(rg))
 
 
 def _needs_symbols(analysis) -> bool:

@@ -20,17 +20,19 @@ def _concrete(x, symbols):
     return int(x.xreplace(_symbol_map(symbols)))
 
 
-def view_args(meta: ViewMeta, symbols):
+def view_args(meta: ViewMeta, symbols, base: torch.Tensor):
+    """``as_strided`` arguments of ``meta`` (a ``ViewMeta.relative``) on ``base``."""
     if symbols is None:
-        return meta.size, meta.stride, meta.offset
+        return meta.size, meta.stride, base.storage_offset() + meta.offset
     return (tuple(_concrete(s, symbols) for s in meta.size),
-            tuple(_concrete(s, symbols) for s in meta.stride), _concrete(meta.offset, symbols))
+            tuple(_concrete(s, symbols) for s in meta.stride),
+            base.storage_offset() + _concrete(meta.offset, symbols))
 
 
 def as_view(base: torch.Tensor, meta: ViewMeta, requires_grad: bool, symbols):
     if base.requires_grad and not requires_grad:
         base = base.detach()        # e.g. ``x.detach()``: shares storage, no autograd link
-    return base.as_strided(*view_args(meta, symbols))
+    return base.as_strided(*view_args(meta, symbols, base))
 
 
 def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
@@ -42,7 +44,7 @@ def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
         x = flat[i]
         if info.mutates_metadata:
             with torch.no_grad():
-                x.as_strided_(*view_args(info.new_meta, symbols))
+                x.as_strided_(*view_args(info.new_meta, symbols, x))
         if info.mutates_data:
             if info.mutation_needs_autograd and torch.is_grad_enabled() and values[k].requires_grad:
                 x.copy_(values[k])
@@ -77,4 +79,19 @@ def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
     for j, info in enumerate(infos):
         if info.kind == "output":
             outs[j] = outs[info.index]
+        elif isinstance(outs[j], torch.Tensor) and outs[j].requires_grad != info.requires_grad:
+            outs[j] = _as_traced(outs[j], info)
     return outs
+
+
+def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
+    """``requires_grad`` as the trace saw it, where the graph's autograd cannot give it:
+    a non-differentiable output that shares storage with a differentiable one (``y.detach()``
+    next to ``y``) is detached; an output that requires grad but reaches no input that does
+    (``requires_grad_()`` inside, ``torch.ones(3, requires_grad=True)``) becomes a leaf that
+    requires grad, or a non-leaf computed from one, as in eager."""
+    if not info.requires_grad:
+        return t.detach()
+    if info.is_leaf:
+        return t.detach().requires_grad_() if t._base is None else t.requires_grad_()
+    return t.detach().requires_grad_().clone()
