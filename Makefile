@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
 
-.PHONY: venv test demo conformance bench clean
+.PHONY: venv test test-differential demo conformance bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
 		|| echo "no chromium: the HTML report's browser test will skip"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+# Every differential program x entry point (make test runs only its fast slice).
+# A table of counts and a JSON of cases: python -m tests.differential.run
+test-differential: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/differential
 
 demo: $(STAMP)
 	$(PY) -m examples.demo

@@ -1,11 +1,16 @@
 """The one helper every behaviour test uses: run a program eagerly and
 compiled, on identical fresh inputs, and compare everything a user can see.
 
-Compared: outputs (pytree structure, values, dtype, shape, requires_grad,
-whether each output aliases an input), the in-place effects on every input
-tensor and on module parameters and buffers (values and metadata), and the
-gradients of every leaf (inputs and parameters) after a backward pass through
-a fixed random weighting of the outputs.
+Compared: outputs (pytree structure, values, dtype, shape, strides,
+requires_grad, is_leaf, whether each output is a view and of which input, which
+input storages it shares), the in-place effects on every input tensor and on
+module parameters and buffers (values, metadata, requires_grad, is_leaf), the
+global RNG state after the call and after the backward, and the gradients of
+every leaf (inputs and parameters) after a backward pass through a fixed random
+weighting of the outputs.
+
+``assert_refused`` / ``Snapshot`` check the other allowed outcome: a typed
+``aotgrad.errors`` refusal that leaves the user's module, inputs and RNG as they were.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ def as_is(fn, args, kwargs, **opts):
 
 def _fresh(fn, args, kwargs, make):
     if make is not None:
+        torch.manual_seed(1234)     # both runs get the same random inputs, whatever ran before
         made = make()
         fn2, a, k = made if len(made) == 3 else (fn, *made)
         return fn2, tuple(a), dict(k)
@@ -83,6 +89,55 @@ def _alias_signature(out, inputs):
     return sig
 
 
+def _view_signature(out, inputs):
+    """Per output: is it a view, is its ``_base`` an input (or an input's base), is it a leaf."""
+    sig = []
+    for o in _tensors(out):
+        base = o._base
+        of_input = tuple(i for i, t in enumerate(inputs) if base is not None and (base is t or base is t._base))
+        sig.append((o._is_view(), of_input, o.is_leaf))
+    return sig
+
+
+def rng_state():
+    """The global RNG streams a program can draw from (CPU, and every CUDA device when present)."""
+    cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
+    return (torch.get_rng_state(), *cuda)
+
+
+def assert_same_rng(a, b, what):
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), \
+        f"global RNG state differs {what}: the compiled program drew a different amount of randomness"
+
+
+def _compare_outputs(out_e, out_c, ins_e, ins_c, rtol, atol):
+    _, spec_e = pytree.tree_flatten(out_e)
+    _, spec_c = pytree.tree_flatten(out_c)
+    assert spec_e == spec_c, f"output structure differs:\n eager {spec_e}\n compiled {spec_c}"
+    for i, (a, b) in enumerate(zip(pytree.tree_leaves(out_e), pytree.tree_leaves(out_c))):
+        assert_close(a, b, f"output {i}", rtol, atol)
+        if isinstance(a, torch.Tensor):
+            assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs {b.requires_grad}"
+            assert a.is_leaf == b.is_leaf, f"output {i}: is_leaf {a.is_leaf} vs {b.is_leaf}"
+            if a.layout == torch.strided and a.numel() > 1:
+                assert a.stride() == b.stride(), f"output {i}: strides {a.stride()} vs {b.stride()}"
+    assert _alias_signature(out_e, ins_e) == _alias_signature(out_c, ins_c), \
+        f"outputs alias inputs differently: {_alias_signature(out_e, ins_e)} vs {_alias_signature(out_c, ins_c)}"
+    assert _view_signature(out_e, ins_e) == _view_signature(out_c, ins_c), \
+        f"outputs differ in (is view, base is input, is_leaf): {_view_signature(out_e, ins_e)} vs " \
+        f"{_view_signature(out_c, ins_c)}"
+
+
+def _compare_state(state_e, state_c, rtol, atol):
+    for name, t in state_e.items():
+        c = state_c[name]
+        assert t.stride() == c.stride() or t.numel() <= 1, f"{name} strides after call: {t.stride()} vs {c.stride()}"
+        assert_close(t, c, f"{name} after call", rtol, atol)
+        assert (t.requires_grad, t.is_leaf) == (c.requires_grad, c.is_leaf), \
+            f"{name} after call: (requires_grad, is_leaf) {(t.requires_grad, t.is_leaf)} vs " \
+            f"{(c.requires_grad, c.is_leaf)}"
+
+
 def assert_close(a, b, what, rtol, atol):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{what}: eager gave a tensor, compiled {type(b)}"
@@ -114,6 +169,7 @@ def _backward(out, weights):
 def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
           compile: Callable = default_compile, backward: bool = True,
           backward_context: Callable = contextlib.nullcontext,
+          call_context: Callable = contextlib.nullcontext,
           rtol: float = 1.3e-6, atol: float = 1e-5, seed: int = 0, calls: int = 1,
           **opts) -> Run:
     """Compare ``fn(*args, **kwargs)`` eagerly and compiled; return the compiled run.
@@ -123,38 +179,39 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     ``calls`` runs both that many times on the same inputs (state carried over).
     The compiled run's backward runs inside ``backward_context()`` (compiled
     autograd: ``compile=as_is, backward_context=lambda: aotgrad.compiled_autograd()``).
+    Compiling and every forward call run inside ``call_context()`` (an outer ``no_grad``
+    or autocast the program is called under); the backward runs outside it.
     """
     fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
     for _ in range(calls):
         torch.manual_seed(seed)
-        out_e = fn_e(*args_e, **kw_e)
+        with call_context():
+            out_e = fn_e(*args_e, **kw_e)
+    rng_e = rng_state()
     weights = _weights(out_e, seed)
     state_e = _state(fn_e, args_e, kw_e)
 
     fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
-    compiled = compile(fn_c, args_c, kw_c, **dict(opts))
+    with call_context():
+        compiled = compile(fn_c, args_c, kw_c, **dict(opts))
     for _ in range(calls):
         torch.manual_seed(seed)
-        out_c = compiled(*args_c, **kw_c)
+        with call_context():
+            out_c = compiled(*args_c, **kw_c)
+    rng_c = rng_state()
     state_c = _state(fn_c, args_c, kw_c)
 
-    _, spec_e = pytree.tree_flatten(out_e)
-    _, spec_c = pytree.tree_flatten(out_c)
-    assert spec_e == spec_c, f"output structure differs:\n eager {spec_e}\n compiled {spec_c}"
-    for i, (a, b) in enumerate(zip(pytree.tree_leaves(out_e), pytree.tree_leaves(out_c))):
-        assert_close(a, b, f"output {i}", rtol, atol)
-        if isinstance(a, torch.Tensor):
-            assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs {b.requires_grad}"
-    assert _alias_signature(out_e, _tensors((args_e, kw_e))) == _alias_signature(out_c, _tensors((args_c, kw_c))), \
-        "outputs alias inputs differently"
-    for name, t in state_e.items():
-        c = state_c[name]
-        assert t.stride() == c.stride() or t.numel() <= 1, f"{name} strides after call: {t.stride()} vs {c.stride()}"
-        assert_close(t, c, f"{name} after call", rtol, atol)
+    _compare_outputs(out_e, out_c, _tensors((args_e, kw_e)), _tensors((args_c, kw_c)), rtol, atol)
+    assert_same_rng(rng_e, rng_c, "after the call")
+    _compare_state(state_e, state_c, rtol, atol)
 
+    torch.manual_seed(seed + 2)         # both backwards start from one RNG state and must end at one
     if backward and _backward(out_e, weights):
+        rng_e = rng_state()
+        torch.manual_seed(seed + 2)
         with backward_context():
             assert _backward(out_c, weights)
+        assert_same_rng(rng_e, rng_state(), "after the backward")
         for name, t in state_e.items():
             c = state_c[name]
             if not t.is_leaf:
@@ -164,6 +221,10 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
             else:
                 assert c.grad is not None, f"{name}: compiled produced no grad"
                 assert_close(t.grad, c.grad, f"grad of {name}", rtol * 10, atol * 10)
+        for i, (a, b) in enumerate(zip(_tensors(out_e), _tensors(out_c))):
+            if a.retains_grad and a.grad is not None:      # retain_grad() inside the program
+                assert b.retains_grad and b.grad is not None, f"output {i}: retained grad missing"
+                assert_close(a.grad, b.grad, f"retained grad of output {i}", rtol * 10, atol * 10)
     return Run(fn_c, args_c, kw_c, out_c, compiled)
 
 
@@ -212,3 +273,88 @@ def check_training(make: Callable, *, steps: int = 3, batches: Callable | None =
             assert_close(t, c, f"{name} after step {step}", rtol * 10, atol * 10)
         losses.append((results[0].item(), results[1].item()))
     return losses
+
+
+# --- clean refusals ------------------------------------------------------------
+
+def _is_tracing_tensor(x) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return isinstance(x, (FakeTensor, FunctionalTensor)) or (
+        isinstance(x, torch.Tensor) and type(x) is not torch.nn.Parameter and torch._is_functional_tensor(x))
+
+
+def _leaked(fn) -> list[str]:
+    """Names of tracing tensors (Fake/Functional) left in a module's attributes, or a function's closure."""
+    found = []
+    if isinstance(fn, torch.nn.Module):
+        for mname, m in fn.named_modules(remove_duplicate=False):
+            for attr, v in vars(m).items():
+                vals = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
+                found += [f"{mname or 'module'}.{attr}" for x in vals if _is_tracing_tensor(x)]
+    for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        try:
+            found += [f"closure cell {i}"] if _is_tracing_tensor(cell.cell_contents) else []
+        except ValueError:
+            pass
+    return found
+
+
+class Snapshot:
+    """Everything a refused call must leave as it was: the module's parameters and buffers
+    (identity, values, metadata, requires_grad), the input tensors, and the global RNG."""
+
+    def __init__(self, fn, args=(), kwargs=None):
+        self.fn, self.named = fn, _state(fn, args, kwargs or {})
+        self.saved = {n: (id(t), t.detach().clone(), t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf)
+                      for n, t in self.named.items()}
+        self.rng = rng_state()
+
+    def assert_unchanged(self, what="after the refusal"):
+        leaked = _leaked(self.fn)
+        assert not leaked, f"tracing tensors left in the user's program {what}: {leaked}"
+        assert_same_rng(self.rng, rng_state(), what)
+        now = _state(self.fn, (), {}) if isinstance(self.fn, torch.nn.Module) else {}
+        for name, (ident, value, stride, offset, rg, leaf) in self.saved.items():
+            t = now.get(name, self.named[name])
+            assert id(t) == ident, f"{name} was replaced {what}"
+            assert (t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf) == (stride, offset, rg, leaf), \
+                f"{name} metadata changed {what}"
+            assert_close(value, t.detach(), f"{name} {what}", 0, 0)
+
+
+def refusal_guard(compile: Callable) -> Callable:
+    """Wrap a ``compile`` (as ``check`` takes it) so that a typed refusal, at compile time or
+    at any call, is checked to leave the user's state unchanged before it propagates."""
+    def guarded(fn, args, kwargs, **opts):
+        snap = Snapshot(fn, args, kwargs)
+        try:
+            compiled = compile(fn, args, kwargs, **opts)
+        except aotgrad.errors.AotgradError:
+            snap.assert_unchanged("after a refused compile")
+            raise
+
+        def call(*a, **k):
+            snap = Snapshot(fn, a, k)
+            try:
+                return compiled(*a, **k)
+            except aotgrad.errors.AotgradError:
+                snap.assert_unchanged("after a refused call")
+                raise
+        call.compiled = compiled
+        return call
+    return guarded
+
+
+def assert_refused(fn, args=(), kwargs=None, *, make: Callable | None = None,
+                   compile: Callable = default_compile, calls: int = 1, **opts):
+    """Assert compiling and calling ``fn`` raises an ``aotgrad.errors.AotgradError`` subclass and
+    leaves its module, inputs and the RNG unchanged; return the error."""
+    fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
+    try:
+        compiled = refusal_guard(compile)(fn_c, args_c, kw_c, **opts)
+        for _ in range(calls):
+            compiled(*args_c, **kw_c)
+    except aotgrad.errors.AotgradError as e:
+        return e
+    raise AssertionError("expected a typed aotgrad.errors refusal; the call succeeded")

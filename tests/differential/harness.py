@@ -1,0 +1,185 @@
+"""Run one program through one entry point and classify the outcome.
+
+PASS: every call matches eager through ``tests.eager_check.check``. TYPED: aotgrad refused
+with an ``aotgrad.errors.AotgradError`` that left the user's module, inputs and RNG as they
+were (a failure for a ``must_match`` program). FAIL: any mismatch, untyped exception, or
+unclean refusal. SKIP: the combination tests nothing (say why).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+import aotgrad
+from tests.eager_check import _leaked, _tensors, check, refusal_guard
+
+from .entries import ENTRIES, Entry
+from .programs import PROGRAMS, Program, leaf_with
+
+SEED = 1234
+
+
+@dataclass
+class Result:
+    program: str
+    entry: str
+    outcome: str            # pass / typed / fail / skip
+    detail: str = ""
+    user_line: bool = True  # for typed: whether the error names the user's line
+
+
+def _made(prog: Program, **kw):
+    torch.manual_seed(SEED)
+    return prog.make(**kw)
+
+
+def _bigger(prog: Program):
+    n = inspect.signature(prog.make).parameters.get("n")
+    return None if n is None else {"n": n.default + 2}
+
+
+def _restrided(t):
+    if t.dim() < 2 or t.numel() <= 1:
+        return None
+    shape = (*t.shape[:-2], t.shape[-1], t.shape[-2])
+    stride = list(torch.empty(shape).stride())
+    stride[-1], stride[-2] = stride[-2], stride[-1]
+    return leaf_with(t.detach(), tuple(stride), 0).requires_grad_(t.requires_grad)
+
+
+def _offset(t):
+    return leaf_with(t.detach(), t.stride(), 3).requires_grad_(t.requires_grad) if t.numel() else None
+
+
+_TRANSFORMS = {"stride": _restrided, "offset": _offset}
+
+
+def _variant_args(prog, variant):
+    """Fresh ``(args, kwargs)`` for one call, or None when the variant changes nothing."""
+    if variant == "size":
+        kw = _bigger(prog)
+        return None if kw is None else _made(prog, **kw)[1:]
+    _, args, kwargs = _made(prog)
+    if variant == "base":
+        return args, kwargs
+    changed = []
+
+    def change(x):
+        if not isinstance(x, torch.Tensor) or type(x) is not torch.Tensor or not x.is_leaf or \
+                x.layout != torch.strided or x._is_view():
+            return x
+        y = _TRANSFORMS[variant](x)
+        changed.append(y is not None)
+        return x if y is None else y
+    new = pytree.tree_map(change, (args, kwargs))
+    return new if any(changed) else None
+
+
+def _compare(prog, entry, fns, compiled_box, variant):
+    first, second = _variant_args(prog, variant), _variant_args(prog, variant)
+    if first is None:
+        return False
+    pair = iter([(fns[0], *first), (fns[1], *second)])
+
+    def compile_once(fn, args, kwargs):
+        if compiled_box[0] is None:
+            compiled_box[0] = refusal_guard(lambda f, a, k: entry.compile(f, a, k))(fn, args, kwargs)
+        return compiled_box[0]
+    run = check(None, make=lambda: next(pair), compile=compile_once, backward=prog.backward,
+                backward_context=entry.backward_context, call_context=prog.outer,
+                rtol=prog.tol[0], atol=prog.tol[1], seed=0, calls=prog.calls)
+    return any(o.requires_grad for o in _tensors(run.out))
+
+
+def _expect_raise(prog, entry):
+    fn, args, kwargs = _made(prog)
+    try:
+        with prog.outer():
+            refusal_guard(lambda f, a, k: entry.compile(f, a, k))(fn, args, kwargs)(*args, **kwargs)
+    except aotgrad.errors.AotgradError as e:
+        return Result(prog.name, entry.name, "typed", _one_line(e), e.user_line is not None)
+    except RuntimeError as e:
+        return Result(prog.name, entry.name, "pass", f"raised like eager: {_one_line(e)}")
+    return Result(prog.name, entry.name, "fail", "eager raises, compiled returned a result")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _where(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    inner = [f for f in frames if "/aotgrad/" in f.filename] or frames
+    f = inner[-1]
+    return f" [{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}]"
+
+
+def _classify(prog, entry, body) -> Result:
+    try:
+        return body()
+    except aotgrad.errors.BudgetError as e:
+        return Result(prog.name, entry.name, "skip", f"budget unreachable for this program: {_one_line(e)}")
+    except aotgrad.errors.AotgradError as e:
+        if prog.must_match:
+            return Result(prog.name, entry.name, "fail", f"refused a must_match program: {_one_line(e)}")
+        return Result(prog.name, entry.name, "typed", _one_line(e), e.user_line is not None)
+    except AssertionError as e:
+        kind = "unclean refusal" if isinstance(e.__context__, aotgrad.errors.AotgradError) else "mismatch"
+        return Result(prog.name, entry.name, "fail", f"{kind}: {_one_line(e)}"[:400])
+    except Exception as e:      # noqa: BLE001  an untyped exception is a failure to report, not to crash on
+        return Result(prog.name, entry.name, "fail", f"untyped {_one_line(e)}{_where(e)}"[:400])
+
+
+def run_case(prog: Program, entry: Entry) -> Result:
+    """Run ``prog`` through ``entry`` for every input variant; the first non-pass decides."""
+    if "isolate" in prog.tags:
+        return run_isolated(prog.name, entry.name)
+    entry.reset()
+    if prog.eager_raises:
+        return _classify(prog, entry, lambda: _expect_raise(prog, entry))
+
+    def body():
+        fns = (_made(prog)[0], _made(prog)[0])
+        box, ran, grads = [None], [], False
+        for variant in entry.variants:
+            got = _compare(prog, entry, fns, box, variant)
+            if got is not False or variant == "base":
+                ran.append(variant)
+                grads = grads or got
+        leaked = _leaked(fns[1])
+        assert not leaked, f"tracing tensors left in the user's program: {leaked}"
+        if entry.name == "compiled_autograd" and not (prog.backward and grads):
+            return Result(prog.name, entry.name, "skip", "no backward to compile")
+        return Result(prog.name, entry.name, "pass", "calls: " + ", ".join(ran))
+    try:
+        return _classify(prog, entry, body)
+    finally:
+        entry.reset()
+
+
+def run_isolated(program: str, entry: str, timeout: float = 300) -> Result:
+    """Run one case in a child process: a program that may kill its process (a crash is a FAIL)."""
+    code = ("import json, sys; from tests.differential.harness import *; "
+            f"r = run_case(PROGRAMS[{program!r}].__class__(**{{**PROGRAMS[{program!r}].__dict__, "
+            f"'tags': frozenset()}}), ENTRIES[{entry!r}]); print('RESULT' + json.dumps(asdict(r)))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Result(program, entry, "fail", f"timed out after {timeout:.0f} s")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return Result(**json.loads(line[len("RESULT"):]))
+    return Result(program, entry, "fail", f"process died (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+
+
+def cases():
+    """Every (program, entry) pair, in table order."""
+    return [(p, e) for p in PROGRAMS for e in ENTRIES]

@@ -1,0 +1,302 @@
+"""Outputs that alias: inputs themselves, views of inputs, views of intermediates, each other."""
+import torch
+
+from .programs import fn, program, r, transposed_leaf, views_of
+
+A = "alias"
+
+
+@program("out_is_input", A, must_match=True)
+def _(n=4):
+    return fn(lambda x, y: (x, x * y), r(n, 3, rg=True), r(n, 3))
+
+
+@program("out_is_input_no_grad", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x, r(n, 3))
+
+
+@program("view_select", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x[1], r(n, 3, rg=True))
+
+
+@program("view_select_no_grad", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x[1], torch.arange(n * 3.).view(n, 3))
+
+
+@program("view_slice", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x[1:3], r(n, 3, rg=True))
+
+
+@program("view_slice_step", A)
+def _(n=6):
+    return fn(lambda x: x[::2, 1:], r(n, 4, rg=True))
+
+
+@program("view_t", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.t(), r(n, 3, rg=True))
+
+
+@program("view_view", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.view(-1), r(n, 3, rg=True))
+
+
+@program("view_reshape_contiguous", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.reshape(3, n), r(n, 3, rg=True))
+
+
+@program("reshape_of_transposed_input", A)
+def _(n=4):
+    return fn(lambda x: x.reshape(-1), transposed_leaf(n, 3, rg=True))
+
+
+@program("view_flatten", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.flatten(), r(n, 2, 3, rg=True))
+
+
+@program("view_as_strided", A)
+def _(n=4):
+    return fn(lambda x: x.as_strided((2, 2), (1, 2), 1), r(n, 3, rg=True))
+
+
+@program("view_unsqueeze", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.unsqueeze(1), r(n, 3, rg=True))
+
+
+@program("view_expand", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.expand(2, n, 3), r(n, 3, rg=True))
+
+
+@program("view_diagonal", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.diagonal(), r(n, n, rg=True))
+
+
+@program("view_unbind", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.unbind(0), r(n, 3, rg=True))
+
+
+@program("view_split", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.split(2), r(n, 3, rg=True))
+
+
+@program("view_split_with_sizes", A)
+def _(n=4):
+    return fn(lambda x: x.split([1, n - 1]), r(n, 3, rg=True))
+
+
+@program("view_chunk", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.chunk(2, dim=1), r(3, n, rg=True))
+
+
+@program("view_as_real", A, "complex")
+def _(n=4):
+    return fn(lambda x: torch.view_as_real(x), r(n, 3, dtype=torch.complex64, rg=True))
+
+
+@program("view_as_complex", A, "complex")
+def _(n=4):
+    return fn(lambda x: torch.view_as_complex(x), r(n, 3, 2, rg=True))
+
+
+@program("view_conj", A, "complex")
+def _(n=4):
+    return fn(lambda x: x.conj(), r(n, 3, dtype=torch.complex64, rg=True))
+
+
+@program("view_real_imag", A, "complex")
+def _(n=4):
+    return fn(lambda x: (x.real, x.imag), r(n, 3, dtype=torch.complex64, rg=True))
+
+
+@program("view_detach_input", A)
+def _(n=4):
+    return fn(lambda x: (x.detach(), x * 2), r(n, 3, rg=True))
+
+
+@program("view_permute_movedim", A)
+def _(n=4):
+    return fn(lambda x: (x.permute(2, 0, 1), x.movedim(0, -1)), r(n, 2, 3, rg=True))
+
+
+@program("view_narrow_unfold", A)
+def _(n=6):
+    return fn(lambda x: (x.narrow(0, 1, 2), x.unfold(0, 2, 2)), r(n, 3, rg=True))
+
+
+@program("view_squeeze_view_as", A)
+def _(n=4):
+    return fn(lambda x, y: (x.squeeze(1), x.view_as(y)), r(n, 1, 3, rg=True), r(n, 3))
+
+
+@program("view_chain", A)
+def _(n=4):
+    return fn(lambda x: x.view(2, -1).t()[1:].unsqueeze(0), r(n, 3, rg=True))
+
+
+@program("view_of_intermediate", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: (x + 1).view(-1), r(n, 3, rg=True))
+
+
+@program("intermediate_and_its_view", A, must_match=True)
+def _(n=4):
+    def f(x):
+        a = x.sin()
+        return a, a[0]
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("two_views_of_intermediate", A, must_match=True)
+def _(n=4):
+    def f(x):
+        a = x * 2
+        return a[0], a[1]
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("view_of_intermediate_returned_twice", A)
+def _(n=4):
+    def f(x):
+        a = x * 2
+        return a, a, a.view(-1)
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("outputs_alias_each_other_no_grad", A)
+def _(n=4):
+    def f(x):
+        a = x * 2
+        return a.t(), a.view(-1)
+    return fn(f, r(n, 3))
+
+
+@program("view_of_input_and_of_intermediate", A)
+def _(n=4):
+    return fn(lambda x: (x.view(-1), (x * 2).view(-1), x), r(n, 3, rg=True))
+
+
+@program("contiguous_of_contiguous_input", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.contiguous(), r(n, 3, rg=True))
+
+
+@program("contiguous_of_transposed_input", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: x.contiguous(), transposed_leaf(n, 3, rg=True))
+
+
+@program("contiguous_of_view_of_input", A)
+def _(n=4):
+    return fn(lambda x: x.t().contiguous(), r(n, 3, rg=True))
+
+
+@program("detach_next_to_views", A, "leafness")
+def _(n=4):
+    def f(x):
+        y = x + 1
+        return y.t(), y.t().detach()
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("detach_of_output_element", A, "leafness")
+def _(n=4):
+    def f(x):
+        out = x * 3
+        return out, out[0].detach(), out[1]
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("view_of_mutated_input", A, "mutation")
+def _(n=4):
+    def f(x):
+        x.mul_(2)
+        return x.view(-1)
+    return fn(f, r(n, 3))
+
+
+@program("view_taken_before_mutation", A, "mutation")
+def _(n=4):
+    def f(x):
+        v = x.view(-1)
+        x.add_(1)
+        return v
+    return fn(f, r(n, 3))
+
+
+@program("view_of_mutated_nonleaf_input", A, "mutation")
+def _(n=4):
+    def f(x):
+        x.mul_(2)
+        return x.t(), x + 1
+    return fn(f, *views_of((n, 3), True, lambda b: b[:]))
+
+
+@program("t__then_return_input", A, "metadata")
+def _(n=4):
+    def f(x):
+        x.t_()
+        return x
+    return fn(f, r(n, 3))
+
+
+@program("unsqueeze__then_return_view", A, "metadata")
+def _(n=4):
+    def f(x):
+        x.unsqueeze_(0)
+        return x[0], x * 2
+    return fn(f, r(n, 3))
+
+
+@program("intermediate_t__returned", A, "metadata")
+def _(n=4):
+    def f(x):
+        out = x * 2
+        out.t_()
+        return out
+    return fn(f, r(n, 3, rg=True))
+
+
+@program("outputs_view_distinct_aliased_inputs", A, "aotdispatch")
+def _(n=4):
+    a, b = views_of((2, 2), True, lambda x: x.view(-1), lambda x: x.view(-1))
+    return fn(lambda a, b: (a.view(a.shape), b.view(b.shape)), a, b)
+
+
+@program("same_tensor_twice", A, "aotdispatch", must_match=True)
+def _(n=4):
+    x = r(n, 3, rg=True)
+    return fn(lambda a, b: a * b + a, x, x)
+
+
+@program("all_alias_types", A, "aotdispatch")
+def _(n=4):
+    def f(a):
+        a.transpose_(1, 0)
+        tmp = a.mul(2)
+        return tmp.squeeze(), tmp.transpose(1, 0), a.unsqueeze(0)
+    return fn(f, r(1, n))
+
+
+@program("input_output_view_simple", A, "aotdispatch", must_match=True)
+def _(n=4):
+    return fn(lambda a: a.view(-1), r(2, n, rg=True))
+
+
+@program("output_view_requires_grad_only_one", A, "aotdispatch")
+def _(n=4):
+    def f(a, b):
+        return a.view(-1), b.t(), (a + b).view(-1)
+    return fn(f, r(2, n, rg=True), r(2, n))
