@@ -8,7 +8,8 @@ region in the backward after restoring the RNG, or code after a
 is replaced by the first, so the compiled program draws each number once, in
 eager's order, and the partitioner saves the forward's mask for the backward.
 A replay that would not give the same numbers (another operator, shape or
-input from the same state) is refused.
+input from the same state) is refused. A pass that ends with the stream
+rewound restores the state as eager does (:mod:`aotgrad.passes.rng_rewind`).
 
     fw: m = bernoulli(e, 0.3)  @(cpu, fw, 0)  ...  bw: m2 = bernoulli(e2, 0.3)  @(cpu, fw, 0); y = mul(g, m2)
     ->  fw: m = bernoulli(e, 0.3)  ...  bw: y = mul(g, m)
@@ -22,6 +23,7 @@ from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _copy, _drop_dead
 from .rng_positions import ENDS, PHASE
+from .rng_rewind import restore_after
 
 
 class _Values:
@@ -82,7 +84,7 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
         n.replace_all_uses_with(prior)
         values.of[n] = values.of[prior]
         gm.graph.erase_node(n)
-    _refuse_rewinds(first, gm.meta.get(ENDS, {}))
+    _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
     _drop_dead(gm.graph)
     gm.recompile()
     return gm
@@ -98,13 +100,15 @@ def _refuse_unknown_state(n: fx.Node, at) -> None:
             "compiled graph cannot reproduce them", user_line=_where(n))
 
 
-def _refuse_rewinds(first: dict, ends: dict) -> None:
-    """Each pass must leave the stream where eager leaves it: after its last draw, not rewound."""
+def _leave_stream_as_eager(graph: fx.Graph, first: dict, ends: dict) -> None:
+    """Each pass must leave the stream where eager leaves it: a pass that ends rewound
+    (``fork_rng`` around its last draws) gets its state saved and restored."""
     for (dev, phase), (epoch, index) in ends.items():
-        drawn = [n for (d, e, i), n in first.items() if d == dev and e == phase and i >= index]
-        if epoch != phase or drawn:
-            line = _where(drawn[0]) if drawn else None
+        drawn = [n for (d, e, _), n in first.items() if d == dev and e == phase]
+        if epoch != phase:
             raise UnsupportedError(
-                f"the {'forward' if phase == 'fw' else 'backward'} leaves the {dev} RNG state rewound "
-                "(torch.random.fork_rng or set_rng_state around random ops, with no draw after it); the "
-                "compiled graph would leave it advanced", user_line=line)
+                f"the backward leaves the {dev} RNG state at a restored forward state (set_rng_state in a "
+                "custom backward?); the compiled graph cannot reproduce that", user_line=_where(drawn[-1]) if drawn else None)
+        past = [n for n in drawn if n.meta[RNG_META][2] >= index]
+        if past:
+            restore_after(graph, past[0], drawn[-1], dev, phase)
