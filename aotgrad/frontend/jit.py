@@ -2,13 +2,17 @@
 when a guard fails, and say why.
 
 Each entry is a ``Compiled`` whose generated guards check everything the
-graph assumed (pytree structure, baked-in non-tensor values, dtype, device,
-rank, sizes or their symbolic ranges, requires_grad, aliasing of written
-inputs) plus the grad and autocast modes it was captured under.
+graph assumed (pytree structure, baked-in non-tensor values with their exact
+types, dtype, device, rank, sizes or their symbolic ranges, requires_grad,
+aliasing of written inputs), the modes it was captured under (grad mode,
+autocast and its dtypes, the default dtype), and every piece of Python state
+the trace read (:mod:`aotgrad.guards.state`: globals, closure cells, module
+attributes and structure, hooks, attributes of objects passed in).
 
-A compile first looks in the on-disk cache (:mod:`aotgrad.guards.cache`),
-keyed before capture on the function, its inputs and the options; a hit is
-rebuilt without tracing and still guards every call like a fresh compile.
+A compile first looks in the on-disk cache (:mod:`aotgrad.guards.cache`): the
+entries stored for this function and inputs each carry the reads they assumed,
+resolved again in this process; a hit is rebuilt without tracing and guards
+every call like a fresh compile.
 """
 from __future__ import annotations
 
@@ -18,30 +22,41 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import errors
 from ..capture.capture import capture_call
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..export.graphs import Unserializable
-from ..guards import cache
+from ..guards import cache, reads, resolve
+from ..guards import state as state_guards
 from .flatten import signature
+from .jit_options import bound_method, check_options, root_name, tracing
 
 log = logging.getLogger("aotgrad.jit")
 
 
 def _modes() -> tuple:
-    return (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    """The process-wide modes a trace bakes in; an entry runs only under the ones it was captured in."""
+    cpu, cuda = torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
+    return (torch.is_grad_enabled(), cpu, cuda, torch.get_autocast_dtype("cpu") if cpu else None,
+            torch.get_autocast_dtype("cuda") if cuda else None, torch.get_default_dtype())
+
+
+_MODE_NAMES = ("grad mode", "CPU autocast", "CUDA autocast", "CPU autocast dtype", "CUDA autocast dtype",
+               "the default dtype")
 
 
 def _describe_modes(was, now) -> str:
-    names = ("grad mode", "CPU autocast", "CUDA autocast")
-    return "; ".join(f"{n} was {'on' if a else 'off'}, now {'on' if b else 'off'}"
-                     for n, a, b in zip(names, was, now) if a != b)
+    def text(v):
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(_MODE_NAMES, was, now) if a != b)
 
 
 @dataclass
 class Entry:
     compiled: object
     modes: tuple
+    state: object               # guards.state.StateGuards: the Python state the trace read
     reason: str | None          # why it was compiled: None for the first entry
     loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
 
@@ -55,11 +70,23 @@ class Jit:
     entries: list = field(default_factory=list)
     dynamic_dims: dict = field(default_factory=dict)
     fallbacks: int = 0
+    name: str | None = None     # what messages call a jitted module: the caller's variable name
+
+    def __post_init__(self):
+        check_options(self.compile_options)
+        if self.name is None:
+            self.name = root_name(self.fn)
+
+    def __get__(self, obj, objtype=None):
+        """``@aotgrad.jit`` on a method: one jitted function per instance, with ``self`` bound."""
+        return self if obj is None else bound_method(self, obj)
 
     def __call__(self, *args, **kwargs):
+        if tracing():       # called inside another capture: trace through, the outer graph holds it
+            return self.fn(*args, **kwargs)
         modes = _modes()
         for e in self.entries:
-            if e.modes == modes:
+            if e.modes == modes and e.state.check() is None:
                 flat, why = e.compiled.path.match(args, kwargs)
                 if why is None:
                     return e.compiled.path.run(flat)
@@ -78,32 +105,53 @@ class Jit:
             log.info("recompiling %s: %s", _name(self.fn), reason)
         with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
                    entry=len(self.entries), reason=reason) as info:
-            compiled, loaded = self._compile(modes, args, kwargs)
+            compiled, state, loaded = self._compile(modes, args, kwargs)
             info["from disk cache"] = loaded
-        self.entries.append(Entry(compiled, modes, reason, loaded))
+        self.entries.append(Entry(compiled, modes, state, reason, loaded))
+        failed = state.check()
+        assert failed is None, f"a fresh compile rejected its own state: {state.explain(failed)}"
         flat, why = compiled.path.match(args, kwargs)
         assert why is None, f"a fresh compile rejected its own inputs: {why}"
         return compiled.path.run(flat)
 
     def _compile(self, modes, args, kwargs):
-        """``(compiled, loaded)``: from the disk cache when it has this call, else captured
-        and compiled here (and stored for the next process)."""
+        """``(compiled, state guards, loaded)``: from the disk cache when it has this call, else
+        captured and compiled here (and stored for the next process)."""
         key = self._key(modes, args, kwargs)
+        leaves = _leaves(args, kwargs)
         if key is not None:
             with timed([], "cache lookup", key=key) as info:
-                compiled = self._load(key, args, kwargs)
-                info["hit"] = compiled is not None
-            if compiled is not None:
-                return compiled, True
-        captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
+                hit = self._load(key, args, kwargs, leaves)
+                info["hit"] = hit is not None
+            if hit is not None:
+                return (*hit, True)
+        captured, assumed = self._capture(args, kwargs, leaves)
         compiled = captured.compile(**self.compile_options)
         if key is not None:
             try:
                 with timed([], "cache store", key=key):
-                    cache.store("jit", key, dump_compiled(compiled))
+                    cache.store_jit(key, assumed, dump_compiled(compiled))
             except Unserializable as e:
                 log.info("not caching %s on disk: %s", _name(self.fn), e)
-        return compiled, False
+        return compiled, state_guards.build(assumed), False
+
+    def _capture(self, args, kwargs, leaves):
+        """Capture while recording the Python state the trace reads; an assignment to such
+        state is undone and refused (the graph would not repeat it)."""
+        rec = None
+        try:
+            with reads.record() as rec:
+                captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
+        finally:
+            written = rec.undo_writes() if rec is not None else []
+        if written:
+            owner, key = written[0]
+            where = owner if isinstance(owner, str) else type(owner).__name__
+            raise errors.UnsupportedError(
+                f"the traced code assigns `{key}` of {where} (Python state outside the tensors); the compiled "
+                "graph would not repeat the assignment, so later calls would differ from eager. Keep that state "
+                "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
+        return captured, resolve.assumed(self.fn, leaves, self.name, rec)
 
     def _key(self, modes, args, kwargs) -> str | None:
         opts = self.compile_options
@@ -113,10 +161,12 @@ class Jit:
         return cache.jit_key(self.fn, args, kwargs, modes=modes, dynamic=self.dynamic,
                              dynamic_dims=self.dynamic_dims, options=opts)
 
-    def _load(self, key, args, kwargs):
-        record = cache.load("jit", key)
-        if record is None:
+    def _load(self, key, args, kwargs, leaves):
+        """``(compiled, state guards)`` of a stored entry whose reads all hold here, or None."""
+        found = cache.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths))
+        if found is None:
             return None
+        record, assumed = found
         opts = self.compile_options
         try:
             compiled = load_compiled(record, self.fn, args, kwargs,
@@ -124,10 +174,11 @@ class Jit:
         except Exception as e:  # an entry this build cannot rebuild: compile instead, never fail the call
             log.warning("cannot rebuild the cached entry of %s (%s: %s); compiling", _name(self.fn), type(e).__name__, e)
             return None
-        if compiled is None or compiled.path.match(args, kwargs)[1] is not None:
+        state = state_guards.build(assumed)
+        if compiled is None or state.check() is not None or compiled.path.match(args, kwargs)[1] is not None:
             return None
         log.info("loaded %s from the disk cache", _name(self.fn))
-        return compiled
+        return compiled, state
 
     def _why(self, modes, args, kwargs) -> str | None:
         """Why the newest entry does not fit; widens ``dynamic_dims`` when only sizes changed."""
@@ -136,6 +187,9 @@ class Jit:
         last = self.entries[-1]
         if last.modes != modes:
             return _describe_modes(last.modes, modes)
+        failed = last.state.check()
+        if failed is not None:
+            return last.state.explain(failed)
         _, why = last.compiled.path.match(args, kwargs)
         if self.dynamic is None:
             self._widen(last.compiled, args, kwargs)
@@ -166,11 +220,18 @@ class Jit:
             lines.append(f"    sizes {sizes}")
             for c in g.conditions:
                 lines.append(f"    assumes {c}")
+            lines.append(f"    reads {len(e.state.reads)} pieces of Python state")
         return "\n".join(lines)
 
 
 def _name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _leaves(args, kwargs) -> list:
+    """The call's non-tensor argument leaves (tensors as None), in pytree order."""
+    import torch.utils._pytree as pytree
+    return [None if isinstance(v, torch.Tensor) else v for v in pytree.tree_leaves((tuple(args), dict(kwargs)))]
 
 
 def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **compile_options):
@@ -181,6 +242,7 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     ``compile_options`` go to ``Captured.compile`` (``fw_compiler``, ``partitioner`` ...).
     Usable as ``@aotgrad.jit`` or ``aotgrad.jit(model, dynamic=True)``.
     """
+    check_options(compile_options)
     if fn is None:
         return lambda f: jit(f, dynamic=dynamic, recompile_limit=recompile_limit, **compile_options)
-    return Jit(fn, dynamic, compile_options, recompile_limit)
+    return Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))

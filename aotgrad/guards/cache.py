@@ -8,13 +8,19 @@ one key each leave a whole file and readers never see half of one; a file that
 fails its checksum is reported once per process, ignored, and rewritten by the
 next store.
 
-Keys are computed *before* capture by ``jit_key`` from what decides the graph:
-the function's code (and the code and values it reaches through globals and
-closures), a module's classes, attributes and parameter metadata, the
-structure and metadata of the inputs, grad/autocast modes, the options that
-affect code, and the versions of torch and of aotgrad's own source. Anything
-the fingerprint cannot describe as data makes the call uncacheable rather than
-risking a stale graph; and a loaded entry's guards still check every call.
+A ``jit`` compile is found in two steps. ``jit_key``, computed before capture,
+names an *index* from what is known then: the function's own code, a module's
+classes, structure and parameter metadata, the structure and metadata of the
+inputs, the modes, the options, the versions of torch and of aotgrad's source.
+The index lists stored entries, each with the reads its trace made
+(:mod:`aotgrad.guards.state`: globals, closure cells, module attributes, hooks,
+the code of every function reached) as paths and fingerprints of their values.
+A lookup resolves those paths again in this process and loads an entry only
+when every fingerprint matches: the same record the in-memory guards check,
+so the disk cache and the guards cannot disagree about what a graph assumed.
+Anything the fingerprint cannot describe as data makes the call uncacheable
+rather than risking a stale graph; and a loaded entry's guards still check
+every call.
 
 ``AOTGRAD_CACHE=0`` disables the cache; ``AOTGRAD_CACHE_DIR`` moves it from
 ``~/.cache/aotgrad``.
@@ -153,13 +159,84 @@ def digest(*parts) -> str:
 def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> str | None:
     """The key of one ``jit`` compile, or None when something in it cannot be fingerprinted."""
     try:
-        program = _module_fp(fn, {}) if isinstance(fn, torch.nn.Module) else _fp(fn, {})
+        program = _module_fp(fn, {}) if isinstance(fn, torch.nn.Module) else _program_fp(fn)
         parts = (program, _inputs(args, kwargs), modes, _global_state(), dynamic,
                  sorted((i, sorted(d)) for i, d in dynamic_dims.items()), _options(options))
     except Uncacheable as e:
         log.info("not caching %s on disk: %s", getattr(fn, "__name__", type(fn).__name__), e)
         return None
     return digest("jit", parts)
+
+
+def _program_fp(fn):
+    """The jitted function itself; what it reads (globals, cells, defaults) is in the entry's record."""
+    if isinstance(fn, types.FunctionType):
+        return ("function", fn.__module__, fn.__qualname__, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest())
+    return _value_fp(fn)
+
+
+def _value_fp(v):
+    """A value a trace read, as data: plain values by value, code by its bytes, other objects by type."""
+    if isinstance(v, torch.nn.Module):
+        return ("nn.Module", _class_fp(type(v), {}))
+    if isinstance(v, types.ModuleType):
+        return ("module", v.__name__)
+    if isinstance(v, types.FunctionType) and not _is_lib(v):
+        return _program_fp(v) + (_value_fp(v.__defaults__),)
+    if isinstance(v, types.MethodType):
+        return ("method", _value_fp(v.__func__), type(v.__self__).__qualname__)
+    if isinstance(v, (tuple, list, frozenset, set, dict)):
+        items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+        return (type(v).__name__, tuple(_value_fp(x) for x in items))
+    try:
+        return _fp(v, {})
+    except Uncacheable:
+        if hasattr(v, "__dict__") and not isinstance(v, type):
+            return ("object", type(v).__module__, type(v).__qualname__)
+        raise
+
+
+def read_fp(read):
+    """The fingerprint of one read of a trace (``state.Read``) for the disk cache."""
+    from .state import _thaw
+    if read.kind in ("absent", "len"):
+        return (read.kind, read.value)
+    if read.kind == "dict":
+        return ("dict", tuple((repr(k), _value_fp(v)) for k, v in read.value.items()))
+    return (read.kind, _value_fp(_thaw(read.value) if read.kind == "frozen" else read.value))
+
+
+def store_jit(key: str, reads, entry) -> bool:
+    """Store ``entry`` under the index ``key`` with the reads it assumed (kept: the 8 newest)."""
+    if any(r.path is None for r in reads):
+        log.info("not caching on disk: the trace read state it reached through objects with no path from its roots")
+        return False
+    try:
+        record = tuple((r.path, r.kind, r.source, read_fp(r)) for r in reads)
+    except Uncacheable as e:
+        log.info("not caching on disk: %s", e)
+        return False
+    entry_key = digest("jit entry", key, record)
+    if not store("jit", entry_key, entry):
+        return False
+    index = [v for v in (load("jitidx", key) or []) if v[1] != entry_key][-7:]
+    return store("jitidx", key, index + [(record, entry_key)])
+
+
+def load_jit(key: str, reresolve):
+    """``(entry, reads)`` of the newest stored entry whose reads, found again by
+    ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None."""
+    for record, entry_key in reversed(load("jitidx", key) or []):
+        reads = reresolve([(p, k, s) for p, k, s, _ in record])
+        try:
+            if reads is None or [read_fp(r) for r in reads] != [fp for *_, fp in record]:
+                continue
+        except Uncacheable:
+            continue
+        entry = load("jit", entry_key)
+        if entry is not None:
+            return entry, reads
+    return None
 
 
 def _global_state() -> tuple:
@@ -293,9 +370,9 @@ def _source(v) -> str:
 def _module_fp(module: torch.nn.Module, seen):
     subs = []
     for name, m in module.named_modules(remove_duplicate=False):
-        attrs = tuple((k, _fp(v, seen)) for k, v in sorted(vars(m).items())
-                      if not k.startswith("_") and k != "training")
-        subs.append((name, _class_fp(type(m), seen), m.training, attrs))
+        # Attribute values are in the entry's record; functions stored on a module decide what runs.
+        code = tuple((k, _program_fp(v)) for k, v in sorted(vars(m).items()) if isinstance(v, types.FunctionType))
+        subs.append((name, _class_fp(type(m), seen), code))
     state = [("p", n, _tensor_meta(p)) for n, p in module.named_parameters(remove_duplicate=False)]
     state += [("b", n, _tensor_meta(b)) for n, b in module.named_buffers(remove_duplicate=False)]
     # Which names share a tensor (tied weights) decides the graph's inputs.

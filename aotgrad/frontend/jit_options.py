@@ -1,0 +1,81 @@
+"""What ``aotgrad.jit`` checks about how it is used, before anything is traced:
+its options, its use as a method decorator, calls from inside another trace."""
+from __future__ import annotations
+
+import difflib
+import inspect
+import sys
+import weakref
+
+import torch
+
+from .. import backends, errors
+
+# Names users bring from torch.compile and similar APIs, and the option they mean here.
+_MEANT = {"backend": "fw_compiler", "compiler": "fw_compiler", "mode": "fw_compiler", "dynamic_shapes": "dynamic",
+          "fullgraph": None, "options": None}
+
+
+def check_options(options: dict) -> None:
+    """Refuse options ``Captured.compile`` does not take, and compiler names not registered."""
+    from ..stages import Captured
+    known = [p for p in inspect.signature(Captured.compile).parameters if p != "self"]
+    for key, value in options.items():
+        if key not in known:
+            meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, known, 1)), None)
+            hint = f"; did you mean {meant}={value!r}?" if meant else ""
+            raise errors.OptionError(f"aotgrad.jit got an unknown option {key}={value!r} (it takes dynamic, "
+                                     f"recompile_limit, {', '.join(known)}){hint}", user_line=errors.caller_line())
+    for key in ("fw_compiler", "bw_compiler"):
+        name = options.get(key)
+        if isinstance(name, str) and name not in backends.list():
+            raise errors.OptionError(f"aotgrad.jit got {key}={name!r}, which is not a registered compiler "
+                                     f"(registered: {', '.join(backends.list())})", user_line=errors.caller_line())
+
+
+def root_name(fn, depth: int = 0) -> str:
+    """How messages name the jitted object: a function by its name, a module by the variable
+    the caller of ``aotgrad.jit`` holds it in (``model.fc.training``), else ``model``."""
+    if not isinstance(fn, torch.nn.Module):
+        return getattr(fn, "__name__", type(fn).__name__)
+    if depth:
+        frame = sys._getframe(depth + 1)
+        for scope in (frame.f_locals, frame.f_globals):
+            for k, v in scope.items():
+                if v is fn and k.isidentifier() and not k.startswith("_"):
+                    return k
+    return "model"
+
+
+def tracing() -> bool:
+    """Whether a dispatch mode is active: another capture (fake, functional, proxy tracing) is
+    tracing this call, or a user mode watches every op; either way the function runs as written."""
+    return torch._C._len_torch_dispatch_stack() > 0
+
+
+class _Method(torch.nn.Module):
+    """A method bound to a module instance, as a module whose tree is the instance's: the
+    instance's parameters are lifted like a jitted module's, and its hooks are not re-run."""
+
+    def __init__(self, fn, obj):
+        super().__init__()
+        self.self = obj
+        self._method = fn
+
+    def forward(self, *args, **kwargs):
+        return self._method(self.self, *args, **kwargs)
+
+
+_bound: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def bound_method(jit, obj):
+    """The jitted method for ``obj``: one ``Jit`` per (instance, method), kept while the instance lives."""
+    from functools import partial
+    per_obj = _bound.setdefault(obj, {})
+    found = per_obj.get(id(jit))
+    if found is None:
+        target = _Method(jit.fn, obj) if isinstance(obj, torch.nn.Module) else partial(jit.fn, obj)
+        name = f"{type(obj).__name__}.{getattr(jit.fn, '__name__', 'method')}"
+        found = per_obj[id(jit)] = type(jit)(target, jit.dynamic, jit.compile_options, jit.recompile_limit, name=name)
+    return found

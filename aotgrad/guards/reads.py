@@ -1,0 +1,245 @@
+"""What a trace read: every user code object that ran while a call was traced,
+with the globals, ``self`` and object arguments it ran with, and the access
+chains (``SCALE``, ``self.fc.weight``, ``helpers.act``, ``cfg['lr']``) its
+bytecode loads.
+
+``record()`` watches the trace with ``sys.setprofile`` (call events only);
+``chains(code)`` reads a code object's loads once and caches them. What the
+chains resolve to, and the guards on it, is :mod:`aotgrad.guards.state`.
+It also snapshots the instance dicts and globals the traced code ran with, so
+a trace that assigned Python state (``self.calls += 1``) is found, undone and
+refused: the compiled graph would not repeat the assignment.
+"""
+from __future__ import annotations
+
+import contextlib
+import dis
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+
+import torch
+
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_NN = os.path.join(_TORCH, "nn", "modules") + os.sep
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"],
+                                                       sysconfig.get_paths()["platstdlib"]})
+_CALL_IMPL = {torch.nn.Module._call_impl.__code__}
+if hasattr(torch.nn.Module, "_wrapped_call_impl"):
+    _CALL_IMPL.add(torch.nn.Module._wrapped_call_impl.__code__)
+
+SKIP, USER, NN_METHOD, MODULE_CALL = 0, 1, 2, 3
+_CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
+
+
+def kind_of(code) -> int:
+    """How much of a code object's reads matter: all of user code's; only ``self.x`` of
+    ``torch.nn`` modules' methods; the hooks of a module a ``_call_impl`` ran for."""
+    if code in _CALL_IMPL:
+        return MODULE_CALL
+    path = code.co_filename
+    if path.startswith("<"):
+        # Interactive input is user code; other generated code (dataclass methods, FX graphs) is not.
+        return USER if path.startswith(("<stdin>", "<ipython-input")) else SKIP
+    path = os.path.abspath(path)
+    if path.startswith(_NN):    # a torch module's own methods read its settings; the base class's, its internals
+        is_method = code.co_argcount and code.co_varnames[0] == "self" and path != _NN + "module.py"
+        return NN_METHOD if is_method else SKIP
+    if path.startswith((_TORCH, _OURS, *_STDLIB)) or os.sep + "site-packages" + os.sep in path:
+        return SKIP
+    return USER
+
+
+def is_library(obj) -> bool:
+    """Library objects (torch, the standard library, installed packages) are assumed constant."""
+    mod = obj if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
+    name = getattr(mod, "__name__", mod) if mod is not None else None
+    if not isinstance(name, str):
+        return False
+    top = name.split(".")[0]
+    if top in sys.stdlib_module_names or top in ("torch", "aotgrad", "numpy", "builtins"):
+        return True
+    file = getattr(sys.modules.get(name), "__file__", None) or ""
+    return os.sep + "site-packages" + os.sep in file
+
+
+@dataclass
+class Frame:
+    """One distinct way a code object ran: its globals, ``self`` and object arguments."""
+    code: object
+    kind: int
+    globals: dict | None
+    self_obj: object = None
+    args: dict = field(default_factory=dict)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.Tensor, torch.dtype, torch.device)
+
+
+@dataclass
+class Recording:
+    frames: dict = field(default_factory=dict)      # (code, id(globals), id(self), ids of args) -> Frame
+    kinds: dict = field(default_factory=dict)       # code -> kind
+    snapshots: dict = field(default_factory=dict)   # id(dict) -> (dict, shallow copy, what it belongs to)
+
+    def event(self, frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        kind = self.kinds.get(code)
+        if kind is None:
+            kind = self.kinds[code] = kind_of(code)
+        if kind:
+            self._add(frame, code, kind)
+
+    def _add(self, frame, code, kind):
+        f_locals = frame.f_locals
+        n_args = code.co_argcount + code.co_kwonlyargcount
+        names = code.co_varnames[:n_args]
+        self_obj = f_locals.get("self") if names[:1] == ("self",) else None
+        if kind != USER:
+            if not isinstance(self_obj, torch.nn.Module):
+                return
+            if kind == MODULE_CALL:     # a module being called is the user's (methods may build new ones)
+                self._snapshot(self_obj)
+            self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
+            return
+        args = {n: v for n, v in ((n, f_locals.get(n)) for n in names[1 if self_obj is not None else 0:])
+                if not isinstance(v, _PLAIN) and hasattr(v, "__dict__") and not is_library(type(v))}
+        if code.co_name not in _CONSTRUCTORS:   # an object being built is not state from before the call
+            for obj in (self_obj, *args.values()):
+                if obj is not None and hasattr(obj, "__dict__"):
+                    self._snapshot(obj)
+        g = frame.f_globals
+        self.snapshots.setdefault(id(g), (g, dict(g), g.get("__name__")))
+        key = (code, id(g), id(self_obj), tuple(sorted((n, id(v)) for n, v in args.items())))
+        self.frames.setdefault(key, Frame(code, kind, g, self_obj, args))
+
+    def undo_writes(self) -> list:
+        """Put back every entry the traced code assigned in a recorded dict; ``(owner, key)`` of each."""
+        done = []
+        for d, before, owner in self.snapshots.values():
+            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+                if key in before:
+                    d[key] = before[key]
+                else:
+                    del d[key]
+                done.append((owner, key))
+        return done
+
+    def _snapshot(self, obj):
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and id(d) not in self.snapshots:
+            self.snapshots[id(d)] = (d, dict(d), obj)
+
+
+_GONE = object()
+
+
+def _same(a, b) -> bool:
+    return a is b or type(a) is type(b) and type(a) in (bool, int, float, str, bytes) and a == b
+
+
+@contextlib.contextmanager
+def record():
+    """Record the code that runs inside the block (this thread); an existing profiler keeps running."""
+    rec = Recording()
+    previous = sys.getprofile()
+
+    def event(frame, what, arg):
+        rec.event(frame, what, arg)
+        if previous is not None:
+            previous(frame, what, arg)
+
+    sys.setprofile(event)
+    try:
+        yield rec
+    finally:
+        sys.setprofile(previous)
+
+
+# ---------------------------------------------------------------- bytecode
+
+@dataclass(frozen=True)
+class Chain:
+    root: str            # "global", "deref" (a free variable), "fast" (an argument)
+    name: str
+    steps: tuple         # ("attr", name) or ("item", constant), in load order
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Store:
+    """An assignment to state that outlives the call (a global, a closure cell, an attribute of an argument)."""
+    target: str
+    line: int | None
+
+
+_ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
+_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+_cache: dict = {}
+
+
+def chains(code) -> tuple:
+    """``(chains, stores)`` of one code object (cached)."""
+    hit = _cache.get(code)
+    if hit is None:
+        hit = _cache[code] = _scan(code)
+    return hit
+
+
+def _scan(code):
+    n_args = code.co_argcount + code.co_kwonlyargcount
+    args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
+    found, stores, cur, line, pending = [], [], None, None, None
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
+        op = ins.opname
+        if cur is not None and op in _ATTR:
+            cur = Chain(cur.root, cur.name, cur.steps + (("attr", ins.argval),), cur.line)
+            continue
+        if cur is not None and op == "LOAD_CONST" and isinstance(ins.argval, (str, int)):
+            pending = ins.argval
+            continue
+        if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
+            cur, pending = Chain(cur.root, cur.name, cur.steps + (("item", pending),), cur.line), None
+            continue
+        if cur is not None and op == "STORE_ATTR":
+            stores.append(Store(_text(cur) + "." + ins.argval, line))
+        if cur is not None:
+            found.append(cur)
+        cur, pending = None, None
+        root = _ROOTS.get(op)
+        if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
+            root = None
+        if root is not None:
+            cur = Chain(root, ins.argval, (), line)
+        elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
+            stores.append(Store(ins.argval, line))
+    if cur is not None:
+        found.append(cur)
+    return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+def _text(chain: Chain) -> str:
+    return chain.name + "".join(f".{s}" if k == "attr" else f"[{s!r}]" for k, s in chain.steps)
+
+
+def attr_names(codes) -> set:
+    """Every attribute name the given code objects load (for objects reached by value)."""
+    names: set = set()
+    for code in codes:
+        for c in chains(code)[0]:
+            names.update(s for k, s in c.steps if k == "attr")
+    return names
+
+
+def store_line(rec: Recording, key) -> str | None:
+    """``file:line`` of a recorded code object's assignment to ``key``, for the error message."""
+    for f in rec.frames.values():
+        for s in chains(f.code)[1]:
+            if s.target == key or s.target.endswith("." + str(key)):
+                return f"{f.code.co_filename}:{s.line} in {f.code.co_name}"
+    return None

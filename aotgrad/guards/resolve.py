@@ -1,0 +1,289 @@
+"""From a recording of a trace (:mod:`aotgrad.guards.reads`) to the list of
+:class:`~aotgrad.guards.state.Read` s a compiled entry assumed.
+
+Roots: the jitted function or module (``fn``), the module's whole tree (its
+structure decides which parameters are lifted), the globals of every user code
+object that ran, its ``self`` and object arguments, the non-tensor arguments of
+the call. From each root the code's load chains are followed one step at a
+time; every step is a read. Functions reached whose code ran add their closure
+cells and defaults; objects reached by value add the attributes that the traced
+code loads by name.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from .. import errors
+from .reads import MODULE_CALL, USER, attr_names, chains, is_library
+from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, _HOOK_EXTRAS, _HOOKS, Read, freeze, guard_kind
+
+
+def locate(obj, kind, key):
+    """``(where, key)`` that ``obj.key`` / ``obj[key]`` reads from, or None where the value is a
+    library constant or not found in a place a guard can watch."""
+    if kind == "item":
+        return (obj, key) if isinstance(obj, dict) and key in obj else None
+    if kind == "cell":
+        code = getattr(obj, "__code__", None)
+        if code is None or key not in code.co_freevars:
+            return None
+        return obj.__closure__[code.co_freevars.index(key)], None
+    if isinstance(obj, types.FunctionType):
+        return (obj, key) if key in ("__defaults__", "__kwdefaults__") else None
+    if isinstance(obj, types.ModuleType):
+        return None if is_library(obj) or key not in vars(obj) else (vars(obj), key)
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and key in d and not isinstance(obj, type):
+        return d, key
+    cls = obj if isinstance(obj, type) else type(obj)
+    for c in cls.__mro__:
+        if key in vars(c):
+            return None if is_library(c) else (vars(c), key)
+    if isinstance(obj, torch.nn.Module):
+        for store in ("_parameters", "_buffers", "_modules"):
+            if key in d[store]:
+                return d[store], key
+    return None
+
+
+def _stops(obj) -> bool:
+    """Whether loads from ``obj`` are not followed: tensors and plain values are traced or
+    compared whole; library objects are constant (library modules are an exception)."""
+    if type(obj) in _EQ_TYPES or isinstance(obj, (torch.Tensor, types.FunctionType, types.BuiltinFunctionType)):
+        return True
+    if isinstance(obj, torch.nn.Module):
+        return False
+    if isinstance(obj, types.ModuleType):
+        return is_library(obj)
+    return is_library(obj if isinstance(obj, type) else type(obj))
+
+
+class Resolver:
+    def __init__(self, fn, leaves, root_name, rec):
+        self.reads: dict = {}
+        self.paths: dict = {}          # id(obj) -> (path, source) of objects reached from a root
+        self.skip: set = set()         # ids of dicts whose entries are guarded elsewhere
+        self.done: set = set()
+        self.rec = rec
+        self.executed = {f.code for f in rec.frames.values() if f.kind == USER}
+        self.names = attr_names(self.executed)
+        self.fn, self.root_name = fn, root_name
+        self._roots(fn, leaves)
+
+    def resolve(self) -> list:
+        frames = list(self.rec.frames.values())
+        for _ in range(3):      # a self or argument reached later gets its path on the next round
+            for f in frames:
+                self._frame(f)
+        return list(self.reads.values())
+
+    def _roots(self, fn, leaves):
+        if isinstance(fn, torch.nn.Module):
+            self._tree(fn)
+        else:
+            self._value(fn, ("fn", None), self.root_name)
+        for i, v in enumerate(leaves):
+            if v is not None and not _stops(v):
+                self._value(v, ("arg", i), f"input {i}")
+        mod = torch.nn.modules.module
+        for name in _GLOBAL_HOOKS:
+            if hasattr(mod, name):
+                self._hook(vars(mod), name, ("G", mod.__name__, ("attr", name)), f"torch.nn.modules.module.{name}")
+
+    def _tree(self, root):
+        for name, m in root.named_modules(remove_duplicate=False):
+            path = ("fn", None, *(("attr", p) for p in name.split("."))) if name else ("fn", None)
+            source = f"{self.root_name}.{name}" if name else self.root_name
+            self.paths.setdefault(id(m), (path, source))
+            d = vars(m)
+            self.skip.update((id(d["_parameters"]), id(d["_buffers"]), id(d["_modules"])))
+            self._add(Read(source, path + (("attr", "_modules"),), d, "_modules", dict(d["_modules"]), "dict"))
+            for store in ("_parameters", "_buffers"):
+                self._add(Read(f"{source}.{store}", path + (("attr", store),), d, store, len(d[store]), "len"))
+
+    def _hook(self, d, key, path, source):
+        hooks = d.get(key)
+        if isinstance(hooks, dict):
+            self._add(Read(source, path, d, key, dict(hooks), "dict") if hooks
+                      else Read(source, path, d, key, 0, "len"))
+
+    def _add(self, read):
+        self.reads.setdefault((id(read.where), read.key, read.kind), read)
+
+    def _frame(self, f):
+        path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)
+        if f.kind == MODULE_CALL:
+            self._called(f.self_obj, path, source or _anon(f.self_obj))
+            return
+        found, _ = chains(f.code)
+        for c in found:
+            if c.root == "fast" and c.name == "self" and f.self_obj is not None:
+                self._follow(f.self_obj, path, source or _anon(f.self_obj), c.steps)
+            elif c.root == "fast" and c.name in f.args:
+                obj = f.args[c.name]
+                p, s = self.paths.get(id(obj), (None, _anon(obj)))
+                self._follow(obj, p, s, c.steps)
+            elif c.root == "global" and f.kind == USER:
+                self._global(f.globals, c)
+
+    def _called(self, module, path, source):
+        d = vars(module)
+        for key in _HOOKS + (_HOOK_EXTRAS if d.get("_forward_hooks") or d.get("_forward_pre_hooks") else ()):
+            self._hook(d, key, path + (("attr", key),) if path else None, f"{source}.{key}")
+
+    def _global(self, g, c):
+        modname = g.get("__name__")
+        own = getattr(self.fn, "__globals__", None) is g
+        source = c.name if own or modname in (None, "__main__") else f"{modname}.{c.name}"
+        path = ("G", modname, ("attr", c.name)) if isinstance(modname, str) else None
+        if c.name not in g:
+            self._add(Read(source, path, g, c.name, None, "absent"))
+            return
+        self._add_value(g, c.name, source, path)
+        self._follow(g[c.name], path, source, c.steps)
+
+    def _follow(self, obj, path, source, steps):
+        for kind, key in steps:
+            if _stops(obj):
+                return
+            loc = locate(obj, kind, key)
+            if loc is None:
+                return
+            where, k = loc
+            path = path + ((kind, key),) if path is not None else None
+            source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
+            if id(where) in self.skip:
+                obj = where[k]
+                continue
+            self._add_value(where, k, source, path)
+            obj = _read(where, k)
+
+    def _add_value(self, where, key, source, path):
+        value = _read(where, key)
+        kind = guard_kind(value)
+        if kind == "frozen":
+            frozen = freeze(value)
+            if not _frozen_ok(value):
+                raise errors.UnsupportedError(
+                    f"the traced code reads `{source}`, a {type(value).__name__} of {len(value)} entries, which is "
+                    "too large to check on every call; pass what the function needs from it as an argument")
+            self._add(Read(source, path, where, key, frozen, kind))
+            for x in (value.values() if isinstance(value, dict) else value):
+                if not _stops(x):
+                    self._value(x, None, f"{source}[...]")
+            return
+        self._add(Read(source, path, where, key, value, kind))
+        if kind == "id":
+            self._value(value, path, source)
+
+    def _value(self, v, path, source):
+        """Something reached by value: remember its path; a function that ran adds its cells and
+        defaults; an object adds the attributes the traced code loads by name."""
+        if id(v) in self.done or _stops(v) and not isinstance(v, types.FunctionType):
+            return
+        self.done.add(id(v))
+        if path is not None:
+            self.paths.setdefault(id(v), (path, source))
+        if isinstance(v, types.MethodType):
+            self._value(v.__func__, None, f"{source}.__func__")
+            return
+        if isinstance(v, types.FunctionType):
+            self._function(v, path, source)
+        elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict):
+            for name in sorted(self.names & set(vars(v))):
+                self._follow(v, path, source, (("attr", name),))
+
+    def _function(self, fn, path, source):
+        if is_library(fn):
+            return
+        for key in ("__defaults__", "__kwdefaults__"):
+            if getattr(fn, key) is not None:
+                self._add_value(fn, key, f"{source}.{key}", path + (("attr", key),) if path else None)
+        if fn.__code__ not in self.executed:
+            return
+        for c in chains(fn.__code__)[0]:
+            if c.root == "deref":
+                where, _ = locate(fn, "cell", c.name)
+                cpath = path + (("cell", c.name),) if path else None
+                csource = f"{c.name} (closure variable of {fn.__qualname__})"
+                try:
+                    where.cell_contents
+                except ValueError:
+                    continue            # an empty cell: the code would have raised
+                self._add_value(where, None, csource, cpath)
+                self._follow(where.cell_contents, cpath, csource, c.steps)
+
+
+def _read(where, key):
+    if isinstance(where, types.CellType):
+        return where.cell_contents
+    return where[key] if isinstance(where, (dict, types.MappingProxyType)) else getattr(where, key)
+
+
+def _frozen_ok(v) -> bool:
+    try:
+        return len(v) <= _FROZEN_LIMIT and all(_frozen_ok(x) for x in (v.values() if isinstance(v, dict) else v)
+                                               if isinstance(x, (list, tuple, set, frozenset, dict)))
+    except TypeError:
+        return False
+
+
+def _anon(obj) -> str:
+    return f"<{type(obj).__name__} object>"
+
+
+def assumed(fn, leaves, root_name, rec) -> list:
+    """Every read the traced call made, as guardable ``Read`` s."""
+    return Resolver(fn, leaves, root_name, rec).resolve()
+
+
+def _resolve_path(fn, leaves, path):
+    """``(where, key)`` that ``path`` names in this process, or None where it leads nowhere."""
+    root, arg, *steps = path
+    if not steps:
+        return None
+    (kind, key), steps = steps[0], steps[1:]
+    if root == "G":
+        module = sys.modules.get(arg)
+        loc = None if module is None else (vars(module), key)
+    else:
+        loc = _step(fn if root == "fn" else leaves[arg] if arg < len(leaves) else None, kind, key)
+    for kind, key in steps:
+        if loc is None:
+            return None
+        try:
+            obj = _read(*loc)
+        except (KeyError, AttributeError, ValueError):
+            return None
+        loc = _step(obj, kind, key)
+    return loc
+
+
+def _step(obj, kind, key):
+    if _stops(obj) and kind == "attr" and not isinstance(obj, types.FunctionType):
+        return None
+    return locate(obj, kind, key)
+
+
+def reresolve(fn, leaves, root_name, stored) -> list | None:
+    """The reads a stored entry assumed, found again from this call's roots: one ``Read`` per
+    ``(path, kind, source)`` holding today's value, or None when some path leads nowhere."""
+    out = []
+    for path, kind, source in stored:
+        loc = _resolve_path(fn, leaves, path)
+        if loc is None:
+            return None
+        where, key = loc
+        try:
+            now = _read(where, key)
+        except (KeyError, AttributeError, ValueError):
+            if kind != "absent":
+                return None
+            now = None
+        value = {"frozen": lambda: freeze(now), "len": lambda: len(now), "dict": lambda: dict(now),
+                 "absent": lambda: None}.get(kind, lambda: now)()
+        out.append(Read(source, path, where, key, value, kind))
+    return out

@@ -1,0 +1,264 @@
+"""Guards on the Python state a trace read (see :mod:`aotgrad.guards.reads`).
+
+A *read* is one place a value came from — ``vars(helpers)['SCALE']``, the
+closure cell ``k`` of ``f``, ``model.fc`` in its parent's ``_modules``, the
+``_forward_hooks`` of a module that was called — with the value it held and
+how to compare it (Dynamo's guard kinds are the reference):
+
+* ``id``: the same object (functions, modules, classes, baked tensors, other objects);
+* ``eq``: equal *and* of the same type (``2``, ``2.0`` and ``True`` differ);
+* ``frozen``: a container compared element by element the same way;
+* ``len``: a dict of the module tree (hooks, parameters) still has as many entries;
+* ``dict``: a dict whose entries must stay the same objects (children, non-empty hooks);
+* ``absent``: a global the code looked up that must stay absent (a builtin).
+
+Each read has a ``path`` from a root (``fn``, ``G:<module>``, ``arg:<i>``) that a
+fresh process can resolve again: the disk cache compares those, so the cache
+and the guards check the same record. The checks run as a few C-level passes
+over prebuilt tuples (``map``/``all`` over getters), then one loop names the
+first read that failed.
+"""
+from __future__ import annotations
+
+import hashlib
+import marshal
+import operator
+import types
+from dataclasses import dataclass
+
+import torch
+
+from .. import errors
+from .reads import MODULE_CALL, USER, attr_names, chains, is_library
+
+_EQ_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
+             torch.memory_format, torch.layout)
+_MISSING = object()
+_FROZEN_LIMIT = 256
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                 "_global_forward_hooks_always_called")
+
+
+@dataclass(frozen=True)
+class Read:
+    source: str          # the expression, for messages: "model.fc.training", "helpers.SCALE"
+    path: tuple | None   # (root, *steps) a fresh process resolves; None when it cannot
+    where: object        # dict, mappingproxy, cell or object holding the value
+    key: object          # dict key, or attribute name for an object; None for a cell
+    value: object        # what it held when captured (a copy for "dict")
+    kind: str            # id | eq | frozen | len | dict | absent
+
+
+def _get(where, key):
+    if isinstance(where, types.CellType):
+        return where.cell_contents
+    if isinstance(where, (dict, types.MappingProxyType)):
+        return where[key]
+    return getattr(where, key)
+
+
+def freeze(v, depth=0):
+    """A type-exact, comparable description of a guarded container value."""
+    if type(v) in _EQ_TYPES:
+        return (type(v), v)
+    if isinstance(v, (list, tuple, set, frozenset, dict)) and depth < 4 and len(v) <= _FROZEN_LIMIT:
+        if isinstance(v, dict):
+            return (type(v), tuple((freeze(k, depth + 1), freeze(x, depth + 1)) for k, x in v.items()))
+        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+        return (type(v), tuple(freeze(x, depth + 1) for x in items))
+    return _Same(v)
+
+
+class _Same:
+    """Compares by identity (a tensor or an object inside a frozen container)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def guard_kind(v) -> str:
+    if type(v) in _EQ_TYPES:
+        return "eq"
+    if isinstance(v, (list, tuple, set, frozenset, dict)):
+        return "frozen"
+    return "id"
+
+
+def holds(read: Read, now) -> bool:
+    """Whether ``now`` (or _MISSING) satisfies ``read``."""
+    k, v = read.kind, read.value
+    if k == "absent":
+        return now is _MISSING
+    if now is _MISSING:
+        return False
+    if k == "id":
+        return now is v
+    if k == "eq":
+        return type(now) is type(v) and (now == v or v != v and now != now)
+    if k == "frozen":
+        return freeze(now) == v
+    if k == "len":
+        return isinstance(now, dict) and len(now) == v
+    return isinstance(now, dict) and now == v
+
+
+def current(read: Read):
+    try:
+        return _get(read.where, read.key)
+    except (KeyError, AttributeError, ValueError, TypeError):
+        return _MISSING
+
+
+def describe(read: Read) -> str:
+    """Why ``read`` fails now, as ``explain`` shows it."""
+    now = current(read)
+    if read.kind == "absent":
+        return f"`{read.source}` was not defined when captured (a builtin), now it is {_short(now)}"
+    if now is _MISSING:
+        return f"`{read.source}` was {_short(_shown(read))} when captured, now it is gone"
+    if read.kind == "len":
+        return f"`{read.source}` had {read.value} entries when captured, now {len(now)}"
+    if read.kind == "dict":
+        return _describe_dict(read, now)
+    return f"`{read.source}` was {_short(_shown(read))} when captured, now {_short(now)}"
+
+
+def _describe_dict(read, now) -> str:
+    """The first entry of a guarded dict that changed: ``model.fc`` for a child module."""
+    for k in [*read.value, *(k for k in now if k not in read.value)]:
+        was, new = read.value.get(k, _MISSING), now.get(k, _MISSING)
+        if was is not new:
+            name = f"{read.source}.{k}" if read.key == "_modules" else f"{read.source}[{k!r}]"
+            text = {id(_MISSING): "absent"}
+            return (f"`{name}` was {text.get(id(was)) or _short(was)} when captured, "
+                    f"now {text.get(id(new)) or _short(new)}")
+    return f"`{read.source}` changed"
+
+
+def _shown(read):
+    v = read.value
+    return _thaw(v) if read.kind == "frozen" else v
+
+
+def _thaw(f):
+    if isinstance(f, _Same):
+        return f.obj
+    t, body = f
+    if t is dict:
+        return {_thaw(k): _thaw(x) for k, x in body}
+    return body if t in _EQ_TYPES else t(_thaw(x) for x in body)
+
+
+def _short(v) -> str:
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
+        owner = getattr(v, "__module__", None) or getattr(getattr(v, "__self__", None), "__name__", None)
+        return f"{owner}.{v.__qualname__}" if owner else v.__qualname__
+    text = f"a {type(v).__name__} tensor of shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else repr(v)
+    if not isinstance(v, torch.Tensor) and type(v) not in _EQ_TYPES:
+        text = f"{text} ({type(v).__name__})" if len(text) < 60 else f"a {type(v).__name__} object"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_CELL = operator.attrgetter("cell_contents")
+
+
+def _gatherer(reads):
+    """A function returning the current values of ``reads`` in order, in three C-level passes
+    (dict items, attributes, cells); the reads are ordered to match by ``build``."""
+    items = [(r.where, r.key) for r in reads if isinstance(r.where, (dict, types.MappingProxyType))]
+    attrs = [(r.where, r.key) for r in reads if not isinstance(r.where, (dict, types.MappingProxyType, types.CellType))]
+    cells = tuple(r.where for r in reads if isinstance(r.where, types.CellType))
+    wi, ki = tuple(w for w, _ in items), tuple(k for _, k in items)
+    wa, ka = tuple(w for w, _ in attrs), tuple(k for _, k in attrs)
+    getitem, map_, list_ = operator.getitem, map, list
+
+    def gather():
+        vals = list_(map_(getitem, wi, ki))
+        if wa:
+            vals += map_(getattr, wa, ka)
+        if cells:
+            vals += map_(_CELL, cells)
+        return vals
+    return gather
+
+
+def _access_order(r):
+    return 0 if isinstance(r.where, (dict, types.MappingProxyType)) else 2 if isinstance(r.where, types.CellType) else 1
+
+
+def _fast_check(kind, reads):
+    """A C-level check that every read of one ``kind`` holds (False may be a false alarm: NaN)."""
+    gather = _gatherer(reads)
+    expect = [r.value for r in reads]
+    if kind == "absent":
+        wk = (tuple(r.where for r in reads), tuple(r.key for r in reads))
+        return lambda: not any(map(operator.contains, *wk))
+    if kind == "id":
+        return lambda: all(map(operator.is_, gather(), expect))
+    if kind == "eq":
+        types_ = [type(v) for v in expect]
+        return lambda: (lambda v: list(map(type, v)) == types_ and v == expect)(gather())
+    if kind == "len":
+        return lambda: list(map(len, gather())) == expect
+    if kind == "dict":
+        return lambda: gather() == expect
+    return lambda: list(map(freeze, gather())) == expect
+
+
+@dataclass(frozen=True)
+class StateGuards:
+    """The reads of one compiled entry and their check: ``check()`` is None or a failing read's index."""
+    reads: tuple
+    check: object
+
+    def explain(self, failed) -> str:
+        return describe(self.reads[failed])
+
+    def lines(self) -> list:
+        return [f"{r.source}: {_rule(r)}" for r in self.reads]
+
+
+def _rule(r: Read) -> str:
+    if r.kind == "eq":
+        return f"== {r.value!r} ({type(r.value).__name__})"
+    if r.kind == "frozen":
+        return f"== {_short(_thaw(r.value))} (element types too)"
+    if r.kind == "len":
+        return f"has {r.value} entries"
+    if r.kind == "dict":
+        return f"same entries {_short(list(r.value))}"
+    return "not defined" if r.kind == "absent" else f"is the same {type(r.value).__name__} object"
+
+
+def build(reads) -> StateGuards:
+    reads = tuple(sorted(reads, key=lambda r: (r.kind, _access_order(r))))
+    by_kind: dict = {}
+    for r in reads:
+        by_kind.setdefault(r.kind, []).append(r)
+    fast = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
+
+    def slow():
+        for i, r in enumerate(reads):
+            if not holds(r, current(r)):
+                return i
+        return None
+
+    def check():
+        try:
+            for ok in fast:
+                if not ok():
+                    return slow()
+        except (KeyError, AttributeError, ValueError, TypeError):
+            return slow()
+        return None
+    return StateGuards(reads, check if reads else (lambda: None))
