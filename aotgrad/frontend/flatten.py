@@ -93,7 +93,7 @@ def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
         out_specs.append(spec)
         return out_leaves
 
-    if is_module:
+    if isinstance(fn, torch.nn.Module):
         flat_fn.module_state = lambda flat: torch.nn.utils.stateless._reparametrize_module(
             fn, dict(zip(sig.state_names, flat[:n_state])), tie_weights=True, strict=False)
     flat_fn.__name__ = getattr(fn, "__name__", type(fn).__name__)
