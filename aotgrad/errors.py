@@ -47,6 +47,10 @@ class BudgetError(AotgradError):
     """A memory budget that no partition can meet."""
 
 
+class OptionError(AotgradError, TypeError):
+    """An option an API does not take, or a value it cannot use (raised when it is given)."""
+
+
 def user_frame(tb) -> str | None:
     """The innermost frame of ``tb`` that belongs to the user's code, as text."""
     return _innermost_user(traceback.extract_tb(tb) if tb is not None else [])

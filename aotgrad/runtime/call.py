@@ -23,6 +23,11 @@ class CallPath:
     run: Callable       # flat -> user outputs
 
 
+# Constants compared by value (and exact type) on every call; any other object must be the same object.
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
+                torch.layout)
+
+
 def make_call(captured, run_graph) -> CallPath:
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     sig = setup.signature
@@ -45,8 +50,10 @@ def make_call(captured, run_graph) -> CallPath:
             if spec != in_spec:
                 return None, f"arguments have structure {spec}, captured with {in_spec}"
         for i, v in const:
-            if leaves[i] != v:
-                return None, f"non-tensor argument {i} was {v!r} when captured, now {leaves[i]!r}"
+            x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
+            if x is not v and (type(x) is not type(v) or type(v) not in _VALUE_TYPES or x != v):
+                return None, (f"non-tensor argument {i} was {v!r} ({type(v).__name__}) when captured, "
+                              f"now {x!r} ({type(x).__name__})")
         flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
         why = aliasing(flat) if aliasing is not None else None
         if why:
