@@ -6,6 +6,8 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .double_backward import keep_inputs, rng_states
+
 
 class BackwardGraph(NamedTuple):
     """What compiled autograd needs to trace this backward into its own graph."""
@@ -17,21 +19,27 @@ class BackwardGraph(NamedTuple):
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
-                      bw_graph=None):
+                      bw_graph=None, double_backward=None):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
-    autograd), so differentiating the backward again would silently miss terms:
-    under ``create_graph=True`` the grads come from ``once_differentiable`` and
-    raise if differentiated, which costs nothing on the usual path.
+    autograd), so differentiating ``bw`` would silently miss terms. Under
+    ``create_graph=True`` the grads come from ``double_backward``, a pair
+    ``(run(kept_inputs, rng_states, grad_outputs) -> grads, needs_rng)`` (see
+    runtime/double_backward.py); without one they come from ``once_differentiable``
+    and raise if differentiated.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
     """
     n_saved_end = n_fw + n_saved_tensors
     nondiff = tuple(k for k in range(n_fw) if k not in set(tangent_of))
+    second_order, needs_rng = double_backward if double_backward is not None else (None, False)
 
     def forward(ctx, *primals):
+        if second_order is not None:
+            ctx.kept = keep_inputs(primals)
+            ctx.rng = rng_states() if needs_rng else None
         outs = fw(*primals)
         ctx.save_for_backward(*outs[n_fw:n_saved_end])
         ctx.symbols = outs[n_saved_end:]
@@ -55,9 +63,16 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
 
     guarded = once_differentiable(first_order)
 
+    def differentiable(ctx, *grad_outputs):
+        grads = second_order(ctx.kept, ctx.rng, grad_outputs)
+        full = [None] * n_primals
+        for i, g in zip(grad_of, grads):
+            full[i] = g
+        return tuple(full)
+
     def backward(ctx, *grad_outputs):
         if torch.is_grad_enabled():     # only under create_graph=True
-            return guarded(ctx, *grad_outputs)
+            return (guarded if second_order is None else differentiable)(ctx, *grad_outputs)
         return first_order(ctx, *grad_outputs)
 
     return type(name, (torch.autograd.Function,), {
