@@ -1,0 +1,189 @@
+"""Activation checkpointing and randomness inside captured code, next to eager.
+
+Every program runs eagerly and compiled under each entry point from the same seed; the
+compiled run must give eager's outputs and gradients (so eager's dropout masks) and leave
+the global RNG exactly where eager leaves it, after the forward and after the backward.
+"""
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+import aotgrad
+from aotgrad.analysis.ops import is_random
+from aotgrad.errors import UnsupportedError
+from tests.eager_check import as_is, check
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _capture(**options):
+    def compile(fn, args, kwargs, **opts):
+        captured = aotgrad.capture(fn, *args, **kwargs)
+        aotgrad.verify(captured)
+        return captured.compile(**options)
+    return compile
+
+
+ENTRIES = {
+    "capture": _capture(),
+    "min_cut": _capture(partitioner="min_cut"),
+    "jit": lambda fn, args, kwargs, **opts: aotgrad.jit(fn),
+    "torch.compile": lambda fn, args, kwargs, **opts: torch.compile(fn, backend="aotgrad"),
+}
+
+
+def block(x, w):
+    return F.dropout((x @ w).tanh(), 0.5, True)
+
+
+def _save_mm(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+SAC_POLICY = functools.partial(create_selective_checkpoint_contexts, _save_mm)
+SAC_LIST = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+
+
+class RandomBackward(torch.autograd.Function):
+    """Its backward draws fresh numbers: from the RNG as it stands at backward(), not the forward's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * torch.rand_like(g)
+
+
+def forked_then_redrawn(x, w):
+    with torch.random.fork_rng():
+        a = F.dropout(x @ w, 0.5)
+    return a + F.dropout(x @ w, 0.5)      # eager: the same mask again
+
+
+def forked_only(x, w):
+    with torch.random.fork_rng():
+        a = F.dropout(x @ w, 0.5)
+    return a * 2                           # eager: the RNG ends where it started
+
+
+PROGRAMS = {
+    "two regions, one shape": lambda x, w1, w2: checkpoint(
+        block, checkpoint(block, x, w1, use_reentrant=False), w2, use_reentrant=False).sum(),
+    "two regions, two shapes": lambda x, w1, w2: checkpoint(
+        block, checkpoint(block, x, w1[:, :6], use_reentrant=False), w2[:6], use_reentrant=False).sum(),
+    "one region": lambda x, w1, w2: (checkpoint(block, x, w1, use_reentrant=False) @ w2).sum(),
+    "dropout outside and inside": lambda x, w1, w2: checkpoint(
+        block, F.dropout(x, 0.3), w1, use_reentrant=False).sum() + F.dropout(w2, 0.2).sum(),
+    "preserve_rng_state=False": lambda x, w1, w2: (
+        checkpoint(block, x, w1, use_reentrant=False, preserve_rng_state=False) @ w2).sum(),
+    "selective, policy function": lambda x, w1, w2: (
+        checkpoint(block, x, w1, use_reentrant=False, context_fn=SAC_POLICY) @ w2).sum(),
+    "selective, op list": lambda x, w1, w2: checkpoint(
+        block, checkpoint(block, x, w1, use_reentrant=False, context_fn=SAC_LIST), w2,
+        use_reentrant=False, context_fn=SAC_LIST).sum(),
+    "custom backward draws": lambda x, w1, w2: (RandomBackward.apply(F.dropout(x @ w1, 0.5)) @ w2).sum(),
+    "fork_rng, then redrawn": lambda x, w1, w2: forked_then_redrawn(x, w1).sum() * w2.sum(),
+    "fork_rng only": lambda x, w1, w2: forked_only(x, w1).sum() * w2.sum(),
+}
+
+
+def args():
+    g = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(*s, generator=g, requires_grad=True) for s in ((4, 8), (8, 8), (8, 8)))
+
+
+def rng_after(fn, inputs, seed=0):
+    """The global RNG after the forward and after the backward, from one seed."""
+    torch.manual_seed(seed)
+    out = fn(*inputs)
+    after_forward = torch.get_rng_state()
+    out.backward()
+    return after_forward, torch.get_rng_state()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_matches_eager_with_eager_rng(program, entry):
+    fn = PROGRAMS[program]
+    check(fn, args(), compile=ENTRIES[entry])
+    torch._dynamo.reset()
+    eager = rng_after(fn, args())
+    compiled = rng_after(ENTRIES[entry](fn, args(), {}), args())
+    assert torch.equal(eager[0], compiled[0]), "RNG after the forward differs from eager's"
+    assert torch.equal(eager[1], compiled[1]), "RNG after the backward differs from eager's"
+
+
+@pytest.mark.parametrize("program", ["custom backward draws", "fork_rng, then redrawn", "fork_rng only"])
+def test_compiled_autograd_rng(program):
+    """The backward of a jit-compiled program, captured by compiled autograd."""
+    from aotgrad.compiled_autograd import reset
+    reset()
+    fn = PROGRAMS[program]
+    check(aotgrad.jit(fn), args(), compile=as_is, backward_context=lambda: aotgrad.compiled_autograd("eager"))
+
+
+def test_one_region_draws_once_and_saves_no_recomputed_value():
+    run = check(PROGRAMS["one region"], args())
+    fw, bw = run.compiled.forward_graph.graph, run.compiled.backward_graph.graph
+    assert sum(map(is_random, fw.nodes)) == 1, "the compiled forward draws the mask more than once"
+    assert not any(map(is_random, bw.nodes)), "the backward draws a mask eager replays"
+    recomputed = {n.name for n in bw.nodes if n.op == "call_function"}
+    saved = [n.name for n in fw.output_node().args[0] if isinstance(n, torch.fx.Node)]
+    assert not {"tanh", "mm"} & set(saved), f"the region is saved: {saved}"
+    assert any(name.startswith("tanh") for name in recomputed), "the region is not recomputed"
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return F.dropout(self.lin(x).relu(), 0.3, True)
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.head = Inner(), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(checkpoint(self.inner, x, use_reentrant=False)).sum()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_checkpointed_submodule(entry):
+    torch.manual_seed(0)
+    check(Outer(), (torch.randn(4, 8, requires_grad=True),), compile=ENTRIES[entry])
+
+
+def test_restoring_a_state_from_outside_is_refused():
+    outside = torch.get_rng_state()
+
+    def f(x):
+        torch.set_rng_state(outside)
+        return F.dropout(x, 0.5)
+    with pytest.raises(UnsupportedError, match="set_rng_state") as e:
+        aotgrad.capture(f, torch.randn(4, requires_grad=True))
+    assert "test_checkpoint_rng.py" in str(e.value)
+
+
+def test_redrawing_a_forked_state_differently_is_refused():
+    def f(x):
+        with torch.random.fork_rng():
+            a = F.dropout(x, 0.5)
+        return a + torch.rand(4)           # eager: the uniform numbers behind a's mask
+    with pytest.raises(UnsupportedError, match="already drew") as e:
+        aotgrad.capture(f, torch.randn(4, requires_grad=True))
+    assert "torch.rand(4)" in str(e.value)
