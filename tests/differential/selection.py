@@ -1,12 +1,16 @@
-"""The fast slice ``make test`` runs: a fixed, spread-out ~15% of (program, entry) cases.
+"""The fast slice ``make test`` runs: a fixed, spread-out ~12% of (program, entry) cases
+(about a minute on two busy cores; programs run in a child process are left out).
 
 Chosen by a stable hash so the slice covers every class and every entry point without a
 hand-kept list, and never changes between runs (a case is in or out for good).
 """
 import zlib
 
-FAST_PERCENT = 15
+FAST_PERCENT = 12
 
 
 def is_fast(program: str, entry: str) -> bool:
+    from .programs import PROGRAMS
+    if "isolate" in PROGRAMS[program].tags:
+        return False
     return zlib.crc32(f"{program}/{entry}".encode()) % 100 < FAST_PERCENT

@@ -1,0 +1,521 @@
+"""User-visible traps found in issues 11-13 ("Trust I-III"), one test each, with the behaviour
+a user must get: eager's result, or a typed ``aotgrad.errors`` refusal that leaves their state
+alone. (tinygrad keeps a file like this: a trap fixed once must stay fixed.)"""
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import aotgrad
+from aotgrad.errors import AotgradError
+from tests.eager_check import assert_close, assert_refused, check, default_compile, refusal_guard
+
+
+def jit_compile(fn, args, kwargs):
+    return aotgrad.jit(fn)
+
+
+def dynamo_compile(fn, args, kwargs):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aotgrad")
+
+
+def eager_or_typed(fn, args=(), kwargs=None, *, compile=default_compile, **kw):
+    """Matches eager, or is refused with a typed error that leaves the user's state unchanged."""
+    try:
+        return check(fn, args, kwargs, compile=refusal_guard(compile), **kw)
+    except AotgradError as e:
+        assert "Eq(" not in str(e) and "u0" not in str(e), f"sympy internals in a user message: {e}"
+        return e
+
+
+def typed_naming(error, *words):
+    assert isinstance(error, AotgradError), f"expected a typed refusal, got {error!r}"
+    text = str(error).lower()
+    assert error.user_line, f"the error names no user line: {error}"
+    for w in words:
+        assert w.lower() in text, f"the error does not name {w!r}: {error}"
+
+
+# --- issue 11: outputs, views, modes, mutations ----------------------------------
+
+def test_jit_view_output_follows_the_real_input_strides():
+    g = aotgrad.jit(lambda x: x[1])
+    g(torch.arange(12.).view(3, 4))
+    assert_close(torch.arange(12.).view(4, 3).t()[1], g(torch.arange(12.).view(4, 3).t()), "x[1]", 0, 0)
+
+
+@pytest.mark.parametrize("view", [lambda x: x.reshape(-1), lambda x: x.flatten(), lambda x: x.contiguous()],
+                         ids=["reshape", "flatten", "contiguous"])
+def test_jit_reshape_flatten_contiguous_of_a_transposed_input(view):
+    g = aotgrad.jit(view)
+    g(torch.arange(12.).view(3, 4))
+    x = torch.arange(12.).view(4, 3).t()
+    out = g(x)
+    assert_close(view(x), out, "output", 0, 0)
+    assert (out._base is x or out is x) == (view(x)._base is x or view(x) is x)
+
+
+def test_dynamo_input_at_a_storage_offset():
+    f = torch.compile(lambda x: (x[1], x.t()), backend="aotgrad")
+    torch._dynamo.reset()
+    f(torch.arange(24.).view(6, 4))
+    x = torch.arange(100., 124.).view(6, 4)[2:5]
+    for got, want in zip(f(x), (x[1], x.t())):
+        assert_close(want, got, "view of an offset input", 0, 0)
+
+
+@pytest.mark.parametrize("op", ["t_", "unsqueeze_"])
+def test_output_after_an_in_place_view_op_on_an_input(op):
+    def f(x):
+        getattr(x, op)(*(() if op == "t_" else (0,)))
+        return x, x * 2
+    check(f, (torch.randn(3, 4),))
+
+
+@pytest.mark.parametrize("compile", [default_compile, dynamo_compile], ids=["capture", "dynamo"])
+def test_enable_grad_inside_a_function_called_under_no_grad(compile):
+    def f(x, w):
+        with torch.enable_grad():
+            return x @ w
+    check(f, (torch.randn(2, 3), torch.randn(3, 2, requires_grad=True)), compile=compile, call_context=torch.no_grad)
+
+
+def test_autocast_disabled_inside_an_outer_bf16_autocast():
+    def f(x, w):
+        with torch.autocast("cpu", enabled=False):
+            return x.float() @ w
+    check(f, (torch.randn(2, 3), torch.randn(3, 2, requires_grad=True)),
+          call_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+
+
+def test_detach_next_to_views_does_not_require_grad():
+    def f(x):
+        y = x + 1
+        return y.t(), y.t().detach(), y[0].detach()
+    check(f, (torch.randn(3, 2, requires_grad=True),))
+
+
+def test_requires_grad__on_a_view_output():
+    eager_or_typed(lambda a: a.view(-1).requires_grad_(True), (torch.randn(2, 3),))
+
+
+def test_factory_with_requires_grad_inside():
+    eager_or_typed(lambda x: (torch.ones(3, requires_grad=True), x * 2), (torch.randn(3, requires_grad=True),))
+
+
+def test_set__on_an_input_is_not_dropped():
+    def f(x, y):
+        x.set_(y)
+        return x * 2
+    eager_or_typed(f, (torch.randn(3), torch.randn(2, 2)))
+
+
+@pytest.mark.parametrize("write", [lambda x: x.data.mul_(2), lambda x: x.detach().mul_(2)], ids=["data", "detach"])
+def test_write_through_data_or_detach_of_a_leaf_requiring_grad(write):
+    def f(x):
+        write(x)
+        return x * 3
+    check(f, (torch.randn(3, requires_grad=True),))
+
+
+def test_embedding_max_norm_renormalises_like_eager():
+    check(nn.Embedding(10, 3, max_norm=1.0), (torch.tensor([[1, 2, 4], [4, 3, 9]]),), calls=2)
+
+
+def test_two_overlapping_input_views_data_and_metadata_mutation():
+    def make():
+        base = torch.randn(4, 4)
+        return (base[:2], base[1:3]), {}
+
+    def f(a, b):
+        a.mul_(2)
+        b.t_()
+        return a + 1, b + 1
+    eager_or_typed(f, make=make)
+
+
+def test_t__on_an_input_the_backward_needs():
+    def f(x, w):
+        x.t_()
+        return x @ w
+    eager_or_typed(f, (torch.randn(3, 2), torch.randn(3, 4, requires_grad=True)))
+
+
+def test_resize__of_an_empty_input_does_not_kill_the_process():
+    import subprocess
+    import sys
+    code = ("import torch, aotgrad\n"
+            "def f(x):\n    x.resize_(4); x.fill_(1.5); return x * 2\n"
+            "try:\n    print(aotgrad.capture(f, torch.empty(0)).compile()(torch.empty(0)).tolist())\n"
+            "except aotgrad.errors.AotgradError as e:\n    print('typed')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert proc.stdout.strip().splitlines()[-1] in ("typed", "[3.0, 3.0, 3.0, 3.0]"), proc.stdout
+
+
+def test_in_place_write_to_an_unbind_output_raises_like_eager():
+    def f(x):
+        a, b = x.unbind(0)
+        a.mul_(2)
+        return a + b
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        f(x * 1)
+    with pytest.raises((RuntimeError, AotgradError)):
+        aotgrad.capture(f, x * 1).compile()(x * 1)
+
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count = self.count + 1
+        return x * self.count
+
+
+def test_buffer_reassigned_in_forward_counts_calls():
+    m = Counter()
+    g = aotgrad.jit(m)
+    try:
+        for _ in range(3):
+            g(torch.ones(2))
+    except AotgradError:
+        return
+    assert m.count.item() == 3
+
+
+def test_in_place_update_of_a_global_or_plain_attribute():
+    acc = torch.zeros(3)
+
+    def f(x):
+        acc.add_(1)
+        return x * acc
+    eager_or_typed(f, (torch.randn(3),))
+
+
+def test_submodule_under_two_names_never_corrupts_the_module():
+    m = nn.Sequential()
+    m.a = nn.Linear(3, 3)
+    m.b = m.a
+    eager_or_typed(m, (torch.randn(2, 3),))
+    assert type(m.a.weight) is nn.Parameter
+    m(torch.randn(2, 3)).sum().backward()
+
+
+def test_unregistered_output_class_does_not_leak_tracing_tensors():
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+    try:
+        out = aotgrad.capture(lambda x: Out(x * 2), torch.randn(3)).compile()(torch.randn(3))
+    except AotgradError:
+        return
+    assert type(out.y) is torch.Tensor
+
+
+@pytest.mark.parametrize("prog,cause", [
+    (lambda x, w: x.detach_() * w, "detach_"),
+    (lambda x, w: x.copy_(w) * 2, "copy_"),
+    (lambda x, w: x.add_(w) * 2, "add_"),
+], ids=["detach_", "copy_", "add_"])
+def test_errors_name_the_real_cause_not_requires_grad_(prog, cause):
+    e = eager_or_typed(prog, (torch.randn(3), torch.randn(3, requires_grad=True)))
+    if isinstance(e, AotgradError):
+        assert "requires_grad_()" not in str(e) or cause in str(e), str(e)
+
+
+def test_batchnorm_momentum_none_works_or_names_the_line():
+    e = eager_or_typed(nn.BatchNorm1d(3, momentum=None), (torch.randn(4, 3),), calls=2)
+    if isinstance(e, AotgradError):
+        assert e.user_line
+
+
+@pytest.mark.parametrize("prog", [
+    lambda x: (x * 2).sum().backward(),
+    lambda x: torch.autograd.grad((x * 2).sum(), x),
+    lambda x: x * 2 if x.grad is None else x * x.grad,
+], ids=["backward", "autograd.grad", "read .grad"])
+def test_autograd_calls_inside_the_function(prog):
+    e = eager_or_typed(prog, (torch.randn(3, requires_grad=True),), backward=False)
+    if isinstance(e, AotgradError):
+        assert "mirrored meta" not in str(e) and "second time" not in str(e)
+
+
+@pytest.mark.parametrize("fn,args", [
+    (nn.LazyLinear(2), (torch.randn(3, 4),)),
+    (lambda x, a: x * torch.from_numpy(a), (torch.randn(3), __import__("numpy").ones(3, dtype="float32"))),
+    (lambda b: b.x * 2, (type("Box", (), {"__init__": lambda s, x: setattr(s, "x", x)})(torch.randn(3)),)),
+], ids=["LazyLinear", "numpy", "unregistered class"])
+def test_untraceable_arguments_work_or_are_typed(fn, args):
+    eager_or_typed(fn, args, compile=lambda f, a, k: aotgrad.capture(f, *a, **k).compile())
+
+
+def test_nested_tensor_under_jit_is_typed():
+    nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    with pytest.raises(AotgradError):
+        aotgrad.jit(lambda x: x * 2)(nt)
+
+
+def test_transformer_encoder_eval_fast_path():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    eager_or_typed(nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval(), (torch.randn(2, 3, 8),),
+                   backward=False)
+
+
+def test_data_dependent_errors_show_no_sympy():
+    e = assert_refused(lambda x: x * 2 if (x.sum() > 0).item() else x, (torch.randn(3),))
+    assert "Eq(" not in str(e) and "u0" not in str(e) and e.user_line, str(e)
+
+
+# --- issue 12: randomness, checkpointing, custom Functions, hooks, double backward ------
+
+def _block(x, w):
+    return F.dropout((x @ w).tanh(), 0.5, True)
+
+
+ENTRIES = {"capture": default_compile, "min_cut": lambda f, a, k: aotgrad.capture(f, *a, **k).compile(
+    partitioner="min_cut"), "jit": jit_compile, "dynamo": dynamo_compile}
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_two_checkpoint_regions_with_dropout_use_their_own_masks(entry):
+    def f(x, w1, w2):
+        return checkpoint(_block, checkpoint(_block, x, w1, use_reentrant=False), w2, use_reentrant=False).sum()
+    eager_or_typed(f, (torch.randn(4, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True),
+                       torch.randn(6, 6, requires_grad=True)), compile=ENTRIES[entry])
+
+
+def test_one_checkpoint_region_draws_each_mask_once():
+    check(lambda x, w: checkpoint(_block, x, w, use_reentrant=False).sum(),
+          (torch.randn(4, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)))
+
+
+def test_checkpoint_of_a_submodule_inside_forward():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.3))
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+    e = eager_or_typed(M(), (torch.randn(4, 6),))
+    if isinstance(e, AotgradError):
+        assert "closure" not in str(e), str(e)
+
+
+def test_checkpoint_without_preserve_rng_state():
+    eager_or_typed(lambda x, w: checkpoint(_block, x, w, use_reentrant=False, preserve_rng_state=False),
+                   (torch.randn(4, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)))
+
+
+def test_selective_checkpoint_policy():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def f(x, w):
+        return checkpoint(lambda a, b: F.dropout(a @ b, 0.5, True).sin() @ b, x, w, use_reentrant=False,
+                          context_fn=lambda: create_selective_checkpoint_contexts(policy))
+    eager_or_typed(f, (torch.randn(4, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)))
+
+
+class RandBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * torch.rand_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * torch.rand_like(g)
+
+
+def test_rng_in_a_custom_backward_is_drawn_at_backward_time():
+    eager_or_typed(lambda x: RandBackward.apply(x), (torch.randn(5, requires_grad=True),))
+
+
+def test_fork_rng_inside_restores_the_global_rng():
+    def f(x):
+        with torch.random.fork_rng():
+            torch.manual_seed(7)
+            x = x * torch.rand_like(x)
+        return x * torch.rand_like(x)
+    eager_or_typed(f, (torch.randn(5, requires_grad=True),))
+
+
+class HalfGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return 0.5 * g
+
+
+def test_custom_backward_of_a_function_returning_its_input():
+    eager_or_typed(lambda x: HalfGrad.apply(x) * 1, (torch.ones(3, requires_grad=True),))
+
+
+class ZeroSavedInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.no_grad():
+            x.zero_()
+        return g * 2
+
+
+def test_backward_that_mutates_a_saved_input():
+    eager_or_typed(lambda w, x: ZeroSavedInBackward.apply(x) * w,
+                   (torch.randn(3, requires_grad=True), torch.randn(3)))
+
+
+class NoneForInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        return x * w.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def test_backward_returning_none_for_an_input_needing_grad():
+    eager_or_typed(lambda x, w: NoneForInput.apply(x, w),
+                   (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)))
+
+
+def test_retain_grad_inside_the_function():
+    def f(x):
+        y = x.sin()
+        y.retain_grad()
+        return y, (y * 3).sum()
+    eager_or_typed(f, (torch.randn(3, requires_grad=True),))
+
+
+@pytest.mark.parametrize("on", ["intermediate", "input"])
+def test_register_hook_runs_at_every_backward(on):
+    calls = []
+
+    def f(x):
+        y = x * 2
+        (y if on == "intermediate" else x).register_hook(lambda g: calls.append(1) or g * 3)
+        return y.sum()
+    g = aotgrad.jit(f)
+    try:
+        for step in range(3):
+            x = torch.ones(3, requires_grad=True)
+            g(x).backward()
+            assert_close(torch.full((3,), 6.), x.grad, f"x.grad at step {step}", 0, 0)
+    except AotgradError as e:
+        assert e.user_line
+        return
+    assert len(calls) == 3
+
+
+def test_double_backward_through_a_compiled_function():
+    def penalty(step, w):
+        x = torch.randn(4, 3, requires_grad=True, generator=torch.Generator().manual_seed(0))
+        y = step(x, w).sum()
+        (gx,) = torch.autograd.grad(y, x, create_graph=True)
+        (y + gx.pow(2).sum()).backward()
+        return w.grad
+    f = lambda x, w: (x @ w).tanh()
+    want = penalty(f, torch.ones(3, 2, requires_grad=True))
+    try:
+        got = penalty(aotgrad.jit(f), torch.ones(3, 2, requires_grad=True))
+    except AotgradError as e:
+        assert e.user_line or "create_graph" in str(e)
+        return
+    assert_close(want, got, "weight grad of a gradient penalty", 1e-5, 1e-5)
+
+
+# --- issue 13: guards ------------------------------------------------------------------
+
+SCALE = 2.0
+
+
+def _reads_global(x):
+    return x * SCALE
+
+
+def test_jit_sees_a_changed_global():
+    global SCALE
+    g = aotgrad.jit(_reads_global)
+    g(torch.ones(2))
+    SCALE = 3.0
+    try:
+        assert_close(torch.full((2,), 3.), g(torch.ones(2)), "after the global changed", 0, 0)
+    except AotgradError:
+        pass
+    finally:
+        SCALE = 2.0
+
+
+def test_jit_sees_eval():
+    m = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    g = aotgrad.jit(m)
+    g(torch.randn(2, 3))
+    m.eval()
+    x = torch.randn(2, 3)
+    with contextlib.suppress(AotgradError):
+        assert_close(m(x), g(x), "after m.eval()", 1e-6, 1e-6)
+
+
+def test_jit_sees_a_swapped_submodule():
+    m = nn.Sequential(nn.Linear(3, 3))
+    g = aotgrad.jit(m)
+    g(torch.randn(2, 3))
+    m[0] = nn.Linear(3, 2)
+    x = torch.randn(2, 3)
+    with contextlib.suppress(AotgradError):
+        assert_close(m(x), g(x), "after swapping the submodule", 1e-6, 1e-6)
+
+
+def test_jit_int_and_float_constants_do_not_share_a_graph():
+    g = aotgrad.jit(lambda x, k: x * k)
+    g(torch.arange(3), 2)
+    assert g(torch.arange(3), 2.0).dtype == torch.float32
+    assert g(torch.arange(3), True).dtype == torch.int64
+
+
+def test_jit_a_number_then_a_tensor_argument():
+    g = aotgrad.jit(lambda x, k: x * k)
+    g(torch.ones(3), 0.5)
+    k = torch.tensor(0.5, requires_grad=True)
+    g(torch.ones(3), k).sum().backward()
+    assert_close(torch.tensor(3.), k.grad, "grad of k", 0, 0)
+
+
+def test_jit_on_a_method():
+    class M(nn.Module):
+        @aotgrad.jit
+        def forward(self, x):
+            return x * 2
+    try:
+        assert_close(torch.full((2,), 2.), M()(torch.ones(2)), "method", 0, 0)
+    except AotgradError as e:
+        assert "missing 1 required positional argument" not in str(e)
+
+
+def test_jit_refuses_unknown_options_when_called():
+    with pytest.raises(AotgradError, match="fw_compiler"):
+        aotgrad.jit(nn.Linear(2, 2), backend="inductor")
+
+
+def test_jit_inside_capture_is_typed_or_works():
+    inner = aotgrad.jit(lambda x: x.sin())
+    eager_or_typed(lambda x: inner(x) * 2, (torch.randn(3, requires_grad=True),))
