@@ -34,15 +34,19 @@ SKIP, USER, NN_METHOD, MODULE_CALL = 0, 1, 2, 3
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 
 
-def kind_of(code) -> int:
+def kind_of(code, module_name) -> int:
     """How much of a code object's reads matter: all of user code's; only ``self.x`` of
     ``torch.nn`` modules' methods; the hooks of a module a ``_call_impl`` ran for."""
     if code in _CALL_IMPL:
         return MODULE_CALL
     path = code.co_filename
+    if code.co_name == "<module>":      # an import or an exec running during the trace, not the traced code
+        return SKIP
     if path.startswith("<"):
-        # Interactive input is user code; other generated code (dataclass methods, FX graphs) is not.
-        return USER if path.startswith(("<stdin>", "<ipython-input")) else SKIP
+        # Code made by exec (a user's, or a user dataclass's methods) belongs to the module whose
+        # globals it runs with; FX's generated graphs and library dataclasses do not.
+        generated = path.startswith(("<eval_with_key", "<aotgrad"))
+        return SKIP if generated or is_library(module_name) else USER
     path = os.path.abspath(path)
     if path.startswith(_NN):    # a torch module's own methods read its settings; the base class's, its internals
         is_method = code.co_argcount and code.co_varnames[0] == "self" and path != _NN + "module.py"
@@ -53,8 +57,9 @@ def kind_of(code) -> int:
 
 
 def is_library(obj) -> bool:
-    """Library objects (torch, the standard library, installed packages) are assumed constant."""
-    mod = obj if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
+    """Library objects (torch, the standard library, installed packages) are assumed constant;
+    ``obj`` may also be a module's name."""
+    mod = obj if isinstance(obj, (type(sys), str)) else getattr(obj, "__module__", None)
     name = getattr(mod, "__name__", mod) if mod is not None else None
     if not isinstance(name, str):
         return False
@@ -90,7 +95,7 @@ class Recording:
         code = frame.f_code
         kind = self.kinds.get(code)
         if kind is None:
-            kind = self.kinds[code] = kind_of(code)
+            kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
         if kind:
             self._add(frame, code, kind)
 

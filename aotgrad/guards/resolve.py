@@ -208,7 +208,7 @@ class Resolver:
             if c.root == "deref":
                 where, _ = locate(fn, "cell", c.name)
                 cpath = path + (("cell", c.name),) if path else None
-                csource = f"{c.name} (closure variable of {fn.__qualname__})"
+                csource = c.name
                 try:
                     where.cell_contents
                 except ValueError:

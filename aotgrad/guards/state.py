@@ -130,6 +130,8 @@ def describe(read: Read) -> str:
         return f"`{read.source}` had {read.value} entries when captured, now {len(now)}"
     if read.kind == "dict":
         return _describe_dict(read, now)
+    if read.kind == "id" and _short(now) == _short(read.value):
+        return f"`{read.source}` is not the object it was when captured (now another {_short(now).removeprefix('a ')})"
     return f"`{read.source}` was {_short(_shown(read))} when captured, now {_short(now)}"
 
 

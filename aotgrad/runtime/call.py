@@ -52,8 +52,9 @@ def make_call(captured, run_graph) -> CallPath:
         for i, v in const:
             x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
             if x is not v and (type(x) is not type(v) or type(v) not in _VALUE_TYPES or x != v):
-                return None, (f"non-tensor argument {i} was {v!r} ({type(v).__name__}) when captured, "
-                              f"now {x!r} ({type(x).__name__})")
+                kinds = type(x) is not type(v)
+                return None, (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
+                              f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
         flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
         why = aliasing(flat) if aliasing is not None else None
         if why:

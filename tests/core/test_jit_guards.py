@@ -1,0 +1,323 @@
+"""aotgrad.jit guards the Python state its trace read: each case changes some state
+after the first call and expects eager's result (a recompile, named in explain) or
+a typed error. Programs differ from the issue's repros on purpose."""
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn as nn
+
+import aotgrad
+from aotgrad import errors
+from tests.eager_check import check
+
+OFFSET = 1.5
+LAYERS = {"act": torch.tanh}
+
+
+def _same(jitted, eager, *args, grads=()):
+    """Call both on the same live state; outputs (and the grads of ``grads``) must match."""
+    for t in grads:
+        t.grad = None
+    out = jitted(*args)
+    got = [t.grad for t in grads] if not grads else None
+    if grads:
+        out.sum().backward()
+        got = [t.grad.clone() for t in grads]
+        for t in grads:
+            t.grad = None
+    ref = eager(*args)
+    torch.testing.assert_close(out, ref)
+    if grads:
+        ref.sum().backward()
+        for g, t in zip(got, grads):
+            torch.testing.assert_close(g, t.grad)
+    return out
+
+
+def _reasons(f):
+    return [e.reason for e in f.entries]
+
+
+def shifted(x):
+    return _helper(x) * 2
+
+
+def _helper(x):
+    return x + OFFSET          # read one call down: the guard must follow the call
+
+
+def test_global_read_by_a_called_helper_recompiles():
+    global OFFSET
+    f = aotgrad.jit(shifted)
+    x = torch.randn(3)
+    _same(f, shifted, x)
+    OFFSET = -4.0
+    try:
+        _same(f, shifted, x)
+    finally:
+        OFFSET = 1.5
+    assert "`OFFSET` was 1.5 when captured, now -4.0" in aotgrad.explain(f)
+
+
+def test_rebound_closure_cell_recompiles():
+    power = 2
+
+    def f(x):
+        return x ** power
+    g = aotgrad.jit(f)
+    x = torch.randn(4)
+    _same(g, f, x)
+    power = 3
+    _same(g, f, x)
+    assert "`power` was 2 when captured, now 3" in _reasons(g)[1]
+
+
+def test_dict_of_functions_in_a_global_recompiles_when_an_entry_changes():
+    def f(x):
+        return LAYERS["act"](x)
+    g = aotgrad.jit(f)
+    x = torch.randn(4)
+    _same(g, f, x)
+    LAYERS["act"] = torch.sigmoid
+    try:
+        _same(g, f, x)
+    finally:
+        LAYERS["act"] = torch.tanh
+    assert len(g.entries) == 2
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Dropout(0.3))
+        self.head = nn.Linear(6, 2)
+        self._gain = 1.0
+
+    def forward(self, x):
+        return self.head(self.body(x)) * self._gain
+
+
+def test_module_state_changes_recompile_and_match_eager():
+    torch.manual_seed(0)
+    net = Net()
+    f = aotgrad.jit(net)
+    x = torch.randn(5, 4)
+    f(x).sum().backward()
+    net.eval()                               # dropout off, BatchNorm on running statistics
+    before = net.body[1].running_mean.clone()
+    _same(f, net, x)
+    torch.testing.assert_close(net.body[1].running_mean, before)     # eval does not update them
+    net._gain = 0.5                          # an underscore attribute the forward reads
+    _same(f, net, x)
+    net.head = nn.Linear(6, 2)               # a swapped submodule
+    _same(f, net, x, grads=(net.head.weight,))
+    reasons = " | ".join(_reasons(f)[1:])
+    assert "`net.body.1.training` was True when captured, now False" in reasons
+    assert "`net._gain` was 1.0 when captured, now 0.5" in reasons
+    assert "`net.head` was Linear" in reasons
+
+
+def test_forward_hook_added_later_recompiles_and_runs():
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    f = aotgrad.jit(net)
+    x = torch.randn(2, 3)
+    _same(f, net, x)
+    net[0].register_forward_hook(lambda m, i, o: o * 10)
+    _same(f, net, x)
+    assert "_forward_hooks` had 0 entries when captured, now 1" in _reasons(f)[1]
+
+
+def test_parameter_of_a_module_reached_through_a_closure_is_guarded():
+    lin = nn.Linear(3, 3)
+
+    def f(x):
+        return lin(x).relu()
+    g = aotgrad.jit(f)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        _same(g, f, x)
+        lin.weight = nn.Parameter(torch.randn(3, 3))
+        _same(g, f, x)
+    assert "`lin.weight` is not the object it was when captured (now another Parameter" in _reasons(g)[1]
+
+
+@dataclass
+class Config:
+    scale: float
+    clamp: bool
+
+
+CFG = Config(2.0, False)
+
+
+def configured(x):
+    y = x * CFG.scale
+    return y.clamp(-1, 1) if CFG.clamp else y
+
+
+def test_mutated_config_object_recompiles():
+    f = aotgrad.jit(configured)
+    x = torch.randn(6) * 3
+    _same(f, configured, x)
+    CFG.clamp = True
+    try:
+        _same(f, configured, x)
+    finally:
+        CFG.clamp = False
+    assert "`CFG.clamp` was False when captured, now True" in _reasons(f)[1]
+
+
+class Holder:
+    def __init__(self, w):
+        self.w = w
+
+
+def test_object_argument_with_a_new_tensor_attribute_recompiles():
+    def f(x, h):
+        return x @ h.w
+    g = aotgrad.jit(f)
+    h = Holder(torch.randn(3, 2))
+    x = torch.randn(4, 3)
+    _same(g, f, x, h)
+    h.w = torch.randn(3, 2)
+    _same(g, f, x, h)
+    assert len(g.entries) == 2 and "`input 1.w` is not the object it was when captured (now another Tensor" in _reasons(g)[1]
+
+
+HELPERS = types.ModuleType("aotgrad_test_helpers")     # an imported user module, as the trace sees one
+HELPERS.GAIN, HELPERS.act = 3.0, torch.relu
+
+
+def through_helpers(x):
+    return HELPERS.act(x) * HELPERS.GAIN
+
+
+def test_user_module_attributes_read_through_an_import():
+    g = aotgrad.jit(through_helpers)
+    x = torch.randn(5)
+    _same(g, through_helpers, x)
+    try:
+        HELPERS.act = torch.sigmoid
+        _same(g, through_helpers, x)
+        HELPERS.GAIN = 3           # same value, another type
+        _same(g, through_helpers, x)
+    finally:
+        HELPERS.GAIN, HELPERS.act = 3.0, torch.relu
+    assert "`HELPERS.act` was torch" in _reasons(g)[1] and "`HELPERS.GAIN`" in _reasons(g)[2]
+
+
+def test_code_made_by_exec_is_guarded_too():
+    scope = {"K": 2.0}
+    exec("def f(x):\n    return x * K\n", scope)
+    g = aotgrad.jit(scope["f"])
+    x = torch.randn(3)
+    _same(g, scope["f"], x)
+    scope["K"] = 5.0
+    _same(g, scope["f"], x)
+
+
+def test_autocast_dtype_is_a_mode():
+    lin = nn.Linear(4, 4)
+    f = aotgrad.jit(lin)
+    x = torch.randn(2, 4)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            out = f(x)
+            assert out.dtype == lin(x).dtype == dtype
+    assert "CPU autocast dtype was torch.bfloat16, now torch.float16" in _reasons(f)[1]
+
+
+def test_assigning_python_state_in_the_trace_is_refused_and_undone():
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.lin(x)
+    m = Counter()
+    with pytest.raises(errors.UnsupportedError, match="assigns `calls`"):
+        aotgrad.jit(m)(torch.randn(1, 2))
+    assert m.calls == 0
+
+
+# ---- type-exact constants (item 2)
+
+def test_int_float_bool_constants_are_distinct_entries():
+    g = aotgrad.jit(lambda x, k: x * k)
+    x = torch.arange(3)
+    assert g(x, 2).dtype == torch.int64
+    assert g(x, 2.0).dtype == torch.float32
+    assert g(x, True).dtype == torch.int64
+    assert len(g.entries) == 3
+    assert "was 2 (int) when captured, now 2.0 (float)" in _reasons(g)[1]
+
+
+def test_list_of_ints_and_list_of_floats_differ():
+    def f(x, ks):
+        return x * ks[0] + ks[1]
+    g = aotgrad.jit(f)
+    x = torch.arange(3)
+    for ks in ([1, 2], [1.0, 2.0]):
+        out = g(x, ks)
+        assert out.dtype == f(x, ks).dtype
+    assert len(g.entries) == 2
+
+
+def test_number_replaced_by_a_tensor_gets_its_gradient():
+    def f(x, k):
+        return (x * k).sum()
+    check(f, (torch.randn(3), torch.tensor(0.5, requires_grad=True)),
+          compile=lambda fn, a, kw: aotgrad.jit(fn))
+    g = aotgrad.jit(f)
+    x = torch.randn(3)
+    g(x, 0.5)
+    k = torch.tensor(0.5, requires_grad=True)
+    g(x, k).backward()
+    torch.testing.assert_close(k.grad, x.sum())
+
+
+# ---- API traps (item 5)
+
+def test_jit_on_a_method():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        @aotgrad.jit
+        def forward(self, x):
+            return self.lin(x).tanh()
+    b = Block()
+    x = torch.randn(2, 3)
+    out = b(x)
+    out.sum().backward()
+    ref = b.lin(x).tanh()
+    torch.testing.assert_close(out, ref)
+    assert b.lin.weight.grad is not None
+    assert len(Block.forward.__get__(b).entries) == 1
+
+
+@pytest.mark.parametrize("opts, hint", [({"backend": "inductor"}, "did you mean fw_compiler='inductor'"),
+                                        ({"partitoner": "min_cut"}, "did you mean partitioner='min_cut'"),
+                                        ({"fw_compiler": "inductr"}, "not a registered compiler")])
+def test_unknown_options_are_refused_when_jit_is_called(opts, hint):
+    with pytest.raises(errors.OptionError, match=hint):
+        aotgrad.jit(nn.Linear(2, 2), **opts)
+
+
+def test_jit_called_inside_capture_is_traced_through():
+    inner = aotgrad.jit(lambda x: x.sin() * 2)
+
+    def outer(x):
+        return inner(x).cos().sum()
+    x = torch.randn(4, requires_grad=True)
+    inner(x)
+    captured = aotgrad.capture(outer, x)
+    assert len(inner.entries) == 1           # the capture traced through it, compiling nothing
+    check(outer, (x,), compile=lambda fn, a, kw: captured.compile())
