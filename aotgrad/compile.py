@@ -9,6 +9,7 @@ from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
 from .runtime.modes import without_autocast
+from .capture.hooks import input_hooks
 from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply
 from .stages import Captured, Compiled
@@ -37,6 +38,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
     fw_c = backends.get(fw_compiler)
     bw_c = backends.get(bw_compiler if bw_compiler is not None else fw_compiler)
     if lay.is_inference:
+        input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
             fw = _compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured)))
@@ -56,7 +58,8 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
-                                     bw_graph=bw_gm, double_backward=differentiable_backward(captured))
+                                     bw_graph=bw_gm, double_backward=differentiable_backward(captured),
+                                     input_hooks=input_hooks(captured))
         run = fast_apply(fn_class)
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..capture.hooks import custom_view
 from ..capture.session import Session, backed_symbols, from_functional, functional_mode, to_functional
 from ..errors import MutationError, UnsupportedError
 
@@ -192,18 +193,19 @@ def _output_infos(f_outs, f_ins):
             infos.append(OutputInfo("constant", value=o))
             continue
         rg, leaf = o.requires_grad, o.grad_fn is None
+        custom = custom_view(o)     # regenerating it as a view would skip a custom backward
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
         if same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
-        elif storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
+        elif not custom and storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
             infos.append(OutputInfo("input_view", in_storages[storage],
                                     ViewMeta.relative(o, f_ins[in_storages[storage]]), rg, is_leaf=leaf))
-        elif o._is_view() and id(o._base) in plain_ids and _replayable(o, o._base):
+        elif not custom and o._is_view() and id(o._base) in plain_ids and _replayable(o, o._base):
             infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.relative(o, o._base), rg, is_leaf=leaf))
-        elif o._is_view() and storage not in in_storages and _replayable(o, o._base):
+        elif not custom and o._is_view() and storage not in in_storages and _replayable(o, o._base):
             base = o._base
             k = next((b for b, t in enumerate(bases) if t is base), None)
             if k is None:

@@ -17,6 +17,7 @@ from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
 from ..stages import Captured, Setup
 from .descriptors import Desc, of
+from .hooks import observed
 from .joint import layout, trace_joint
 from .session import SEEDED, Session
 
@@ -60,6 +61,7 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # hooks registered while traced
     lay = layout(analysis)
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(

@@ -22,6 +22,7 @@ from ..guards import inputs as input_guards
 from ..observe import Step
 from ..partition import Partition
 from ..stages import Captured, Setup
+from ..capture.hooks import has_opaque_calls
 from .graphs import Unserializable, dump_graph, load_graph
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ def dump_compiled(compiled) -> dict:
     c = compiled.captured
     if c.setup.rebase is not None:
         raise Unserializable("inputs with synthetic bases (aliased, mutated inputs) are not cached")
+    if has_opaque_calls(c):
+        raise Unserializable("a function that registers hooks is not cached (the hooks are live Python objects)")
     part = compiled.partition
     g = c.guards
     return {

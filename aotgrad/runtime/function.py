@@ -6,6 +6,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..capture.hooks import install_input_hooks
 from .double_backward import keep_inputs, rng_states
 
 
@@ -19,7 +20,7 @@ class BackwardGraph(NamedTuple):
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
-                      bw_graph=None, double_backward=None):
+                      bw_graph=None, double_backward=None, input_hooks=()):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -27,7 +28,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     ``create_graph=True`` the grads come from ``double_backward``, a pair
     ``(run(kept_inputs, rng_states, grad_outputs) -> grads, needs_rng)`` (see
     runtime/double_backward.py); without one they come from ``once_differentiable``
-    and raise if differentiated.
+    and raise if differentiated. ``input_hooks`` are registered on the real inputs by
+    every call, as the program registered them (capture/hooks.py).
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -40,6 +42,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         if second_order is not None:
             ctx.kept = keep_inputs(primals)
             ctx.rng = rng_states() if needs_rng else None
+        if input_hooks:
+            install_input_hooks(input_hooks, primals)
         outs = fw(*primals)
         ctx.save_for_backward(*outs[n_fw:n_saved_end])
         ctx.symbols = outs[n_saved_end:]

@@ -1,0 +1,271 @@
+"""Python a traced program leaves for autograd to run later: tensor hooks,
+``retain_grad`` and the backwards of custom ``autograd.Function``s.
+
+Traced naively, a hook registered inside the program runs once, at trace time,
+and never again. While a program is traced (its inputs are functional
+tensors), registration is intercepted instead:
+
+* on an **input** (a parameter, a user tensor) the hook is recorded and
+  registered on the real tensor by every call, as eager registers it each call
+  (:func:`install_input_hooks`, run by the compiled forward);
+* on an **intermediate** the graph gets an ``aotgrad::tensor_hook`` node where
+  the backward reaches that tensor's gradient: at run time it calls the hook on
+  the real gradient and continues with what the hook returns;
+* ``retain_grad()`` on an input is replayed per call; on an intermediate that
+  never leaves the program nothing could read its ``.grad``, so it is a no-op;
+  on one the program returns it is refused (the compiled backward has no tensor
+  to set ``.grad`` on).
+
+A custom Function's backward is traced through; one that writes in place to a
+tensor it was given (``ctx.x.zero_()``, ``buf.add_(1)``) is refused, since the
+traced graph would apply the write at the wrong time or drop it.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from .. import errors
+
+HOOKS: dict[int, Callable] = {}     # id -> user hook, read by aotgrad::tensor_hook at run time
+_ids = itertools.count()
+
+
+_LIB = torch.library.Library("aotgrad", "FRAGMENT")
+_LIB.define("tensor_hook(Tensor grad, int hook_id) -> Tensor")
+
+
+def _tensor_hook(grad: torch.Tensor, hook_id: int) -> torch.Tensor:
+    """Run user hook ``hook_id`` on a real gradient; ``None`` keeps the gradient."""
+    result = HOOKS[hook_id](grad)
+    if result is None or result is grad:
+        return grad.clone()
+    if result.shape != grad.shape or result.dtype != grad.dtype or result.device != grad.device:
+        raise errors.UnsupportedError(
+            f"a tensor hook returned a gradient of shape {tuple(result.shape)}, {result.dtype} for one of "
+            f"shape {tuple(grad.shape)}, {grad.dtype}; a hook must keep the gradient's shape and dtype")
+    shares = result.untyped_storage().data_ptr() == grad.untyped_storage().data_ptr()
+    return result.clone() if shares or result._is_view() else result
+
+
+_LIB.impl("tensor_hook", _tensor_hook, "CompositeExplicitAutograd")
+torch.library.register_fake("aotgrad::tensor_hook", lambda grad, hook_id: torch.empty_like(grad), lib=_LIB)
+
+
+def is_opaque(target) -> bool:
+    """Graph targets that call user Python: a graph holding one cannot be stored on disk."""
+    return target is torch.ops.aotgrad.tensor_hook.default
+
+
+@dataclass(frozen=True)
+class InputHook:
+    """``flat input index``, the registering method's name, the hook (None for retain_grad)."""
+    index: int
+    method: str
+    hook: Callable | None
+    line: str | None
+
+
+class _TraceHandle:
+    """The handle a hook registered during tracing returns."""
+
+    def __init__(self, line):
+        self.line = line
+
+    def remove(self):
+        raise errors.UnsupportedError("removing a hook inside the compiled function cannot be replayed; "
+                                      "register and remove hooks outside it", user_line=errors.caller_line())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class Recorder:
+    """What one trace of the program registered."""
+
+    def __init__(self, flat):
+        self.inputs = {id(t): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        self.input_hooks: list[InputHook] = []
+        self.retained: list[tuple[torch.Tensor, str | None]] = []
+        self.graph_hooks: list[int] = []
+
+    def register(self, original, tensor, hook, method):
+        line = errors.caller_line()
+        if not tensor.requires_grad:
+            return original(tensor, hook)       # eager's own error
+        i = self.inputs.get(id(tensor))
+        if method != "register_hook" and not tensor.is_leaf:
+            return original(tensor, hook)       # eager's own error (post-accumulate hooks need a leaf)
+        if i is not None:
+            self.input_hooks.append(InputHook(i, method, hook, line))
+            return _TraceHandle(line)
+        hook_id = next(_ids)
+        HOOKS[hook_id] = hook
+        self.graph_hooks.append(hook_id)
+        original(tensor, lambda g: torch.ops.aotgrad.tensor_hook(g, hook_id))
+        return _TraceHandle(line)
+
+    def retain(self, original, tensor):
+        line = errors.caller_line()
+        if not tensor.requires_grad:
+            return original(tensor)             # eager's own error
+        i = self.inputs.get(id(tensor))
+        if i is not None:
+            if not tensor.is_leaf:
+                self.input_hooks.append(InputHook(i, "retain_grad", None, line))
+        elif tensor.requires_grad and not tensor.is_leaf:
+            self.retained.append((tensor, line))
+
+    def check_outputs(self, outs):
+        for t, line in self.retained:
+            if any(o is t for o in outs):
+                raise errors.UnsupportedError(
+                    "retain_grad() inside the compiled function on a tensor it returns: the compiled backward "
+                    "has no tensor to set .grad on; call retain_grad() on the returned tensor after the call",
+                    user_line=line)
+
+
+def _tracing(flat) -> bool:
+    return any(isinstance(t, FunctionalTensor) for t in flat)
+
+
+def observed(flat_fn):
+    """``flat_fn`` that, while traced, intercepts hook registration (see module docstring);
+    ``observed.recorded`` is the last trace's :class:`Recorder`. Eager calls pass straight through."""
+    def run(*flat):
+        if not _tracing(flat):
+            return flat_fn(*flat)
+        rec = Recorder(flat)
+        with _intercepted(rec), _functions_checked():
+            outs = flat_fn(*flat)
+        rec.check_outputs(outs)
+        run.recorded = rec
+        return outs
+    run.recorded = None
+    run.__name__ = flat_fn.__name__
+    if hasattr(flat_fn, "module_state"):
+        run.module_state = flat_fn.module_state
+    return run
+
+
+@contextlib.contextmanager
+def _intercepted(rec: Recorder):
+    T = torch.Tensor
+    originals = {name: T.__dict__.get(name) for name in
+                 ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")}
+    plain = {name: getattr(T, name) for name in originals}
+
+    def method(name):
+        def intercepted(self, hook):
+            return rec.register(plain[name], self, hook, name)
+        return intercepted
+    T.register_hook = method("register_hook")
+    T.register_post_accumulate_grad_hook = method("register_post_accumulate_grad_hook")
+    T.retain_grad = lambda self: rec.retain(plain["retain_grad"], self)
+    try:
+        yield
+    finally:
+        for name, value in originals.items():
+            if value is None:
+                delattr(T, name)
+            else:
+                setattr(T, name, value)
+
+
+@contextlib.contextmanager
+def _functions_checked():
+    """Custom Functions applied while tracing get node hooks that refuse a backward writing
+    in place to a tensor it was given (see :func:`_watch`)."""
+    Function = torch.autograd.Function
+    original = Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        out = original.__func__(cls, *args, **kwargs)
+        _watch(cls, args, out, errors.caller_line())
+        return out
+    Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        Function.apply = original
+
+
+def _watch(cls, args, out, line):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    if node is None or not hasattr(node, "register_prehook"):
+        return
+    given = [a for a in args if isinstance(a, torch.Tensor)]
+    versions: list = []
+
+    def before(grad_outputs):
+        held = given + [v for v in vars(node).values() if isinstance(v, torch.Tensor)]
+        versions[:] = [(t, t._version) for t in held]
+
+    def after(grad_inputs, grad_outputs):
+        for t, v in versions:
+            if t._version != v:
+                raise errors.UnsupportedError(
+                    f"the backward of custom autograd.Function {cls.__name__} writes in place to a tensor it was "
+                    f"given (shape {tuple(t.shape)}); a compiled backward cannot replay that write when eager "
+                    "does; return a new tensor instead, or keep the Function out of the compiled code",
+                    user_line=line)
+    node.register_prehook(before)
+    node.register_hook(after)
+
+
+def has_opaque_calls(captured) -> bool:
+    """Whether ``captured`` calls user hooks (then it is not stored on disk: the hooks are live objects)."""
+    rec = getattr(captured.setup.flat_fn, "recorded", None)
+    return rec is not None and bool(rec.input_hooks or rec.graph_hooks)
+
+
+def input_hooks(captured) -> tuple:
+    """The input hooks the forward of ``captured`` must register on every call."""
+    rec = getattr(captured.setup.flat_fn, "recorded", None)
+    hooks = tuple(rec.input_hooks) if rec is not None else ()
+    if hooks and captured.is_inference:
+        raise errors.UnsupportedError(
+            f"{hooks[0].method} on an input inside a function called without grad cannot be replayed by "
+            "its compiled inference graph; register it outside the compiled function", user_line=hooks[0].line)
+    return hooks
+
+
+def install_input_hooks(hooks, primals) -> None:
+    """What eager does each call: register the recorded hooks on the real inputs."""
+    for h in hooks:
+        t = primals[h.index]
+        if h.hook is None:
+            t.retain_grad()
+        else:
+            getattr(t, h.method)(h.hook)
+
+
+_VIEW_NODES = frozenset(f"{op}Backward0" for op in (
+    "View", "UnsafeView", "AsStrided", "Slice", "Select", "T", "Transpose", "Permute", "Expand", "Unsqueeze",
+    "Squeeze", "Alias", "Diagonal", "Unbind", "Split", "SplitWithSizes", "Narrow", "Unfold", "ViewAsReal",
+    "ViewAsComplex", "Real", "Imag", "Chunk", "Reshape", "ExpandAs", "ViewAs", "Detach"))
+
+
+def custom_view(t: torch.Tensor) -> bool:
+    """Whether a view's autograd path to its base passes through a custom Function (one that
+    returned its input, or a view of it, with its own backward): ``base.as_strided(...)``
+    would regenerate the view but skip that backward, so it must come from the graph."""
+    node = t.grad_fn
+    for _ in range(64):
+        if node is None:
+            return False
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            return True
+        if type(node).__name__ not in _VIEW_NODES:
+            return False
+        node = next((n for n, _ in node.next_functions if n is not None), None)
+    return False
