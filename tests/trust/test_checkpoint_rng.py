@@ -187,3 +187,67 @@ def test_redrawing_a_forked_state_differently_is_refused():
     with pytest.raises(UnsupportedError, match="already drew") as e:
         aotgrad.capture(f, torch.randn(4, requires_grad=True))
     assert "torch.rand(4)" in str(e.value)
+
+
+# --- a GPT whose blocks are checkpointed, trained next to eager ------------------------------
+
+GPT_CKPT = dict(n_layer=2, n_head=2, d_model=32, vocab=64, block_size=16, dropout=0.1)
+
+
+def make_checkpointed_gpt():
+    from dataclasses import replace
+
+    from examples import models
+
+    class CheckpointedGPT(models.GPT):
+        def forward(self, idx, targets):
+            x = self.drop(self.tok_emb(idx) + self.pos_emb[:, :idx.size(1)])
+            for blk in self.blocks:
+                x = checkpoint(blk, x, use_reentrant=False)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    cfg = replace(models.GPT_TINY, **GPT_CKPT)
+    torch.manual_seed(0)
+    return CheckpointedGPT(cfg).train(), models.gpt_batch(cfg, 2, seed=0)
+
+
+def _jit_with_compiled_autograd_backward(model, args, kwargs, **opts):
+    from aotgrad.compiled_autograd import reset
+    reset()
+    return aotgrad.jit(model)
+
+
+GPT_ENTRIES = {**{k: ENTRIES[k] for k in ("capture", "jit", "torch.compile")},
+               "compiled_autograd": _jit_with_compiled_autograd_backward}
+
+
+@pytest.mark.parametrize("entry", GPT_ENTRIES)
+def test_checkpointed_gpt_trains_like_eager(entry):
+    """Five SGD steps, one seed per step: loss, every gradient and parameter exactly eager's,
+    and the RNG after each forward and each backward where eager leaves it."""
+    eager, batch = make_checkpointed_gpt()
+    model, _ = make_checkpointed_gpt()
+    compiled = GPT_ENTRIES[entry](model, batch, {})
+    backward_context = (lambda: aotgrad.compiled_autograd("eager")) if entry == "compiled_autograd" else None
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    for step in range(5):
+        states = []
+        for fn, opt, ctx in ((eager, opts[0], None), (compiled, opts[1], backward_context)):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(step)
+            loss = fn(*batch)
+            after_forward = torch.get_rng_state()
+            if ctx is None:
+                loss.backward()
+            else:
+                with ctx():
+                    loss.backward()
+            states.append((loss.detach(), after_forward, torch.get_rng_state()))
+        (le, fe, be), (lc, fc, bc) = states
+        torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-6, msg=f"loss at step {step}")
+        assert torch.equal(fe, fc) and torch.equal(be, bc), f"RNG differs from eager's at step {step}"
+        for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {name} at step {step}")
+        for opt in opts:
+            opt.step()
