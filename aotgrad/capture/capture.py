@@ -49,6 +49,7 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captu
 def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
     rng = torch.random.get_rng_state()
+    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # analysis must not run hooks' registration either
     SEEDED.clear()
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
@@ -61,7 +62,7 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
-    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # hooks registered while traced
+    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # what the joint registers, by graph input
     lay = layout(analysis)
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(

@@ -102,11 +102,11 @@ class Recorder:
         if not tensor.requires_grad:
             return original(tensor, hook)       # eager's own error
         i = self.inputs.get(id(tensor))
-        if method != "register_hook" and not tensor.is_leaf:
-            return original(tensor, hook)       # eager's own error (post-accumulate hooks need a leaf)
-        if i is not None:
+        if i is not None:       # (a traced input is never a leaf: the real one is checked when registered)
             self.input_hooks.append(InputHook(i, method, hook, line))
             return _TraceHandle(line)
+        if method != "register_hook":
+            return original(tensor, hook)       # eager's own error (post-accumulate hooks need a leaf)
         hook_id = next(_ids)
         HOOKS[hook_id] = hook
         self.graph_hooks.append(hook_id)
@@ -137,15 +137,22 @@ def _tracing(flat) -> bool:
     return any(isinstance(t, FunctionalTensor) for t in flat)
 
 
+_ACTIVE: list = []      # the observing wrapper running now: an inner one (around a rebased function) defers
+
+
 def observed(flat_fn):
     """``flat_fn`` that, while traced, intercepts hook registration (see module docstring);
     ``observed.recorded`` is the last trace's :class:`Recorder`. Eager calls pass straight through."""
     def run(*flat):
-        if not _tracing(flat):
+        if _ACTIVE or not _tracing(flat):
             return flat_fn(*flat)
         rec = Recorder(flat)
-        with _intercepted(rec), _functions_checked():
-            outs = flat_fn(*flat)
+        _ACTIVE.append(rec)
+        try:
+            with _intercepted(rec), _functions_checked():
+                outs = flat_fn(*flat)
+        finally:
+            _ACTIVE.pop()
         rec.check_outputs(outs)
         run.recorded = rec
         return outs
