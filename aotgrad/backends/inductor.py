@@ -56,6 +56,11 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
 
 def inductor(gm: fx.GraphModule, example_inputs: list):
     """Compile ``gm`` with Inductor; fall back to running it eagerly on failure."""
+    if any(n.op == "call_function" and getattr(n.target, "namespace", None) == "aotgrad" for n in gm.graph.nodes):
+        # aotgrad::rng_state/set_rng_state order RNG effects that Inductor drops or reorders.
+        warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because it saves and "
+                      "restores the RNG state (torch.random.fork_rng inside the function)", stacklevel=2)
+        return gm.forward
     try:
         return _compile(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - any Inductor failure means "run this graph eagerly"
