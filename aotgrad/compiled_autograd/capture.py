@@ -302,7 +302,9 @@ class CaptureInstance:
         return inputs
 
     def unpack_hook(self, hook_id, data_id):
-        return self._unsupported("saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks)")
+        return self._unsupported("saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks, which "
+                                 "torch.utils.checkpoint uses: to checkpoint, compile the forward with "
+                                 "aotgrad.jit or torch.compile and keep this context for its backward)")
 
     def bind_backward_state(self, index):
         return self._unsupported("a Dynamo BackwardState")

@@ -261,3 +261,16 @@ def test_inductor_backend_keeps_eager_rng(program):
     check(fn, args(), compile=inductor)
     eager, compiled = rng_after(fn, args()), rng_after(inductor(fn, args(), {}), args())
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_eager_checkpoint_under_compiled_autograd_is_refused_by_name():
+    """An eager forward's checkpoint recomputes through saved-tensor hooks at backward time,
+    which compiled autograd does not capture: a typed error naming checkpoint and the line."""
+    from aotgrad.compiled_autograd import reset
+    reset()
+    x, w1, w2 = args()
+    loss = PROGRAMS["one region"](x, w1, w2)
+    with pytest.raises(UnsupportedError, match="torch.utils.checkpoint") as e:
+        with aotgrad.compiled_autograd("eager"):
+            loss.backward()
+    assert "test_checkpoint_rng.py" in str(e.value)
