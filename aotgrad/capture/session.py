@@ -117,5 +117,46 @@ def from_functional(t):
     return t
 
 
+class _CheckedFunctionalMode(FunctionalTensorMode):
+    """Functionalization that refuses in-place writes to tensors that are not traced values.
+
+    A global tensor or a plain (unregistered) tensor attribute written in place would be
+    written for real at every trace and never by the compiled graph."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        written = _written(func)
+        if written:
+            for t in _args_at(func, written, args, kwargs or {}):
+                if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
+                    from ..errors import UnsupportedError, caller_line
+                    raise UnsupportedError(
+                        f"{func.__name__} writes in place to a tensor of shape {tuple(t.shape)} that is not an "
+                        "input of the captured function (a global, or a tensor attribute that is not a registered "
+                        "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
+                        "it as an argument", user_line=caller_line())
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_WRITTEN: dict = {}
+
+
+def _written(func) -> tuple:
+    """Names of the arguments ``func`` writes to, from its schema (cached per operator)."""
+    names = _WRITTEN.get(func)
+    if names is None:
+        schema = getattr(func, "_schema", None)
+        names = tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write) \
+            if schema is not None else ()
+        _WRITTEN[func] = names
+    return names
+
+
+def _args_at(func, names, args, kwargs):
+    positional = [a.name for a in func._schema.arguments]
+    for name in names:
+        k = positional.index(name)
+        yield args[k] if k < len(args) else kwargs.get(name)
+
+
 def functional_mode() -> FunctionalTensorMode:
-    return FunctionalTensorMode()
+    return _CheckedFunctionalMode()

@@ -77,25 +77,24 @@ def signature(fn, args: tuple, kwargs: dict):
 def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
     """``flat_fn(*tensors) -> list`` of output leaves; appends each call's output spec to ``out_specs``."""
     n_state = len(sig.state_names)
-    is_module = isinstance(fn, torch.nn.Module)
+    homes = state_homes(fn, sig) if isinstance(fn, torch.nn.Module) else None
 
     def flat_fn(*flat):
         leaves = list(sig.leaves)
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
-        if is_module:
-            state = dict(zip(sig.state_names, flat[:n_state]))
-            out = torch.func.functional_call(fn, state, args, kwargs, tie_weights=True, strict=False)
+        if homes is not None:
+            out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
         else:
             out = fn(*args, **kwargs)
         out_leaves, spec = pytree.tree_flatten(out)
+        _refuse_hidden_tensors(out_leaves)
         out_specs.append(spec)
         return out_leaves
 
-    if isinstance(fn, torch.nn.Module):
-        flat_fn.module_state = lambda flat: torch.nn.utils.stateless._reparametrize_module(
-            fn, dict(zip(sig.state_names, flat[:n_state])), tie_weights=True, strict=False)
+    if homes is not None:
+        flat_fn.module_state = lambda flat: holding(homes, flat[:n_state])
     flat_fn.__name__ = getattr(fn, "__name__", type(fn).__name__)
     return flat_fn
 
@@ -106,3 +105,71 @@ def module_state(flat_fn, flat):
     module again, and must read the traced inputs, not the real parameters."""
     state = getattr(flat_fn, "module_state", None)
     return state(flat) if state is not None else contextlib.nullcontext()
+
+
+def state_homes(module: torch.nn.Module, sig: Signature) -> tuple:
+    """Every ``(dict, attr, flat index)`` holding a lifted tensor: a tied parameter or a submodule
+    registered under two names is one flat input with several homes, each swapped exactly once."""
+    index = {(id(s.module._parameters if s.is_param else s.module._buffers), s.attr): i
+             for i, s in enumerate(sig.slots)}
+    first = {id(s.module._parameters[s.attr] if s.is_param else s.module._buffers[s.attr]): i
+             for i, s in reversed(list(enumerate(sig.slots)))}
+    homes, seen = [], set()
+    for sub in module.modules():
+        for d in (sub._parameters, sub._buffers):
+            for attr, t in d.items():
+                key = (id(d), attr)
+                if t is None or key in seen:
+                    continue
+                seen.add(key)
+                i = index.get(key, first.get(id(t)))
+                if i is not None:
+                    homes.append((d, attr, i))
+    return tuple(homes)
+
+
+@contextlib.contextmanager
+def holding(homes, state):
+    """The module holds ``state`` in place of its parameters and buffers, restored whatever happens."""
+    saved = [d[attr] for d, attr, _ in homes]
+    try:
+        for d, attr, i in homes:
+            d[attr] = state[i]
+        yield
+    finally:
+        for (d, attr, _), t in zip(homes, saved):
+            d[attr] = t
+
+
+def call_with_state(module, homes, state, args, kwargs):
+    """``module(*args, **kwargs)`` holding ``state``. A buffer the forward rebinds
+    (``self.count = self.count + 1``) becomes a write into the lifted buffer, which the
+    runtime replays on the real one."""
+    with holding(homes, state):
+        out = module(*args, **kwargs)
+        for d, attr, i in homes:
+            if d[attr] is not state[i]:
+                _rebound(attr, state[i], d[attr])
+    return out
+
+
+def _rebound(attr: str, lifted: torch.Tensor, new) -> None:
+    from ..errors import MutationError
+    if not (isinstance(new, torch.Tensor) and new.shape == lifted.shape and new.dtype == lifted.dtype
+            and new.device == lifted.device and not new.requires_grad and not lifted.requires_grad):
+        raise MutationError(f"the forward rebinds '{attr}' to a tensor of another shape, dtype or device, one "
+                            "that requires grad, or a non-tensor; only a buffer rebound to a tensor like it "
+                            "can be replayed (or update it in place)")
+    with torch.no_grad():
+        lifted.copy_(new)
+
+
+def _refuse_hidden_tensors(leaves) -> None:
+    """An output object pytree cannot see into would come back holding trace-time tensors."""
+    for leaf in leaves:
+        inner = None if isinstance(leaf, torch.Tensor) else getattr(leaf, "__dict__", None)
+        if isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values()):
+            from ..errors import UnsupportedError
+            raise UnsupportedError(f"the function returns an object of class {type(leaf).__name__} holding tensors, which is not a "
+                                   "pytree; register its class with torch.utils._pytree.register_pytree_node "
+                                   "(or return its tensors in a tuple or dict)")

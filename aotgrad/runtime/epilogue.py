@@ -44,7 +44,8 @@ def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
         x = flat[i]
         if info.mutates_metadata:
             with torch.no_grad():
-                x.as_strided_(*view_args(info.new_meta, symbols, x))
+                size, stride, offset = view_args(info.new_meta, symbols, x)
+                x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
         if info.mutates_data:
             if info.mutation_needs_autograd and torch.is_grad_enabled() and values[k].requires_grad:
                 x.copy_(values[k])
