@@ -45,7 +45,8 @@ def kind_of(code, module_name) -> int:
     if path.startswith("<"):
         # Code made by exec (a user's, or a user dataclass's methods) belongs to the module whose
         # globals it runs with; FX's generated graphs and library dataclasses do not.
-        generated = path.startswith(("<eval_with_key", "<aotgrad"))
+        generated = path.startswith(("<eval_with_key", "<aotgrad")) or not isinstance(module_name, str) \
+            or module_name.startswith("namedtuple_")        # torch's eval'd lambdas, namedtuple's __new__
         return SKIP if generated or is_library(module_name) else USER
     path = os.path.abspath(path)
     if path.startswith(_NN):    # a torch module's own methods read its settings; the base class's, its internals

@@ -210,7 +210,7 @@ def test_user_module_attributes_read_through_an_import():
 
 
 def test_code_made_by_exec_is_guarded_too():
-    scope = {"K": 2.0}
+    scope = {"K": 2.0, "__name__": "user_script"}
     exec("def f(x):\n    return x * K\n", scope)
     g = aotgrad.jit(scope["f"])
     x = torch.randn(3)

@@ -117,12 +117,20 @@ def test_requires_grad_and_layout_are_part_of_the_key(cache_dir):
     assert check(scaled, (x.t(), x), compile=jit_compile).compiled.entries[0].loaded
 
 
-def test_opaque_object_in_a_closure_is_not_cached(cache_dir):
-    class Box:
-        k = 2.0
+class Box:
+    k = 2.0
+
+
+def test_object_in_a_closure_is_cached_with_the_attributes_read(cache_dir):
     box = Box()
-    check(lambda x: x * box.k, (torch.randn(2, 4),), compile=jit_compile)
-    assert entries(cache_dir) == []
+    f = lambda x: x * box.k         # noqa: E731
+    check(f, (torch.randn(2, 4),), compile=jit_compile)
+    assert check(f, (torch.randn(2, 4),), compile=jit_compile).compiled.entries[0].loaded
+    Box.k = 3.0
+    try:
+        assert not check(f, (torch.randn(2, 4),), compile=jit_compile).compiled.entries[0].loaded
+    finally:
+        Box.k = 2.0
 
 
 def test_unpicklable_constant_output_is_not_cached(cache_dir):
