@@ -9,6 +9,7 @@ from .. import errors
 from ..analysis.metadata import analyze
 from ..analysis.ops import is_random
 from ..frontend.aliasing import find_groups, rebase
+from ..frontend.distributed import refuse_wrapped
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
 from ..observe import timed
@@ -33,6 +34,7 @@ def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
     makes every size symbolic; tensors marked with ``torch._dynamo.mark_dynamic``
     get symbolic sizes on the marked dimensions only.
     """
+    refuse_wrapped(fn, "capture")
     return capture_call(fn, args, kwargs, dynamic=dynamic)
 
 

@@ -30,6 +30,7 @@ from ..export.graphs import Unserializable
 from ..guards import cache, reads, resolve
 from ..guards import state as state_guards
 from .flatten import signature
+from .distributed import around_ddp, check_ddp_for_jit, is_ddp, refuse_wrapped
 from .jit_options import bound_method, check_options, root_name, tracing
 
 log = logging.getLogger("aotgrad.jit")
@@ -71,9 +72,14 @@ class Jit:
     dynamic_dims: dict = field(default_factory=dict)
     fallbacks: int = 0
     name: str | None = None     # what messages call a jitted module: the caller's variable name
+    around: object = None       # a DistributedDataParallel whose bookkeeping runs around ``fn`` (its module)
 
     def __post_init__(self):
         check_options(self.compile_options)
+        if is_ddp(self.fn):
+            check_ddp_for_jit(self.fn)
+            self.fn, self.around = self.fn.module, self.fn
+        refuse_wrapped(self.fn, "jit")
         if self.name is None:
             self.name = root_name(self.fn)
 
@@ -82,6 +88,11 @@ class Jit:
         return self if obj is None else bound_method(self, obj)
 
     def __call__(self, *args, **kwargs):
+        if self.around is not None:
+            return around_ddp(self.around, self._call, args, kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         if tracing():       # called inside another capture: trace through, the outer graph holds it
             return self.fn(*args, **kwargs)
         modes = _modes()
