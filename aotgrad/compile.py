@@ -9,7 +9,7 @@ from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
 from .runtime.modes import without_autocast
-from .capture.hooks import input_hooks
+from .capture.hooks import input_hooks, retained_outputs
 from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply
 from .stages import Captured, Compiled
@@ -55,11 +55,13 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
             fw = _compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)))
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
+        retained = retained_outputs(captured)
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
-                                     bw_graph=bw_gm, double_backward=differentiable_backward(captured),
-                                     input_hooks=input_hooks(captured))
+                                     bw_graph=None if retained else bw_gm,   # needs its ctx: not inlined
+                                     double_backward=differentiable_backward(captured),
+                                     input_hooks=input_hooks(captured), retained=retained)
         run = fast_apply(fn_class)
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad

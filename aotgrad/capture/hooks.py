@@ -13,8 +13,8 @@ tensors), registration is intercepted instead:
   the real gradient and continues with what the hook returns;
 * ``retain_grad()`` on an input is replayed per call; on an intermediate that
   never leaves the program nothing could read its ``.grad``, so it is a no-op;
-  on one the program returns it is refused (the compiled backward has no tensor
-  to set ``.grad`` on).
+  on one the program returns, an ``aotgrad::retain_grad`` node of the backward
+  sets the whole gradient on the real output the forward returned.
 
 A custom Function's backward is traced through; one that writes in place to a
 tensor it was given (``ctx.x.zero_()``, ``buf.add_(1)``) is refused, since the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,9 +58,29 @@ _LIB.impl("tensor_hook", _tensor_hook, "CompositeExplicitAutograd")
 torch.library.register_fake("aotgrad::tensor_hook", lambda grad, hook_id: torch.empty_like(grad), lib=_LIB)
 
 
+_LIB.define("retain_grad(Tensor grad, int slot) -> Tensor")
+RUNNING: list = []      # the ctx of each compiled backward running now (innermost last)
+
+
+def _retain_grad(grad: torch.Tensor, slot: int) -> torch.Tensor:
+    """``.grad`` of the real output the running backward's forward returned for ``slot``,
+    accumulated out of place as eager's retain_grad does."""
+    out = RUNNING[-1].retained[slot]() if RUNNING else None
+    if out is not None:
+        with warnings.catch_warnings():     # reading a non-leaf's unset .grad warns
+            warnings.simplefilter("ignore")
+            before = out.grad
+        out.grad = grad.detach().clone() if before is None else before + grad
+    return grad.clone()
+
+
+_LIB.impl("retain_grad", _retain_grad, "CompositeExplicitAutograd")
+torch.library.register_fake("aotgrad::retain_grad", lambda grad, slot: torch.empty_like(grad), lib=_LIB)
+
+
 def is_opaque(target) -> bool:
     """Graph targets that call user Python: a graph holding one cannot be stored on disk."""
-    return target is torch.ops.aotgrad.tensor_hook.default
+    return target in (torch.ops.aotgrad.tensor_hook.default, torch.ops.aotgrad.retain_grad.default)
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,7 @@ class Recorder:
         self.input_hooks: list[InputHook] = []
         self.retained: list[tuple[torch.Tensor, str | None]] = []
         self.graph_hooks: list[int] = []
+        self.retained_outputs: list[tuple[int, int, str | None]] = []     # (output, slot, line)
 
     def register(self, original, tensor, hook, method):
         line = errors.caller_line()
@@ -125,12 +147,16 @@ class Recorder:
             self.retained.append((tensor, line))
 
     def check_outputs(self, outs):
+        """A retained intermediate the program returns gets its whole gradient (from inside the
+        program and from the caller) at run time: an ``aotgrad::retain_grad`` node sets it on
+        the real output, see :func:`retained_outputs`."""
         for t, line in self.retained:
-            if any(o is t for o in outs):
-                raise errors.UnsupportedError(
-                    "retain_grad() inside the compiled function on a tensor it returns: the compiled backward "
-                    "has no tensor to set .grad on; call retain_grad() on the returned tensor after the call",
-                    user_line=line)
+            j = next((j for j, o in enumerate(outs) if o is t), None)
+            if j is None or any(j == k for k, _, _ in self.retained_outputs):
+                continue
+            slot = next(_ids)
+            self.retained_outputs.append((j, slot, line))
+            t.register_hook(lambda g, slot=slot: torch.ops.aotgrad.retain_grad(g, slot))
 
 
 def _tracing(flat) -> bool:
@@ -232,7 +258,7 @@ def _watch(cls, args, out, line):
 def has_opaque_calls(captured) -> bool:
     """Whether ``captured`` calls user hooks (then it is not stored on disk: the hooks are live objects)."""
     rec = getattr(captured.setup.flat_fn, "recorded", None)
-    return rec is not None and bool(rec.input_hooks or rec.graph_hooks)
+    return rec is not None and bool(rec.input_hooks or rec.graph_hooks or rec.retained_outputs)
 
 
 def input_hooks(captured) -> tuple:
@@ -244,6 +270,23 @@ def input_hooks(captured) -> tuple:
             f"{hooks[0].method} on an input inside a function called without grad cannot be replayed by "
             "its compiled inference graph; register it outside the compiled function", user_line=hooks[0].line)
     return hooks
+
+
+def retained_outputs(captured) -> tuple:
+    """``(slot, forward value index)`` of each returned tensor the program called retain_grad on:
+    the compiled forward keeps a weak reference to that output for the backward's retain_grad node."""
+    rec = getattr(captured.setup.flat_fn, "recorded", None)
+    if rec is None or not rec.retained_outputs:
+        return ()
+    outs, n_mut = captured.analysis.outputs, len(captured.analysis.mutated())
+    found = []
+    for j, slot, line in rec.retained_outputs:
+        if outs[j].kind != "plain":
+            raise errors.UnsupportedError(
+                "retain_grad() inside the compiled function on a returned tensor that aliases an input or "
+                "another output; call retain_grad() on it after the call", user_line=line)
+        found.append((slot, n_mut + sum(o.kind == "plain" for o in outs[:j])))
+    return tuple(found)
 
 
 def install_input_hooks(hooks, primals) -> None:

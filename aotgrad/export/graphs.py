@@ -31,7 +31,7 @@ class Ref:
 
 def _target_out(t):
     if isinstance(t, torch._ops.OpOverload):
-        if t._schema.name == "aotgrad::tensor_hook":
+        if t._schema.name in ("aotgrad::tensor_hook", "aotgrad::retain_grad"):
             raise Unserializable("a graph that calls a user's tensor hook cannot be stored")
         return ("op", t._schema.name, t._overloadname)
     if getattr(t, "__module__", None) in ("_operator", "operator", "builtins", "math", "torch", "torch._sym_node_impl") \

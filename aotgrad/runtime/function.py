@@ -1,12 +1,13 @@
 """The ``torch.autograd.Function`` that runs a compiled forward and backward."""
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..capture.hooks import install_input_hooks
+from ..capture.hooks import RUNNING, install_input_hooks
 from .double_backward import keep_inputs, rng_states
 
 
@@ -20,7 +21,7 @@ class BackwardGraph(NamedTuple):
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
-                      bw_graph=None, double_backward=None, input_hooks=()):
+                      bw_graph=None, double_backward=None, input_hooks=(), retained=()):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -29,7 +30,9 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     ``(run(kept_inputs, rng_states, grad_outputs) -> grads, needs_rng)`` (see
     runtime/double_backward.py); without one they come from ``once_differentiable``
     and raise if differentiated. ``input_hooks`` are registered on the real inputs by
-    every call, as the program registered them (capture/hooks.py).
+    every call, as the program registered them (capture/hooks.py); ``retained``
+    ``(slot, k)``: forward value ``k`` called retain_grad inside the program, and the
+    backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -48,6 +51,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         ctx.save_for_backward(*outs[n_fw:n_saved_end])
         ctx.symbols = outs[n_saved_end:]
         fw_values = outs[:n_fw]
+        if retained:
+            ctx.retained = {slot: weakref.ref(fw_values[k]) for slot, k in retained}
         if nondiff:
             ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
         return tuple(fw_values)
@@ -59,20 +64,19 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
         ctx.maybe_clear_saved_tensors()
-        grads = bw(args) if boxed else bw(*args)
-        full = [None] * n_primals
-        for i, g in zip(grad_of, grads):
-            full[i] = g
-        return tuple(full)
+        if retained:
+            RUNNING.append(ctx)
+        try:
+            grads = bw(args) if boxed else bw(*args)
+        finally:
+            if retained:
+                RUNNING.pop()
+        return _by_primal(grads, grad_of, n_primals)
 
     guarded = once_differentiable(first_order)
 
     def differentiable(ctx, *grad_outputs):
-        grads = second_order(ctx.kept, ctx.rng, grad_outputs)
-        full = [None] * n_primals
-        for i, g in zip(grad_of, grads):
-            full[i] = g
-        return tuple(full)
+        return _by_primal(second_order(ctx.kept, ctx.rng, grad_outputs), grad_of, n_primals)
 
     def backward(ctx, *grad_outputs):
         if torch.is_grad_enabled():     # only under create_graph=True
@@ -84,6 +88,13 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # Read by aotgrad/compiled_autograd to inline this backward into its graph.
         "_aotgrad_backward": None if bw_graph is None else
         BackwardGraph(bw_graph, n_primals, tuple(tangent_of), tuple(grad_of))})
+
+
+def _by_primal(grads, grad_of, n_primals) -> tuple:
+    full = [None] * n_primals
+    for i, g in zip(grad_of, grads):
+        full[i] = g
+    return tuple(full)
 
 
 def fast_apply(fn_class):

@@ -1,5 +1,7 @@
 """Custom autograd.Functions, tensor hooks and retain_grad inside captured code, next
 to eager under capture, jit, torch.compile(backend="aotgrad") and compiled autograd."""
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -305,14 +307,28 @@ def test_retain_grad_on_an_unreturned_intermediate_is_harmless():
     check(fn, (r(3),))
 
 
-def test_retain_grad_on_a_returned_intermediate_is_refused():
-    def fn(x):
-        y = x.exp()
+@pytest.mark.parametrize("backward", list(_hook_backends()))
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_retain_grad_on_a_returned_intermediate(entry, backward):
+    """y's gradient comes from inside the program (z) and from the caller (y's own use)."""
+    def fn(x, w):
+        y = x * w
         y.retain_grad()
-        return y, y.sum()
-    with pytest.raises(UnsupportedError, match="retain_grad") as info:
-        aotgrad.capture(fn, r(3))
-    assert "y.retain_grad()" in str(info.value)
+        z = (y.sin() * w).sum()
+        return y, z
+    context = _hook_backends()[backward].get("backward_context")
+    results = []
+    for compile in (as_is, ENTRIES[entry]):
+        torch.manual_seed(0)
+        x, w = r(3), r(3)
+        f = compile(fn, (x, w), {})
+        for step in range(2):
+            y, z = f(x, w)
+            with context() if context and compile is not as_is else contextlib.nullcontext():
+                (z + (y * y).sum()).backward()
+        results.append((y.grad, x.grad, w.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a)
 
 
 def test_removing_a_hook_inside_is_refused():
