@@ -62,12 +62,24 @@ def caller_line() -> str | None:
     return _innermost_user(traceback.extract_stack())
 
 
+_MODULES_DIR = os.path.join(_PKG_DIRS[1], "nn", "modules")
+
+
 def _innermost_user(frames) -> str | None:
+    """The user's own innermost frame; failing that, the innermost line of a ``torch.nn`` module's
+    code (a library layer such as BatchNorm is where the construct is, and the user wrote the model)."""
+    module_line = None
     for fr in reversed(frames):
         path = os.path.abspath(fr.filename)
         if not path.startswith(_PKG_DIRS) and "<" not in fr.filename:
-            return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
-    return None
+            return _frame_text(fr)
+        if module_line is None and path.startswith(_MODULES_DIR):
+            module_line = _frame_text(fr)
+    return module_line
+
+
+def _frame_text(fr) -> str:
+    return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
 
 
 class TraceError(AotgradError):

@@ -57,6 +57,10 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
     groups = find_groups(setup.real_inputs, changed)
+    if any(analysis.inputs[i].mutates_metadata for g in groups for i in g.members):
+        raise errors.MutationError("an input that shares storage with another input has its metadata changed in "
+                                   "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a "
+                                   "shared base: use the out-of-place op and return the result")
     if groups and not allow_rebase:
         raise errors.MutationError("inputs that share storage are written to; this frontend cannot "
                                    "give them a synthetic base, so pass them as separate tensors")
@@ -118,10 +122,6 @@ def name_placeholders(gm, descs) -> None:
 
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
-    for t, d in zip(tensors, descs):
-        if t.layout != torch.strided or t.is_nested:
-            raise errors.UnsupportedError(f"{d} has layout {t.layout}{' (nested)' if t.is_nested else ''}; "
-                                          "only strided (dense) tensors can be captured")
     session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
     fakes = [session.fakeify(t, dynamic_dims.get(i, ())) for i, t in enumerate(tensors)]
     out_specs: list = []
@@ -149,9 +149,9 @@ def _traced(thunk):
         kind = type(e).__name__
         if kind in _DATA_DEPENDENT:
             raise errors.DataDependentError(
-                "cannot capture control flow or a shape that depends on tensor values "
-                f"({_first_line(e)}); compute it outside the captured function or use torch.where/torch.cond",
-                user_line=line) from e
+                "cannot capture a Python branch, int()/float()/bool() or a size that depends on tensor values "
+                "(.item(), nonzero(), a data-dependent size); compute it outside the captured function or "
+                "use torch.where/torch.cond", user_line=line) from e
         if kind in _UNSUPPORTED or "numpy" in str(e).lower():
             raise errors.UnsupportedError(f"cannot capture this operation: {_first_line(e)}", user_line=line) from e
         raise errors.TraceError(f"tracing failed with {kind}: {_first_line(e)}", user_line=line) from e

@@ -59,9 +59,14 @@ def signature(fn, args: tuple, kwargs: dict):
     leaves, tensor_pos, tensors, descs = [], [], [], []
     state = _slots(fn) if isinstance(fn, torch.nn.Module) else []
     for name, t, slot in state:
+        if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+            from ..errors import UnsupportedError
+            raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
+                                   "as LazyLinear); call the module once eagerly before capturing it")
         tensors.append(t)
         descs.append(Desc("param" if slot.is_param else "buffer", name))
     for i, (path, leaf) in enumerate(with_path):
+        _refuse_argument(_input_name(path), leaf)
         if isinstance(leaf, torch.Tensor):
             leaves.append(None)
             tensor_pos.append(i)
@@ -74,6 +79,58 @@ def signature(fn, args: tuple, kwargs: dict):
     return sig, tensors, descs
 
 
+@contextlib.contextmanager
+def forward_only():
+    """While the user's forward is traced: ``backward()`` and reading an input's ``.grad`` are
+    refused with the user's line (the trace would differentiate fake values, or read a
+    ``.grad`` that eager has and the trace does not)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    backward = torch.autograd.backward
+    torch.autograd.backward = _refuse_backward
+    FunctionalTensor.grad = property(_refuse_grad_read, _refuse_grad_read)
+    try:
+        yield
+    finally:
+        torch.autograd.backward = backward
+        del FunctionalTensor.grad
+
+
+def _refuse_backward(*args, **kwargs):
+    from ..errors import UnsupportedError, caller_line
+    raise UnsupportedError("backward() inside the captured function: aotgrad captures the backward itself; "
+                           "return the loss and call .backward() on the compiled function's result",
+                           user_line=caller_line())
+
+
+def _refuse_grad_read(*args):
+    from ..errors import UnsupportedError, caller_line
+    raise UnsupportedError("reading or setting .grad of a traced tensor inside the captured function: the graph "
+                           "cannot see eager's accumulated gradients; read .grad outside it",
+                           user_line=caller_line())
+
+
+def _refuse_argument(name: str, leaf) -> None:
+    """Arguments whose contents a baked constant would freeze: tensors pytree cannot see, arrays."""
+    from ..errors import UnsupportedError
+    if isinstance(leaf, torch.Tensor):
+        if leaf.layout != torch.strided or leaf.is_nested:
+            raise UnsupportedError(f"{name} is {'a nested tensor' if leaf.is_nested else f'of layout {leaf.layout}'}; "
+                                   "only strided (dense) tensors can be captured")
+        return
+    if type(leaf).__module__ == "numpy" and hasattr(leaf, "shape"):
+        raise UnsupportedError(f"{name} is a numpy array; its values would be baked into the graph: "
+                               "pass torch.from_numpy(array) instead")
+    if _holds_tensors(leaf):
+        raise UnsupportedError(f"{name} is an object of class {type(leaf).__name__} holding tensors, which is not "
+                               "a pytree, so its tensors would be baked into the graph; register the class with "
+                               "torch.utils._pytree.register_pytree_node (dataclasses: register_dataclass)")
+
+
+def _holds_tensors(obj) -> bool:
+    inner = None if isinstance(obj, (torch.Tensor, torch.nn.Module)) else getattr(obj, "__dict__", None)
+    return isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values())
+
+
 def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
     """``flat_fn(*tensors) -> list`` of output leaves; appends each call's output spec to ``out_specs``."""
     n_state = len(sig.state_names)
@@ -84,10 +141,11 @@ def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
-        if homes is not None:
-            out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
-        else:
-            out = fn(*args, **kwargs)
+        with forward_only():
+            if homes is not None:
+                out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
+            else:
+                out = fn(*args, **kwargs)
         out_leaves, spec = pytree.tree_flatten(out)
         _refuse_hidden_tensors(out_leaves)
         out_specs.append(spec)
@@ -167,8 +225,7 @@ def _rebound(attr: str, lifted: torch.Tensor, new) -> None:
 def _refuse_hidden_tensors(leaves) -> None:
     """An output object pytree cannot see into would come back holding trace-time tensors."""
     for leaf in leaves:
-        inner = None if isinstance(leaf, torch.Tensor) else getattr(leaf, "__dict__", None)
-        if isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values()):
+        if _holds_tensors(leaf):
             from ..errors import UnsupportedError
             raise UnsupportedError(f"the function returns an object of class {type(leaf).__name__} holding tensors, which is not a "
                                    "pytree; register its class with torch.utils._pytree.register_pytree_node "

@@ -128,6 +128,7 @@ class Jit:
     def _compile(self, modes, args, kwargs):
         """``(compiled, state guards, loaded)``: from the disk cache when it has this call, else
         captured and compiled here (and stored for the next process)."""
+        signature(self.fn, args, kwargs)    # refuses arguments no graph can take, before keying them
         key = self._key(modes, args, kwargs)
         leaves = _leaves(args, kwargs)
         if key is not None:
