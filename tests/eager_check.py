@@ -163,18 +163,26 @@ def _weights(out, seed):
             if o.requires_grad else None for o in _tensors(out)]
 
 
-def _backward(out, weights):
+def _backward(out, weights, penalty_of=None):
+    """Backward of a fixed weighting of the outputs. ``penalty_of``: leaves whose gradients,
+    taken with ``create_graph=True``, are squared into the loss (a double backward, like a
+    gradient penalty)."""
     # Complex outputs contribute their real part: backward needs a real scalar.
     terms = [torch.real((o * w).sum()) for o, w in zip(_tensors(out), weights) if w is not None]
     if terms:
-        torch.stack(terms).sum().backward()
+        loss = torch.stack(terms).sum()
+        leaves = [t for t in penalty_of or () if t.requires_grad]
+        if leaves:
+            grads = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+            loss = loss + sum(g.pow(2).sum() for g in grads if g is not None)
+        loss.backward()
     return bool(terms)
 
 
 def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
           compile: Callable = default_compile, backward: bool = True,
           backward_context: Callable = contextlib.nullcontext,
-          call_context: Callable = contextlib.nullcontext,
+          call_context: Callable = contextlib.nullcontext, double_backward: bool = False,
           rtol: float = 1.3e-6, atol: float = 1e-5, seed: int = 0, calls: int = 1,
           **opts) -> Run:
     """Compare ``fn(*args, **kwargs)`` eagerly and compiled; return the compiled run.
@@ -186,6 +194,7 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     autograd: ``compile=as_is, backward_context=lambda: aotgrad.compiled_autograd()``).
     Compiling and every forward call run inside ``call_context()`` (an outer ``no_grad``
     or autocast the program is called under); the backward runs outside it.
+    ``double_backward`` adds the squared input gradients (``create_graph=True``) to the loss.
     """
     fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
     for _ in range(calls):
@@ -211,11 +220,12 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     _compare_state(state_e, state_c, rtol, atol)
 
     torch.manual_seed(seed + 2)         # both backwards start from one RNG state and must end at one
-    if backward and _backward(out_e, weights):
+    penalty = list(state_e.values()) if double_backward else None
+    if backward and _backward(out_e, weights, penalty):
         rng_e = rng_state()
         torch.manual_seed(seed + 2)
         with backward_context():
-            assert _backward(out_c, weights)
+            assert _backward(out_c, weights, list(state_c.values()) if double_backward else None)
         assert_same_rng(rng_e, rng_state(), "after the backward")
         for name, t in state_e.items():
             c = state_c[name]

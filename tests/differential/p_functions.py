@@ -376,3 +376,24 @@ def _(n=4):
     def f(x):
         return x * 2 if x.grad is None else x * x.grad
     return fn(f, r(n, 3, rg=True))
+
+
+# --- double backward: the loss adds the squared input gradients (create_graph=True) ------
+
+DB = "double_backward"
+
+
+@program("gradient_penalty_mlp", DB, double_backward=True, tol=(1e-5, 1e-5))
+def _(n=4):
+    m = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return fn(m, r(n, 3, rg=True))
+
+
+@program("gradient_penalty_function", DB, double_backward=True, tol=(1e-5, 1e-5))
+def _(n=4):
+    return fn(lambda x, w: (x @ w).sigmoid().sum(1), r(n, 3, rg=True), r(3, 2, rg=True))
+
+
+@program("hessian_vector_style", DB, double_backward=True, tol=(1e-5, 1e-5))
+def _(n=4):
+    return fn(lambda x: (x.sin() * x.pow(2)).sum(), r(n, rg=True))

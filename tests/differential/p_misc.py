@@ -445,3 +445,100 @@ def _(n=4):
         out1, out2 = out.unbind(0)[:2]
         return out1, out2, out
     return fn(f, r(n, 3, rg=True))
+
+
+@program("aot_some_outputs_dont_require_grad_view", X, "alias")
+def _(n=4):
+    def f(a, b):
+        return a.detach(), b
+    return fn(f, r(2, n, rg=True), r(2, n, rg=True))
+
+
+@program("aot_some_outputs_dont_require_grad_non_view", X, must_match=True)
+def _(n=4):
+    def f(a, b):
+        return a.add(1).detach(), b
+    return fn(f, r(2, n, rg=True), r(2, n, rg=True))
+
+
+@program("aot_inner_grad", X, "hooks", backward=False)
+def _(n=4):
+    def f(x):
+        y = torch.exp(x)
+        z = torch.autograd.grad(y, x, torch.ones_like(y))
+        return z
+    return fn(f, r(n, rg=True))
+
+
+@program("aot_input_mutation_requires_grad_detach", X, "mutation")
+def _(n=4):
+    def f(a):
+        a.detach().mul_(2)
+        return a + 3
+    return fn(f, r(n, rg=True).add(0))
+
+
+@program("aot_input_mutation_hidden_from_autograd_aliasing", X, "mutation")
+def _(n=4):
+    def f(a):
+        a_alias = a.view(-1)
+        with torch.no_grad():
+            a_alias.mul_(2)
+        return a + 1
+    return fn(f, r(n, rg=True).add(0))
+
+
+@program("aot_output_aliases_input_view_meta_replay", X, "alias")
+def _(n=4):
+    def f(a):
+        a.add_(1)
+        b = a.view(a.shape)
+        return b.view(-1)[0], a.t()
+    return fn(f, r(2, n))
+
+
+@program("aot_input_mutation_alias_everything", X, "mutation")
+def _(n=4):
+    def f(a):
+        c = a.view(-1)
+        c.add_(1)
+        d = c.view(2, -1)
+        e = c.view(-1)
+        return d, e
+    return fn(f, r(2, n))
+
+
+@program("aot_output_dict", X, P, must_match=True)
+def _(n=4):
+    def f(x):
+        return {"a": x, "b": x * 2}
+    return fn(f, r(2, n, rg=True))
+
+
+@program("aot_input_mutation_metadata2", X, "metadata")
+def _(n=4):
+    def f(a):
+        a.transpose_(1, 0)
+        a.mul_(2)
+        return a + 1
+    return fn(f, r(2, n, rg=True).add(0))
+
+
+@program("aot_input_mutation_batchnorm", X, S)
+def _(n=4):
+    def f(inpt, weight, bias, running_mean, running_var):
+        return torch._native_batch_norm_legit(inpt, weight, bias, running_mean, running_var, True, 0.5, 1e-5)
+    return fn(f, r(n, 5, 5, 5, rg=True), r(5, rg=True), r(5, rg=True), torch.ones(5), torch.ones(5))
+
+
+@program("aot_real_weights_in_symbolic_mode", X, S, must_match=True)
+def _(n=4):
+    m = nn.Sequential(nn.Linear(5, 5), nn.Dropout(0.0))
+    return fn(m, r(n, 5))
+
+
+@program("aot_list_codegen", X, P, must_match=True)
+def _(n=4):
+    def f(a, b, c):
+        return a.sin() * b.cos() * c.sin()
+    return fn(f, r(n, rg=True), r(n, rg=True), r(n))

@@ -9,7 +9,9 @@ Options: ``tags`` (the class of behaviour it stands for), ``must_match`` (plain 
 behaviour: a typed refusal counts as a failure), ``calls`` (calls per comparison, for
 state carried between calls), ``backward`` (whether to run a backward), ``outer`` (a
 context the entry point calls the program under: ``no_grad``, an outer autocast),
-``eager_raises`` (eager raises: the compiled program must raise too), ``tol`` (rtol, atol).
+``eager_raises`` (eager raises: the compiled program must raise too), ``double_backward``
+(the backward adds the squared input gradients taken with ``create_graph=True``: a gradient
+penalty through the compiled program), ``tol`` (rtol, atol).
 
 The programs live in the ``p_*`` modules by class; this module collects them.
 """
@@ -34,6 +36,7 @@ class Program:
     backward: bool = True
     outer: Callable = contextlib.nullcontext
     eager_raises: bool = False
+    double_backward: bool = False
     tol: tuple = (1.3e-6, 1e-5)
 
 
