@@ -162,11 +162,15 @@ def run_case(prog: Program, entry: Entry) -> Result:
     if prog.eager_raises:
         return _classify(prog, entry, lambda: _expect_raise(prog, entry))
 
+    ran = []
+
     def body():
         fns = (_made(prog)[0], _made(prog)[0])
-        box, ran, grads = [None], [], False
+        box, grads = [None], False
         for variant in entry.variants:
+            ran.append(f"{variant}?")
             got = _compare(prog, entry, fns, box, variant)
+            ran.pop()
             if got is not False or variant == "base":
                 ran.append(variant)
                 grads = grads or got
@@ -176,9 +180,12 @@ def run_case(prog: Program, entry: Entry) -> Result:
             return Result(prog.name, entry.name, "skip", "no backward to compile")
         return Result(prog.name, entry.name, "pass", "calls: " + ", ".join(ran))
     try:
-        return _classify(prog, entry, body)
+        result = _classify(prog, entry, body)
     finally:
         entry.reset()
+    if result.outcome != "pass" and ran and ran[-1].endswith("?") and ran[-1] != "base?":
+        result.detail = f"[at the {ran[-1][:-1]} call, after {', '.join(ran[:-1])}] {result.detail}"
+    return result
 
 
 def run_isolated(program: str, entry: str, timeout: float = 300) -> Result:

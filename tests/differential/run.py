@@ -48,10 +48,18 @@ def failures_markdown(results) -> str:
            "Written by `python -m tests.differential.run --failures` (overwritten on every run).",
            "Rerun one program: `python -m tests.differential.run --programs NAME`.", "", "```", table(results), "```",
            "", f"## Failures ({len(fails)})", ""]
-    out += [f"- `{r['program']}` × `{r['entry']}`: {r['detail']}" for r in fails]
+    out += _grouped(fails, 300)
     out += ["", f"## Typed refusals that name no user line ({len(silent)})", ""]
-    out += [f"- `{r['program']}` × `{r['entry']}`: {r['detail'][:200]}" for r in silent]
+    out += _grouped(silent, 200)
     return "\n".join(out) + "\n"
+
+
+def _grouped(results, width):
+    """One line per program and symptom, naming every entry point that shows it."""
+    groups = collections.defaultdict(list)
+    for r in results:
+        groups[(r["program"], r["detail"][:width])].append(r["entry"])
+    return [f"- `{p}` × {', '.join(entries)}: {detail}" for (p, detail), entries in groups.items()]
 
 
 def main(argv=None):
