@@ -199,7 +199,7 @@ def _value_fp(v):
 def read_fp(read):
     """The fingerprint of one read of a trace (``state.Read``) for the disk cache."""
     from .state import _thaw
-    if read.kind in ("absent", "len"):
+    if read.kind in ("absent", "len", "empty"):
         return (read.kind, read.value)
     if read.kind == "dict":
         return ("dict", tuple((repr(k), _value_fp(v)) for k, v in read.value.items()))

@@ -100,18 +100,20 @@ class Resolver:
             self.paths.setdefault(id(m), (path, source))
             d = vars(m)
             self.skip.update((id(d["_parameters"]), id(d["_buffers"]), id(d["_modules"])))
-            self._add(Read(source, path + (("attr", "_modules"),), d, "_modules", dict(d["_modules"]), "dict"))
+            self._hook(d, "_modules", path + (("attr", "_modules"),), source)
             for store in ("_parameters", "_buffers"):
-                self._add(Read(f"{source}.{store}", path + (("attr", store),), d, store, len(d[store]), "len"))
+                n = len(d[store])
+                self._add(Read(f"{source}.{store}", path + (("attr", store),), d, store, n or None,
+                               "len" if n else "empty"))
 
     def _hook(self, d, key, path, source):
         hooks = d.get(key)
         if isinstance(hooks, dict):
             self._add(Read(source, path, d, key, dict(hooks), "dict") if hooks
-                      else Read(source, path, d, key, 0, "len"))
+                      else Read(source, path, d, key, None, "empty"))
 
     def _add(self, read):
-        self.reads.setdefault((id(read.where), read.key, read.kind), read)
+        self.reads.setdefault((id(read.where), read.key), read)
 
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)
@@ -164,6 +166,12 @@ class Resolver:
     def _add_value(self, where, key, source, path):
         value = _read(where, key)
         kind = guard_kind(value)
+        if isinstance(value, dict) and all(isinstance(x, (torch.nn.Module, types.FunctionType)) for x in value.values()):
+            kind = "dict"       # children or hooks: compared entry by entry by identity, in C
+            self._add(Read(source, path, where, key, dict(value), kind))
+            for x in value.values():
+                self._value(x, None, f"{source}[...]")
+            return
         if kind == "frozen":
             frozen = freeze(value)
             if not _frozen_ok(value):
@@ -284,6 +292,6 @@ def reresolve(fn, leaves, root_name, stored) -> list | None:
                 return None
             now = None
         value = {"frozen": lambda: freeze(now), "len": lambda: len(now), "dict": lambda: dict(now),
-                 "absent": lambda: None}.get(kind, lambda: now)()
+                 "absent": lambda: None, "empty": lambda: None}.get(kind, lambda: now)()
         out.append(Read(source, path, where, key, value, kind))
     return out

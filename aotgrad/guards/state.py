@@ -8,7 +8,7 @@ how to compare it (Dynamo's guard kinds are the reference):
 * ``id``: the same object (functions, modules, classes, baked tensors, other objects);
 * ``eq``: equal *and* of the same type (``2``, ``2.0`` and ``True`` differ);
 * ``frozen``: a container compared element by element the same way;
-* ``len``: a dict of the module tree (hooks, parameters) still has as many entries;
+* ``len``/``empty``: a dict of the module tree (hooks, parameters) still has as many entries;
 * ``dict``: a dict whose entries must stay the same objects (children, non-empty hooks);
 * ``absent``: a global the code looked up that must stay absent (a builtin).
 
@@ -87,7 +87,7 @@ class _Same:
 
 
 def guard_kind(v) -> str:
-    if type(v) in _EQ_TYPES:
+    if type(v) in _EQ_TYPES or type(v) in (tuple, frozenset) and all(type(x) in _EQ_TYPES for x in v):
         return "eq"
     if isinstance(v, (list, tuple, set, frozenset, dict)):
         return "frozen"
@@ -104,11 +104,15 @@ def holds(read: Read, now) -> bool:
     if k == "id":
         return now is v
     if k == "eq":
+        if type(v) in (tuple, frozenset):
+            return type(now) is type(v) and freeze(now) == freeze(v)
         return type(now) is type(v) and (now == v or v != v and now != now)
     if k == "frozen":
         return freeze(now) == v
     if k == "len":
         return isinstance(now, dict) and len(now) == v
+    if k == "empty":
+        return isinstance(now, dict) and not now
     return isinstance(now, dict) and now == v
 
 
@@ -126,8 +130,8 @@ def describe(read: Read) -> str:
         return f"`{read.source}` was not defined when captured (a builtin), now it is {_short(now)}"
     if now is _MISSING:
         return f"`{read.source}` was {_short(_shown(read))} when captured, now it is gone"
-    if read.kind == "len":
-        return f"`{read.source}` had {read.value} entries when captured, now {len(now)}"
+    if read.kind in ("len", "empty"):
+        return f"`{read.source}` had {read.value or 0} entries when captured, now {len(now)}"
     if read.kind == "dict":
         return _describe_dict(read, now)
     if read.kind == "id" and _short(now) == _short(read.value):
@@ -199,22 +203,39 @@ def _access_order(r):
 
 
 def _fast_check(kind, reads):
-    """A C-level check that every read of one ``kind`` holds (False may be a false alarm: NaN)."""
-    gather = _gatherer(reads)
-    expect = [r.value for r in reads]
+    """A C-level check that every read of one group holds; False may be a false alarm (a value
+    equal to the captured one but another object, a NaN), which the per-read loop settles."""
     if kind == "absent":
         wk = (tuple(r.where for r in reads), tuple(r.key for r in reads))
         return lambda: not any(map(operator.contains, *wk))
-    if kind == "id":
-        return lambda: all(map(operator.is_, gather(), expect))
-    if kind == "eq":
-        types_ = [type(v) for v in expect]
-        return lambda: (lambda v: list(map(type, v)) == types_ and v == expect)(gather())
-    if kind == "len":
-        return lambda: list(map(len, gather())) == expect
+    if kind in ("empty", "len"):
+        # The dicts themselves, held: one pass of ``any``/``len`` (a module's hook and parameter dicts
+        # are only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
+        held = tuple(_get(r.where, r.key) for r in reads)
+        if kind == "empty":
+            return lambda: not any(held)
+        expect = [r.value for r in reads]
+        return lambda: list(map(len, held)) == expect
+    gather = _gatherer(reads)
+    if kind == "same":
+        expect = [r.value for r in reads]
+        check = lambda: all(map(operator.is_, gather(), expect))       # noqa: E731
+
+        def refresh():
+            """After the per-read loop found equal values in new objects: compare with those next time."""
+            expect[:] = gather()
+        check.refresh = refresh
+        return check
     if kind == "dict":
+        expect = [r.value for r in reads]
         return lambda: gather() == expect
-    return lambda: list(map(freeze, gather())) == expect
+    return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
+
+
+def _group(r: Read) -> str:
+    """Reads checked together: ``same`` (the captured object itself: ids, and plain values, which are
+    immutable), mutable containers one by one, the rest by kind."""
+    return "same" if r.kind in ("id", "eq") else r.kind
 
 
 @dataclass(frozen=True)
@@ -235,18 +256,18 @@ def _rule(r: Read) -> str:
         return f"== {r.value!r} ({type(r.value).__name__})"
     if r.kind == "frozen":
         return f"== {_short(_thaw(r.value))} (element types too)"
-    if r.kind == "len":
-        return f"has {r.value} entries"
+    if r.kind in ("len", "empty"):
+        return f"has {r.value or 0} entries"
     if r.kind == "dict":
         return f"same entries {_short(list(r.value))}"
     return "not defined" if r.kind == "absent" else f"is the same {type(r.value).__name__} object"
 
 
 def build(reads) -> StateGuards:
-    reads = tuple(sorted(reads, key=lambda r: (r.kind, _access_order(r))))
+    reads = tuple(sorted(reads, key=lambda r: (_group(r), _access_order(r))))
     by_kind: dict = {}
     for r in reads:
-        by_kind.setdefault(r.kind, []).append(r)
+        by_kind.setdefault(_group(r), []).append(r)
     fast = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
 
     def slow():
@@ -259,7 +280,10 @@ def build(reads) -> StateGuards:
         try:
             for ok in fast:
                 if not ok():
-                    return slow()
+                    failed = slow()
+                    if failed is None and hasattr(ok, "refresh"):
+                        ok.refresh()
+                    return failed
         except (KeyError, AttributeError, ValueError, TypeError):
             return slow()
         return None
