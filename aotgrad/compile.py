@@ -8,10 +8,11 @@ from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
+from .runtime.epilogue import unviewed
 from .runtime.modes import without_autocast
-from .capture.hooks import input_hooks, retained_outputs
+from .capture.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
-from .runtime.function import autograd_function, fast_apply
+from .runtime.function import autograd_function, fast_apply, retaining
 from .stages import Captured, Compiled
 
 
@@ -41,7 +42,8 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = _compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured)))
+            fw = unviewed(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
+                          captured.analysis)
 
         def run(flat):
             with torch.no_grad():
@@ -52,7 +54,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = _compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)))
+            fw = unviewed(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part))), captured.analysis)
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         retained = retained_outputs(captured)
@@ -61,8 +63,11 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
                                      bw_graph=None if retained else bw_gm,   # needs its ctx: not inlined
                                      double_backward=differentiable_backward(captured),
-                                     input_hooks=input_hooks(captured), retained=retained)
+                                     input_hooks=input_hooks(captured), retained=retained,
+                                     returned=returned_inputs(captured))
         run = fast_apply(fn_class)
+        if retained:
+            run = retaining(run, [k for _, k in retained])
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
     return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))

@@ -66,7 +66,8 @@ class InputInfo:
 @dataclass(frozen=True)
 class OutputInfo:
     """``kind``: ``plain`` (computed by the graph), ``input`` (is input ``index``),
-    ``input_view`` (a view of input ``index``), ``output`` (the same object as
+    ``input_view`` (a view of input ``index``), ``input_detached`` (``x.detach()``: the input's
+    storage, not a view), ``output`` (the same object as
     output ``index``), ``output_view`` (a view of plain output ``index``),
     ``intermediate_view`` (a view of hidden base ``index``, an intermediate the
     graph also returns), ``constant`` (a non-tensor leaf, ``value``)."""
@@ -76,6 +77,7 @@ class OutputInfo:
     requires_grad: bool = False
     value: Any = None
     is_leaf: bool = True         # no grad_fn (``requires_grad_()`` inside, or a factory with requires_grad=True)
+    is_view: bool = False        # eager's output is a view (a ``plain`` one may come from the graph as one when it is not)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,9 @@ def _output_infos(f_outs, f_ins):
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
+        elif not custom and storage in in_storages and not o._is_view() and not rg:
+            infos.append(OutputInfo("input_detached", in_storages[storage], ViewMeta.relative(
+                o, f_ins[in_storages[storage]])))
         elif not custom and storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
             infos.append(OutputInfo("input_view", in_storages[storage],
                                     ViewMeta.relative(o, f_ins[in_storages[storage]]), rg, is_leaf=leaf))
@@ -213,6 +218,6 @@ def _output_infos(f_outs, f_ins):
                 bases.append(base)
             infos.append(OutputInfo("intermediate_view", k, ViewMeta.relative(o, base), rg, is_leaf=leaf))
         else:
-            infos.append(OutputInfo("plain", requires_grad=rg, is_leaf=leaf))
+            infos.append(OutputInfo("plain", requires_grad=rg, is_leaf=leaf, is_view=o._is_view()))
         seen.setdefault(id(o), j)
     return tuple(infos), bases

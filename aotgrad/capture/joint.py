@@ -25,6 +25,7 @@ class JointLayout:
     tangent_of: tuple       # forward-value index each tangent belongs to
     n_fw: int               # forward values
     grad_of: tuple          # primal index each grad output belongs to
+    mutated: tuple = ()     # primals whose data the runtime overwrites after the forward
 
     @property
     def is_inference(self) -> bool:
@@ -41,7 +42,8 @@ def layout(analysis: Analysis) -> JointLayout:
     grad_of = tuple(i for i, info in enumerate(analysis.inputs) if info.requires_grad) if tangent_of else ()
     if not grad_of:
         tangent_of = ()
-    return JointLayout(len(analysis.inputs), tangent_of, len(analysis.fake_outputs), grad_of)
+    return JointLayout(len(analysis.inputs), tangent_of, len(analysis.fake_outputs), grad_of,
+                       tuple(analysis.mutated()))
 
 
 def forward_values(call_ins, outs, analysis: Analysis) -> list:

@@ -111,10 +111,13 @@ def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set):
 
 def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
     """Inputs a recomputation must not read: by the time the backward runs, an
-    input may have been updated in place (BatchNorm's running stats). Inputs that
-    require grad cannot be, and those the backward reads anyway are no new risk."""
-    return {p for i, p in enumerate(primals) if i not in set(lay.grad_of)
-            and not any(u in bw for u in p.users)}
+    input may have been updated in place (BatchNorm's running stats, or any input
+    the function itself writes: the runtime copies the new value in after the
+    forward). Other inputs that require grad cannot be, and those the backward
+    reads anyway are no new risk."""
+    written = set(lay.mutated)
+    return {p for i, p in enumerate(primals) if i in written or (
+        i not in set(lay.grad_of) and not any(u in bw for u in p.users))}
 
 
 def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",

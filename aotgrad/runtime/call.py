@@ -147,7 +147,7 @@ def _grads_as_traced(captured) -> bool:
     rg = [o.requires_grad for o in analysis.outputs]
     if lay.is_inference:
         return not any(rg)
-    return all(r and j in has_tangent for j, r in enumerate(rg))
+    return all(o.requires_grad and j in has_tangent and not o.is_leaf for j, o in enumerate(analysis.outputs))
 
 
 def _needs_symbols(analysis) -> bool:

@@ -67,6 +67,8 @@ def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
         kind = info.kind
         if kind == "input":
             outs[j] = flat[info.index]
+        elif kind == "input_detached":
+            outs[j] = _detached(flat[info.index], info.view, symbols)
         elif kind == "input_view":
             outs[j] = as_view(flat[info.index], info.view, info.requires_grad, symbols)
         elif kind == "output_view":
@@ -80,9 +82,38 @@ def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
     for j, info in enumerate(infos):
         if info.kind == "output":
             outs[j] = outs[info.index]
-        elif isinstance(outs[j], torch.Tensor) and outs[j].requires_grad != info.requires_grad:
+        elif isinstance(outs[j], torch.Tensor) and (outs[j].requires_grad != info.requires_grad or (
+                info.requires_grad and info.is_leaf and outs[j].grad_fn is not None)):
             outs[j] = _as_traced(outs[j], info)
     return outs
+
+
+def _detached(x: torch.Tensor, meta: ViewMeta, symbols) -> torch.Tensor:
+    out = x.detach()
+    size, stride, offset = view_args(meta, symbols, x)
+    if (tuple(out.shape), out.stride(), out.storage_offset()) != (tuple(size), tuple(stride), offset):
+        out.set_(out.untyped_storage(), offset, size, stride)     # detached after a metadata change
+    return out
+
+
+def unviewed(fw, analysis):
+    """``fw`` whose plain outputs are not views where eager's are not: functionalization turns an
+    in-place metadata change of an intermediate (``y.t_()``) into a view op, and an autograd view
+    of a graph temporary would come back where eager returns a tensor of its own."""
+    n_mut = len(analysis.mutated())
+    plain = [o for o in analysis.outputs if o.kind == "plain"]
+    idx = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view)
+    if not idx:
+        return fw
+
+    def call(*args):
+        outs = list(fw(*args))
+        for k in idx:
+            if outs[k]._is_view():
+                outs[k] = outs[k].clone()
+        return outs
+    call._boxed_call = getattr(fw, "_boxed_call", False)
+    return call
 
 
 def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
@@ -90,7 +121,8 @@ def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
     a non-differentiable output that shares storage with a differentiable one (``y.detach()``
     next to ``y``) is detached; an output that requires grad but reaches no input that does
     (``requires_grad_()`` inside, ``torch.ones(3, requires_grad=True)``) becomes a leaf that
-    requires grad, or a non-leaf computed from one, as in eager."""
+    requires grad, or a non-leaf computed from one, as in eager. (A leaf made inside and returned
+    gets no ``.grad`` from the other outputs' backward: the graph differentiates its inputs only.)"""
     if not info.requires_grad:
         return t.detach()
     if info.is_leaf:
