@@ -63,6 +63,10 @@ SHAPE_ONLY = _overloads("empty_like", "zeros_like", "ones_like", "full_like", "r
                         "randint_like", "randint_like.low_dtype", "bernoulli.p", "new_empty", "new_zeros",
                         "new_ones", "new_full")
 
+# Random ops whose functional form returns a contiguous tensor while eager's in-place form
+# (``empty_like(x).bernoulli_(p)`` in dropout) fills its input's own layout, in memory order.
+FILLS_CONTIGUOUS = _overloads("bernoulli.p")
+
 # Cheap ops that carry neither the pointwise tag nor an aliasing schema.
 CHEAP_EXTRA = frozenset(getattr(aten, name) for name in (
     "_to_copy", "clone", "_unsafe_view", "expand_copy", "view_copy", "permute_copy", "t_copy",

@@ -9,7 +9,9 @@ is replaced by the first, so the compiled program draws each number once, in
 eager's order, and the partitioner saves the forward's mask for the backward.
 A replay that would not give the same numbers (another operator, shape or
 input from the same state) is refused. A pass that ends with the stream
-rewound restores the state as eager does (:mod:`aotgrad.passes.rng_rewind`).
+rewound restores the state as eager does (:mod:`aotgrad.passes.rng_rewind`),
+and masks are drawn in the memory order eager fills them in
+(:mod:`aotgrad.passes.rng_layout`).
 
     fw: m = bernoulli(e, 0.3)  @(cpu, fw, 0)  ...  bw: m2 = bernoulli(e2, 0.3)  @(cpu, fw, 0); y = mul(g, m2)
     ->  fw: m = bernoulli(e, 0.3)  ...  bw: y = mul(g, m)
@@ -22,6 +24,7 @@ import torch.fx as fx
 from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _copy, _drop_dead
+from .rng_layout import draw_in_memory_order
 from .rng_positions import ENDS, PHASE
 from .rng_rewind import restore_after
 
@@ -62,12 +65,23 @@ def _where(n: fx.Node) -> str | None:
 
 
 def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
-    """Replace every replayed draw by the first draw at its RNG position (see the module docstring)."""
-    if not any(RNG_META in n.meta for n in gm.graph.nodes):
+    """Replace every replayed draw by the first draw at its RNG position, leave the stream where
+    eager leaves it, and draw in eager's memory order (see the module docstring)."""
+    if not any(is_random(n) for n in gm.graph.nodes):
         return gm
     gm = _copy(gm)
+    first = _share_replays(gm.graph)
+    _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
+    draw_in_memory_order(gm)
+    _drop_dead(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def _share_replays(graph: fx.Graph) -> dict:
+    """Erase replayed draws; return the first draw at each RNG position."""
     values, first = _Values(), {}
-    for n in list(gm.graph.nodes):
+    for n in list(graph.nodes):
         at = n.meta.get(RNG_META) if is_random(n) else None
         prior = first.setdefault(at, n) if at is not None else n
         if prior is n:
@@ -83,11 +97,8 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
                 "that state", user_line=_where(n))
         n.replace_all_uses_with(prior)
         values.of[n] = values.of[prior]
-        gm.graph.erase_node(n)
-    _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
-    _drop_dead(gm.graph)
-    gm.recompile()
-    return gm
+        graph.erase_node(n)
+    return first
 
 
 def _refuse_unknown_state(n: fx.Node, at) -> None:

@@ -274,3 +274,16 @@ def test_eager_checkpoint_under_compiled_autograd_is_refused_by_name():
         with aotgrad.compiled_autograd("eager"):
             loss.backward()
     assert "test_checkpoint_rng.py" in str(e.value)
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+@pytest.mark.parametrize("layout", ["transposed", "channels_last"])
+def test_dropout_masks_fill_the_input_layout_like_eager(entry, layout):
+    """Eager fills ``empty_like(x).bernoulli_(p)`` in x's memory order; the functional op the
+    graph holds fills a contiguous tensor, so the graph must draw on x's layout."""
+    if layout == "transposed":
+        x = torch.randn(8, 6).t().requires_grad_()
+    else:
+        x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last).requires_grad_()
+    fn = lambda x: checkpoint(lambda a: F.dropout(a.sin(), 0.4, True), x, use_reentrant=False) * 2
+    check(fn, (x,), compile=ENTRIES[entry])
