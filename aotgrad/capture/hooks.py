@@ -63,14 +63,16 @@ RUNNING: list = []      # the ctx of each compiled backward running now (innermo
 
 
 def _retain_grad(grad: torch.Tensor, slot: int) -> torch.Tensor:
-    """``.grad`` of the real output the running backward's forward returned for ``slot``,
-    accumulated out of place as eager's retain_grad does."""
-    out = RUNNING[-1].retained[slot]() if RUNNING else None
+    """Complete ``.grad`` of the real output the running backward's forward returned for ``slot``.
+    The output called ``retain_grad()`` after the call (runtime/function.py), so the engine has
+    already added the caller's part, ``ctx.outer[slot]``; ``grad`` is the whole gradient."""
+    ctx = RUNNING[-1] if RUNNING else None
+    out = ctx.retained[slot]() if ctx is not None else None
     if out is not None:
         with warnings.catch_warnings():     # reading a non-leaf's unset .grad warns
             warnings.simplefilter("ignore")
             before = out.grad
-        out.grad = grad.detach().clone() if before is None else before + grad
+        out.grad = grad.detach().clone() if before is None else before + (grad - ctx.outer[slot])
     return grad.clone()
 
 
@@ -118,6 +120,8 @@ class Recorder:
         self.retained: list[tuple[torch.Tensor, str | None]] = []
         self.graph_hooks: list[int] = []
         self.retained_outputs: list[tuple[int, int, str | None]] = []     # (output, slot, line)
+        self.returned_inputs: list[tuple[int, int]] = []    # (output, input) a custom Function returned as is
+        self.flat = flat
 
     def register(self, original, tensor, hook, method):
         line = errors.caller_line()
@@ -146,10 +150,24 @@ class Recorder:
         elif tensor.requires_grad and not tensor.is_leaf:
             self.retained.append((tensor, line))
 
+    def _same_as_input(self, o):
+        """The input a custom Function returned unchanged (``return x``, ``x.view_as(x)``) as output ``o``."""
+        if not isinstance(o, torch.Tensor) or not custom_view(o):
+            return None
+        for t in self.flat:
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata == o.untyped_storage()._cdata and \
+                    (t.shape, t.stride(), t.storage_offset()) == (o.shape, o.stride(), o.storage_offset()):
+                return self.inputs[id(t)]
+        return None
+
     def check_outputs(self, outs):
         """A retained intermediate the program returns gets its whole gradient (from inside the
         program and from the caller) at run time: an ``aotgrad::retain_grad`` node sets it on
         the real output, see :func:`retained_outputs`."""
+        for j, o in enumerate(outs):
+            i = self._same_as_input(o)
+            if i is not None:
+                self.returned_inputs.append((j, i))
         for t, line in self.retained:
             j = next((j for j, o in enumerate(outs) if o is t), None)
             if j is None or any(j == k for k, _, _ in self.retained_outputs):
@@ -256,9 +274,11 @@ def _watch(cls, args, out, line):
 
 
 def has_opaque_calls(captured) -> bool:
-    """Whether ``captured`` calls user hooks (then it is not stored on disk: the hooks are live objects)."""
+    """Whether ``captured`` calls user hooks or returns an input through a custom Function (then it is
+    not stored on disk: the hooks are live objects, and the store does not keep the latter fact)."""
     rec = getattr(captured.setup.flat_fn, "recorded", None)
-    return rec is not None and bool(rec.input_hooks or rec.graph_hooks or rec.retained_outputs)
+    return rec is not None and bool(rec.input_hooks or rec.graph_hooks or rec.retained_outputs
+                                    or rec.returned_inputs)
 
 
 def input_hooks(captured) -> tuple:
@@ -287,6 +307,16 @@ def retained_outputs(captured) -> tuple:
                 "another output; call retain_grad() on it after the call", user_line=line)
         found.append((slot, n_mut + sum(o.kind == "plain" for o in outs[:j])))
     return tuple(found)
+
+
+def returned_inputs(captured) -> tuple:
+    """``(forward value index, input index)`` of each output a custom Function returned as its
+    input: the graph computes it (so the custom backward runs), and the compiled forward returns
+    the input itself in its place, so it is a view of the input as in eager."""
+    rec = getattr(captured.setup.flat_fn, "recorded", None)
+    outs, n_mut = captured.analysis.outputs, len(captured.analysis.mutated())
+    return tuple((n_mut + sum(o.kind == "plain" for o in outs[:j]), i)
+                 for j, i in (rec.returned_inputs if rec is not None else ()) if outs[j].kind == "plain")
 
 
 def install_input_hooks(hooks, primals) -> None:

@@ -21,7 +21,7 @@ class BackwardGraph(NamedTuple):
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
-                      bw_graph=None, double_backward=None, input_hooks=(), retained=()):
+                      bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=()):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -32,7 +32,9 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     and raise if differentiated. ``input_hooks`` are registered on the real inputs by
     every call, as the program registered them (capture/hooks.py); ``retained``
     ``(slot, k)``: forward value ``k`` called retain_grad inside the program, and the
-    backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``.
+    backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``; ``returned``
+    ``(k, i)``: forward value ``k`` is input ``i`` returned by a custom Function, returned
+    as the input itself so autograd makes it a view of it, as eager does.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -51,6 +53,10 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         ctx.save_for_backward(*outs[n_fw:n_saved_end])
         ctx.symbols = outs[n_saved_end:]
         fw_values = outs[:n_fw]
+        if returned:
+            fw_values = list(fw_values)
+            for k, i in returned:
+                fw_values[k] = primals[i]
         if retained:
             ctx.retained = {slot: weakref.ref(fw_values[k]) for slot, k in retained}
         if nondiff:
@@ -65,6 +71,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # frees each saved activation at its last use, as eager autograd does.
         ctx.maybe_clear_saved_tensors()
         if retained:
+            ctx.outer = {slot: grad_outputs[k] for slot, k in retained}
             RUNNING.append(ctx)
         try:
             grads = bw(args) if boxed else bw(*args)
@@ -95,6 +102,16 @@ def _by_primal(grads, grad_of, n_primals) -> tuple:
     for i, g in zip(grad_of, grads):
         full[i] = g
     return tuple(full)
+
+
+def retaining(run, positions):
+    """``run`` whose outputs at ``positions`` retain their grad, as the program asked inside."""
+    def run_retaining(flat):
+        outs = run(flat)
+        for k in positions:
+            outs[k].retain_grad()
+        return outs
+    return run_retaining
 
 
 def fast_apply(fn_class):

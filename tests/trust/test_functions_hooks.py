@@ -160,10 +160,18 @@ def test_custom_function_matches_eager(name, entry):
     check(fn, make=lambda: (args(), {}), compile=ENTRIES[entry])
 
 
-def test_returning_the_input_keeps_the_custom_backward():
+@pytest.mark.parametrize("fn, grad", [(Half.apply, 0.5), (GradReverse.apply, -1.0)], ids=["return x", "x.view_as(x)"])
+def test_returning_the_input_keeps_the_custom_backward_and_the_alias(fn, grad):
+    def copying(gm, example_inputs):      # a backend whose outputs never alias its inputs
+        return lambda *a: [o.clone() if isinstance(o, torch.Tensor) else o for o in gm(*a)]
     x = torch.ones(3, requires_grad=True)
-    aotgrad.capture(lambda t: Half.apply(t), x).compile()(x).sum().backward()
-    assert torch.equal(x.grad, torch.full((3,), 0.5))
+    y = aotgrad.capture(fn, x).compile(fw_compiler=copying)(x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), grad))
+    assert y._base is x         # a view of the input, as eager's
+    with torch.no_grad():
+        x.add_(1)
+    assert torch.equal(y, x)
 
 
 class ZeroesSaved(F):
@@ -326,6 +334,7 @@ def test_retain_grad_on_a_returned_intermediate(entry, backward):
             y, z = f(x, w)
             with context() if context and compile is not as_is else contextlib.nullcontext():
                 (z + (y * y).sum()).backward()
+        assert y.retains_grad
         results.append((y.grad, x.grad, w.grad))
     for a, b in zip(*results):
         torch.testing.assert_close(b, a)
