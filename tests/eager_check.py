@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -153,6 +154,10 @@ def assert_close(a, b, what, rtol, atol):
             a, b = a.float(), b.float()
         torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m: f"{what}: {m}")
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):    # a pytree leaf holding tensors
+        assert type(a) is type(b), f"{what}: {type(a).__name__} vs {type(b).__name__}"
+        for f in dataclasses.fields(a):
+            assert_close(getattr(a, f.name), getattr(b, f.name), f"{what}.{f.name}", rtol, atol)
     else:
         assert type(a) is type(b) and a == b, f"{what}: {a!r} vs {b!r}"
 
