@@ -154,9 +154,10 @@ def _classify(prog, entry, body) -> Result:
         return Result(prog.name, entry.name, "fail", f"untyped {_one_line(e)}{_where(e)}"[:400])
 
 
-def run_case(prog: Program, entry: Entry) -> Result:
-    """Run ``prog`` through ``entry`` for every input variant; the first non-pass decides."""
-    if "isolate" in prog.tags:
+def run_case(prog: Program, entry: Entry, isolate: bool = True) -> Result:
+    """Run ``prog`` through ``entry`` for every input variant; the first non-pass decides.
+    Programs tagged ``isolate`` run in a child process unless ``isolate=False``."""
+    if isolate and "isolate" in prog.tags:
         return run_isolated(prog.name, entry.name)
     entry.reset()
     if prog.eager_raises:
@@ -190,9 +191,9 @@ def run_case(prog: Program, entry: Entry) -> Result:
 
 def run_isolated(program: str, entry: str, timeout: float = 300) -> Result:
     """Run one case in a child process: a program that may kill its process (a crash is a FAIL)."""
-    code = ("import json, sys; from tests.differential.harness import *; "
-            f"r = run_case(PROGRAMS[{program!r}].__class__(**{{**PROGRAMS[{program!r}].__dict__, "
-            f"'tags': frozenset()}}), ENTRIES[{entry!r}]); print('RESULT' + json.dumps(asdict(r)))")
+    code = ("import json; from tests.differential.harness import *; "
+            f"r = run_case(PROGRAMS[{program!r}], ENTRIES[{entry!r}], isolate=False); "
+            "print('RESULT' + json.dumps(asdict(r)))")
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
