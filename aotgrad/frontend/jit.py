@@ -24,6 +24,7 @@ import torch
 
 from .. import errors
 from ..capture.capture import capture_call
+from ..compiled_autograd.runtime import engine_compiler_off
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..export.graphs import Unserializable
@@ -152,7 +153,8 @@ class Jit:
         state is undone and refused (the graph would not repeat it)."""
         rec = None
         try:
-            with reads.record() as rec:
+            # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
+            with reads.record() as rec, engine_compiler_off():
                 captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
         finally:
             written = rec.undo_writes() if rec is not None else []

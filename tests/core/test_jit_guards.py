@@ -326,3 +326,20 @@ def test_jit_called_inside_capture_is_traced_through():
     captured = aotgrad.capture(outer, x)
     assert len(inner.entries) == 1           # the capture traced through it, compiling nothing
     check(outer, (x,), compile=lambda fn, a, kw: captured.compile())
+
+
+def test_jit_recompiles_inside_a_compiled_autograd_block():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    f = aotgrad.jit(m)
+    with aotgrad.compiled_autograd("eager"):
+        for n in (2, 3, 5):            # the second size recompiles with a symbolic batch
+            x = torch.randn(n, 4)
+            f(x).sum().backward()
+            got = [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            m(x).sum().backward()
+            for g, p in zip(got, m.parameters()):
+                torch.testing.assert_close(g, p.grad)
+            m.zero_grad()
+    assert len(f.entries) == 2
