@@ -78,6 +78,7 @@ class OutputInfo:
     value: Any = None
     is_leaf: bool = True         # no grad_fn (``requires_grad_()`` inside, or a factory with requires_grad=True)
     is_view: bool = False        # eager's output is a view (a ``plain`` one may come from the graph as one when it is not)
+    replay: Any = None           # Replay of the view ops that made it, where they can be replayed
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,37 @@ def _symbolic_output(o) -> OutputInfo:
     return OutputInfo("symbolic", value=(kind, expr))
 
 
+class Replay:
+    """The view ops that made an output (functionalization's record), replayed on the real base:
+    ``x[1]`` stays a select of whatever layout and offset the next input has, ``as_strided`` keeps
+    its absolute offset, ``view_as_real``/``conj`` keep their dtype and bits. Not pickled (the
+    records are live C++ objects): a cached entry regenerates with ``as_strided`` on inputs whose
+    layout its guards pin."""
+    __slots__ = ("sequence",)
+
+    def __init__(self, sequence):
+        self.sequence = sequence
+
+    def apply(self, base: torch.Tensor) -> torch.Tensor:
+        return torch._C._functionalization.apply_view_meta_sequence(base, self.sequence)
+
+    def __reduce__(self):
+        return (type(None), ())
+
+
+def replay_of(view) -> Replay | None:
+    """``view``'s view ops, when this torch records them and none has a symbolic argument."""
+    fz = getattr(torch._C, "_functionalization", None)
+    if fz is None or not hasattr(fz, "get_view_meta_sequence") or not torch._is_functional_tensor(view.elem):
+        return None
+    sequence = fz.get_view_meta_sequence(view.elem)
+    # In-place view ops (x.t_()) are replayed on the input by the mutation epilogue first.
+    if not sequence or any(getattr(vm, "has_symbolic_inputs", True) or type(vm).__name__.endswith("__ViewMeta")
+                           for vm in sequence):
+        return None
+    return Replay(sequence)
+
+
 def _replayable(view, base) -> bool:
     """Whether ``base.as_strided(...)`` regenerates ``view`` at run time: same dtype (not
     ``view_as_real``), same conjugate/negative bits (not ``conj()``), and sizes computable
@@ -198,6 +230,7 @@ def _output_infos(f_outs, f_ins):
         custom = custom_view(o)     # regenerating it as a view would skip a custom backward
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
+        replay = replay_of(o) if storage in in_storages or o._is_view() else None
         if same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
@@ -205,18 +238,20 @@ def _output_infos(f_outs, f_ins):
         elif not custom and storage in in_storages and not o._is_view() and not rg:
             infos.append(OutputInfo("input_detached", in_storages[storage], ViewMeta.relative(
                 o, f_ins[in_storages[storage]])))
-        elif not custom and storage in in_storages and _replayable(o, f_ins[in_storages[storage]]):
-            infos.append(OutputInfo("input_view", in_storages[storage],
-                                    ViewMeta.relative(o, f_ins[in_storages[storage]]), rg, is_leaf=leaf))
-        elif not custom and o._is_view() and id(o._base) in plain_ids and _replayable(o, o._base):
-            infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.relative(o, o._base), rg, is_leaf=leaf))
-        elif not custom and o._is_view() and storage not in in_storages and _replayable(o, o._base):
+        elif not custom and storage in in_storages and (replay or _replayable(o, f_ins[in_storages[storage]])):
+            infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.relative(
+                o, f_ins[in_storages[storage]]), rg, is_leaf=leaf, replay=replay))
+        elif not custom and o._is_view() and id(o._base) in plain_ids and (replay or _replayable(o, o._base)):
+            infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.relative(o, o._base), rg,
+                                    is_leaf=leaf, replay=replay))
+        elif not custom and o._is_view() and storage not in in_storages and (replay or _replayable(o, o._base)):
             base = o._base
             k = next((b for b, t in enumerate(bases) if t is base), None)
             if k is None:
                 k = len(bases)
                 bases.append(base)
-            infos.append(OutputInfo("intermediate_view", k, ViewMeta.relative(o, base), rg, is_leaf=leaf))
+            infos.append(OutputInfo("intermediate_view", k, ViewMeta.relative(o, base), rg, is_leaf=leaf,
+                                    replay=replay))
         else:
             infos.append(OutputInfo("plain", requires_grad=rg, is_leaf=leaf, is_view=o._is_view()))
         seen.setdefault(id(o), j)

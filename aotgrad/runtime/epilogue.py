@@ -29,10 +29,13 @@ def view_args(meta: ViewMeta, symbols, base: torch.Tensor):
             base.storage_offset() + _concrete(meta.offset, symbols))
 
 
-def as_view(base: torch.Tensor, meta: ViewMeta, requires_grad: bool, symbols):
-    if base.requires_grad and not requires_grad:
+def as_view(base: torch.Tensor, info, symbols):
+    """Output ``info`` regenerated as a real view of ``base``: its view ops replayed, or ``as_strided``."""
+    if base.requires_grad and not info.requires_grad:
         base = base.detach()        # e.g. ``x.detach()``: shares storage, no autograd link
-    return base.as_strided(*view_args(meta, symbols, base))
+    if info.replay is not None:
+        return info.replay.apply(base)
+    return base.as_strided(*view_args(info.view, symbols, base))
 
 
 def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
@@ -70,11 +73,11 @@ def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
         elif kind == "input_detached":
             outs[j] = _detached(flat[info.index], info.view, symbols)
         elif kind == "input_view":
-            outs[j] = as_view(flat[info.index], info.view, info.requires_grad, symbols)
+            outs[j] = as_view(flat[info.index], info, symbols)
         elif kind == "output_view":
-            outs[j] = as_view(outs[info.index], info.view, info.requires_grad, symbols)
+            outs[j] = as_view(outs[info.index], info, symbols)
         elif kind == "intermediate_view":
-            outs[j] = as_view(bases[info.index], info.view, info.requires_grad, symbols)
+            outs[j] = as_view(bases[info.index], info, symbols)
         elif kind == "constant":
             outs[j] = info.value
         elif kind == "symbolic":
@@ -110,7 +113,7 @@ def unviewed(fw, analysis):
         outs = list(fw(*args))
         for k in idx:
             if outs[k]._is_view():
-                outs[k] = outs[k].clone()
+                outs[k] = outs[k].detach()   # same storage, strides and version counter; not a view
         return outs
     call._boxed_call = getattr(fw, "_boxed_call", False)
     return call
