@@ -16,6 +16,7 @@ backwards, ``.grad`` updates) becomes one opaque call node (``opaque.py``).
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,15 @@ from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque
 from .guards import DecisionLog, SizeGuard
+
+
+def _mark_used_grads(graph) -> None:
+    """Tell each custom backward call which of its gradients the graph reads (see
+    ``opaque.call_backward``: a None there is refused, not passed to an ATen op)."""
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is opaque.call_backward:
+            used = {u.args[1] for u in n.users if u.target is operator.getitem}
+            n.kwargs = {**n.kwargs, "expected": tuple(sorted(used))}
 
 
 @dataclass
@@ -141,6 +151,7 @@ class CaptureInstance:
         graph = tr.graph
         accumulate.steal_fresh_grads(graph)
         graph.eliminate_dead_code(is_impure_node=_impure)
+        _mark_used_grads(graph)
         accumulate.run_early(graph)
         gm = fx.GraphModule(tr.root, graph, "CompiledAutograd")
         self.capture_seconds = time.perf_counter() - self._started[0]

@@ -37,11 +37,21 @@ class _SavedCtx:
         setattr(self._ctx, name, value)
 
 
-def call_backward(ctx, saved_tensors, *grads):
-    """Run a ``torch.autograd.Function``'s Python backward as the eager engine would."""
+def call_backward(ctx, saved_tensors, *grads, expected=()):
+    """Run a ``torch.autograd.Function``'s Python backward as the eager engine would;
+    ``expected``: the inputs whose gradient the captured graph reads."""
     fake = _SavedCtx(ctx, saved_tensors)
     out = ctx._forward_cls.backward(fake, *grads)
-    return out if isinstance(out, tuple) else (out,)
+    out = out if isinstance(out, tuple) else (out,)
+    for i in expected:
+        if out[i] is None:
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                f"under compiled autograd, the backward of custom autograd.Function {ctx._forward_cls.__name__} "
+                f"returned None for input {i}, which requires grad, and the captured graph adds a gradient "
+                "there; return torch.zeros_like(...) for it, or run this backward outside compiled_autograd",
+                user_line=caller_line())
+    return out
 
 
 def accumulate_grad(variable: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

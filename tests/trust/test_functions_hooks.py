@@ -366,3 +366,30 @@ def test_a_hooked_function_is_not_stored_on_disk():
     from aotgrad.export import Unserializable, dump_graph
     with pytest.raises(Unserializable):
         dump_graph(captured.joint)
+
+
+def test_none_gradient_under_compiled_autograd():
+    """A custom backward's None for an input that needs grad: refused by name where the
+    compiled-autograd graph would add it, fine where the graph does not read it."""
+    def run(grad_of_x_only):
+        x, w = r(3), r(3)
+        with aotgrad.compiled_autograd("eager"):
+            y = NoneForWeight.apply(x, w).sum()
+            if grad_of_x_only:
+                return torch.autograd.grad(y, x)[0], x
+            y.backward()
+    g, x = run(grad_of_x_only=True)
+    torch.testing.assert_close(g, torch.ones_like(x))
+    with pytest.raises(UnsupportedError, match="NoneForWeight returned None for input 1") as info:
+        run(grad_of_x_only=False)
+    assert "y.backward()" in str(info.value)
+
+
+class NoneForWeight(F):
+    @staticmethod
+    def forward(ctx, x, w):
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
