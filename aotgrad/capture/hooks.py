@@ -256,6 +256,7 @@ def _watch(cls, args, out, line):
         return
     given = [a for a in args if isinstance(a, torch.Tensor)]
     versions: list = []
+    name = "(traced by Dynamo)" if cls.__name__ == "ApplyTemplate" else cls.__name__
 
     def before(grad_outputs):
         held = given + [v for v in vars(node).values() if isinstance(v, torch.Tensor)]
@@ -265,7 +266,7 @@ def _watch(cls, args, out, line):
         for t, v in versions:
             if t._version != v:
                 raise errors.UnsupportedError(
-                    f"the backward of custom autograd.Function {cls.__name__} writes in place to a tensor it was "
+                    f"the backward of custom autograd.Function {name} writes in place to a tensor it was "
                     f"given (shape {tuple(t.shape)}); a compiled backward cannot replay that write when eager "
                     "does; return a new tensor instead, or keep the Function out of the compiled code",
                     user_line=line)
