@@ -154,7 +154,7 @@ class Jit:
         rec = None
         try:
             # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
-            with reads.record() as rec, engine_compiler_off():
+            with reads.record(self.fn) as rec, engine_compiler_off():
                 captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
         finally:
             written = rec.undo_writes() if rec is not None else []

@@ -90,8 +90,14 @@ class Recording:
     kinds: dict = field(default_factory=dict)       # code -> kind
     snapshots: dict = field(default_factory=dict)   # id(dict) -> (dict, shallow copy, what it belongs to)
 
+    root: object = None         # the traced function's code, or its module: recording stops when it returns
+    root_frame: object = None
+    stop: object = None
+
     def event(self, frame, event, arg):
         if event != "call":
+            if event == "return" and frame is self.root_frame:
+                self.stop()
             return
         code = frame.f_code
         kind = self.kinds.get(code)
@@ -99,6 +105,9 @@ class Recording:
             kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
         if kind:
             self._add(frame, code, kind)
+            if self.root_frame is None and (code is self.root or kind == MODULE_CALL
+                                            and frame.f_locals.get("self") is self.root):
+                self.root_frame = frame
 
     def _add(self, frame, code, kind):
         f_locals = frame.f_locals
@@ -149,16 +158,19 @@ def _same(a, b) -> bool:
 
 
 @contextlib.contextmanager
-def record():
-    """Record the code that runs inside the block (this thread); an existing profiler keeps running."""
-    rec = Recording()
+def record(fn=None):
+    """Record the code that runs inside the block (this thread) until the first call of ``fn``
+    returns: capture runs ``fn`` once per trace, the same Python each time, and profiling
+    costs every trace it watches about as much again. An existing profiler keeps running."""
+    root = getattr(getattr(fn, "func", fn), "__code__", None) if not isinstance(fn, torch.nn.Module) else fn
+    rec = Recording(root=root)
     previous = sys.getprofile()
-
-    def event(frame, what, arg):
-        rec.event(frame, what, arg)
-        if previous is not None:
+    event = rec.event
+    if previous is not None:
+        def event(frame, what, arg):
+            rec.event(frame, what, arg)
             previous(frame, what, arg)
-
+    rec.stop = lambda: sys.setprofile(previous)
     sys.setprofile(event)
     try:
         yield rec
