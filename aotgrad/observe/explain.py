@@ -28,9 +28,20 @@ def explain_jit(j) -> str:
     for k, e in enumerate(j.entries):
         why = "first call" if e.reason is None else f"recompiled because {e.reason}"
         parts.append(f"\n=== entry {k} ({why}) ===\n" + explain_compiled(e.compiled))
+        parts.append(_state(e.state))
     if not j.entries:
         parts.append("  (not called yet: it compiles on its first call)")
     return "\n".join(parts)
+
+
+def _state(state, limit: int = 40) -> str:
+    """The Python state an entry's trace read, as checked on every call (hooks and child dicts that
+    must stay empty are counted, not listed)."""
+    lines = [line for line, r in zip(state.lines(), state.reads) if r.kind != "empty"]
+    empty = len(state.reads) - len(lines)
+    head = f"Python state read: {len(state.reads)} reads" + (f" ({empty} dicts that must stay empty)" if empty else "")
+    more = [f"  ... {len(lines) - limit} more"] if len(lines) > limit else []
+    return "\n".join([head, *(f"  {line}" for line in lines[:limit]), *more])
 
 
 def explain_compiled(c) -> str:
