@@ -22,7 +22,10 @@ def keep_inputs(primals) -> tuple:
     """What ``ctx`` keeps of the inputs: the inputs themselves (they live as long as the
     function's autograd node, as ``ctx.x = x`` in a custom Function does) and their
     versions, to notice an in-place write between the call and the second-order backward."""
-    return primals, [p._version if isinstance(p, torch.Tensor) else None for p in primals]
+    try:
+        return primals, [p._version for p in primals]
+    except AttributeError:      # sizes among the inputs (Dynamo passes SymInts/ints)
+        return primals, [p._version if isinstance(p, torch.Tensor) else None for p in primals]
 
 
 def _restored(kept) -> tuple:
