@@ -49,7 +49,7 @@ class _Values:
         if isinstance(a, fx.Node):
             val = a.meta.get("val")
             if shape_only and isinstance(val, torch.Tensor):
-                return ("like", tuple(val.shape), val.dtype, str(val.device))
+                return ("like", tuple(str(d) for d in val.shape), val.dtype, str(val.device))
             return ("node", self.of[a])
         if isinstance(a, (list, tuple)):
             return tuple(self._arg(x, shape_only) for x in a)

@@ -3,9 +3,9 @@
 Traced with fake tensors, nothing draws for real, so code that saves and
 restores the RNG state (``torch.utils.checkpoint`` before recomputing its
 region, ``torch.random.fork_rng``) does nothing visible in the graph. While a
-joint graph is traced, :func:`traced_with_positions` records those saves and
-restores, and afterwards tags every random node with the position it draws
-at: ``node.meta["aotgrad_rng"] = (device, epoch, index)``. ``epoch`` is
+joint graph is traced, :func:`traced_with_positions` follows those saves and
+restores and tags every random node with the position it draws at:
+``node.meta["aotgrad_rng"] = (device, epoch, index)``. ``epoch`` is
 ``"fw"`` for the forward stream, whose positions are known at capture, and
 ``"bw"`` for draws the backward makes from whatever the global RNG holds when
 ``backward()`` runs. A checkpoint's recomputation restores a forward state,
@@ -31,17 +31,46 @@ PHASE = "aotgrad_rng_phase"   # node.meta: "fw" or "bw", the pass the node was t
 
 @dataclass
 class _Log:
-    """What tracing did to the RNG state, each event anchored after the last node traced before it."""
-    events: list = field(default_factory=list)   # (anchor node | None, kind, device, token index)
-    states: dict = field(default_factory=dict)   # id(state tensor) -> (tensor, token index)
-    tokens: int = 0
+    """The stream position of each device while a graph is traced, replayed on its random nodes
+    as they appear: a node is tagged before the next save or restore of the RNG state."""
+    pos: dict = field(default_factory=dict)      # device -> (epoch, index) the next draw takes
+    states: dict = field(default_factory=dict)   # id(state tensor) -> (tensor, (epoch, index))
+    ends: dict = field(default_factory=dict)     # (device, phase) -> (epoch, index) when the phase ended
+    phase: str = "fw"
+    seen: set = field(default_factory=set)       # nodes already walked
 
-    def anchor(self):
+    def sync(self) -> bool:
+        """Tag the random nodes traced since the last call; False when no graph is being traced.
+        New nodes are appended at the end (only symbolic sizes are inserted earlier), so walking
+        back to the first node already seen finds them all."""
         mode = _proxy_mode()
         if mode is None:
-            return False, None
-        nodes = mode.tracer.graph.nodes
-        return True, (next(reversed(nodes)) if len(nodes) else None)
+            return False
+        fresh = []
+        for n in reversed(mode.tracer.graph.nodes):
+            if n in self.seen:
+                break
+            fresh.append(n)
+        self.seen.update(fresh)
+        self._tag(n for n in reversed(fresh) if is_random(n))
+        return True
+
+    def sync_final(self, gm: fx.GraphModule) -> None:
+        """Tag what was traced after the last event; record where each phase left the stream."""
+        self._tag(n for n in gm.graph.nodes if is_random(n) and META not in n.meta)
+        self.end_phase()
+        gm.meta[ENDS] = self.ends
+
+    def _tag(self, nodes) -> None:
+        for n in nodes:
+            dev = _node_device(n)
+            epoch, index = self.pos.get(dev, (self.phase, 0))
+            n.meta[META], n.meta[PHASE] = (dev, epoch, index), self.phase
+            self.pos[dev] = (epoch, index + 1)
+
+    def end_phase(self) -> None:
+        self.ends.update({(d, self.phase): at for d, at in self.pos.items()})
+        self.pos.clear()
 
 
 _ACTIVE: list[_Log] = []
@@ -63,11 +92,9 @@ def _getter(real, default):
     def get_rng_state(device=None):
         state = real() if default == "cpu" else real(device if device is not None else default)
         log = _ACTIVE[-1] if _ACTIVE else None
-        tracing, node = log.anchor() if log else (False, None)
-        if tracing:
-            log.events.append((node, "get", _device(device, default), log.tokens))
-            log.states[id(state)] = (state, log.tokens)
-            log.tokens += 1
+        if log is not None and log.sync():
+            dev = _device(device, default)
+            log.states[id(state)] = (state, log.pos.get(dev, (log.phase, 0)))
         return state
     return get_rng_state
 
@@ -75,15 +102,14 @@ def _getter(real, default):
 def _setter(real, default):
     def set_rng_state(new_state, device=None):
         log = _ACTIVE[-1] if _ACTIVE else None
-        tracing, node = log.anchor() if log else (False, None)
-        if tracing:
+        if log is not None and log.sync():
             held = log.states.get(id(new_state))
             if held is None or held[0] is not new_state:
                 raise errors.UnsupportedError(
                     "torch.set_rng_state with a state that was not taken inside the captured function: the "
                     "compiled graph cannot replay it; save and restore the state inside the function or "
                     "outside it", user_line=errors.caller_line())
-            log.events.append((node, "set", _device(device, default), held[1]))
+            log.pos[_device(device, default)] = held[1]
         return real(new_state) if default == "cpu" else real(new_state, device if device is not None else default)
     return set_rng_state
 
@@ -125,9 +151,9 @@ def backward_begins() -> None:
     """Called by the joint function right before ``autograd.grad``: draws from here on read the
     RNG as it stands when the user calls ``backward()``, not the forward's stream."""
     log = _ACTIVE[-1] if _ACTIVE else None
-    tracing, node = log.anchor() if log else (False, None)
-    if tracing:
-        log.events.append((node, "backward", None, None))
+    if log is not None and log.sync():
+        log.end_phase()
+        log.phase = "bw"
 
 
 def traced_with_positions(trace) -> fx.GraphModule:
@@ -135,7 +161,7 @@ def traced_with_positions(trace) -> fx.GraphModule:
     log = _Log()
     with _recording(log):
         gm = trace()
-    tag(gm, log)
+    log.sync_final(gm)
     return gm
 
 
@@ -143,41 +169,3 @@ def _node_device(n: fx.Node) -> str:
     val = n.meta.get("val")
     val = val[0] if isinstance(val, (tuple, list)) and val else val
     return _device(getattr(val, "device", None))
-
-
-def tag(gm: fx.GraphModule, log: _Log) -> None:
-    """Walk the graph in trace order, replaying the recorded saves and restores."""
-    after: dict = {}
-    for node, kind, dev, token in log.events:
-        after.setdefault(node, []).append((kind, dev, token))
-    pos: dict = {}                 # device -> (epoch, index)
-    tokens: dict = {}              # token index -> (epoch, index)
-    ends: dict = {}
-    phase = ["fw"]
-
-    def end_phase():
-        ends.update({(d, phase[0]): (e, i) for d, (e, i) in pos.items()})
-        pos.clear()
-
-    def apply(kind, dev, token):
-        if kind == "get":
-            tokens[token] = pos.get(dev, (phase[0], 0))
-        elif kind == "set":
-            pos[dev] = tokens[token]
-        else:
-            end_phase()
-            phase[0] = "bw"
-
-    for ev in after.get(None, ()):
-        apply(*ev)
-    for n in gm.graph.nodes:
-        if is_random(n):
-            dev = _node_device(n)
-            e, i = pos.get(dev, (phase[0], 0))
-            n.meta[META] = (dev, e, i)
-            n.meta[PHASE] = phase[0]
-            pos[dev] = (e, i + 1)
-        for ev in after.get(n, ()):
-            apply(*ev)
-    end_phase()
-    gm.meta[ENDS] = ends
