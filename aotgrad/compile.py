@@ -8,7 +8,7 @@ from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .runtime.call import make_call
-from .runtime.epilogue import unviewed
+from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
 from .capture.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
@@ -42,8 +42,8 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = unviewed(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
-                          captured.analysis)
+            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
+                              captured.analysis)
 
         def run(flat):
             with torch.no_grad():
@@ -54,7 +54,8 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = unviewed(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part))), captured.analysis)
+            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part))),
+                              captured.analysis)
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         retained = retained_outputs(captured)

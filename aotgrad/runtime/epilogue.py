@@ -48,7 +48,11 @@ def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
         if info.mutates_metadata:
             with torch.no_grad():
                 size, stride, offset = view_args(info.new_meta, symbols, x)
+                version = x._version
                 x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
+                # Eager's t_() ran before the forward saved x for the backward; this replay runs
+                # after, so it must not look like a write to what the backward reads.
+                _set_version(x, version)
         if info.mutates_data:
             if info.mutation_needs_autograd and torch.is_grad_enabled() and values[k].requires_grad:
                 x.copy_(values[k])
@@ -56,6 +60,13 @@ def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
                 with torch.no_grad():
                     x.copy_(values[k])
             k += 1
+
+
+def _set_version(t: torch.Tensor, version: int) -> None:
+    try:
+        torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    except TypeError:           # torch < 2.12 takes one tensor
+        torch._C._autograd._unsafe_set_version_counter(t, version)
 
 
 def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
@@ -99,21 +110,24 @@ def _detached(x: torch.Tensor, meta: ViewMeta, symbols) -> torch.Tensor:
     return out
 
 
-def unviewed(fw, analysis):
+def eager_layout(fw, analysis):
     """``fw`` whose plain outputs are not views where eager's are not: functionalization turns an
     in-place metadata change of an intermediate (``y.t_()``) into a view op, and an autograd view
-    of a graph temporary would come back where eager returns a tensor of its own."""
+    of a graph temporary would come back where eager returns a tensor of its own. Detached, it
+    keeps its storage, strides and version counter.
+    (Not covered: an output eager writes in place with its input's strides, ``x.index_add_`` on a
+    transposed ``x``, is laid out by the functional op; functionalization reports those strides too.)"""
     n_mut = len(analysis.mutated())
     plain = [o for o in analysis.outputs if o.kind == "plain"]
-    idx = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view)
-    if not idx:
+    unview = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view)
+    if not unview:
         return fw
 
     def call(*args):
         outs = list(fw(*args))
-        for k in idx:
+        for k in unview:
             if outs[k]._is_view():
-                outs[k] = outs[k].detach()   # same storage, strides and version counter; not a view
+                outs[k] = outs[k].detach()
         return outs
     call._boxed_call = getattr(fw, "_boxed_call", False)
     return call
