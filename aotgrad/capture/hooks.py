@@ -16,9 +16,9 @@ tensors), registration is intercepted instead:
   on one the program returns, an ``aotgrad::retain_grad`` node of the backward
   sets the whole gradient on the real output the forward returned.
 
-A custom Function's backward is traced through; one that writes in place to a
-tensor it was given (``ctx.x.zero_()``, ``buf.add_(1)``) is refused, since the
-traced graph would apply the write at the wrong time or drop it.
+A custom Function's backward is traced through; one that writes in place to an
+input or output of the program (``ctx.x.zero_()``, ``buf.add_(1)``) is refused,
+since the traced graph would apply the write at the wrong time or drop it.
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ class Recorder:
         self.graph_hooks: list[int] = []
         self.retained_outputs: list[tuple[int, int, str | None]] = []     # (output, slot, line)
         self.returned_inputs: list[tuple[int, int]] = []    # (output, input) a custom Function returned as is
-        self.flat = flat
+        self.flat, self.outs = flat, ()
 
     def register(self, original, tensor, hook, method):
         line = errors.caller_line()
@@ -160,10 +160,17 @@ class Recorder:
                 return self.inputs[id(t)]
         return None
 
+    def visible(self, t) -> bool:
+        """Whether ``t`` shares storage with an input or an output of the program."""
+        key = t.untyped_storage()._cdata
+        return any(isinstance(o, torch.Tensor) and o.untyped_storage()._cdata == key
+                   for o in (*self.flat, *self.outs))
+
     def check_outputs(self, outs):
         """A retained intermediate the program returns gets its whole gradient (from inside the
         program and from the caller) at run time: an ``aotgrad::retain_grad`` node sets it on
         the real output, see :func:`retained_outputs`."""
+        self.outs = tuple(outs)
         for j, o in enumerate(outs):
             i = self._same_as_input(o)
             if i is not None:
@@ -193,7 +200,7 @@ def observed(flat_fn):
         rec = Recorder(flat)
         _ACTIVE.append(rec)
         try:
-            with _intercepted(rec), _functions_checked():
+            with _intercepted(rec), _functions_checked(rec):
                 outs = flat_fn(*flat)
         finally:
             _ACTIVE.pop()
@@ -232,15 +239,15 @@ def _intercepted(rec: Recorder):
 
 
 @contextlib.contextmanager
-def _functions_checked():
+def _functions_checked(rec: Recorder):
     """Custom Functions applied while tracing get node hooks that refuse a backward writing
-    in place to a tensor it was given (see :func:`_watch`)."""
+    in place to an input or output of the program (see :func:`_watch`)."""
     Function = torch.autograd.Function
     original = Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
         out = original.__func__(cls, *args, **kwargs)
-        _watch(cls, args, out, errors.caller_line())
+        _watch(cls, args, out, errors.caller_line(), rec)
         return out
     Function.apply = classmethod(apply)
     try:
@@ -249,7 +256,7 @@ def _functions_checked():
         Function.apply = original
 
 
-def _watch(cls, args, out, line):
+def _watch(cls, args, out, line, rec):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     node = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
     if node is None or not hasattr(node, "register_prehook"):
@@ -264,7 +271,7 @@ def _watch(cls, args, out, line):
 
     def after(grad_inputs, grad_outputs):
         for t, v in versions:
-            if t._version != v:
+            if t._version != v and rec.visible(t):    # a temporary's write is functionalized like any
                 raise errors.UnsupportedError(
                     f"the backward of custom autograd.Function {name} writes in place to a tensor it was "
                     f"given (shape {tuple(t.shape)}); a compiled backward cannot replay that write when eager "

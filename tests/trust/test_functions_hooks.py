@@ -394,3 +394,21 @@ class NoneForWeight(F):
     @staticmethod
     def backward(ctx, g):
         return g, None
+
+
+class ScratchInBackward(F):
+    """Its backward writes into a temporary the forward made: invisible outside, so allowed."""
+    @staticmethod
+    def forward(ctx, x):
+        ctx.scratch = x.detach() * 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.scratch.mul_(g)
+        return g * 2 + ctx.scratch
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_backward_writing_a_temporary_matches_eager(entry):
+    check(lambda x: ScratchInBackward.apply(x.sin()), make=lambda: ((r(3),), {}), compile=ENTRIES[entry])
