@@ -119,7 +119,8 @@ def _leave_stream_as_eager(graph: fx.Graph, first: dict, ends: dict) -> None:
         if epoch != phase:
             raise UnsupportedError(
                 f"the backward leaves the {dev} RNG state at a restored forward state (set_rng_state in a "
-                "custom backward?); the compiled graph cannot reproduce that", user_line=_where(drawn[-1]) if drawn else None)
+                "custom backward?); the compiled graph cannot reproduce that",
+                user_line=_where(drawn[-1]) if drawn else None)
         past = [n for n in drawn if n.meta[RNG_META][2] >= index]
         if past:
             restore_after(graph, past[0], drawn[-1], dev, phase)

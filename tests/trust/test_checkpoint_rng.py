@@ -287,3 +287,16 @@ def test_dropout_masks_fill_the_input_layout_like_eager(entry, layout):
         x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last).requires_grad_()
     fn = lambda x: checkpoint(lambda a: F.dropout(a.sin(), 0.4, True), x, use_reentrant=False) * 2
     check(fn, (x,), compile=ENTRIES[entry])
+
+
+def test_recomputation_that_draws_differently_is_refused():
+    """A region whose recomputation draws other numbers than its forward from the restored
+    state (it branches on running inside the autograd engine) cannot be replayed."""
+    def region(x):
+        if torch._C._current_graph_task_id() != -1:     # recomputing, inside the autograd engine
+            x = x + torch.rand_like(x)
+        return F.dropout(x.sin(), 0.5)
+
+    with pytest.raises(UnsupportedError, match="recomputes differently") as e:
+        aotgrad.capture(lambda x: checkpoint(region, x, use_reentrant=False).sum(), torch.randn(4, requires_grad=True))
+    assert "rand_like" in str(e.value)
