@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import errors
 from ..analysis.metadata import analyze
@@ -48,7 +49,7 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captu
     return capture_setup(setup, history)
 
 
-def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Captured:
+def capture_setup(setup: Setup, history: list) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
     rng = torch.random.get_rng_state()
     setup = replace(setup, flat_fn=observed(setup.flat_fn))     # analysis must not run hooks' registration either
@@ -61,9 +62,6 @@ def capture_setup(setup: Setup, history: list, allow_rebase: bool = True) -> Cap
         raise errors.MutationError("an input that shares storage with another input has its metadata changed in "
                                    "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a "
                                    "shared base: use the out-of-place op and return the result")
-    if groups and not allow_rebase:
-        raise errors.MutationError("inputs that share storage are written to; this frontend cannot "
-                                   "give them a synthetic base, so pass them as separate tensors")
     if groups:
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
@@ -132,10 +130,13 @@ def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
 def rebased(setup: Setup, rb) -> Setup:
     """The same setup with aliased, mutated inputs replaced by synthetic bases."""
     tensors = rb.graph_inputs(list(setup.real_inputs))
-    session = Session.for_inputs(tensors, setup.session.dynamic, setup.session.grad_enabled)
+    if all(isinstance(t, FakeTensor) for t in tensors):     # Dynamo's inputs: keep its fake mode and guards
+        session, fakes = setup.session, tuple(tensors)
+    else:
+        session = Session.for_inputs(tensors, setup.session.dynamic, setup.session.grad_enabled)
+        fakes = tuple(session.fakeify(t) for t in tensors)
     return replace(setup, input_descs=tuple(rb.descs(setup.input_descs)), flat_fn=rb.wrap(setup.flat_fn),
-                   session=session, fake_inputs=tuple(session.fakeify(t) for t in tensors),
-                   real_inputs=tuple(tensors), rebase=rb)
+                   session=session, fake_inputs=fakes, real_inputs=tuple(tensors), rebase=rb)
 
 
 def _traced(thunk):

@@ -16,11 +16,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 
+from .. import errors
 from ..capture.capture import capture_setup
 from ..capture.descriptors import Desc
 from ..capture.session import Session
 from ..frontend.flatten import Signature
 from ..observe import timed
+from ..runtime.call import alias_check
 from ..passes.checkpoint_regions import untag_checkpoints
 from ..stages import Setup
 
@@ -70,12 +72,21 @@ def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, 
     with timed(history, "setup (dynamo)") as info:
         setup = _setup(gm, example_inputs)
         info["inputs"] = len(example_inputs)
-    captured = capture_setup(setup, history, allow_rebase=False)
+    captured = capture_setup(setup, history)
     compiled = captured.compile(fw_compiler, bw_compiler, partitioner, **compile_options)
-    run = compiled.path.run
+    run, rebase = compiled.path.run, captured.setup.rebase
+    if rebase is None:
+        def call(*args):
+            return run(list(args))
+    else:
+        aliasing = alias_check(captured.setup, captured.analysis)
 
-    def call(*args):
-        return run(list(args))
+        def call(*args):       # inputs that share storage and are written: passed as their synthetic base
+            why = aliasing(list(args))
+            if why:
+                raise errors.InputMismatchError(why + " (torch.compile does not guard storage sharing: "
+                                                "call torch._dynamo.reset() or pass separate tensors)")
+            return run(rebase.graph_inputs(list(args)))
     call.compiled = compiled
     return call
 
