@@ -144,4 +144,5 @@ def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
         return t.detach()
     if info.is_leaf:
         return t.detach().requires_grad_() if t._base is None else t.requires_grad_()
-    return t.detach().requires_grad_().clone()
+    with torch.enable_grad():       # called under no_grad with an enable_grad region inside
+        return t.detach().requires_grad_().clone()
