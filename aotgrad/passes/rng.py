@@ -24,23 +24,40 @@ import torch.fx as fx
 from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _copy, _drop_dead
-from .rng_layout import draw_in_memory_order
+from .rng_layout import draw_in_memory_order, needs_memory_order
 from .rng_positions import ENDS, PHASE
 from .rng_rewind import restore_after
 
 
 class _Values:
-    """Numbers naming what a node computes: equal numbers, equal values (hash-consing)."""
+    """Numbers naming what a node computes: equal numbers, equal values (hash-consing),
+    computed on demand for the nodes a replay check reaches."""
 
     def __init__(self):
         self.of: dict[fx.Node, int] = {}
         self.ids: dict = {}
 
-    def key(self, n: fx.Node):
-        """What ``n`` computes from: operator, argument values and constants."""
+    def id_of(self, root: fx.Node) -> int:
+        stack = [root]
+        while stack:
+            n = stack[-1]
+            if n in self.of:
+                stack.pop()
+                continue
+            shape_only = n.target in SHAPE_ONLY
+            deps = [a for a in n.all_input_nodes if a not in self.of
+                    and not (shape_only and isinstance(a.meta.get("val"), torch.Tensor))]
+            if deps:
+                stack.extend(deps)
+                continue
+            stack.pop()
+            self.of[n] = self.ids.setdefault(self._key(n, shape_only), len(self.ids))
+        return self.of[root]
+
+    def _key(self, n: fx.Node, shape_only: bool):
+        """What ``n`` computes from: operator, argument values, constants, RNG position."""
         if n.op != "call_function":
             return (n.op, n)
-        shape_only = n.target in SHAPE_ONLY
         args = tuple(self._arg(a, shape_only) for a in n.args)
         kwargs = tuple(sorted((k, self._arg(v, shape_only)) for k, v in n.kwargs.items()))
         return (n.target, args, kwargs, n.meta.get(RNG_META))
@@ -55,9 +72,6 @@ class _Values:
             return tuple(self._arg(x, shape_only) for x in a)
         return a if isinstance(a, (int, float, bool, str, type(None))) else repr(a)
 
-    def assign(self, n: fx.Node) -> None:
-        self.of[n] = self.ids.setdefault(self.key(n), len(self.ids))
-
 
 def _where(n: fx.Node) -> str | None:
     trace = n.meta.get("stack_trace")
@@ -67,7 +81,9 @@ def _where(n: fx.Node) -> str | None:
 def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     """Replace every replayed draw by the first draw at its RNG position, leave the stream where
     eager leaves it, and draw in eager's memory order (see the module docstring)."""
-    if not any(is_random(n) for n in gm.graph.nodes):
+    drawn = [n for n in gm.graph.nodes if is_random(n)]
+    at = [n.meta.get(RNG_META) for n in drawn]
+    if not (len(set(at)) < len(at) or _rewound(at, gm.meta.get(ENDS, {})) or needs_memory_order(drawn)):
         return gm
     gm = _copy(gm)
     first = _share_replays(gm.graph)
@@ -78,25 +94,29 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def _rewound(at: list, ends: dict) -> bool:
+    """Whether some pass ends before its last draw, or at another pass's position."""
+    return any(epoch != phase or any(t is not None and t[0] == dev and t[1] == phase and t[2] >= index for t in at)
+               for (dev, phase), (epoch, index) in ends.items())
+
+
 def _share_replays(graph: fx.Graph) -> dict:
     """Erase replayed draws; return the first draw at each RNG position."""
     values, first = _Values(), {}
-    for n in list(graph.nodes):
-        at = n.meta.get(RNG_META) if is_random(n) else None
+    for n in [n for n in graph.nodes if is_random(n)]:
+        at = n.meta.get(RNG_META)
         prior = first.setdefault(at, n) if at is not None else n
         if prior is n:
             if at is not None:
                 _refuse_unknown_state(n, at)
-            values.assign(n)
             continue
-        if values.key(n) != values.key(prior):
+        if values.id_of(n) != values.id_of(prior):
             raise UnsupportedError(
                 f"{n.target} draws from an RNG state that {prior.target} already drew from, with another "
                 "operator, shape or input (a torch.utils.checkpoint region that recomputes differently, or "
                 "code after torch.random.fork_rng drawing differently); the compiled graph cannot replay "
                 "that state", user_line=_where(n))
         n.replace_all_uses_with(prior)
-        values.of[n] = values.of[prior]
         graph.erase_node(n)
     return first
 

@@ -36,11 +36,20 @@ def _memory_order(val) -> list[int] | None:
     return order if dense and order != list(range(val.dim())) else None
 
 
+def _order_of(n: fx.Node) -> list[int] | None:
+    return _memory_order(n.args[0].meta.get("val")) if n.target in FILLS_CONTIGUOUS and n.args else None
+
+
+def needs_memory_order(nodes) -> bool:
+    """Whether any of ``nodes`` is a contiguous-filling random op on a permuted input."""
+    return any(_order_of(n) is not None for n in nodes)
+
+
 def draw_in_memory_order(gm: fx.GraphModule) -> bool:
     """Rewrite, in place, every contiguous-filling random op on a permuted input; True if any was."""
     changed = False
     for n in list(gm.graph.nodes):
-        order = _memory_order(n.args[0].meta.get("val")) if n.target in FILLS_CONTIGUOUS else None
+        order = _order_of(n)
         if order is None:
             continue
         inverse = [order.index(d) for d in range(len(order))]
