@@ -30,9 +30,18 @@ def input_key(args, in_place) -> tuple:
     return tuple(key)
 
 
+def _span(t: torch.Tensor) -> torch.Tensor:
+    """The stretch of storage ``t`` reads, as one flat tensor: copying it copies ``t`` whatever
+    its strides, including an expanded (stride-0) input that ``copy_`` cannot write into."""
+    n = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.as_strided((n,), (1,), t.storage_offset())
+
+
 def _static_copy(t):
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) \
-        if isinstance(t, torch.Tensor) else t
+    if not isinstance(t, torch.Tensor):
+        return t
+    span = _span(t)
+    return torch.empty_like(span).copy_(span).as_strided(t.shape, t.stride(), 0)
 
 
 class Recording:
@@ -94,7 +103,7 @@ class Recording:
         with torch.no_grad():
             for i, (s, a) in enumerate(zip(self.inputs, args)):
                 if isinstance(a, torch.Tensor) and s is not a and s.data_ptr() != a.data_ptr():
-                    s.copy_(a)
+                    _span(s).copy_(_span(a))
 
     def _copy_back(self, args):
         # Writes to a copied-in input landed in its static buffer; the caller's tensor needs them.
