@@ -11,6 +11,8 @@ and their versions (see :func:`keep_inputs`; about 0.3 us per input).
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .. import errors
@@ -28,10 +30,15 @@ def keep_inputs(primals) -> tuple:
         return primals, [p._version if isinstance(p, torch.Tensor) else None for p in primals]
 
 
-def _restored(kept) -> tuple:
+def _restored(kept, scratch=()) -> list:
+    """The call's inputs for the re-run; ``scratch`` inputs (written, their value unread) as copies,
+    so the re-run's writes land nowhere (their version changed by the call's own write)."""
     primals, versions = kept
+    primals = list(primals)
     for i, (p, version) in enumerate(zip(primals, versions)):
-        if version is not None and p._version != version:
+        if i in scratch:
+            primals[i] = p.detach().clone()
+        elif version is not None and p._version != version:
             raise errors.UnsupportedError(
                 f"create_graph=True through a compiled function whose input {i} was modified in place "
                 "after the call; the second-order graph would use its new value", user_line=errors.caller_line())
@@ -51,21 +58,58 @@ def _set_rng(states) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+_aten = torch.ops.aten
+# Batch norm in training reads its running statistics only to update them: the normalized
+# output and saved statistics (outputs 0-2) and the backward do not read arguments 3 and 4.
+_TRAINING_BN = {_aten._native_batch_norm_legit_functional.default: 5, _aten.native_batch_norm_backward.default: 7}
+
+
+def _inputs_read(n: torch.fx.Node) -> list:
+    """The nodes ``n``'s value depends on."""
+    base = n.args[0] if n.target is operator.getitem else n
+    train = _TRAINING_BN.get(getattr(base, "target", None))
+    if train is None or base.args[train] is not True or (base is not n and n.args[1] > 2):
+        return n.all_input_nodes
+    args = [a for k, a in enumerate(base.args) if k not in (3, 4)]
+    return [a for a in args if isinstance(a, torch.fx.Node)]
+
+
+def _written(captured) -> tuple[tuple, list]:
+    """Inputs the program writes: ``(scratch, refused)``. A written input whose value the
+    gradients do not read (BatchNorm's running statistics in training) is re-run on a copy;
+    one they read, or whose metadata changes, cannot be re-run from its value after the call."""
+    analysis, lay, joint = captured.analysis, captured.layout, captured.joint
+    written = [i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata]
+    if not written:
+        return (), []
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    results = list(next(n for n in joint.graph.nodes if n.op == "output").args[0])
+    todo = [results[k] for k in lay.tangent_of] + results[lay.n_fw:]
+    read = set()
+    while todo:
+        n = todo.pop()
+        if isinstance(n, torch.fx.Node) and n not in read:
+            read.add(n)
+            todo.extend(_inputs_read(n))
+    refused = [str(captured.input_descs[i]) for i in written
+               if placeholders[i] in read or analysis.inputs[i].mutates_metadata]
+    return tuple(i for i in written if placeholders[i] not in read), refused
+
+
 def differentiable_backward(captured):
     """``(kept, rng, grad_outputs) -> grads`` (one per ``grad_of``) with history, and whether the
     forward must record its RNG state for it (the program draws random numbers)."""
     setup, analysis, lay = captured.setup, captured.analysis, captured.layout
-    writes = [str(captured.input_descs[i]) for i, info in enumerate(analysis.inputs)
-              if info.mutates_data or info.mutates_metadata]
+    scratch, refused = _written(captured)
     random = any(is_random(n) for n in captured.joint.graph.nodes)
 
     def run(kept, rng, grad_outputs):
-        if writes:
+        if refused:
             raise errors.UnsupportedError(
-                f"create_graph=True through a compiled function that writes to {writes[0]}: re-running it "
-                "for the second-order graph would write again; compile it without the write, or run "
-                "the gradient penalty eagerly", user_line=errors.caller_line())
-        primals = _restored(kept)
+                f"create_graph=True through a compiled function that writes to {refused[0]}, whose value the "
+                "gradients read: re-running it for the second-order graph would read the written value; "
+                "compile it without the write, or run the gradient penalty eagerly", user_line=errors.caller_line())
+        primals = _restored(kept, scratch)
         n_specs = len(setup.out_specs)
         devices = list(range(len(rng[1]))) if rng is not None and rng[1] is not None else []
         with torch.random.fork_rng(devices=devices, enabled=rng is not None):

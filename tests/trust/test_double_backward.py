@@ -141,7 +141,7 @@ def test_input_hessian_of_a_function(entry):
     check(None, make=make, compile=compile)
 
 
-def test_double_backward_of_a_function_that_writes_its_input_is_refused():
+def test_double_backward_of_a_function_that_reads_what_it_writes_is_refused():
     def f(x, buf):
         buf.add_(1)
         return (x * buf).sin().sum()
@@ -164,3 +164,27 @@ def test_double_backward_after_an_in_place_change_of_the_input_is_refused():
         a.mul_(3)
     with pytest.raises(UnsupportedError, match="modified in place"):
         torch.autograd.grad(y, a, create_graph=True)
+
+
+class BatchNormCritic(nn.Module):
+    """Writes its running statistics in training: the gradients never read them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.bn(self.fc1(x))))
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_gradient_penalty_through_a_batchnorm_critic(entry):
+    def make():
+        torch.manual_seed(0)
+        step = GPStep()
+        step.critic = BatchNormCritic()
+        step.__dict__["score"] = step.critic
+        return step, (torch.randn(8, 6), torch.randn(8, 6), torch.rand(8, 1))
+    # SGD: fc1's bias gets a ~0 gradient through BatchNorm, which Adam would blow up to noise-sized steps
+    check_training(make, steps=3, batches=_batches, compile=_compiled_step(entry),
+                   optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
