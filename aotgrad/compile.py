@@ -43,7 +43,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         part, fw_gm, bw_gm = None, captured.joint, None
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
-                              captured.analysis)
+                              captured.analysis, fw_gm)
 
         def run(flat):
             with torch.no_grad():
@@ -55,7 +55,7 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part))),
-                              captured.analysis)
+                              captured.analysis, fw_gm)
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         retained = retained_outputs(captured)

@@ -144,9 +144,8 @@ def _grads_as_traced(captured) -> bool:
     lay, analysis = captured.layout, captured.analysis
     n_mut = len(analysis.mutated())
     has_tangent = {k - n_mut for k in lay.tangent_of}
-    rg = [o.requires_grad for o in analysis.outputs]
     if lay.is_inference:
-        return not any(rg)
+        return not any(o.requires_grad for o in analysis.outputs)
     return all(o.requires_grad and j in has_tangent and not o.is_leaf for j, o in enumerate(analysis.outputs))
 
 

@@ -110,7 +110,7 @@ def _detached(x: torch.Tensor, meta: ViewMeta, symbols) -> torch.Tensor:
     return out
 
 
-def eager_layout(fw, analysis):
+def eager_layout(fw, analysis, fw_gm):
     """``fw`` whose plain outputs are not views where eager's are not: functionalization turns an
     in-place metadata change of an intermediate (``y.t_()``) into a view op, and an autograd view
     of a graph temporary would come back where eager returns a tensor of its own. Detached, it
@@ -119,7 +119,8 @@ def eager_layout(fw, analysis):
     transposed ``x``, is laid out by the functional op; functionalization reports those strides too.)"""
     n_mut = len(analysis.mutated())
     plain = [o for o in analysis.outputs if o.kind == "plain"]
-    unview = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view)
+    made = fw_gm.graph.find_nodes(op="output")[0].args[0]
+    unview = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view and _is_view_op(made[n_mut + k]))
     if not unview:
         return fw
 
@@ -131,6 +132,11 @@ def eager_layout(fw, analysis):
         return outs
     call._boxed_call = getattr(fw, "_boxed_call", False)
     return call
+
+
+def _is_view_op(node) -> bool:
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    return bool(schema and schema.returns and schema.returns[0].alias_info is not None)
 
 
 def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
