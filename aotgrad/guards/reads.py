@@ -136,7 +136,8 @@ class Recording:
         """Put back every entry the traced code assigned in a recorded dict; ``(owner, key)`` of each."""
         done = []
         for d, before, owner in self.snapshots.values():
-            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))
+                        and k not in _BOOKKEEPING]:
                 if key in before:
                     d[key] = before[key]
                 else:
@@ -151,6 +152,8 @@ class Recording:
 
 
 _GONE = object()
+# Entries Python itself writes while code runs: the warnings module's once-per-location registry.
+_BOOKKEEPING = frozenset({"__warningregistry__"})
 
 
 def _same(a, b) -> bool:
