@@ -81,7 +81,10 @@ def traceable_ops():
       repeat it, so capture refuses it when the graph draws random numbers;
     * oneDNN is off, so RNNs trace into plain ATen ops: the fused
       ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
-      that Python cannot pass back to its backward.
+      that Python cannot pass back to its backward;
+    * ``torch.compiler.is_compiling()`` is True, as under ``torch.export``'s
+      tracing, so libraries take their trace-friendly paths (HuggingFace's
+      mask helpers skip data-dependent shortcuts when they see it).
     """
     from torch._library.simple_registry import singleton
     holders = [singleton.find(name).effect for name in _PLAIN_EFFECTS]
@@ -92,9 +95,12 @@ def traceable_ops():
         h.register(None)
     torch._C._set_mkldnn_enabled(False)
     torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
+    compiling = getattr(torch.compiler, "_is_compiling_flag", False)
+    torch.compiler._is_compiling_flag = True
     try:
         yield
     finally:
+        torch.compiler._is_compiling_flag = compiling
         torch.manual_seed, torch.random.manual_seed = seeders
         torch._C._set_mkldnn_enabled(mkldnn)
         for h, effect in zip(holders, saved):
