@@ -326,6 +326,9 @@ class Snapshot:
 
     def __init__(self, fn, args=(), kwargs=None):
         self.fn, self.named = fn, _state(fn, args, kwargs or {})
+        # A lazy module's uninitialized parameters hold no values yet: only their identity is kept.
+        self.named = {n: t for n, t in self.named.items()
+                      if not isinstance(t, torch.nn.parameter.UninitializedTensorMixin)}
         self.saved = {n: (id(t), t.detach().clone(), t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf)
                       for n, t in self.named.items()}
         self.rng = rng_state()

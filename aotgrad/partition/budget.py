@@ -36,7 +36,7 @@ def recompute_order(joint: fx.GraphModule, lay: JointLayout, policy) -> list[fx.
     fw = forward_nodes(joint, lay)
     extra = [n for n in joint.graph.nodes if n in fw and not never_recompute(n)
              and not may_recompute(n, policy)]
-    return sorted(extra, key=lambda n: -node_bytes(n) / flops(n))
+    return sorted(extra, key=lambda n: -node_bytes(n) / max(flops(n), 1))   # zero-size ops cost no FLOPs
 
 
 def _levels(n: int, steps: int = 16) -> list[int]:
