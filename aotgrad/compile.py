@@ -22,7 +22,7 @@ def _examples(gm) -> list:
 
 def _compile(compiler, gm, info: GraphInfo):
     gm.meta["aotgrad"] = info
-    return without_autocast(compiler(gm, _examples(gm)))
+    return without_autocast(compiler(gm, _examples(gm)), backward=info.kind == "backward")
 
 
 def _with_grad(run):

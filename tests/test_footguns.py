@@ -93,6 +93,18 @@ def test_autocast_disabled_inside_an_outer_bf16_autocast():
           call_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
 
 
+def test_backward_inside_an_autocast_region_is_refused():
+    # Eager autocasts the backward's ops when backward() runs inside autocast; the compiled backward
+    # was traced for the usual backward() outside it, so inside it must refuse, not differ.
+    w = torch.randn(3, 2, requires_grad=True)
+    step = aotgrad.capture(lambda x, w: (x @ w).pow(2).sum(), torch.randn(4, 3), w).compile()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = step(torch.randn(4, 3), w)
+        with pytest.raises(aotgrad.errors.UnsupportedError, match="autocast") as e:
+            loss.backward()
+    assert e.value.user_line and "loss.backward()" in e.value.user_line
+
+
 def test_detach_next_to_views_does_not_require_grad():
     def f(x):
         y = x + 1

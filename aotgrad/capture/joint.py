@@ -13,6 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..analysis.metadata import Analysis
+from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
 from ..passes.rng_positions import backward_begins
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
@@ -71,7 +72,9 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             grads = []
             if lay.grad_of:
                 backward_begins()
-                with module_state(flat_fn, call_ins):
+                # The backward runs where .backward() is called, outside the caller's autocast
+                # (autocast regions are for the forward): its casts are the forward's alone.
+                with module_state(flat_fn, call_ins), autocast_off():
                     grads = torch.autograd.grad(
                         [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
                         [to_functional(t) for t in tangents], allow_unused=True)

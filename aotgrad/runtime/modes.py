@@ -30,13 +30,23 @@ def _enabled(dev: str) -> bool:
         return False
 
 
-def without_autocast(graph_fn):
-    """``graph_fn`` run with autocast off; free when autocast is off already."""
+def without_autocast(graph_fn, backward: bool = False):
+    """``graph_fn`` run with autocast off; free when autocast is off already.
+
+    A ``backward`` graph was traced with autocast off, as ``.backward()`` called outside an
+    autocast region runs it; called inside one, eager would autocast the backward's ops
+    too, so that is refused rather than computed differently."""
     any_enabled = torch._C._is_any_autocast_enabled
 
     def call(*args):
         if not any_enabled():
             return graph_fn(*args)
+        if backward:
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError("backward() inside an autocast region: eager would run the backward's ops "
+                                   "under autocast, the compiled backward was traced without it; call backward() "
+                                   "after leaving the autocast block, as PyTorch recommends",
+                                   user_line=caller_line())
         with autocast_off():
             return graph_fn(*args)
     call._boxed_call = getattr(graph_fn, "_boxed_call", False)
