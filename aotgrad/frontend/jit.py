@@ -155,7 +155,7 @@ class Jit:
         try:
             # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
             with reads.record(self.fn) as rec, engine_compiler_off():
-                captured = capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
+                captured = self._trace(args, kwargs)
         finally:
             written = rec.undo_writes() if rec is not None else []
         if written:
@@ -166,6 +166,17 @@ class Jit:
                 "graph would not repeat the assignment, so later calls would differ from eager. Keep that state "
                 "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
         return captured, resolve.assumed(self.fn, leaves, self.name, rec)
+
+    def _trace(self, args, kwargs):
+        """Capture with the dimensions automatic dynamic made symbolic; where PyTorch cannot trace
+        some op symbolically, this entry is captured for the call's static sizes instead."""
+        try:
+            return capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
+        except errors.TraceError as e:
+            if self.dynamic is not None or not self.dynamic_dims:
+                raise
+            log.info("%s does not trace with symbolic sizes (%s); capturing static sizes", self.name, e)
+            return capture_call(self.fn, args, kwargs, dynamic=False)
 
     def _key(self, modes, args, kwargs) -> str | None:
         opts = self.compile_options
