@@ -86,15 +86,66 @@ class InputGuards:
 
 
 def build(specs, descs, conditions) -> InputGuards:
-    lines, env, bound = ["def check(flat):"], {"torch": torch}, {}
+    slow, bind_src, used = _source("check_all", specs, conditions)
+    env = {"torch": torch}
+    exec(compile(slow + "\n\n" + bind_src, "<aotgrad input guards>", "exec"), env)
+    k, fast = _static_prefix(specs, descs)
+    src = slow
+    if k:
+        rest, _, _ = _source("check_rest", [None] * k + list(specs[k:]), conditions)
+        offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
+                          if not str(descs[i]).startswith(("param ", "buffer ")))
+        src = (f"def check(flat):\n    if fast(*flat[:{k}]){offsets}:\n        return check_rest(flat)\n"
+               "    return check_all(flat)\n\n" + rest + "\n\n" + slow)
+        env["fast"] = fast
+        exec(compile(src, "<aotgrad input guards>", "exec"), env)
+    else:
+        env["check"] = env["check_all"]
+    return InputGuards(tuple(specs), tuple(descs), tuple(used), src + "\n\n" + bind_src, env["check"], env["bind"])
+
+
+def _static_prefix(specs, descs):
+    """``(k, checker)``: the first ``k`` tensors (parameters and buffers come first) have static
+    sizes and strides, and one C++ call checks their dtype, device, requires_grad, dispatch keys,
+    sizes and strides (``TensorGuards``, a PyTorch primitive); ``check_all`` still says which failed.
+    Storage offsets of parameters and buffers are not checked there: a module's own state does not
+    move within its storage between calls, and the graph reads values, not offsets."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return 0, None
+    k = 0
+    while k < len(specs) and specs[k] is not None and all(isinstance(v, int) for v in (*specs[k].size, *specs[k].layout)):
+        k += 1
+    if k == 0:
+        return 0, None
+    exemplars = [_exemplar(s, str(d).startswith("param ")) for s, d in zip(specs[:k], descs[:k])]
+    try:
+        return k, TensorGuards(*exemplars, dynamic_dims_sizes=[list(s.size) for s in specs[:k]],
+                               dynamic_dims_strides=[list(s.layout[:-1]) for s in specs[:k]]).check
+    except Exception:   # a layout this torch's checker cannot express: the Python check does it all
+        return 0, None
+
+
+def _exemplar(spec: TensorSpec, is_param: bool) -> torch.Tensor:
+    """An empty tensor of the type, dtype, device and requires_grad the checker compares against
+    (it compares the Python type exactly: a module's parameters are ``nn.Parameter``)."""
+    t = torch.empty(0, dtype=spec.dtype, device=spec.device)
+    return torch.nn.Parameter(t, requires_grad=spec.requires_grad) if is_param else t.requires_grad_(spec.requires_grad)
+
+
+def _source(name: str, specs, conditions):
+    """``def name(flat)`` checking ``specs`` and the shape conditions over their symbols, and
+    ``def bind(flat)``; with the conditions it checks."""
+    lines, bound = [f"def {name}(flat):"], {}
     bind_lines = ["def bind(flat):", "    return {"]
     for i, spec in enumerate(specs):
         if spec is None:
             continue            # a number input (a Dynamo graph's SymInt): its own frontend guards it
-        env[f"dt{i}"], env[f"dev{i}"] = spec.dtype, spec.device
         lines += [f"    t = flat[{i}]",
-                  f"    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor) or t.dtype is not dt{i} "
-                  f"or t.requires_grad is not {spec.requires_grad} or t.device != dev{i} or t.dim() != {len(spec.size)}: return {i}"]
+                  f"    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor) or t.dtype is not "
+                  f"{_dtype(spec.dtype)} or t.requires_grad is not {spec.requires_grad} or "
+                  f"t.device != torch.device({str(spec.device)!r}) or t.dim() != {len(spec.size)}: return {i}"]
         exact = [f"t.shape[{d}] != {s}" for d, s in enumerate(spec.size) if isinstance(s, int)]
         for d, s in enumerate(spec.size):
             if isinstance(s, sympy.Symbol) and s not in bound:
@@ -120,9 +171,11 @@ def build(specs, descs, conditions) -> InputGuards:
         lines.append(f"    if not ({text}): return {str(c)!r}")
     lines.append("    return None")
     bind_lines.append("    }")
-    src = "\n".join(lines) + "\n\n" + "\n".join(bind_lines) + "\n"
-    exec(compile(src, "<aotgrad input guards>", "exec"), env)
-    return InputGuards(tuple(specs), tuple(descs), tuple(conditions), src, env["check"], env["bind"])
+    return "\n".join(lines), "\n".join(bind_lines) + "\n", conditions
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype)       # "torch.float32": the dtype object itself, by name
 
 
 def _layout_checks(i: int, spec: TensorSpec, bound: dict) -> list:
