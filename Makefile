@@ -6,13 +6,15 @@ PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
 
-.PHONY: venv test test-differential demo conformance bench clean
+.PHONY: venv test test-differential test-models demo conformance bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	@# The test extras (timm -> torchvision) must not move torch: pin the one just installed.
+	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install -q -e ".[test,models]" -c $(VENV)/torch-pin.txt
 	rm -f $(VENV)/.installed-* $(VENV)/.aotgrad-installed
 	touch $(STAMP)
 
@@ -22,6 +24,10 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
 		|| echo "no chromium: the HTML report's browser test will skip"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+# Every real model of tests/models x entry point (make test runs one text and one vision model).
+test-models: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/models
 
 # Every differential program x entry point (make test runs only its fast slice).
 # A table of counts and a JSON of cases: python -m tests.differential.run
