@@ -21,6 +21,7 @@ first read that failed.
 from __future__ import annotations
 
 import hashlib
+import keyword
 import marshal
 import operator
 import types
@@ -203,33 +204,67 @@ def _access_order(r):
 
 
 def _fast_check(kind, reads):
-    """A C-level check that every read of one group holds; False may be a false alarm (a value
-    equal to the captured one but another object, a NaN), which the per-read loop settles."""
+    """A check that every read of one group holds; False may be a false alarm (a value equal to
+    the captured one but another object, a NaN, a parameter dict whose entries were replaced),
+    which the per-read loop settles."""
     if kind == "absent":
         wk = (tuple(r.where for r in reads), tuple(r.key for r in reads))
         return lambda: not any(map(operator.contains, *wk))
-    if kind in ("empty", "len"):
-        # The dicts themselves, held: one pass of ``any``/``len`` (a module's hook and parameter dicts
-        # are only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
+    if kind == "empty":
+        # The dicts themselves, held: one C pass of ``any`` (a module's hook and parameter dicts are
+        # only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
         held = tuple(_get(r.where, r.key) for r in reads)
-        if kind == "empty":
-            return lambda: not any(held)
-        expect = [r.value for r in reads]
-        return lambda: list(map(len, held)) == expect
-    gather = _gatherer(reads)
-    if kind == "same":
-        expect = [r.value for r in reads]
-        check = lambda: all(map(operator.is_, gather(), expect))       # noqa: E731
-
-        def refresh():
-            """After the per-read loop found equal values in new objects: compare with those next time."""
-            expect[:] = gather()
-        check.refresh = refresh
+        return lambda: not any(held)
+    if kind == "len":
+        # The held dicts against copies: dict equality is one C pass that stops at identical values,
+        # cheaper than calling len() per dict; a replaced entry of the same count is a false alarm.
+        held = [_get(r.where, r.key) for r in reads]
+        copies = [dict(d) for d in held]
+        check = lambda: held == copies      # noqa: E731
+        check.refresh = lambda: copies.__setitem__(slice(None), [dict(d) for d in held])
         return check
-    if kind == "dict":
-        expect = [r.value for r in reads]
-        return lambda: gather() == expect
+    if kind in ("same", "dict"):
+        return _generated(reads, "is" if kind == "same" else "==")
+    gather = _gatherer(reads)
     return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
+
+
+def _access(i, r, holders) -> str:
+    """Source text loading ``r``'s value from holder cell ``h<n>`` (holders shared by reads)."""
+    h = "h%d" % holders.setdefault(id(r.where), (len(holders), r.where))[0]
+    if isinstance(r.where, types.CellType):
+        return f"{h}.cell_contents"
+    if isinstance(r.where, (dict, types.MappingProxyType)):
+        return f"{h}[{r.key!r}]" if type(r.key) in (str, int) else f"{h}[k{i}]"
+    return f"{h}.{r.key}" if r.key.isidentifier() and not keyword.iskeyword(r.key) else f"getattr({h}, k{i})"
+
+
+def _generated(reads, test):
+    """One straight-line function ``holder[key] is expected and ...`` (``==`` for dicts of children
+    and hooks): a specialized dict subscript and a compare per read, about half the cost of C-level
+    ``map`` passes that call a function per read. Holders, odd keys and expected values are closure
+    cells, so ``refresh`` rebinds cells instead of generating again."""
+    holders: dict = {}
+    terms = [f"{_access(i, r, holders)} {test} e{i}" for i, r in enumerate(reads)]
+    cells = {f"h{n}": w for n, w in holders.values()}
+    cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms)) if f"k{i}]" in t or f"k{i})" in t})
+    cells.update({f"e{i}": r.value for i, r in enumerate(reads)})
+    names = list(cells)
+    src = (f"def make({', '.join(names)}):\n    def check():\n        return " + " and ".join(terms)
+           + "\n    return check\n")
+    env: dict = {"getattr": getattr}
+    exec(compile(src, "<aotgrad state guards>", "exec"), env)
+    check = env["make"](*cells.values())
+    if test != "is":
+        return check            # equality is the rule itself: a failure is never a false alarm
+    expected = [check.__closure__[check.__code__.co_freevars.index(f"e{i}")] for i in range(len(reads))]
+
+    def refresh():
+        """After the per-read loop found equal values in new objects: compare with those next time."""
+        for cell, r in zip(expected, reads):
+            cell.cell_contents = current(r)
+    check.refresh = refresh
+    return check
 
 
 def _group(r: Read) -> str:
