@@ -107,6 +107,14 @@ def make_t5():
                vocab_size=VOCAB, decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.1)
 
 
+def make_mixtral():
+    """Mixture of experts: each token is routed to 2 of 4 experts (data-dependent)."""
+    return _hf("MixtralConfig", "MixtralForCausalLM", ("input_ids", "labels"), batch_lm, num_hidden_layers=2,
+               hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+               num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=16,
+               attention_dropout=0.1)
+
+
 def _timm(name, **kw):
     import_torchvision()
     import timm
@@ -136,7 +144,7 @@ def make_mobilenetv3_small():
 
 
 TEXT = {"gpt2": (make_gpt2, batch_lm), "llama": (make_llama, batch_lm), "bert": (make_bert, batch_lm),
-        "t5": (make_t5, batch_seq2seq)}
+        "t5": (make_t5, batch_seq2seq), "mixtral": (make_mixtral, batch_lm)}
 VISION = {"resnet18": (make_resnet18, batch_image), "vit_tiny": (make_vit_tiny, batch_image),
           "convnext_atto": (make_convnext_atto, batch_image),
           "efficientnet_b0": (make_efficientnet_b0, batch_image),
