@@ -95,8 +95,9 @@ def build(specs, descs, conditions) -> InputGuards:
         rest, _, _ = _source("check_rest", [None] * k + list(specs[k:]), conditions)
         offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
                           if not str(descs[i]).startswith(("param ", "buffer ")))
-        src = (f"def check(flat):\n    if fast(*flat[:{k}]){offsets}:\n        return check_rest(flat)\n"
-               "    return check_all(flat)\n\n" + rest + "\n\n" + slow)
+        head = "flat" if k == len(specs) else f"flat[:{k}]"     # all static (the usual case): no slice copy
+        src = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
+               "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest + "\n\n" + slow)
         env["fast"] = fast
         exec(compile(src, "<aotgrad input guards>", "exec"), env)
     else:

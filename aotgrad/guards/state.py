@@ -220,7 +220,7 @@ def _fast_check(kind, reads):
         held, expect = tuple(_get(r.where, r.key) for r in reads), [r.value for r in reads]
         return lambda: list(map(len, held)) == expect
     if kind in ("same", "dict"):
-        return _generated(reads, "is" if kind == "same" else "==")
+        return _generated(reads, kind)
     gather = _gatherer(reads)
     return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
 
@@ -235,12 +235,13 @@ def _access(i, r, holders) -> str:
     return f"{h}.{r.key}" if r.key.isidentifier() and not keyword.iskeyword(r.key) else f"getattr({h}, k{i})"
 
 
-def _generated(reads, test):
+def _generated(reads, kind):
     """One straight-line function ``holder[key] is expected and ...`` (``==`` for dicts of children
-    and hooks): a specialized dict subscript and a compare per read, about half the cost of C-level
-    ``map`` passes that call a function per read. Holders, odd keys and expected values are closure
-    cells, so ``refresh`` rebinds cells instead of generating again."""
+    and hooks, one C comparison per dict): a specialized dict subscript and a compare per read,
+    about half the cost of C-level ``map`` passes that call a function per read. Holders, odd keys
+    and expected values are closure cells, so ``refresh`` rebinds cells instead of generating again."""
     holders: dict = {}
+    test = "is" if kind == "same" else "=="
     terms = [f"{_access(i, r, holders)} {test} e{i}" for i, r in enumerate(reads)]
     cells = {f"h{n}": w for n, w in holders.values()}
     cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms)) if f"k{i}]" in t or f"k{i})" in t})
@@ -251,7 +252,7 @@ def _generated(reads, test):
     env: dict = {"getattr": getattr}
     exec(compile(src, "<aotgrad state guards>", "exec"), env)
     check = env["make"](*cells.values())
-    if test != "is":
+    if kind == "dict":
         return check            # equality is the rule itself: a failure is never a false alarm
     expected = [check.__closure__[check.__code__.co_freevars.index(f"e{i}")] for i in range(len(reads))]
 
