@@ -44,6 +44,7 @@ class Captured:
     input_descs: tuple
     output_descs: tuple
     history: tuple[Step, ...]
+    state: Any = None            # guards.state.StateGuards: Python state the trace read (``capture`` only)
 
     @property
     def is_inference(self) -> bool:
@@ -79,6 +80,11 @@ class Compiled:
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
+        state = self.captured.state
+        failed = state.check() if state is not None else None
+        if failed is not None:
+            raise errors.InputMismatchError(f"{state.explain(failed)}; capture again "
+                                            "(aotgrad.jit recompiles for you)")
         flat, why = self.path.match(args, kwargs)
         if why is not None:
             raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)")

@@ -531,3 +531,26 @@ def test_jit_refuses_unknown_options_when_called():
 def test_jit_inside_capture_is_typed_or_works():
     inner = aotgrad.jit(lambda x: x.sin())
     eager_or_typed(lambda x: inner(x) * 2, (torch.randn(3, requires_grad=True),))
+
+
+def test_staged_compile_refuses_a_call_after_the_state_it_read_changed():
+    # capture().compile() checks the Python state the trace read, as jit does: m.eval() after the
+    # capture would otherwise keep dropout on (a stale graph).
+    m = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    step = aotgrad.capture(m, torch.randn(2, 3)).compile()
+    step(torch.randn(2, 3))
+    m.eval()
+    with pytest.raises(aotgrad.errors.InputMismatchError, match="training"):
+        step(torch.randn(2, 3))
+    m.train()                       # back as captured: the graph fits again, and matches eager
+    x = torch.randn(2, 3)
+    torch.manual_seed(0)
+    expected = m(x)
+    torch.manual_seed(0)
+    assert_close(expected, step(x), "output after m.train()", 1.3e-6, 1e-5)
+
+
+def test_library_module_caches_written_in_forward_are_not_refused():
+    # nn.LSTM refreshes its private weight cache in forward: restored after the trace, not refused.
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    check(lstm, (torch.randn(2, 5, 3),), compile=jit_compile)

@@ -13,6 +13,9 @@ from ..frontend.aliasing import find_groups, rebase
 from ..frontend.distributed import refuse_wrapped
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
+from ..guards import state as state_guards
+from ..guards.recorded import call_leaves, recorded
+from ..frontend.jit_options import root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
@@ -36,7 +39,11 @@ def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
     get symbolic sizes on the marked dimensions only.
     """
     refuse_wrapped(fn, "capture")
-    return capture_call(fn, args, kwargs, dynamic=dynamic)
+    captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic),
+                                 call_leaves(args, kwargs), root_name(fn, depth=1))
+    # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
+    # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
+    return replace(captured, state=state_guards.build(assumed))
 
 
 def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captured:

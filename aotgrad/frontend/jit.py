@@ -24,11 +24,11 @@ import torch
 
 from .. import errors
 from ..capture.capture import capture_call
-from ..compiled_autograd.runtime import engine_compiler_off
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..export.graphs import Unserializable
-from ..guards import cache, reads, resolve
+from ..guards import cache, resolve
+from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards
 from .flatten import signature
 from .distributed import around_ddp, check_ddp_for_jit, is_ddp, refuse_wrapped
@@ -131,7 +131,7 @@ class Jit:
         captured and compiled here (and stored for the next process)."""
         signature(self.fn, args, kwargs)    # refuses arguments no graph can take, before keying them
         key = self._key(modes, args, kwargs)
-        leaves = _leaves(args, kwargs)
+        leaves = call_leaves(args, kwargs)
         if key is not None:
             with timed([], "cache lookup", key=key) as info:
                 hit = self._load(key, args, kwargs, leaves)
@@ -149,23 +149,8 @@ class Jit:
         return compiled, state_guards.build(assumed), False
 
     def _capture(self, args, kwargs, leaves):
-        """Capture while recording the Python state the trace reads; an assignment to such
-        state is undone and refused (the graph would not repeat it)."""
-        rec = None
-        try:
-            # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
-            with reads.record(self.fn) as rec, engine_compiler_off():
-                captured = self._trace(args, kwargs)
-        finally:
-            written = rec.undo_writes() if rec is not None else []
-        if written:
-            owner, key = written[0]
-            where = owner if isinstance(owner, str) else type(owner).__name__
-            raise errors.UnsupportedError(
-                f"the traced code assigns `{key}` of {where} (Python state outside the tensors); the compiled "
-                "graph would not repeat the assignment, so later calls would differ from eager. Keep that state "
-                "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
-        return captured, resolve.assumed(self.fn, leaves, self.name, rec)
+        """Capture while recording the Python state the trace reads (``guards.recorded``)."""
+        return recorded(self.fn, lambda: self._trace(args, kwargs), leaves, self.name)
 
     def _trace(self, args, kwargs):
         """Capture with the dimensions automatic dynamic made symbolic; where PyTorch cannot trace
@@ -251,12 +236,6 @@ class Jit:
 
 def _name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
-
-
-def _leaves(args, kwargs) -> list:
-    """The call's non-tensor argument leaves (tensors as None), in pytree order."""
-    import torch.utils._pytree as pytree
-    return [None if isinstance(v, torch.Tensor) else v for v in pytree.tree_leaves((tuple(args), dict(kwargs)))]
 
 
 def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **compile_options):

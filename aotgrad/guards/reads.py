@@ -136,13 +136,17 @@ class Recording:
         """Put back every entry the traced code assigned in a recorded dict; ``(owner, key)`` of each."""
         done = []
         for d, before, owner in self.snapshots.values():
+            # A library object's private attributes are its caches (nn.LSTM's _flat_weight_refs):
+            # put back, not refused.
+            caches = not isinstance(owner, str) and is_library(type(owner))
             for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))
                         and k not in _BOOKKEEPING]:
                 if key in before:
                     d[key] = before[key]
                 else:
                     del d[key]
-                done.append((owner, key))
+                if not (caches and str(key).startswith("_")):
+                    done.append((owner, key))
         return done
 
     def _snapshot(self, obj):

@@ -1,0 +1,38 @@
+"""A capture that records the Python state its trace read, for ``jit`` and ``capture`` alike.
+
+The trace runs under :func:`aotgrad.guards.reads.record`; an assignment the traced code made
+to recorded state is undone and refused (the graph would not repeat it); what it read is
+returned as ``Read`` s for :func:`aotgrad.guards.state.build`.
+"""
+from __future__ import annotations
+
+import torch.utils._pytree as pytree
+import torch
+
+from .. import errors
+from ..compiled_autograd.runtime import engine_compiler_off
+from . import reads, resolve
+
+
+def call_leaves(args, kwargs) -> list:
+    """The call's non-tensor argument leaves (tensors as None), in pytree order."""
+    return [None if isinstance(v, torch.Tensor) else v for v in pytree.tree_leaves((tuple(args), dict(kwargs)))]
+
+
+def recorded(fn, trace, leaves, name):
+    """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read."""
+    rec = None
+    try:
+        # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
+        with reads.record(fn) as rec, engine_compiler_off():
+            captured = trace()
+    finally:
+        written = rec.undo_writes() if rec is not None else []
+    if written:
+        owner, key = written[0]
+        where = owner if isinstance(owner, str) else type(owner).__name__
+        raise errors.UnsupportedError(
+            f"the traced code assigns `{key}` of {where} (Python state outside the tensors); the compiled "
+            "graph would not repeat the assignment, so later calls would differ from eager. Keep that state "
+            "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
+    return captured, resolve.assumed(fn, leaves, name, rec)
