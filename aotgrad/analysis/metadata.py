@@ -158,20 +158,24 @@ class Replay:
     ``x[1]`` stays a select of whatever layout and offset the next input has, ``as_strided`` keeps
     its absolute offset, ``view_as_real``/``conj`` keep their dtype and bits. Not pickled (the
     records are live C++ objects): a cached entry regenerates with ``as_strided`` on inputs whose
-    layout its guards pin."""
-    __slots__ = ("sequence",)
+    layout its guards pin, and one that only replay can regenerate (``required``: another dtype,
+    conjugate or negative bit) is not cached."""
+    __slots__ = ("sequence", "required")
 
-    def __init__(self, sequence):
-        self.sequence = sequence
+    def __init__(self, sequence, required: bool):
+        self.sequence, self.required = sequence, required
 
     def apply(self, base: torch.Tensor) -> torch.Tensor:
         return torch._C._functionalization.apply_view_meta_sequence(base, self.sequence)
 
     def __reduce__(self):
+        if self.required:
+            from ..export.graphs import Unserializable
+            raise Unserializable("an output view that only replaying its view ops regenerates (view_as_real, conj)")
         return (type(None), ())
 
 
-def replay_of(view) -> Replay | None:
+def replay_of(view, base) -> Replay | None:
     """``view``'s view ops, when this torch records them and none has a symbolic argument."""
     fz = getattr(torch._C, "_functionalization", None)
     if fz is None or not hasattr(fz, "get_view_meta_sequence") or not torch._is_functional_tensor(view.elem):
@@ -181,7 +185,7 @@ def replay_of(view) -> Replay | None:
     if not sequence or any(getattr(vm, "has_symbolic_inputs", True) or type(vm).__name__.endswith("__ViewMeta")
                            for vm in sequence):
         return None
-    return Replay(sequence)
+    return Replay(sequence, required=base is None or not _replayable(view, base))
 
 
 def _replayable(view, base) -> bool:
@@ -230,7 +234,8 @@ def _output_infos(f_outs, f_ins):
         custom = custom_view(o)     # regenerating it as a view would skip a custom backward
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
-        replay = replay_of(o) if storage in in_storages or o._is_view() else None
+        base = f_ins[in_storages[storage]] if storage in in_storages else (o._base if o._is_view() else None)
+        replay = replay_of(o, base) if base is not None else None
         if same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
