@@ -554,3 +554,13 @@ def test_library_module_caches_written_in_forward_are_not_refused():
     # nn.LSTM refreshes its private weight cache in forward: restored after the trace, not refused.
     lstm = nn.LSTM(3, 4, batch_first=True)
     check(lstm, (torch.randn(2, 5, 3),), compile=jit_compile)
+
+
+def test_a_leaf_made_inside_returned_and_used_is_refused():
+    # Eager fills the returned leaf's .grad from what it was used in; the graph differentiates
+    # its inputs only, so the leaf's .grad would silently stay None.
+    def f(x):
+        w = torch.ones(3, requires_grad=True)
+        return w * x, w
+    e = eager_or_typed(f, (torch.randn(3, requires_grad=True),))
+    typed_naming(e, "requires grad")

@@ -81,6 +81,7 @@ def capture_setup(setup: Setup, history: list) -> Captured:
         info["nodes"] = len(joint.graph.nodes)
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
+    _refuse_used_inner_leaves(joint, analysis)
     with timed(history, "simplify") as info:
         joint = share_recomputed_randomness(joint)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
@@ -102,14 +103,39 @@ def capture_setup(setup: Setup, history: list) -> Captured:
                     in_descs, out_descs, tuple(history))
 
 
+def _refuse_used_inner_leaves(joint, analysis) -> None:
+    """A leaf made inside with ``requires_grad=True``, returned and also used: eager fills its
+    ``.grad`` from what it was used in; the graph differentiates its inputs only, so the returned
+    leaf's ``.grad`` would stay None."""
+    n_mut = len(analysis.mutated())
+    plain = [o for o in analysis.outputs if o.kind == "plain"]
+    made = joint.graph.find_nodes(op="output")[0].args[0]
+    for k, o in enumerate(plain):
+        node = made[n_mut + k]
+        if o.requires_grad and o.is_leaf and isinstance(node, torch.fx.Node) and len(node.users) > 1:
+            raise errors.UnsupportedError(
+                "the function returns a leaf it made inside that requires grad (requires_grad=True or "
+                "requires_grad_()) and also computes with it; eager would accumulate its .grad, the compiled "
+                "graph differentiates its inputs only: pass it in as an argument (or make it a parameter)",
+                user_line=_user_line(node.users))
+
+
+def _user_line(nodes) -> str | None:
+    """``file:line: code`` of the first of ``nodes`` whose trace recorded the user's stack."""
+    trace = next((u.meta.get("stack_trace") for u in nodes if u.meta.get("stack_trace")), None)
+    if not trace:
+        return None
+    where, code = (trace.strip().splitlines()[-2:] + [""])[:2] if "\n" in trace.strip() else (trace.strip(), "")
+    return f"{where.strip()}: {code.strip()}".rstrip(": ")
+
+
 def _refuse_grad_constants(joint) -> None:
     """Tensors that require grad but are not inputs (a module reached through a closure or a
     global) were baked in as constants: their gradients would be silently dropped."""
     for n in joint.graph.nodes:
         t = getattr(joint, n.target, None) if n.op == "get_attr" else None
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            trace = next((u.meta.get("stack_trace") for u in n.users if u.meta.get("stack_trace")), None)
-            line = trace.strip().splitlines()[-1].strip() if trace else None
+            line = _user_line(n.users)
             raise errors.UnsupportedError(
                 f"the function uses a tensor of shape {tuple(t.shape)} that requires grad but is not an input "
                 "(a module's parameter reached through a closure or a global?); its gradient would be lost. "
