@@ -92,6 +92,12 @@ class Analysis:
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]
 
+    def plain(self) -> list:
+        """``(forward value index, OutputInfo)`` of each output the graph computes: forward values
+        are the mutated inputs' new values, then the plain outputs, then hidden bases."""
+        n_mut = len(self.mutated())
+        return list(enumerate((o for o in self.outputs if o.kind == "plain"), start=n_mut))
+
 
 def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     """Run ``flat_fn`` functionalized on fakes and describe what it did."""

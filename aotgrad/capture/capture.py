@@ -107,11 +107,9 @@ def _refuse_used_inner_leaves(joint, analysis) -> None:
     """A leaf made inside with ``requires_grad=True``, returned and also used: eager fills its
     ``.grad`` from what it was used in; the graph differentiates its inputs only, so the returned
     leaf's ``.grad`` would stay None."""
-    n_mut = len(analysis.mutated())
-    plain = [o for o in analysis.outputs if o.kind == "plain"]
     made = joint.graph.find_nodes(op="output")[0].args[0]
-    for k, o in enumerate(plain):
-        node = made[n_mut + k]
+    for k, o in analysis.plain():
+        node = made[k]
         if o.requires_grad and o.is_leaf and isinstance(node, torch.fx.Node) and len(node.users) > 1:
             raise errors.UnsupportedError(
                 "the function returns a leaf it made inside that requires grad (requires_grad=True or "
@@ -123,10 +121,7 @@ def _refuse_used_inner_leaves(joint, analysis) -> None:
 def _user_line(nodes) -> str | None:
     """``file:line: code`` of the first of ``nodes`` whose trace recorded the user's stack."""
     trace = next((u.meta.get("stack_trace") for u in nodes if u.meta.get("stack_trace")), None)
-    if not trace:
-        return None
-    where, code = (trace.strip().splitlines()[-2:] + [""])[:2] if "\n" in trace.strip() else (trace.strip(), "")
-    return f"{where.strip()}: {code.strip()}".rstrip(": ")
+    return ": ".join(line.strip() for line in trace.strip().splitlines()[-2:]) if trace else None
 
 
 def _refuse_grad_constants(joint) -> None:

@@ -82,11 +82,12 @@ def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, 
         aliasing = alias_check(captured.setup, captured.analysis)
 
         def call(*args):       # inputs that share storage and are written: passed as their synthetic base
-            why = aliasing(list(args))
+            flat = list(args)
+            why = aliasing(flat)
             if why:
                 raise errors.InputMismatchError(why + " (torch.compile does not guard storage sharing: "
                                                 "call torch._dynamo.reset() or pass separate tensors)")
-            return run(rebase.graph_inputs(list(args)))
+            return run(rebase.graph_inputs(flat))
     call.compiled = compiled
     return call
 

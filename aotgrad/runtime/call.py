@@ -142,11 +142,9 @@ def _grads_as_traced(captured) -> bool:
     every output that requires grad has a tangent, and (in a training graph, where a
     non-differentiable output may share storage with a differentiable one) none is without."""
     lay, analysis = captured.layout, captured.analysis
-    n_mut = len(analysis.mutated())
-    has_tangent = {k - n_mut for k in lay.tangent_of}
     if lay.is_inference:
         return not any(o.requires_grad for o in analysis.outputs)
-    return all(o.requires_grad and j in has_tangent and not o.is_leaf for j, o in enumerate(analysis.outputs))
+    return all(o.requires_grad and k in lay.tangent_of and not o.is_leaf for k, o in analysis.plain())
 
 
 def _needs_symbols(analysis) -> bool:

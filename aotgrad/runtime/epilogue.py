@@ -117,10 +117,8 @@ def eager_layout(fw, analysis, fw_gm):
     keeps its storage, strides and version counter.
     (Not covered: an output eager writes in place with its input's strides, ``x.index_add_`` on a
     transposed ``x``, is laid out by the functional op; functionalization reports those strides too.)"""
-    n_mut = len(analysis.mutated())
-    plain = [o for o in analysis.outputs if o.kind == "plain"]
     made = fw_gm.graph.find_nodes(op="output")[0].args[0]
-    unview = tuple(n_mut + k for k, o in enumerate(plain) if not o.is_view and _is_view_op(made[n_mut + k]))
+    unview = tuple(k for k, o in analysis.plain() if not o.is_view and _is_view_op(made[k]))
     if not unview:
         return fw
 
