@@ -99,8 +99,8 @@ def capture_setup(setup: Setup, history: list) -> Captured:
             "numbers would differ from eager's. Seed outside the captured function")
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
     name_placeholders(joint, in_descs)
-    return Captured(setup, joint, analysis, lay, guards, setup.out_specs[0],
-                    in_descs, out_descs, tuple(history))
+    return Captured(replace(setup, real_inputs=()), joint, analysis, lay, guards, setup.out_specs[0],
+                    in_descs, out_descs, tuple(history))     # no stage pins the user's batch
 
 
 def _refuse_used_inner_leaves(joint, analysis) -> None:

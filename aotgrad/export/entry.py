@@ -78,7 +78,7 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     dynamic, grad_enabled = record["session"]
     out_specs = [record["out_spec"]]
     setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
-                  LoadedSession(dynamic, grad_enabled), (), tuple(tensors))
+                  LoadedSession(dynamic, grad_enabled), (), ())
     guards = input_guards.build(*record["guards"])
     in_descs, out_descs = record["descs"]
     step = Step("load from disk cache", time.perf_counter() - start, {})
