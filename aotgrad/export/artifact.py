@@ -1,0 +1,156 @@
+"""``Captured -> artifact on disk -> Exported``: a training step that runs without the model's code.
+
+The artifact (see ``docs/export-format.md``) is a zip of a JSON manifest, graphs as JSON and
+tensors as raw bytes. ``export`` writes what ``compile_captured`` needs beyond the user's
+function: the joint and partitioned graphs, the analysis (mutations, aliases), the joint
+layout, the input guards' specs, the call signature and the parameter/buffer specs and values.
+``load`` checks it all, then builds a ``Captured`` whose setup holds a stand-in module with
+the parameters and buffers under their names, and compiles the stored partition with the
+same runtime as ``Captured.compile``.
+"""
+from __future__ import annotations
+
+import json
+import time
+import zipfile
+import zlib
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import errors
+from ..analysis.metadata import Analysis, InputInfo, OutputInfo, ViewMeta
+from ..capture.descriptors import Desc
+from ..capture.joint import JointLayout
+from ..guards.inputs import TensorSpec
+from . import codec, tensors as tensor_io
+from .graphs import Unserializable
+from .manifest import FORMAT, VERSION, check_manifest, read_entry
+
+codec.register(Analysis, InputInfo, OutputInfo, ViewMeta, JointLayout, TensorSpec, Desc)
+
+
+def export(captured, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
+    """Write ``captured`` (partitioned by ``partitioner``) to ``path``; ``values=False`` leaves the
+    parameter and buffer values out (``aotgrad.load(path, state=...)`` then takes them)."""
+    try:
+        manifest, graphs, named = _manifest(captured, partitioner, memory_budget, values)
+    except Unserializable as e:
+        raise errors.UnsupportedError(f"cannot export this capture: it holds {e}, which the export format "
+                                      "does not define") from None
+    blob, manifest["tensors"] = tensor_io.pack(named)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1))
+        for name, graph in graphs.items():
+            z.writestr(f"graphs/{name}.json", json.dumps(graph))
+        z.writestr("tensors.bin", blob)
+    return path
+
+
+def _manifest(captured, partitioner, memory_budget, values: bool):
+    from .. import partition
+    _refuse(captured)
+    named: dict = {}
+    sig = captured.setup.signature
+    part = None if captured.is_inference else partition.get(partitioner, memory_budget)(captured.joint,
+                                                                                       captured.layout)
+    gms = {"joint": captured.joint} if part is None else {"joint": captured.joint, "forward": part.forward,
+                                                           "backward": part.backward}
+    graphs = {k: codec.encode_graph(gm, named, f"graph/{k}/") for k, gm in gms.items()}
+    state = _state_specs(captured, named if values else None)
+    manifest = {
+        "format": FORMAT, "version": VERSION, "torch": torch.__version__, "aotgrad": _aotgrad_version(),
+        "name": captured.setup.flat_fn.__name__, "kind": "inference" if part is None else "training",
+        "grad_enabled": bool(captured.setup.session.grad_enabled), "values": values, "state": state,
+        "signature": {"in_spec": pytree.treespec_dumps(sig.in_spec), "leaves": codec.encode(list(sig.leaves)),
+                      "tensor_pos": list(sig.tensor_pos)},
+        "out_spec": pytree.treespec_dumps(captured.out_spec),
+        "input_descs": codec.encode(list(captured.input_descs)),
+        "output_descs": codec.encode(list(captured.output_descs)),
+        "analysis": codec.encode(_plain_analysis(captured.analysis)),
+        "layout": codec.encode(captured.layout),
+        "guards": codec.encode([_static(s) for s in captured.guards.specs]),
+        "partition": None if part is None else {"saved": list(part.saved), "n_saved_tensors": part.n_saved_tensors,
+                                                "recomputed": list(part.recomputed)},
+        "graphs": sorted(graphs), "ops": codec.op_schemas(gms.values()),
+    }
+    return manifest, graphs, named
+
+
+def _refuse(captured) -> None:
+    from ..capture.hooks import has_opaque_calls
+    if captured.setup.rebase is not None:
+        raise Unserializable("inputs that alias each other and are mutated (synthetic bases)")
+    if has_opaque_calls(captured):
+        raise Unserializable("tensor hooks, retain_grad or a custom Function returning its input (live Python code)")
+    for spec in captured.guards.specs:
+        _static(spec)
+    for leaf in captured.setup.signature.leaves:
+        if leaf is not None and type(leaf) not in (bool, int, float, str, torch.dtype, torch.device):
+            raise Unserializable(f"a non-tensor argument of type {type(leaf).__name__} (only numbers, strings, "
+                                 "dtypes and devices are written by value)")
+
+
+def _static(spec):
+    if spec is None or not all(isinstance(v, int) for v in (*spec.size, *spec.layout)):
+        raise Unserializable("symbolic sizes (a dynamic capture); capture with dynamic=False to export")
+    return spec
+
+
+def _plain_analysis(a: Analysis) -> Analysis:
+    """The analysis without fake values (they only serve tracing) and view replays (live C++
+    records: a loaded step regenerates views with ``as_strided`` on inputs its guards pin)."""
+    for o in a.outputs:
+        if o.replay is not None and o.replay.required:
+            raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
+        if o.kind == "symbolic":
+            raise Unserializable("an output number computed from symbolic sizes")
+    outputs = tuple(OutputInfo(**{**vars(o), "replay": None}) for o in a.outputs)
+    return Analysis(a.inputs, outputs, a.base_count, (), a.fw_requires_grad)
+
+
+def _state_specs(captured, named: dict | None) -> list:
+    """Name, kind, tied aliases and requires_grad of each lifted parameter and buffer, and its value."""
+    sig, fn = captured.setup.signature, captured.setup.fn
+    aliases: dict = {}
+    if isinstance(fn, torch.nn.Module):
+        first = {}
+        for name, t in [*fn.named_parameters(remove_duplicate=False), *fn.named_buffers(remove_duplicate=False)]:
+            aliases.setdefault(first.setdefault(id(t), name), []).append(name)
+    state = []
+    for name, slot in zip(sig.state_names, sig.slots):
+        t = (slot.module._parameters if slot.is_param else slot.module._buffers)[slot.attr]
+        state.append({"name": name, "kind": "param" if slot.is_param else "buffer",
+                      "requires_grad": t.requires_grad, "aliases": aliases.get(name, [name])[1:]})
+        if named is not None:
+            named[f"state/{name}"] = t
+    return state
+
+
+def _aotgrad_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("aotgrad")
+    except Exception:       # running from a source tree that is not installed
+        return "unknown"
+
+
+def load(path: str, *, state: dict | None = None):
+    """The ``Exported`` training step in the artifact at ``path``; ``state`` maps parameter and
+    buffer names to values (required for an artifact written with ``values=False``)."""
+    start = time.perf_counter()
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = check_manifest(read_entry(z, "manifest.json", json=True))
+            tensors = tensor_io.unpack(read_entry(z, "tensors.bin"), manifest["tensors"])
+            graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise errors.ExportFormatError(f"{path} is not a readable aotgrad artifact: it is corrupted or "
+                                       f"truncated ({e})") from None
+    except OSError as e:
+        raise errors.ExportFormatError(f"cannot read the aotgrad artifact {path}: {e}") from None
+    from .rebuild import build_exported
+    return build_exported(path, manifest, graphs, tensors, state, start)
+
+
+__all__ = ["export", "load", "FORMAT", "VERSION"]

@@ -1,0 +1,237 @@
+"""Values and FX graphs as JSON, read back without running anything the format does not name.
+
+Every value is a JSON scalar, a list, or a one-key object whose key says what it is
+(``{"tuple": [...]}``, ``{"dtype": "float32"}``, ``{"node": "add_1"}``,
+``{"@": "OutputInfo", ...}``). Decoding accepts only these tags; a graph's call targets
+are resolved only against ``torch.ops`` namespaces in :data:`OP_NAMESPACES` and the
+Python functions in :data:`PY_TARGETS`; dataclasses only against :data:`CLASSES`.
+Anything else raises :class:`~aotgrad.errors.ExportFormatError` before a graph is built.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+import operator
+import re
+
+import torch
+import torch.fx as fx
+
+from ..errors import ExportFormatError
+from .graphs import Ref, Unserializable, dump_graph
+
+OP_NAMESPACES = ("aten", "prims", "aotgrad")
+_REFUSED_OPS = ("aotgrad::tensor_hook", "aotgrad::retain_grad")   # call live Python hooks
+_OPERATOR = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
+             "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "getitem", "index",
+             "truth")
+# Pure functions of numbers and of values the graph computed: no attribute access, no calls of
+# arbitrary objects (operator.attrgetter/methodcaller/call and builtins.getattr/eval are absent).
+PY_TARGETS = {
+    **{("_operator", n): getattr(operator, n) for n in _OPERATOR},
+    **{("math", n): getattr(math, n) for n in ("ceil", "floor", "sqrt", "trunc", "exp", "log")},
+    **{("builtins", n): getattr(builtins, n) for n in ("abs", "min", "max", "round", "int", "float", "bool", "pow")},
+    **{("torch", n): getattr(torch, n) for n in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not",
+                                                   "sym_ite", "sym_sqrt", "sym_sum") if hasattr(torch, n)},
+}
+DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+_LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+_FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = re.compile(r"^(?!__)[A-Za-z0-9_]+(\.(?!__)[A-Za-z0-9_]+)*$")   # module paths: "h.0.attn.weight"
+CLASSES: dict = {}      # dataclass name -> class, filled by register()
+
+
+def register(*classes) -> None:
+    """Dataclasses a manifest may hold (the stage metadata), by class name."""
+    for cls in classes:
+        CLASSES[cls.__name__] = cls
+
+
+def encode(v):
+    """``v`` as JSON data; raises ``Unserializable`` for anything the format does not name."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"float": repr(v)}
+    if isinstance(v, fx.Node):
+        return {"node": v.name}
+    if isinstance(v, (list, tuple)):
+        items = [encode(x) for x in v]
+        return items if type(v) is list else {"tuple": items}
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            raise Unserializable("a dict with non-string keys")
+        return {"dict": {k: encode(x) for k, x in v.items()}}
+    if isinstance(v, slice):
+        return {"slice": [encode(v.start), encode(v.stop), encode(v.step)]}
+    for tag, table in (("dtype", DTYPES), ("layout", _LAYOUTS), ("memory_format", _FORMATS)):
+        if any(v is x for x in table.values()):
+            return {tag: str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if dataclasses.is_dataclass(v) and CLASSES.get(type(v).__name__) is type(v):
+        return {"@": type(v).__name__, **{f.name: encode(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    raise Unserializable(f"a value of type {type(v).__name__} ({_short(v)})")
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def decode(v, env=None):
+    """The value ``encode`` wrote; ``env`` maps node names to graph nodes."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return [decode(x, env) for x in v]
+    if not isinstance(v, dict) or not v:
+        raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
+    if "@" in v:
+        return _decode_dataclass(v, env)
+    if len(v) != 1:
+        raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
+    (tag, x), = v.items()
+    return _decode_tagged(tag, x, env)
+
+
+def _decode_tagged(tag, x, env):
+    if tag == "tuple" and isinstance(x, list):
+        return tuple(decode(i, env) for i in x)
+    if tag == "dict" and isinstance(x, dict):
+        return {k: decode(i, env) for k, i in x.items()}
+    if tag == "slice" and isinstance(x, list) and len(x) == 3:
+        return slice(*(decode(i, env) for i in x))
+    if tag == "float" and x in ("inf", "-inf", "nan"):
+        return float(x)
+    if tag == "node" and env is not None and x in env:
+        return env[x]
+    if tag == "device" and isinstance(x, str) and re.match(r"^[a-z]+(:\d+)?$", x):
+        return torch.device(x)
+    for name, table in (("dtype", DTYPES), ("layout", _LAYOUTS), ("memory_format", _FORMATS)):
+        if tag == name and x in table:
+            return table[x]
+    raise ExportFormatError(f"the artifact holds a {tag!r} value the format does not define: {_short(x)}")
+
+
+def _decode_dataclass(v, env):
+    cls = CLASSES.get(v["@"])
+    if cls is None:
+        raise ExportFormatError(f"the artifact names a class {_short(v['@'])} the format does not define")
+    fields = {k: decode(x, env) for k, x in v.items() if k != "@"}
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise ExportFormatError(f"the artifact's {cls.__name__} does not fit this aotgrad ({e})") from None
+
+
+def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
+    """A graph as JSON; tensors its ``get_attr`` nodes read go into ``tensors`` under ``prefix``."""
+    data = dump_graph(gm)
+    nodes = []
+    for op, name, target, args, kwargs in data["nodes"]:
+        if op == "call_function":
+            target = _encode_target(target)
+        nodes.append([op, name, target, _encode_refs(args), _encode_refs(kwargs)])
+    for target, value in data["attrs"].items():
+        tensors[f"{prefix}{target}"] = value
+    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"]}
+
+
+def _encode_target(spec) -> dict:
+    kind, a, b = spec
+    if kind == "op":
+        if a in _REFUSED_OPS:
+            raise Unserializable(f"a graph that calls {a} (a live Python hook)")
+        return {"op": f"{a}.{b}"}
+    module = "_operator" if a == "operator" else a
+    if (module, b) not in PY_TARGETS:
+        raise Unserializable(f"graph target {a}.{b}")
+    return {"py": f"{module}.{b}"}
+
+
+def _encode_refs(v):
+    if isinstance(v, Ref):
+        return {"node": v.name}
+    if isinstance(v, (list, tuple)):
+        items = [_encode_refs(x) for x in v]
+        return items if type(v) is list else {"tuple": items}
+    if isinstance(v, dict):
+        return {"dict": {k: _encode_refs(x) for k, x in v.items()}}
+    if isinstance(v, slice):
+        return {"slice": [_encode_refs(v.start), _encode_refs(v.stop), _encode_refs(v.step)]}
+    return encode(v)
+
+
+def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
+    """The graph ``encode_graph`` wrote: every call target resolved through :func:`resolve_target`."""
+    graph, env = fx.Graph(), {}
+    try:
+        for op, name, target, args, kwargs in data["nodes"]:
+            if not isinstance(name, str) or not _IDENT.match(name) or name in env:
+                raise ExportFormatError(f"a graph node is named {_short(name)}, not a fresh identifier")
+            a, k = decode(args, env), decode(kwargs, env)
+            if op == "placeholder" and target == name:
+                node = graph.placeholder(name)
+            elif op == "output":
+                node = graph.output(a[0])
+            elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
+                node = graph.get_attr(target)
+            elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
+                node = graph.call_function(resolve_target(target), a, k)
+            else:
+                raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
+            if op != "output":
+                node._rename(name)
+            env[name] = node
+        return fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _ident(name) -> str:
+    """The graph's class name, where it is an identifier (make_fx names some ``<lambda>``)."""
+    return name if isinstance(name, str) and _IDENT.match(name) else "ExportedGraph"
+
+
+def _attr_root(attrs, tensors: dict, prefix: str) -> torch.nn.Module:
+    root = torch.nn.Module()
+    for target in attrs:
+        if not isinstance(target, str) or not _DOTTED.match(target) or f"{prefix}{target}" not in tensors:
+            raise ExportFormatError(f"graph constant {_short(target)} is not among the artifact's tensors")
+        *path, last = target.split(".")
+        owner = root
+        for p in path:
+            if not hasattr(owner, p):
+                owner.add_module(p, torch.nn.Module())
+            owner = getattr(owner, p)
+        owner.register_buffer(last, tensors[f"{prefix}{target}"])
+    return root
+
+
+def resolve_target(spec):
+    """An ATen/prims/aotgrad operator overload or a whitelisted Python function, by name."""
+    if isinstance(spec, dict) and set(spec) == {"op"} and isinstance(spec["op"], str):
+        ns, _, rest = spec["op"].partition("::")
+        name, _, overload = rest.partition(".")
+        if ns in OP_NAMESPACES and all(_IDENT.match(p) and not p.startswith("__") for p in (name, overload)) \
+                and f"{ns}::{name}" not in _REFUSED_OPS:
+            op = getattr(getattr(getattr(torch.ops, ns), name, None), overload, None)
+            if isinstance(op, torch._ops.OpOverload):
+                return op
+            raise ExportFormatError(f"operator {spec['op']} does not exist in this torch {torch.__version__}; "
+                                    "export the step again with this torch")
+    if isinstance(spec, dict) and set(spec) == {"py"} and isinstance(spec["py"], str):
+        module, _, name = spec["py"].partition(".")
+        if (module, name) in PY_TARGETS:
+            return PY_TARGETS[(module, name)]
+    raise ExportFormatError(f"graph target {_short(spec)} is not an operator or function the format allows; "
+                            "nothing was run")
+
+
+def op_schemas(graphs) -> dict:
+    """``{operator name: schema text}`` of every operator the graphs call (checked on load)."""
+    return {f"{n.target._schema.name}.{n.target._overloadname}": str(n.target._schema)
+            for gm in graphs for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}

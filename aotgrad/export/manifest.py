@@ -1,0 +1,50 @@
+"""The artifact's manifest: which format and version it is, and what a loader checks first."""
+from __future__ import annotations
+
+import json as json_module
+import zipfile
+
+import torch
+
+from ..errors import ExportFormatError
+
+FORMAT = "aotgrad-export"
+VERSION = 1
+REQUIRED = ("name", "kind", "grad_enabled", "values", "state", "signature", "out_spec", "input_descs",
+            "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors")
+
+
+def read_entry(z: zipfile.ZipFile, name: str, json: bool = False):
+    """One member's bytes (its CRC checked by ``zipfile``), or its JSON."""
+    try:
+        data = z.read(name)
+    except KeyError:
+        raise ExportFormatError(f"the artifact has no {name} (it is truncated or not an aotgrad artifact)") from None
+    if not json:
+        return data
+    try:
+        return json_module.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ExportFormatError(f"the artifact's {name} is not valid JSON ({e})") from None
+
+
+def _minor(version: str) -> tuple:
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+def check_manifest(m) -> dict:
+    """``m`` if this aotgrad and torch can load it; the reason otherwise, as an ``ExportFormatError``."""
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ExportFormatError("the file is not an aotgrad export artifact (its manifest names no "
+                                f"format {FORMAT!r})")
+    if m.get("version") != VERSION:
+        raise ExportFormatError(f"the artifact uses export format version {m.get('version')!r}; this aotgrad "
+                                f"reads version {VERSION}: export it again with this aotgrad")
+    if not isinstance(m.get("torch"), str) or _minor(m["torch"]) != _minor(torch.__version__):
+        raise ExportFormatError(f"the artifact was exported with torch {m.get('torch')}, this is torch "
+                                f"{torch.__version__}: operator schemas differ between torch versions; export "
+                                "it again with this torch")
+    missing = [k for k in REQUIRED if k not in m]
+    if missing:
+        raise ExportFormatError(f"the artifact's manifest lacks {', '.join(missing)}")
+    return m

@@ -1,0 +1,169 @@
+"""A checked manifest, its graphs and tensors -> an ``Exported`` step, compiled by the usual runtime."""
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import errors
+from ..analysis.metadata import Analysis
+from ..capture.descriptors import Desc
+from ..capture.joint import JointLayout
+from ..frontend.flatten import Signature, Slot
+from ..guards import inputs as input_guards
+from ..guards.inputs import TensorSpec
+from ..observe import Step
+from ..partition import Partition
+from ..stages import Captured, Exported, Setup
+from . import codec
+from .entry import LoadedSession
+
+_ExportFormatError = errors.ExportFormatError
+
+
+def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict | None, start: float) -> Exported:
+    _check_ops(m["ops"])
+    joint = codec.decode_graph(graphs["joint"], tensors, "graph/joint/")
+    analysis, lay = _typed(m["analysis"], Analysis), _typed(m["layout"], JointLayout)
+    in_descs, out_descs = _typed_list(m["input_descs"], Desc), _typed_list(m["output_descs"], Desc)
+    specs = _typed_list(m["guards"], TensorSpec)
+    n_ph = sum(n.op == "placeholder" for n in joint.graph.nodes)
+    if len(in_descs) != n_ph or len(specs) != lay.n_primals or len(analysis.inputs) != lay.n_primals:
+        raise _ExportFormatError("the artifact's descriptors, guards and joint graph disagree on the inputs")
+    module = _state_module(m["state"], tensors, state or {}, specs)
+    sig = _signature(m, module)
+    if len(sig.slots) + len(sig.tensor_pos) != lay.n_primals:
+        raise _ExportFormatError("the artifact's call signature does not match its graph inputs")
+    out_spec = _treespec(m["out_spec"])
+    setup = _make(Setup, fn=module, signature=sig, input_descs=tuple(in_descs[:lay.n_primals]),
+                  flat_fn=_no_code(m["name"]), out_specs=[out_spec],
+                  session=LoadedSession(False, bool(m["grad_enabled"])), fake_inputs=(), real_inputs=())
+    guards = input_guards.build(specs, [str(d) for d in in_descs[:lay.n_primals]], ())
+    step = Step("load export", time.perf_counter() - start, {"path": path})
+    captured = _make(Captured, setup=setup, joint=joint, analysis=analysis, layout=lay, guards=guards,
+                     out_spec=out_spec, input_descs=tuple(in_descs), output_descs=tuple(out_descs),
+                     history=(step,))
+    part = _partition(m, graphs, tensors)
+    from ..compile import compile_captured
+    compiled = compile_captured(captured, "eager", None, lambda joint, lay: part)
+    return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
+
+
+def _check_ops(ops) -> None:
+    """Every operator the graphs call exists here with the schema it had when exported."""
+    if not isinstance(ops, dict):
+        raise _ExportFormatError("the artifact's operator table is malformed")
+    for name, schema in ops.items():
+        op = codec.resolve_target({"op": name})
+        if str(op._schema) != schema:
+            raise _ExportFormatError(f"operator {name} has schema {op._schema} in this torch, the artifact was "
+                                     f"exported with {schema}; export it again with this torch")
+
+
+def _typed(data, cls):
+    value = codec.decode(data)
+    if not isinstance(value, cls):
+        raise _ExportFormatError(f"the artifact's {cls.__name__} is malformed")
+    return value
+
+
+def _typed_list(data, cls) -> list:
+    values = codec.decode(data)
+    if not isinstance(values, list) or not all(isinstance(v, cls) for v in values):
+        raise _ExportFormatError(f"the artifact's list of {cls.__name__} is malformed")
+    return values
+
+
+def _treespec(text):
+    try:
+        return pytree.treespec_loads(text)
+    except Exception as e:      # treespec_loads names no error type; it builds only registered types
+        raise _ExportFormatError(f"the artifact's argument or output structure cannot be read here ({e})") from None
+
+
+def _make(cls, **fields):
+    """``cls(**fields)`` keeping only the fields this version of the stage class has."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+def _no_code(name: str):
+    def flat_fn(*flat):
+        raise errors.UnsupportedError("create_graph=True through an exported step needs the model's code to "
+                                      "re-run the forward, and the artifact holds only graphs; run the gradient "
+                                      "penalty with the model itself", user_line=errors.caller_line())
+    flat_fn.__name__ = name if isinstance(name, str) and name.isidentifier() else "exported"
+    return flat_fn
+
+
+def _state_module(entries, tensors: dict, given: dict, specs) -> torch.nn.Module:
+    """A module holding each parameter and buffer under its name (and its tied aliases)."""
+    root = torch.nn.Module()
+    if not isinstance(entries, list) or len(entries) > len(specs):
+        raise _ExportFormatError("the artifact's parameter and buffer table is malformed")
+    for e, spec in zip(entries, specs):
+        name = e.get("name") if isinstance(e, dict) else None
+        if not isinstance(name, str) or not codec._DOTTED.match(name) or e.get("kind") not in ("param", "buffer"):
+            raise _ExportFormatError(f"the artifact's parameter and buffer table has a malformed entry {e!r:.60}")
+        value = _value(name, tensors, given, spec)
+        t = torch.nn.Parameter(value, requires_grad=bool(e["requires_grad"])) if e["kind"] == "param" else value
+        for alias in [name, *e.get("aliases", [])]:
+            if not isinstance(alias, str) or not codec._DOTTED.match(alias):
+                raise _ExportFormatError(f"parameter alias {alias!r:.60} is not a dotted name")
+            _place(root, alias, t, e["kind"] == "param")
+    return root
+
+
+def _value(name: str, tensors: dict, given: dict, spec) -> torch.Tensor:
+    value = given.get(name, tensors.get(f"state/{name}"))
+    if value is None:
+        raise errors.ExportFormatError(f"the artifact holds no value for {name!r} (exported with values=False); "
+                                       "pass aotgrad.load(path, state={name: tensor, ...})")
+    if not isinstance(value, torch.Tensor) or value.dtype != spec.dtype or tuple(value.shape) != tuple(spec.size) \
+            or value.device != spec.device:
+        raise errors.ExportFormatError(f"the value for {name!r} is not a {spec.dtype} tensor of size "
+                                       f"{tuple(spec.size)} on {spec.device}, as exported")
+    if name in given:
+        value = torch.empty_strided(spec.size, spec.layout[:-1], dtype=spec.dtype, device=spec.device).copy_(value)
+    return value.detach()
+
+
+def _place(root: torch.nn.Module, name: str, t, is_param: bool) -> None:
+    *path, last = name.split(".")
+    owner = root
+    for p in path:
+        if p not in owner._modules:
+            owner.add_module(p, torch.nn.Module())
+        owner = owner._modules[p]
+    if is_param:
+        owner.register_parameter(last, t)
+    else:
+        owner.register_buffer(last, t)
+
+
+def _signature(m: dict, module: torch.nn.Module) -> Signature:
+    sig = m["signature"]
+    leaves, pos = codec.decode(sig["leaves"]), sig["tensor_pos"]
+    if not isinstance(leaves, list) or not isinstance(pos, list) or not all(
+            isinstance(p, int) and 0 <= p < len(leaves) and leaves[p] is None for p in pos):
+        raise _ExportFormatError("the artifact's call signature is malformed")
+    names = tuple(e["name"] for e in m["state"])
+    slots = []
+    for name, e in zip(names, m["state"]):
+        owner_name, _, attr = name.rpartition(".")
+        slots.append(Slot(module.get_submodule(owner_name) if owner_name else module, attr, e["kind"] == "param"))
+    return Signature(_treespec(sig["in_spec"]), tuple(leaves), tuple(pos), names, tuple(slots))
+
+
+def _partition(m: dict, graphs: dict, tensors: dict):
+    p = m["partition"]
+    if p is None:
+        return None
+    if "forward" not in graphs or "backward" not in graphs:
+        raise _ExportFormatError("the artifact is a training step without forward and backward graphs")
+    return Partition(codec.decode_graph(graphs["forward"], tensors, "graph/forward/"),
+                     codec.decode_graph(graphs["backward"], tensors, "graph/backward/"),
+                     tuple(p["saved"]), int(p["n_saved_tensors"]), tuple(p["recomputed"]))

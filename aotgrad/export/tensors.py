@@ -1,0 +1,59 @@
+"""Tensors as raw bytes plus a JSON table (the idea of safetensors, without the dependency).
+
+``pack`` lays each tensor's elements out contiguously, one after another, and returns the
+bytes and a table ``{name: {dtype, shape, stride, offset, start, nbytes, device, requires_grad}}``.
+``unpack`` checks every entry against the bytes before it builds anything.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from ..errors import ExportFormatError
+from .codec import DTYPES
+
+
+def pack(tensors: dict) -> tuple[bytes, dict]:
+    chunks, table, start = [], {}, 0
+    for name, t in tensors.items():
+        t = t.detach()
+        data = bytes(t.cpu().clone(memory_format=torch.contiguous_format).untyped_storage()) if t.numel() else b""
+        table[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                       "stride": list(t.stride()), "device": str(t.device), "start": start, "nbytes": len(data)}
+        chunks.append(data)
+        start += len(data)
+    return b"".join(chunks), table
+
+
+def unpack(blob: bytes, table: dict) -> dict:
+    if sys.byteorder != "little":
+        raise ExportFormatError("the artifact's tensors are little-endian; this machine is not")
+    return {name: _tensor(name, blob, entry) for name, entry in table.items()}
+
+
+def _tensor(name: str, blob: bytes, e: dict) -> torch.Tensor:
+    try:
+        dtype, shape, stride = DTYPES[e["dtype"]], [int(s) for s in e["shape"]], [int(s) for s in e["stride"]]
+        start, nbytes, device = int(e["start"]), int(e["nbytes"]), torch.device(e["device"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise ExportFormatError(f"tensor {name!r} has a malformed entry ({err})") from None
+    numel = math.prod(shape)
+    if len(stride) != len(shape) or min(shape, default=0) < 0 or nbytes != numel * dtype.itemsize \
+            or start < 0 or start + nbytes > len(blob):
+        raise ExportFormatError(f"tensor {name!r} does not fit the artifact's bytes (the file is corrupted "
+                                "or truncated)")
+    if device.type != "cpu" and not _available(device):
+        raise ExportFormatError(f"tensor {name!r} lives on {device}, which this machine does not have")
+    flat = torch.frombuffer(bytearray(blob[start:start + nbytes]), dtype=torch.uint8) if nbytes \
+        else torch.empty(0, dtype=torch.uint8)
+    values = flat.view(dtype).reshape(shape)
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return out.copy_(values)
+
+
+def _available(device: torch.device) -> bool:
+    module = getattr(torch, device.type, None)
+    return module is not None and hasattr(module, "is_available") and module.is_available() \
+        and (device.index is None or device.index < module.device_count())

@@ -1,0 +1,179 @@
+"""The artifact as a file: what loading refuses (crafted, mismatched, truncated, corrupted files)
+and what it keeps (values, guards, refusals at export time)."""
+import json
+import os
+import pickle
+import zipfile
+
+import pytest
+import torch
+import torch.nn as nn
+
+import aotgrad
+from aotgrad.errors import ExportFormatError, InputMismatchError, UnsupportedError
+from aotgrad.export.manifest import VERSION
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x, scale: float = 2.0):
+        return (self.bn(self.lin(x)) * scale).relu().sum()
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(5, 4)
+    path = str(tmp_path_factory.mktemp("fmt") / "net.aotgrad")
+    aotgrad.capture(net, x, 3.0).export(path)
+    return path, net, x
+
+
+def _rewrite(src, dst, edit):
+    """Copy the zip ``src`` to ``dst``, passing each member's bytes through ``edit(name, data)``."""
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w") as out:
+        for name in z.namelist():
+            out.writestr(name, edit(name, z.read(name)))
+    return dst
+
+
+def _edit_json(member, change):
+    def edit(name, data):
+        if name != member:
+            return data
+        obj = json.loads(data)
+        change(obj)
+        return json.dumps(obj).encode()
+    return edit
+
+
+def test_loads_and_matches_eager(artifact):
+    path, net, x = artifact
+    step = aotgrad.load(path)
+    assert "\n" not in repr(step) and "4 parameters, 3 buffers" in repr(step)
+    ref = Net()
+    ref.load_state_dict(net.state_dict())
+    got, want = step(x, 3.0), ref(x, 3.0)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for (n, p), (_, q) in zip(step.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+    for (n, b), (_, c) in zip(step.named_buffers(), ref.named_buffers()):
+        torch.testing.assert_close(b, c, msg=n)          # running statistics updated in place
+
+
+def test_guards_and_constants_still_checked(artifact):
+    path, _, x = artifact
+    step = aotgrad.load(path)
+    with pytest.raises(InputMismatchError, match="size"):
+        step(torch.randn(6, 4), 3.0)
+    with pytest.raises(InputMismatchError, match="3.0"):
+        step(x, 4.0)
+
+
+def test_values_left_out_are_taken_from_state(artifact, tmp_path):
+    path, net, x = artifact
+    bare = str(tmp_path / "bare.aotgrad")
+    aotgrad.capture(net, x, 3.0).export(bare, values=False)
+    with pytest.raises(ExportFormatError, match="state="):
+        aotgrad.load(bare)
+    with pytest.raises(ExportFormatError, match="size"):
+        aotgrad.load(bare, state={**net.state_dict(), "lin.weight": torch.zeros(2, 2)})
+    step = aotgrad.load(bare, state=net.state_dict())
+    torch.testing.assert_close(step(x, 3.0), aotgrad.load(path)(x, 3.0))
+    assert os.path.getsize(bare) < os.path.getsize(path)
+
+
+@pytest.mark.parametrize("target", [{"py": "os.system"}, {"py": "builtins.eval"}, {"py": "builtins.getattr"},
+                                    {"py": "_operator.methodcaller"}, {"op": "os::system.default"},
+                                    {"op": "aten::__class__.default"}, {"op": "aotgrad::tensor_hook.default"}])
+def test_crafted_target_is_refused_and_nothing_runs(artifact, tmp_path, target):
+    path, _, _ = artifact
+    marker = tmp_path / "pwned"
+
+    def change(graph):
+        node = next(n for n in graph["nodes"] if n[0] == "call_function")
+        node[2], node[3] = target, {"tuple": [f"touch {marker}"]}
+    crafted = _rewrite(path, str(tmp_path / "crafted.aotgrad"), _edit_json("graphs/joint.json", change))
+    with pytest.raises(ExportFormatError, match="nothing was run|does not exist"):
+        aotgrad.load(crafted)
+    assert not marker.exists()
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("member", ["manifest.json", "graphs/joint.json", "tensors.bin"])
+def test_pickle_payload_is_never_unpickled(artifact, tmp_path, member):
+    path, _, _ = artifact
+    payload = _Payload()
+    payload.marker = tmp_path / "pwned"
+    data = pickle.dumps(payload)
+    crafted = _rewrite(path, str(tmp_path / "crafted.aotgrad"), lambda name, d: data if name == member else d)
+    with pytest.raises(ExportFormatError):
+        aotgrad.load(crafted)
+    assert not payload.marker.exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(version=VERSION + 1), "format version"),
+    (lambda m: m.update(torch="1.9.0"), "torch 1.9.0"),
+    (lambda m: m.update(format="something-else"), "not an aotgrad export"),
+    (lambda m: m["ops"].update({next(iter(m["ops"])): "aten::made_up(Tensor self) -> Tensor"}), "schema"),
+    (lambda m: m["analysis"].update({"@": "Popen"}), "class"),
+    (lambda m: m.pop("layout"), "lacks layout"),
+    (lambda m: m["tensors"][next(iter(m["tensors"]))].update(nbytes=10 ** 9), "corrupted or truncated"),
+])
+def test_incompatible_or_malformed_manifest(artifact, tmp_path, change, message):
+    path, _, _ = artifact
+    crafted = _rewrite(path, str(tmp_path / "m.aotgrad"), _edit_json("manifest.json", change))
+    with pytest.raises(ExportFormatError, match=message):
+        aotgrad.load(crafted)
+
+
+def test_truncated_and_corrupted_files(artifact, tmp_path):
+    path, _, _ = artifact
+    data = open(path, "rb").read()
+    for cut in (0, 10, len(data) // 2, len(data) - 1):
+        (tmp_path / "t.aotgrad").write_bytes(data[:cut])
+        with pytest.raises(ExportFormatError, match="corrupted or truncated|not a readable"):
+            aotgrad.load(str(tmp_path / "t.aotgrad"))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("tensors.bin")
+    flipped = bytearray(data)
+    at = info.header_offset + 30 + len(info.filename) + info.compress_size // 2
+    flipped[at] ^= 0xFF
+    (tmp_path / "c.aotgrad").write_bytes(bytes(flipped))
+    with pytest.raises(ExportFormatError):
+        aotgrad.load(str(tmp_path / "c.aotgrad"))
+    with pytest.raises(ExportFormatError, match="cannot read"):
+        aotgrad.load(str(tmp_path / "missing.aotgrad"))
+
+
+def test_dynamic_capture_is_refused_at_export(tmp_path):
+    captured = aotgrad.capture(lambda x: (x * 2).sum(), torch.randn(3, requires_grad=True), dynamic=True)
+    with pytest.raises(UnsupportedError, match="symbolic sizes"):
+        captured.export(str(tmp_path / "d.aotgrad"))
+    assert not (tmp_path / "d.aotgrad").exists()
+
+
+def test_object_argument_is_refused_at_export(tmp_path):
+    marker = object()
+    captured = aotgrad.capture(lambda x, tag: (x * 2).sum(), torch.randn(3, requires_grad=True), marker)
+    with pytest.raises(UnsupportedError, match="non-tensor argument of type object"):
+        captured.export(str(tmp_path / "o.aotgrad"))
+
+
+def test_create_graph_through_exported_step_is_refused(artifact):
+    path, _, x = artifact
+    step = aotgrad.load(path)
+    loss = step(x, 3.0)
+    with pytest.raises(UnsupportedError, match="create_graph=True through an exported step"):
+        torch.autograd.grad(loss, list(step.parameters()), create_graph=True)
