@@ -11,13 +11,20 @@ from .capture.capture import capture
 from .compiled_autograd import compiled_autograd
 from .frontend.jit import Jit, jit
 from .observe import trace
-from .stages import Captured, Compiled, Setup
+from .stages import Captured, Compiled, Exported, Setup
 
 
 def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
     """A configured ``torch.compile`` backend: ``torch.compile(m, backend=aotgrad.backend(...))``."""
     from .frontend.dynamo import backend as make
     return make(fw_compiler, bw_compiler, partitioner, **compile_options)
+
+
+def load(path: str, *, state: dict | None = None) -> "Exported":
+    """The training step ``captured.export(path)`` wrote, runnable without the model's code
+    (``state``: parameter and buffer values by name, for an artifact exported without them)."""
+    from .export.artifact import load as load_artifact
+    return load_artifact(path, state=state)
 
 
 def explain(obj) -> str:
@@ -27,6 +34,6 @@ def explain(obj) -> str:
     return explain_text(obj)
 
 
-__all__ = ["capture", "Captured", "Compiled", "Setup", "jit", "Jit", "backend", "explain", "trace",
+__all__ = ["capture", "Captured", "Compiled", "Exported", "Setup", "load", "jit", "Jit", "backend", "explain", "trace",
            "compiled_autograd",
            "backends", "errors", "verify"]

@@ -47,6 +47,11 @@ class BudgetError(AotgradError):
     """A memory budget that no partition can meet."""
 
 
+class ExportFormatError(AotgradError):
+    """An exported artifact this aotgrad cannot load: another format or torch version, a
+    corrupted or truncated file, or content the format does not allow (nothing of it is run)."""
+
+
 class OptionError(AotgradError, TypeError):
     """An option an API does not take, or a value it cannot use (raised when it is given)."""
 

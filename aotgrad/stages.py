@@ -1,4 +1,4 @@
-"""The pipeline's stage objects: Setup -> Captured -> Compiled.
+"""The pipeline's stage objects: Setup -> Captured -> Compiled | Exported.
 
 Each is immutable once built and moves forward by a method.
 """
@@ -57,6 +57,12 @@ class Captured:
         from .export.entry import compile_cached
         return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
 
+    def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
+        """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
+        runs it in another process without the model's code. ``values=False`` leaves out parameter values."""
+        from .export.artifact import export
+        return export(self, path, values=values, partitioner=partitioner, memory_budget=memory_budget)
+
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
         from .analysis.verify import verify_joint
@@ -104,3 +110,43 @@ class Compiled:
     def __str__(self) -> str:
         from .observe.printing import format_compiled
         return format_compiled(self)
+
+
+@dataclass(frozen=True, repr=False)
+class Exported:
+    """Stage 2, from disk: a training step loaded by ``aotgrad.load(path)``, run without the model's code.
+
+    ``loss = step(*batch)``; ``loss.backward()`` fills ``.grad`` of ``step.parameters()`` (hand them to
+    an optimizer); buffers (BatchNorm's running statistics) are updated in place in ``step.buffers()``.
+    """
+    path: str
+    manifest: Any                # the artifact's manifest, read-only (see docs/export-format.md)
+    state: Any                   # torch.nn.Module holding the parameters and buffers by name
+    compiled: Compiled
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def named_parameters(self):
+        return self.state.named_parameters()
+
+    def parameters(self):
+        return self.state.parameters()
+
+    def named_buffers(self):
+        return self.state.named_buffers()
+
+    def buffers(self):
+        return self.state.buffers()
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def __repr__(self) -> str:
+        n_p, n_b = len(list(self.parameters())), len(list(self.buffers()))
+        return (f"Exported({self.manifest['name']!r} from {self.path!r}: {self.manifest['kind']}, "
+                f"{n_p} parameters, {n_b} buffers)")
+
+    def __str__(self) -> str:
+        from .export.inspect import format_exported
+        return format_exported(self)
