@@ -125,7 +125,11 @@ class Exported:
     compiled: Compiled
 
     def __call__(self, *args, **kwargs):
-        return self.compiled(*args, **kwargs)
+        flat, why = self.compiled.path.match(args, kwargs)
+        if why is not None:
+            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs it was captured "
+                                            "for: export one per input shape")
+        return self.compiled.path.run(flat)
 
     def named_parameters(self):
         return self.state.named_parameters()

@@ -137,7 +137,8 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
         nodes.append([op, name, target, _encode_refs(args), _encode_refs(kwargs)])
     for target, value in data["attrs"].items():
         tensors[f"{prefix}{target}"] = value
-    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"]}
+    traces = {n.name: n.meta["stack_trace"] for n in gm.graph.nodes if isinstance(n.meta.get("stack_trace"), str)}
+    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces}
 
 
 def _encode_target(spec) -> dict:
@@ -186,6 +187,10 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
             if op != "output":
                 node._rename(name)
             env[name] = node
+        traces = data.get("traces", {})
+        for n in graph.nodes:       # the user's source lines, as text (inspect and saved-activation tables)
+            if isinstance(traces.get(n.name), str):
+                n.meta["stack_trace"] = traces[n.name]
         return fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
