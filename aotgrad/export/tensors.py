@@ -6,6 +6,7 @@ bytes and a table ``{name: {dtype, shape, stride, offset, start, nbytes, device,
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 
@@ -19,12 +20,21 @@ def pack(tensors: dict) -> tuple[bytes, dict]:
     chunks, table, start = [], {}, 0
     for name, t in tensors.items():
         t = t.detach()
-        data = bytes(t.cpu().clone(memory_format=torch.contiguous_format).untyped_storage()) if t.numel() else b""
+        data = _bytes(t)
         table[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                        "stride": list(t.stride()), "device": str(t.device), "start": start, "nbytes": len(data)}
         chunks.append(data)
         start += len(data)
     return b"".join(chunks), table
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    """The elements of ``t`` in row-major order, as bytes (one memory copy: ``bytes(storage)``
+    reads element by element)."""
+    if not t.numel():
+        return b""
+    dense = t.cpu().clone(memory_format=torch.contiguous_format)
+    return ctypes.string_at(dense.data_ptr(), dense.numel() * dense.element_size())
 
 
 def unpack(blob: bytes, table: dict) -> dict:
