@@ -55,6 +55,8 @@ class Captured:
         """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
         partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner."""
         from .export.entry import compile_cached
+        from .export.values import with_values
+        with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
 
     def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
@@ -104,8 +106,12 @@ class Compiled:
     def memory(self):
         """Predicted memory: ``saved_bytes``, ``peak_bytes``, ``saved`` (one entry per
         saved tensor) and ``recompute_flops``; ``None`` for an inference graph."""
+        from .export.values import with_values
         from .partition import estimate
-        return estimate(self.partition) if self.partition else None
+        if self.partition is None:
+            return None
+        with_values(self.forward_graph), with_values(self.backward_graph)
+        return estimate(self.partition)
 
     def __str__(self) -> str:
         from .observe.printing import format_compiled

@@ -24,6 +24,7 @@ from ..partition import Partition
 from ..stages import Captured, Setup
 from ..capture.hooks import has_opaque_calls
 from .graphs import Unserializable, dump_graph, load_graph
+from .values import FakeValues
 
 @dataclass(frozen=True)
 class LoadedSession:
@@ -63,9 +64,16 @@ def dump_partition(part) -> tuple:
     return (dump_graph(part.forward), dump_graph(part.backward), part.saved, part.n_saved_tensors, part.recomputed)
 
 
-def load_partition(data) -> Partition:
+def load_partition(data, values: FakeValues | None = None) -> Partition:
     fw, bw, saved, n_saved, recomputed = data
-    return Partition(load_graph(fw), load_graph(bw), saved, n_saved, recomputed)
+    values = values if values is not None else FakeValues({**fw.get("symbols", {}), **bw.get("symbols", {})})
+    return Partition(load_graph(fw, values), load_graph(bw, values), saved, n_saved, recomputed)
+
+
+def _record_values(record: dict) -> FakeValues:
+    """One ``FakeValues`` for a record's joint and partition: their symbols are the same."""
+    graphs = [record["joint"], *(record["partition"] or ())[:2]]
+    return FakeValues({k: v for g in graphs for k, v in g.get("symbols", {}).items()})
 
 
 def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
@@ -82,9 +90,10 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     guards = input_guards.build(*record["guards"])
     in_descs, out_descs = record["descs"]
     step = Step("load from disk cache", time.perf_counter() - start, {})
-    captured = Captured(setup, load_graph(record["joint"]), record["analysis"], record["layout"], guards,
+    values = _record_values(record)
+    captured = Captured(setup, load_graph(record["joint"], values), record["analysis"], record["layout"], guards,
                         record["out_spec"], in_descs, out_descs, (step,))
-    part = None if record["partition"] is None else load_partition(record["partition"])
+    part = None if record["partition"] is None else load_partition(record["partition"], values)
     return compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
 
 
@@ -97,7 +106,6 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         data = cache.load("staged", key)
         if data is not None:
             part = load_partition(data)
-            _propagate_fakes(part, captured)
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
             compiled = compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
             return replace(compiled, history=compiled.history + (step,))
@@ -105,24 +113,6 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
     if key is not None and compiled.partition is not None:
         cache.store("staged", key, dump_partition(compiled.partition))
     return compiled
-
-
-def _propagate_fakes(part, captured) -> None:
-    """Give a loaded partition's nodes the fake values and source lines a fresh one has (memory
-    estimates and backends read them): run both graphs on the joint's fake inputs, and copy
-    stack traces from the joint's nodes of the same name."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-    mode, lay = captured.setup.session.fake_mode, captured.layout
-    ph = [n.meta["val"] for n in captured.joint.graph.nodes if n.op == "placeholder"]
-    with mode:
-        FakeTensorProp(part.forward, mode).propagate_dont_convert_inputs(*ph[:lay.n_primals])
-        fw_out = [a.meta["val"] for a in part.forward.graph.output_node().args[0]]
-        FakeTensorProp(part.backward, mode).propagate_dont_convert_inputs(*fw_out[lay.n_fw:], *ph[lay.n_primals:])
-    traces = {n.name: n.meta["stack_trace"] for n in captured.joint.graph.nodes if n.meta.get("stack_trace")}
-    for gm in (part.forward, part.backward):
-        for n in gm.graph.nodes:
-            if n.name in traces:
-                n.meta.setdefault("stack_trace", traces[n.name])
 
 
 def staged_key(captured, fw_compiler="eager", bw_compiler=None, partitioner="default",

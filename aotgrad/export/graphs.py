@@ -4,8 +4,9 @@
 naming ATen overloads (``aten::mm.default``) and Python functions
 (``_operator.getitem``) by text and other nodes by a :class:`Ref`; tensors
 that ``get_attr`` nodes read are kept by value. ``load_graph`` rebuilds an
-equal ``GraphModule`` in one pass. Node metadata (fake values) is not kept:
-a loaded graph runs, but a backend that needs example inputs cannot compile it.
+equal ``GraphModule`` in one pass. Each node's value (shapes, strides, dtypes,
+symbolic sizes) and stack trace are kept as data (:mod:`.values`): a loaded graph
+gets its traces back at once and its fake values from ``values.with_values``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+
+from .values import STORED, FakeValues, keep, value_out
 
 FORMAT = 1
 
@@ -69,7 +72,7 @@ def _arg_in(a, env):
 
 
 def dump_graph(gm: fx.GraphModule) -> dict:
-    nodes, attrs = [], {}
+    nodes, attrs, meta, symbols = [], {}, {}, {}
     for n in gm.graph.nodes:
         target = n.target
         if n.op == "call_function":
@@ -79,7 +82,9 @@ def dump_graph(gm: fx.GraphModule) -> dict:
         elif n.op not in ("placeholder", "output"):
             raise Unserializable(f"graph node {n.name} has op {n.op}")
         nodes.append((n.op, n.name, target, _arg_out(n.args), _arg_out(n.kwargs)))
-    return {"format": FORMAT, "nodes": nodes, "attrs": attrs, "class": type(gm).__name__}
+        meta[n.name] = (value_out(n.meta.get("val"), symbols), n.meta.get("stack_trace"))
+    return {"format": FORMAT, "nodes": nodes, "attrs": attrs, "class": type(gm).__name__,
+            "meta": meta, "symbols": symbols}
 
 
 def _attr(gm, target):
@@ -91,7 +96,9 @@ def _attr(gm, target):
     return value.detach().clone() if not isinstance(value, torch.nn.Parameter) else value
 
 
-def load_graph(data: dict) -> fx.GraphModule:
+def load_graph(data: dict, values: FakeValues | None = None) -> fx.GraphModule:
+    """The graph ``data`` describes; ``values`` rebuilds its fake values on demand (pass one
+    ``FakeValues`` for graphs that share symbols, as a joint and its partition do)."""
     assert data["format"] == FORMAT, data["format"]
     graph, env = fx.Graph(), {}
     for op, name, target, args, kwargs in data["nodes"]:
@@ -116,4 +123,16 @@ def load_graph(data: dict) -> fx.GraphModule:
                 owner.add_module(p, torch.nn.Module())
             owner = getattr(owner, p)
         setattr(owner, last, value) if isinstance(value, torch.nn.Parameter) else owner.register_buffer(last, value)
-    return fx.GraphModule(root, graph, class_name=data["class"])
+    gm = fx.GraphModule(root, graph, class_name=data["class"])
+    _restore_meta(gm, data, values)
+    return gm
+
+
+def _restore_meta(gm, data, values) -> None:
+    stored = data.get("meta", {})
+    for n in gm.graph.nodes:
+        val, trace = stored.get(n.name, (None, None))
+        n.meta[STORED] = val
+        if trace:
+            n.meta["stack_trace"] = trace
+    keep(gm, values if values is not None else FakeValues(data.get("symbols", {})))

@@ -37,9 +37,8 @@ def saved_rows(compiled) -> list[SavedRow]:
     if compiled.partition is None:
         return []
     try:
-        from ..partition.memory import estimate
         return [SavedRow(s.name, tuple(s.shape), _dtype(s.dtype), _int(s.nbytes), _short(s.source))
-                for s in estimate(compiled.partition).saved]
+                for s in compiled.memory.saved]
     except Exception:       # symbolic sizes, or an estimator that does not exist in this version
         return _rows_from_meta(compiled)
 

@@ -1,8 +1,10 @@
 """Stage objects are data: they do not pin the user's batch, a ``Compiled`` loaded from the
 disk cache is as usable as a fresh one, and they print in one line."""
 import gc
+import re
 import weakref
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -48,3 +50,71 @@ def test_jit_entries_do_not_pin_the_batch(monkeypatch, tmp_path):
             return step
         assert _batch_dies(use)
         assert step.entries[0].loaded == loaded
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        return (self.fc2(h) * h.sum(-1, keepdim=True)).sum()
+
+
+def _fresh_and_loaded(monkeypatch, tmp_path, dynamic):
+    """A jit entry compiled here, and the same entry loaded from the disk cache by a new jit."""
+    monkeypatch.setenv("AOTGRAD_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(5, 4)
+    fresh, loaded = aotgrad.jit(m, dynamic=dynamic), aotgrad.jit(m, dynamic=dynamic)
+    fresh(x), loaded(x)
+    assert not fresh.entries[0].loaded and loaded.entries[0].loaded
+    return fresh.entries[0].compiled, loaded.entries[0].compiled, m, x
+
+
+def _rows(memory) -> list:
+    """The saved-tensor rows, symbols renamed in order of appearance (a loaded entry's shape
+    environment numbers its symbols afresh)."""
+    names: dict = {}
+
+    def size(s):
+        return re.sub(r"\bs\d+\b", lambda m: names.setdefault(m.group(), f"S{len(names)}"), str(s))
+    return [(s.name, tuple(map(size, s.shape)), s.dtype, s.source) for s in memory.saved]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_loaded_entry_has_memory_estimates(monkeypatch, tmp_path, dynamic):
+    fresh, loaded, _, _ = _fresh_and_loaded(monkeypatch, tmp_path, dynamic)
+    a, b = fresh.memory, loaded.memory
+    assert (a.saved_bytes, a.peak_bytes) == (b.saved_bytes, b.peak_bytes) and b.saved_bytes > 0
+    assert _rows(a) == _rows(b)
+    assert any("test_stage_data.py" in (s.source or "") for s in b.saved)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_loaded_entry_compiles_again(monkeypatch, tmp_path, dynamic):
+    fresh, loaded, m, x = _fresh_and_loaded(monkeypatch, tmp_path, dynamic)
+    for partitioner in ("min_cut", "default"):
+        again = loaded.captured.compile(partitioner=partitioner)
+        same = fresh.captured.compile(partitioner=partitioner)
+        assert again.partition.saved == same.partition.saved
+        assert again.memory.saved_bytes == same.memory.saved_bytes
+        runs = []
+        for c in (again, same):
+            m.zero_grad()
+            out = c(x)
+            out.backward()
+            runs.append((out, [p.grad.clone() for p in m.parameters()]))
+        torch.testing.assert_close(runs[0], runs[1])
+
+
+def test_loaded_entry_explains_like_a_fresh_one(monkeypatch, tmp_path):
+    fresh, loaded, _, _ = _fresh_and_loaded(monkeypatch, tmp_path, False)
+
+    def saved_table(c):
+        text = aotgrad.explain(c)
+        return text[text.index("saved for backward"):text.index("guards:")]
+    assert "NoneType" not in saved_table(loaded) and "?" not in saved_table(loaded)
+    assert saved_table(loaded) == saved_table(fresh)
+    assert "float32[5, 4]" in str(loaded.captured) and str(loaded.captured) == str(fresh.captured)
