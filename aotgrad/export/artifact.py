@@ -137,7 +137,8 @@ def _aotgrad_version() -> str:
 
 def load(path: str, *, state: dict | None = None):
     """The ``Exported`` training step in the artifact at ``path``; ``state`` maps parameter and
-    buffer names to values (required for an artifact written with ``values=False``)."""
+    buffer names to tensors the step uses in place of the stored values (required for an artifact
+    written with ``values=False``): ``model.state_dict(keep_vars=True)`` makes it train ``model``'s own."""
     start = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as z:

@@ -108,8 +108,9 @@ def _state_module(entries, tensors: dict, given: dict, specs) -> torch.nn.Module
         name = e.get("name") if isinstance(e, dict) else None
         if not isinstance(name, str) or not codec._DOTTED.match(name) or e.get("kind") not in ("param", "buffer"):
             raise _ExportFormatError(f"the artifact's parameter and buffer table has a malformed entry {e!r:.60}")
-        value = _value(name, tensors, given, spec)
-        t = torch.nn.Parameter(value, requires_grad=bool(e["requires_grad"])) if e["kind"] == "param" else value
+        t = _value(name, tensors, given, spec)
+        if e["kind"] == "param" and not isinstance(t, torch.nn.Parameter):
+            t = torch.nn.Parameter(t, requires_grad=bool(e["requires_grad"]))
         for alias in [name, *e.get("aliases", [])]:
             if not isinstance(alias, str) or not codec._DOTTED.match(alias):
                 raise _ExportFormatError(f"parameter alias {alias!r:.60} is not a dotted name")
@@ -126,9 +127,11 @@ def _value(name: str, tensors: dict, given: dict, spec) -> torch.Tensor:
             or value.device != spec.device:
         raise errors.ExportFormatError(f"the value for {name!r} is not a {spec.dtype} tensor of size "
                                        f"{tuple(spec.size)} on {spec.device}, as exported")
-    if name in given:
-        value = torch.empty_strided(spec.size, spec.layout[:-1], dtype=spec.dtype, device=spec.device).copy_(value)
-    return value.detach()
+    if name not in given:
+        return value
+    if value.stride() != tuple(spec.layout[:-1]):     # the graph assumed the exported layout
+        return torch.empty_strided(spec.size, spec.layout[:-1], dtype=spec.dtype, device=spec.device).copy_(value)
+    return value        # the caller's own tensor: the step trains it in place
 
 
 def _place(root: torch.nn.Module, name: str, t, is_param: bool) -> None:
