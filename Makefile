@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
 
-.PHONY: venv test test-differential test-models demo conformance bench clean
+.PHONY: venv test test-differential test-models test-distributed demo conformance bench bench-distributed clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ test-models: $(STAMP)
 # A table of counts and a JSON of cases: python -m tests.differential.run
 test-differential: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/differential
+
+# DDP and FSDP2 x every entry point, 2 gloo processes (make test runs a fast slice).
+test-distributed: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/distributed
+
+# Step time of a small GPT under DDP per entry point, and when each bucket's all-reduce is issued.
+bench-distributed: $(STAMP)
+	$(PY) -m benchmarks.distributed
 
 demo: $(STAMP)
 	$(PY) -m examples.demo

@@ -20,6 +20,7 @@ import contextlib
 import torch
 
 from .. import backends
+from . import ddp
 from .capture import CaptureInstance
 from .explain import ACTIVE, CompiledAutograd
 from .tape import Tape
@@ -45,11 +46,16 @@ def compiled_autograd(compiler="eager"):
     state = CompiledAutograd(compile_fn)
     def factory():
         return Tape(CaptureInstance(state.on_capture))
-    prior = _engine.set_autograd_compiler(factory, True)
+    ddp.prepare()     # DDP modules' C++ reducer cannot run in a compiled backward: ours replaces it
+    # False: sizes start static, the engine lifts one once it changes (automatic dynamic).
+    prior = _engine.set_autograd_compiler(factory, False)
     ACTIVE.append(state)
     try:
         with torch.autograd.set_multithreading_enabled(False):
             yield state
+    except RuntimeError as e:
+        ddp.refuse_cpp_reducer(e)     # a DDP configuration only its C++ reducer implements: typed
+        raise
     finally:
         ACTIVE.pop()
         _engine.set_autograd_compiler(*prior)

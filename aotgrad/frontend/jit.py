@@ -31,7 +31,7 @@ from ..guards import cache, resolve
 from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards
 from .flatten import signature
-from .distributed import around_ddp, check_ddp_for_jit, is_ddp, refuse_wrapped
+from .distributed import split_for_jit
 from .jit_options import bound_method, check_options, root_name, tracing
 
 log = logging.getLogger("aotgrad.jit")
@@ -73,14 +73,11 @@ class Jit:
     dynamic_dims: dict = field(default_factory=dict)
     fallbacks: int = 0
     name: str | None = None     # what messages call a jitted module: the caller's variable name
-    around: object = None       # a DistributedDataParallel whose bookkeeping runs around ``fn`` (its module)
+    around: object = None       # ``around(call, args, kwargs)``: a DDP's or FSDP's eager bookkeeping around ``fn``
 
     def __post_init__(self):
         check_options(self.compile_options)
-        if is_ddp(self.fn):
-            check_ddp_for_jit(self.fn)
-            self.fn, self.around = self.fn.module, self.fn
-        refuse_wrapped(self.fn, "jit")
+        split_for_jit(self)     # DDP and FSDP wrappers (frontend/distributed.py)
         if self.name is None:
             self.name = root_name(self.fn)
 
@@ -90,7 +87,7 @@ class Jit:
 
     def __call__(self, *args, **kwargs):
         if self.around is not None:
-            return around_ddp(self.around, self._call, args, kwargs)
+            return self.around(self._call, args, kwargs)
         return self._call(*args, **kwargs)
 
     def _call(self, *args, **kwargs):

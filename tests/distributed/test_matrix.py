@@ -1,0 +1,58 @@
+"""{DDP, FSDP2} x {torch.compile(backend="aotgrad"), aotgrad.jit, eager + aotgrad.compiled_autograd,
+aotgrad.capture} on a 3-layer MLP in 2 gloo processes: 3 SGD steps next to eager DDP/FSDP2, each
+rank on its own data, with the reduced gradients and the parameters compared every step
+(``cases.py`` says what each variant exercises). A combination is either exact or refused with a
+typed error before the first step. ``make test`` runs a fast slice; ``make test-distributed`` all.
+"""
+import pytest
+import torch.distributed as dist
+
+from . import harness
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
+
+ENTRIES = ("compile", "jit", "ca")
+DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static") for e in ENTRIES] + ["ddp-ca-mixed"]
+FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in ENTRIES] + ["fsdp-jit-single"]
+
+# Refused combinations, with a phrase of the refusal and why it cannot be exact.
+REFUSED = {
+    # A Captured is one graph: DDP's per-call reducer bookkeeping and FSDP's all-gathers have no place in it.
+    "ddp-capture-plain": "aotgrad.capture of a DistributedDataParallel",
+    "fsdp-capture-plain": "FSDP-wrapped",
+    # checkpoint's recomputation would run the unit's eager forward against the compiled one's saved tensors.
+    "fsdp-jit-ckptout": "checkpoint inside the unit",
+    # An eager forward's checkpoint leaves saved-tensor hooks that compiled autograd does not capture
+    # (aotgrad.compiled_autograd's own refusal); jit and torch.compile checkpoint inside the graph instead.
+    "fsdp-ca-ckpt": "saved-tensor hooks",
+    # DDP runs a communication hook on its C++ reducer's bucket objects, which a compiled backward cannot call.
+    "ddp-ca-commhook": "communication hook",
+}
+
+FAST = ["ddp-jit-plain", "ddp-ca-plain", "fsdp-jit-plain", "ddp-capture-plain", "fsdp-capture-plain"]
+SLOW = [c for c in DDP + FSDP + list(REFUSED) if c not in FAST]
+
+
+def _check(results, names):
+    failures = []
+    for name in names:
+        for rank, per_rank in enumerate(results):
+            got = per_rank.get(name)
+            if name in REFUSED:
+                ok = got and got.get("refused") and REFUSED[name] in got.get("message", "")
+            else:
+                ok = got and got.get("grads") == [True] * 3 and got.get("params") and got.get("compiled", 0) > 0
+            if not ok:
+                failures.append(f"{name} rank {rank}: {got}")
+    assert not failures, "\n".join(failures)
+
+
+def test_fast_slice(tmp_path):
+    _check(harness.run(FAST, tmp_path, timeout=300), FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", ["ddp", "fsdp"])
+def test_full_matrix(tmp_path, group):
+    names = [c for c in SLOW if c.startswith(group)]
+    _check(harness.run(names, tmp_path, timeout=1200), names)
