@@ -10,6 +10,7 @@ same runtime as ``Captured.compile``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import zipfile
@@ -19,15 +20,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import errors
-from ..analysis.metadata import Analysis, InputInfo, OutputInfo, ViewMeta
-from ..capture.descriptors import Desc
-from ..capture.joint import JointLayout
-from ..guards.inputs import TensorSpec
+from ..analysis.metadata import Analysis
 from . import codec, tensors as tensor_io
+from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from .graphs import Unserializable
 from .manifest import FORMAT, VERSION, check_manifest, read_entry
-
-codec.register(Analysis, InputInfo, OutputInfo, ViewMeta, JointLayout, TensorSpec, Desc)
 
 
 def export(captured, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
@@ -105,8 +102,9 @@ def _plain_analysis(a: Analysis) -> Analysis:
             raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
         if o.kind == "symbolic":
             raise Unserializable("an output number computed from symbolic sizes")
-    outputs = tuple(OutputInfo(**{**vars(o), "replay": None}) for o in a.outputs)
-    return Analysis(a.inputs, outputs, a.base_count, (), a.fw_requires_grad)
+    outputs = tuple(dataclasses.replace(o, replay=None) for o in a.outputs)
+    spec = {"out_spec": None} if hasattr(a, "out_spec") else {}    # written once, as the manifest's out_spec
+    return dataclasses.replace(a, outputs=outputs, fake_outputs=(), **spec)
 
 
 def _state_specs(captured, named: dict | None) -> list:
@@ -145,13 +143,17 @@ def load(path: str, *, state: dict | None = None):
             manifest = check_manifest(read_entry(z, "manifest.json", json=True))
             tensors = tensor_io.unpack(read_entry(z, "tensors.bin"), manifest["tensors"])
             graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}
-    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+    except (zipfile.BadZipFile, EOFError, zlib.error, RecursionError) as e:
         raise errors.ExportFormatError(f"{path} is not a readable aotgrad artifact: it is corrupted or "
                                        f"truncated ({e})") from None
     except OSError as e:
         raise errors.ExportFormatError(f"cannot read the aotgrad artifact {path}: {e}") from None
     from .rebuild import build_exported
-    return build_exported(path, manifest, graphs, tensors, state, start)
+    try:
+        return build_exported(path, manifest, graphs, tensors, state, start)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
+        # The checks above cover each field; what they miss is still a malformed file, not a step to run.
+        raise errors.ExportFormatError(f"{path} is malformed: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 __all__ = ["export", "load", "FORMAT", "VERSION"]

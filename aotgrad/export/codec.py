@@ -40,13 +40,24 @@ _LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if is
 _FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DOTTED = re.compile(r"^(?!__)[A-Za-z0-9_]+(\.(?!__)[A-Za-z0-9_]+)*$")   # module paths: "h.0.attn.weight"
-CLASSES: dict = {}      # dataclass name -> class, filled by register()
+CLASSES: dict = {}      # dataclass name -> (class, {field: check}), filled by register()
 
 
-def register(*classes) -> None:
-    """Dataclasses a manifest may hold (the stage metadata), by class name."""
-    for cls in classes:
-        CLASSES[cls.__name__] = cls
+def register(cls, fields: dict) -> None:
+    """A dataclass a manifest may hold (stage metadata), by class name, with a type check per field."""
+    CLASSES[cls.__name__] = (cls, fields)
+
+
+def check_fields(cls, values: dict, error) -> None:
+    """Every field of ``cls`` present, known and of its type; else ``error(sentence)``. (The format may
+    know a field this version of ``cls`` lacks: the stage classes grow.)"""
+    _, fields = CLASSES[cls.__name__]
+    names = {f.name for f in dataclasses.fields(cls)}
+    if names - set(fields):
+        raise error(f"{cls.__name__} has fields {sorted(names - set(fields))} the export format does not know")
+    for name in names:
+        if name not in values or not fields[name](values[name]):
+            raise error(f"{cls.__name__}.{name} is {_short(values.get(name))}, not a value the format allows")
 
 
 def encode(v):
@@ -71,8 +82,10 @@ def encode(v):
             return {tag: str(v).removeprefix("torch.")}
     if isinstance(v, torch.device):
         return {"device": str(v)}
-    if dataclasses.is_dataclass(v) and CLASSES.get(type(v).__name__) is type(v):
-        return {"@": type(v).__name__, **{f.name: encode(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if dataclasses.is_dataclass(v) and CLASSES.get(type(v).__name__, (None,))[0] is type(v):
+        values = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+        check_fields(type(v), values, Unserializable)
+        return {"@": type(v).__name__, **{k: encode(x) for k, x in values.items()}}
     raise Unserializable(f"a value of type {type(v).__name__} ({_short(v)})")
 
 
@@ -100,7 +113,7 @@ def decode(v, env=None):
 def _decode_tagged(tag, x, env):
     if tag == "tuple" and isinstance(x, list):
         return tuple(decode(i, env) for i in x)
-    if tag == "dict" and isinstance(x, dict):
+    if tag == "dict" and isinstance(x, dict) and env is None:     # in graphs only as kwargs (keys become code)
         return {k: decode(i, env) for k, i in x.items()}
     if tag == "slice" and isinstance(x, list) and len(x) == 3:
         return slice(*(decode(i, env) for i in x))
@@ -117,14 +130,14 @@ def _decode_tagged(tag, x, env):
 
 
 def _decode_dataclass(v, env):
-    cls = CLASSES.get(v["@"])
+    cls = CLASSES.get(v["@"], (None,))[0] if isinstance(v["@"], str) else None
     if cls is None:
         raise ExportFormatError(f"the artifact names a class {_short(v['@'])} the format does not define")
     fields = {k: decode(x, env) for k, x in v.items() if k != "@"}
-    try:
-        return cls(**fields)
-    except TypeError as e:
-        raise ExportFormatError(f"the artifact's {cls.__name__} does not fit this aotgrad ({e})") from None
+    if set(fields) - {f.name for f in dataclasses.fields(cls)}:
+        raise ExportFormatError(f"the artifact's {cls.__name__} has fields this aotgrad does not know")
+    check_fields(cls, fields, ExportFormatError)
+    return cls(**fields)
 
 
 def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
@@ -134,7 +147,7 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
     for op, name, target, args, kwargs in data["nodes"]:
         if op == "call_function":
             target = _encode_target(target)
-        nodes.append([op, name, target, _encode_refs(args), _encode_refs(kwargs)])
+        nodes.append([op, name, target, _encode_refs(args), {"dict": {k: _encode_refs(v) for k, v in kwargs.items()}}])
     for target, value in data["attrs"].items():
         tensors[f"{prefix}{target}"] = value
     traces = {n.name: n.meta["stack_trace"] for n in gm.graph.nodes if isinstance(n.meta.get("stack_trace"), str)}
@@ -160,7 +173,7 @@ def _encode_refs(v):
         items = [_encode_refs(x) for x in v]
         return items if type(v) is list else {"tuple": items}
     if isinstance(v, dict):
-        return {"dict": {k: _encode_refs(x) for k, x in v.items()}}
+        raise Unserializable("a graph node with a dict argument")
     if isinstance(v, slice):
         return {"slice": [_encode_refs(v.start), _encode_refs(v.stop), _encode_refs(v.step)]}
     return encode(v)
@@ -173,7 +186,7 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
         for op, name, target, args, kwargs in data["nodes"]:
             if not isinstance(name, str) or not _IDENT.match(name) or name in env:
                 raise ExportFormatError(f"a graph node is named {_short(name)}, not a fresh identifier")
-            a, k = decode(args, env), decode(kwargs, env)
+            a, k = decode(args, env), _decode_kwargs(kwargs, env)
             if op == "placeholder" and target == name:
                 node = graph.placeholder(name)
             elif op == "output":
@@ -194,6 +207,14 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
         return fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _decode_kwargs(data, env) -> dict:
+    """A node's keyword arguments: identifier keys (FX and our code generator write them as code)."""
+    if not (isinstance(data, dict) and set(data) == {"dict"} and isinstance(data["dict"], dict)
+            and all(isinstance(k, str) and _IDENT.match(k) for k in data["dict"])):
+        raise ExportFormatError(f"a graph node's keyword arguments {_short(data)} are not identifiers and values")
+    return {k: decode(v, env) for k, v in data["dict"].items()}
 
 
 def _ident(name) -> str:

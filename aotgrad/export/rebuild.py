@@ -17,9 +17,8 @@ from ..guards import inputs as input_guards
 from ..guards.inputs import TensorSpec
 from ..observe import Step
 from ..partition import Partition
-from ..stages import Captured, Exported, Setup
+from ..stages import Captured, Exported, Modes, Setup
 from . import codec
-from .entry import LoadedSession
 
 _ExportFormatError = errors.ExportFormatError
 
@@ -38,9 +37,11 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     if len(sig.slots) + len(sig.tensor_pos) != lay.n_primals:
         raise _ExportFormatError("the artifact's call signature does not match its graph inputs")
     out_spec = _treespec(m["out_spec"])
+    if hasattr(analysis, "out_spec"):
+        analysis = dataclasses.replace(analysis, out_spec=out_spec)
     setup = _make(Setup, fn=module, signature=sig, input_descs=tuple(in_descs[:lay.n_primals]),
-                  flat_fn=_no_code(m["name"]), out_specs=[out_spec],
-                  session=LoadedSession(False, bool(m["grad_enabled"])), fake_inputs=(), real_inputs=())
+                  flat_fn=_no_code(m["name"]),
+                  session=Modes(False, bool(m["grad_enabled"])), fake_inputs=(), real_inputs=())
     guards = input_guards.build(specs, [str(d) for d in in_descs[:lay.n_primals]], ())
     step = Step("load export", time.perf_counter() - start, {"path": path})
     captured = _make(Captured, setup=setup, joint=joint, analysis=analysis, layout=lay, guards=guards,

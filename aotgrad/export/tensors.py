@@ -58,9 +58,11 @@ def _tensor(name: str, blob: bytes, e: dict) -> torch.Tensor:
         raise ExportFormatError(f"tensor {name!r} lives on {device}, which this machine does not have")
     flat = torch.frombuffer(bytearray(blob[start:start + nbytes]), dtype=torch.uint8) if nbytes \
         else torch.empty(0, dtype=torch.uint8)
-    values = flat.view(dtype).reshape(shape)
-    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    return out.copy_(values)
+    try:
+        values = flat.view(dtype).reshape(shape)
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(values)
+    except RuntimeError as err:     # strides that overlap or do not fit the shape
+        raise ExportFormatError(f"tensor {name!r} has a layout no tensor can have ({err})") from None
 
 
 def _available(device: torch.device) -> bool:

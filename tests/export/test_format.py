@@ -177,3 +177,44 @@ def test_create_graph_through_exported_step_is_refused(artifact):
     loss = step(x, 3.0)
     with pytest.raises(UnsupportedError, match="create_graph=True through an exported step"):
         torch.autograd.grad(loss, list(step.parameters()), create_graph=True)
+
+
+def _inject(marker):
+    return f"__import__('os').system('touch {marker}')"
+
+
+@pytest.mark.parametrize("where", ["kwarg key", "dict arg", "guard requires_grad", "guard size", "output kind",
+                                   "layout count", "step name"])
+def test_text_that_would_become_code_is_refused(artifact, tmp_path, where):
+    """Graph kwargs, guard specs and metadata reach generated Python source: only values of the
+    exact type the runtime builds are accepted, so no text from the file is pasted into code."""
+    path, _, x = artifact
+    marker = tmp_path / "pwned"
+    code = _inject(marker)
+
+    def graph(g):
+        node = next(n for n in g["nodes"] if n[0] == "call_function")
+        if where == "kwarg key":
+            node[4] = {"dict": {f"x={code}, y": 1}}
+        else:
+            node[3] = {"tuple": [{"dict": {code: 1}}]}
+
+    def manifest(m):
+        if where == "guard requires_grad":
+            m["guards"][0]["requires_grad"] = f"True or {code}"
+        elif where == "guard size":
+            m["guards"][0]["size"] = {"tuple": [f"1 or {code}"]}
+        elif where == "output kind":
+            m["analysis"]["outputs"]["tuple"][0]["kind"] = code
+        elif where == "layout count":
+            m["layout"]["n_primals"] = code
+        else:
+            m["name"] = f"f(): pass\n{code}\ndef g"
+    member, change = ("graphs/joint.json", graph) if where in ("kwarg key", "dict arg") else ("manifest.json", manifest)
+    crafted = _rewrite(path, str(tmp_path / "inj.aotgrad"), _edit_json(member, change))
+    if where == "step name":            # not an identifier: the step is named "exported"
+        aotgrad.load(crafted)(x, 3.0)
+    else:
+        with pytest.raises(ExportFormatError):
+            aotgrad.load(crafted)(x, 3.0)
+    assert not marker.exists()
