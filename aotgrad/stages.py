@@ -5,7 +5,7 @@ Each is immutable once built and moves forward by a method.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -13,19 +13,42 @@ import torch.utils._pytree as pytree
 from . import errors
 from .observe import Step
 
+if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
+    from .capture.session import Session
+    from .frontend.aliasing import Rebase
+    from .frontend.flatten import Signature
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The modes a trace ran under: all that a captured stage keeps of its tracing session."""
+    dynamic: bool | None
+    grad_enabled: bool
+
 
 @dataclass(frozen=True)
 class Setup:
-    """Stage 0: the user's call flattened, with fake inputs in a tracing session."""
-    fn: Any
-    signature: Any               # frontend.flatten.Signature
+    """Stage 0: the user's call flattened, with fake inputs in a tracing session.
+
+    ``flat_fn(*tensors)`` returns the output leaves as a list whose ``spec`` is their tree
+    structure (``frontend.flatten.Outputs``). ``session``, ``fake_inputs`` and ``real_inputs``
+    serve tracing only: the ``Setup`` a ``Captured`` holds (:meth:`traced`) keeps the session's
+    ``Modes`` and neither the user's batch nor the fake inputs.
+    """
+    fn: Any                      # the user's function or module
+    signature: Signature
     input_descs: tuple           # Desc per flat input
-    flat_fn: Any
-    out_specs: list              # output tree spec recorded by each trace
-    session: Any                 # capture.session.Session
+    flat_fn: Callable
+    session: Session | Modes
     fake_inputs: tuple
     real_inputs: tuple
-    rebase: Any = None           # frontend.aliasing.Rebase when aliased inputs are mutated
+    rebase: Rebase | None = None  # when aliased inputs are mutated
+
+    def traced(self) -> "Setup":
+        """What a ``Captured`` keeps: no example batch, no fake inputs, no live session (its fake
+        mode and shape environment live on only in the graph's node values)."""
+        return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled),
+                       fake_inputs=(), real_inputs=())
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ class Analysis:
     base_count: int                 # intermediate bases returned as extra outputs
     fake_outputs: tuple             # fake values of the graph's forward values (for tangents)
     fw_requires_grad: tuple         # whether each forward value requires grad
+    out_spec: Any = None            # the outputs' tree structure (``Outputs.spec`` of the traced call)
 
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]
@@ -113,7 +114,7 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
         rg = tuple(v.requires_grad for v in fw)
         fake_outs = tuple(from_functional(v) for v in fw)
-    return Analysis(inputs, outputs, len(bases), fake_outs, rg)
+    return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
 def _input_info(f, t, grad_fn_before) -> InputInfo:

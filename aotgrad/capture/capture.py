@@ -99,7 +99,7 @@ def capture_setup(setup: Setup, history: list) -> Captured:
             "numbers would differ from eager's. Seed outside the captured function")
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
     name_placeholders(joint, in_descs)
-    return Captured(replace(setup, real_inputs=()), joint, analysis, lay, guards, setup.out_specs[0],
+    return Captured(setup.traced(), joint, analysis, lay, guards, analysis.out_spec,
                     in_descs, out_descs, tuple(history))     # no stage pins the user's batch
 
 
@@ -150,9 +150,7 @@ def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
     session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
     fakes = [session.fakeify(t, dynamic_dims.get(i, ())) for i, t in enumerate(tensors)]
-    out_specs: list = []
-    return Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
-                 session, tuple(fakes), tuple(tensors))
+    return Setup(fn, sig, tuple(descs), flat_function(fn, sig), session, tuple(fakes), tuple(tensors))
 
 
 def rebased(setup: Setup, rb) -> Setup:

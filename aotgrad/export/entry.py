@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..compile import compile_captured
 from ..frontend.flatten import flat_function, signature
@@ -21,18 +21,10 @@ from ..guards import cache
 from ..guards import inputs as input_guards
 from ..observe import Step
 from ..partition import Partition
-from ..stages import Captured, Setup
+from ..stages import Captured, Modes, Setup
 from ..capture.hooks import has_opaque_calls
 from .graphs import Unserializable, dump_graph, load_graph
 from .values import FakeValues
-
-@dataclass(frozen=True)
-class LoadedSession:
-    """What a loaded entry keeps of its tracing session: the modes, no fake mode.
-    (A real ``Session`` builds a shape environment, which imports Dynamo: seconds.)"""
-    dynamic: bool | None
-    grad_enabled: bool
-
 
 # Backends that compile a graph without the fake example values a loaded graph lacks.
 LOADABLE_BACKENDS = ("eager", None)
@@ -52,7 +44,7 @@ def dump_compiled(compiled) -> dict:
         "session": (c.setup.session.dynamic, c.setup.session.grad_enabled),
         "joint": dump_graph(c.joint),
         "partition": None if part is None else dump_partition(part),
-        "analysis": replace(c.analysis, fake_outputs=()),   # fake values only serve tracing
+        "analysis": replace(c.analysis, fake_outputs=(), out_spec=None),   # fake values only serve tracing
         "layout": c.layout,
         "guards": (g.specs, g.descs, g.conditions),
         "out_spec": c.out_spec,
@@ -84,9 +76,7 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     if tuple(map(str, descs)) != record["setup_descs"]:
         return None
     dynamic, grad_enabled = record["session"]
-    out_specs = [record["out_spec"]]
-    setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig, out_specs), out_specs,
-                  LoadedSession(dynamic, grad_enabled), (), ())
+    setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig), Modes(dynamic, grad_enabled), (), ())
     guards = input_guards.build(*record["guards"])
     in_descs, out_descs = record["descs"]
     step = Step("load from disk cache", time.perf_counter() - start, {})

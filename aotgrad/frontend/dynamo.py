@@ -20,7 +20,7 @@ from .. import errors
 from ..capture.capture import capture_setup
 from ..capture.descriptors import Desc
 from ..capture.session import Session
-from ..frontend.flatten import Signature
+from ..frontend.flatten import Signature, outputs
 from ..observe import timed
 from ..runtime.call import alias_check
 from ..passes.checkpoint_regions import untag_checkpoints
@@ -54,15 +54,12 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
     ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
     descs = tuple(_desc(node, i) for i, node in enumerate(ph))
-    out_specs: list = []
     body = untag_checkpoints(gm)
 
     def flat_fn(*flat):
-        leaves, spec = pytree.tree_flatten(body(*flat))
-        out_specs.append(spec)
-        return leaves
+        return outputs(body(*flat))
     flat_fn.__name__ = "dynamo_graph"
-    return Setup(gm, sig, descs, flat_fn, out_specs, session, tuple(fakes), tuple(fakes))
+    return Setup(gm, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
 
 def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, partitioner="default",

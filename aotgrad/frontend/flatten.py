@@ -131,8 +131,20 @@ def _holds_tensors(obj) -> bool:
     return isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values())
 
 
-def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
-    """``flat_fn(*tensors) -> list`` of output leaves; appends each call's output spec to ``out_specs``."""
+class Outputs(list):
+    """A flat function's output leaves; ``spec`` is their tree structure (the trace returns it)."""
+    spec: pytree.TreeSpec
+
+
+def outputs(out) -> Outputs:
+    leaves, spec = pytree.tree_flatten(out)
+    flat = Outputs(leaves)
+    flat.spec = spec
+    return flat
+
+
+def flat_function(fn, sig: Signature) -> Callable:
+    """``flat_fn(*tensors) -> Outputs``: the output leaves, with their tree structure."""
     n_state = len(sig.state_names)
     homes = state_homes(fn, sig) if isinstance(fn, torch.nn.Module) else None
 
@@ -146,10 +158,9 @@ def flat_function(fn, sig: Signature, out_specs: list) -> Callable:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
             else:
                 out = fn(*args, **kwargs)
-        out_leaves, spec = pytree.tree_flatten(out)
-        _refuse_hidden_tensors(out_leaves)
-        out_specs.append(spec)
-        return out_leaves
+        flat_out = outputs(out)
+        _refuse_hidden_tensors(flat_out)
+        return flat_out
 
     if homes is not None:
         flat_fn.module_state = lambda flat: holding(homes, flat[:n_state])

@@ -110,14 +110,12 @@ def differentiable_backward(captured):
                 "gradients read: re-running it for the second-order graph would read the written value; "
                 "compile it without the write, or run the gradient penalty eagerly", user_line=errors.caller_line())
         primals = _restored(kept, scratch)
-        n_specs = len(setup.out_specs)
         devices = list(range(len(rng[1]))) if rng is not None and rng[1] is not None else []
         with torch.random.fork_rng(devices=devices, enabled=rng is not None):
             if rng is not None:
                 _set_rng(rng)
             with torch.enable_grad():
                 outs = setup.flat_fn(*primals)
-        del setup.out_specs[n_specs:]       # flat_fn records each call's output structure
         fw = forward_values(primals, outs, analysis)
         pairs = [(fw[k], grad_outputs[k]) for k in lay.tangent_of
                  if isinstance(fw[k], torch.Tensor) and fw[k].requires_grad and grad_outputs[k] is not None]

@@ -1,5 +1,6 @@
 """Stage objects are data: they do not pin the user's batch, a ``Compiled`` loaded from the
 disk cache is as usable as a fresh one, and they print in one line."""
+import dataclasses
 import gc
 import re
 import weakref
@@ -9,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import aotgrad
+from aotgrad.stages import Modes
 
 
 def _model():
@@ -118,3 +120,26 @@ def test_loaded_entry_explains_like_a_fresh_one(monkeypatch, tmp_path):
     assert "NoneType" not in saved_table(loaded) and "?" not in saved_table(loaded)
     assert saved_table(loaded) == saved_table(fresh)
     assert "float32[5, 4]" in str(loaded.captured) and str(loaded.captured) == str(fresh.captured)
+
+
+def test_captured_keeps_modes_not_the_tracing_session():
+    m, x = Net(), torch.randn(5, 4)
+    c = aotgrad.capture(m, x)
+    assert c.setup.session == Modes(dynamic=False, grad_enabled=True)
+    assert c.setup.fake_inputs == () and c.setup.real_inputs == ()
+    held = [getattr(c.setup, f.name) for f in dataclasses.fields(c.setup)]
+    assert not any(isinstance(v, (list, dict, set)) for v in held)     # nothing a later call appends to
+
+
+def test_the_trace_returns_its_output_structure():
+    def f(x, *, scale):
+        return {"y": x * scale, "parts": (x.sin(), None)}
+    x = torch.randn(3, requires_grad=True)
+    c = aotgrad.capture(f, x, scale=2.0)
+    out = c.setup.flat_fn(x)
+    assert out.spec == c.out_spec == torch.utils._pytree.tree_structure(f(x, scale=2.0))
+    step = c.compile()
+    for _ in range(3):      # a second-order backward re-runs the function: nothing accumulates
+        y = step(x, scale=2.0)
+        g, = torch.autograd.grad(y["y"].sum() + y["parts"][0].sum(), x, create_graph=True)
+        g.sum().backward()
