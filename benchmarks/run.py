@@ -1,7 +1,8 @@
 """All benchmarks, as one markdown report (``make bench``).
 
     python -m benchmarks.run [--quick] [--gpt-small-inductor/--no-gpt-small-inductor]
-                             [--sections matrix,overhead,compile,memory,recompile]
+                             [--sections matrix,overhead,compile,memory,recompile,models]
+                             [--real-models gpt2,resnet18 | all]
                              [--out bench-results] [--json bench-results/latest.json]
 
 Writes ``<out>/bench.md`` (everything printed) and ``<out>/bench.png`` (the
@@ -26,9 +27,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from benchmarks import compile_time, matrix, memory, overhead, recompile  # noqa: E402
+from benchmarks import compile_time, matrix, memory, models, overhead, recompile  # noqa: E402
 
-SECTIONS = ("matrix", "overhead", "compile", "memory", "recompile")
+SECTIONS = ("matrix", "overhead", "compile", "memory", "recompile", "models")
 
 
 class Report:
@@ -114,8 +115,24 @@ def section_recompile(out: Report, a, results: dict) -> None:
     out(recompile.table(samples) + "\n")
 
 
+def section_models(out: Report, a, results: dict) -> None:
+    names = models.parse_models(a.real_models)
+    skip = {(n, "torch.compile inductor") for n in names} if a.quick else set()
+    rounds = 3 if a.quick else 5
+    rows = models.run(names, rounds=rounds, skip=skip, log=progress)
+    results["models"] = rows
+    out(f"## Real models: aotgrad's entry points vs eager, aot_eager and Inductor\n\n"
+        f"Tiny random-init models of `tests/models/zoo.py`, dropout on. *first call* = make the step + "
+        f"first forward+backward, caches off, Dynamo reset; ×aot_eager is its ratio to "
+        f"`torch.compile(backend=\"aot_eager\")`'s. *steady step*: median of {rounds} interleaved rounds. "
+        f"*peak*: most bytes live at once, from the CPU allocator's profiler events. See `benchmarks/models.py`.\n")
+    if skip:
+        out("Left out: the `torch.compile inductor` rows (`--quick`).\n")
+    out(models.table(rows) + "\n")
+
+
 RUNNERS = {"matrix": section_matrix, "overhead": section_overhead, "compile": section_compile,
-           "memory": section_memory, "recompile": section_recompile}
+           "memory": section_memory, "recompile": section_recompile, "models": section_models}
 
 
 def main():
@@ -125,6 +142,8 @@ def main():
                    help="include GPT small's two Inductor rows (about two minutes of compiling)")
     p.add_argument("--sections", default=None,
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--real-models", default=",".join(models.DEFAULT_MODELS),
+                   help="the models section's models (tests/models/zoo.py names), or all")
     p.add_argument("--out", default="bench-results", help="folder for bench.md and bench.png")
     p.add_argument("--json", help="also write the raw numbers here")
     a = p.parse_args()
