@@ -74,13 +74,18 @@ class Captured:
         return self.layout.is_inference
 
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default",
-                memory_budget=None) -> "Compiled":
+                memory_budget=None, *, cache: bool = False) -> "Compiled":
         """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
-        partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner."""
-        from .export.entry import compile_cached
+        partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner.
+        ``cache=True`` reuses (and stores) a min-cut or budgeted partition of this joint graph in the
+        disk cache (``AOTGRAD_CACHE_DIR``); nothing is written to disk otherwise."""
         from .export.values import with_values
         with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
-        return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
+        if cache:
+            from .export.entry import compile_cached
+            return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
+        from .compile import compile_captured
+        return compile_captured(self, fw_compiler, bw_compiler, partitioner, memory_budget)
 
     def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``

@@ -143,3 +143,16 @@ def test_the_trace_returns_its_output_structure():
         y = step(x, scale=2.0)
         g, = torch.autograd.grad(y["y"].sum() + y["parts"][0].sum(), x, create_graph=True)
         g.sum().backward()
+
+
+def test_staged_compile_writes_to_disk_only_when_asked(monkeypatch, tmp_path):
+    monkeypatch.delenv("AOTGRAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home_cache = tmp_path / ".cache" / "aotgrad"
+    m, x = Net(), torch.randn(5, 4)
+    captured = aotgrad.capture(m, x)
+    captured.compile(partitioner="min_cut")
+    captured.compile(memory_budget=0.5)
+    assert not home_cache.exists()
+    captured.compile(partitioner="min_cut", cache=True)
+    assert [p.name.split("-")[0] for p in home_cache.iterdir()] == ["staged"]
