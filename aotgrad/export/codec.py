@@ -122,7 +122,10 @@ def _decode_tagged(tag, x, env):
     if tag == "node" and env is not None and x in env:
         return env[x]
     if tag == "device" and isinstance(x, str) and re.match(r"^[a-z]+(:\d+)?$", x):
-        return torch.device(x)
+        try:
+            return torch.device(x)
+        except RuntimeError:
+            pass
     for name, table in (("dtype", DTYPES), ("layout", _LAYOUTS), ("memory_format", _FORMATS)):
         if tag == name and x in table:
             return table[x]

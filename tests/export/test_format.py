@@ -218,3 +218,34 @@ def test_text_that_would_become_code_is_refused(artifact, tmp_path, where):
         with pytest.raises(ExportFormatError):
             aotgrad.load(crafted)(x, 3.0)
     assert not marker.exists()
+
+
+def _paths(obj, path=()):
+    yield path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield from _paths(v, path + (k,))
+
+
+def test_any_changed_manifest_field_loads_or_is_refused(artifact, tmp_path):
+    """60 seeded random edits of one manifest field each: loading gives a step or an
+    ExportFormatError, never another exception."""
+    import random
+    path, _, _ = artifact
+    rng = random.Random(0)
+    with zipfile.ZipFile(path) as z:
+        manifest = json.loads(z.read("manifest.json"))
+    fields = [p for p in _paths(manifest) if p]
+    for _ in range(60):
+        where, value = rng.choice(fields), rng.choice([None, -1, 10 ** 12, 1.5, "x", [], {}, {"tuple": [1]},
+                                                       {"@": "Desc"}, True, {"device": "device"}])
+
+        def change(m):
+            for k in where[:-1]:
+                m = m[k]
+            m[where[-1]] = value
+        crafted = _rewrite(path, str(tmp_path / "f.aotgrad"), _edit_json("manifest.json", change))
+        try:
+            aotgrad.load(crafted)
+        except ExportFormatError:
+            pass
