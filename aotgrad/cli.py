@@ -107,7 +107,7 @@ def _export_commands(args) -> int:
     from .export.artifact import load as load_artifact
     try:
         if args.command == "inspect":
-            print(load_artifact(args.artifact))
+            print(load_artifact(args.artifact, placeholders=True))     # values=False artifacts too
             return 0
         captured = load(args.target, resolve_capture)
         captured.export(args.output, values=not args.no_values, partitioner=args.partitioner)

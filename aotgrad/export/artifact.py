@@ -118,8 +118,9 @@ def _state_specs(captured, named: dict | None) -> list:
     state = []
     for name, slot in zip(sig.state_names, sig.slots):
         t = (slot.module._parameters if slot.is_param else slot.module._buffers)[slot.attr]
-        state.append({"name": name, "kind": "param" if slot.is_param else "buffer",
-                      "requires_grad": t.requires_grad, "aliases": aliases.get(name, [name])[1:]})
+        state.append({"name": name, "kind": "param" if slot.is_param else "buffer", "dtype": str(t.dtype).removeprefix("torch."),
+                      "shape": list(t.shape), "requires_grad": t.requires_grad,
+                      "aliases": aliases.get(name, [name])[1:]})
         if named is not None:
             named[f"state/{name}"] = t
     return state
@@ -133,10 +134,11 @@ def _aotgrad_version() -> str:
         return "unknown"
 
 
-def load(path: str, *, state: dict | None = None):
+def load(path: str, *, state: dict | None = None, placeholders: bool = False):
     """The ``Exported`` training step in the artifact at ``path``; ``state`` maps parameter and
     buffer names to tensors the step uses in place of the stored values (required for an artifact
-    written with ``values=False``): ``model.state_dict(keep_vars=True)`` makes it train ``model``'s own."""
+    written with ``values=False``): ``dict(model.named_parameters())`` makes it train ``model``'s own.
+    ``placeholders``: zeros for values neither the file nor ``state`` has (to inspect the graphs)."""
     start = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as z:
@@ -150,6 +152,8 @@ def load(path: str, *, state: dict | None = None):
         raise errors.ExportFormatError(f"cannot read the aotgrad artifact {path}: {e}") from None
     from .rebuild import build_exported
     try:
+        if placeholders:
+            state = {**_zeros(manifest), **(state or {})}
         return build_exported(path, manifest, graphs, tensors, state, start)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
         # The checks above cover each field; what they miss is still a malformed file, not a step to run.
@@ -157,3 +161,12 @@ def load(path: str, *, state: dict | None = None):
 
 
 __all__ = ["export", "load", "FORMAT", "VERSION"]
+
+
+def _zeros(manifest: dict) -> dict:
+    """Zero tensors of the exported specs for the parameters and buffers the file holds no value for."""
+    from .rebuild import _typed_list
+    from ..guards.inputs import TensorSpec
+    specs = _typed_list(manifest["guards"], TensorSpec)
+    return {e["name"]: torch.zeros(spec.size, dtype=spec.dtype, device=spec.device)
+            for e, spec in zip(manifest["state"], specs) if f"state/{e['name']}" not in manifest["tensors"]}

@@ -54,6 +54,13 @@ def test_export_then_inspect(script, tmp_path, capsys, name):
     torch.testing.assert_close(step(x), want)
 
 
+def test_inspect_without_values(script, tmp_path, capsys):
+    out = str(tmp_path / "bare.aotgrad")
+    assert cli.main(["export", f"{script}:example", "-o", out, "--no-values"]) == 0
+    assert cli.main(["inspect", out]) == 0
+    assert "param  lin.weight" in capsys.readouterr().out
+
+
 def test_export_refuses_what_is_not_a_step(script, tmp_path):
     with pytest.raises(SystemExit, match="export needs a Captured"):
         cli.main(["export", f"{script}:not_a_step", "-o", str(tmp_path / "x.aotgrad")])
