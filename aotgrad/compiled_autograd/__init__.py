@@ -6,8 +6,9 @@
 
 The engine (C++) walks the autograd graph and calls ``capture.CaptureInstance``;
 its result is cached by the engine on the graph's structure (node types, edges,
-non-tensor saved values) with every size lifted as an input, so a batch-size
-change reuses the compiled backward. ``accumulate.py`` traces ``.grad``
+non-tensor saved values) and on its sizes: the first capture is static, a size
+that changes is lifted as a symbolic input from then on (automatic dynamic), so
+one more capture serves every later batch size. ``accumulate.py`` traces ``.grad``
 accumulation into the graph and runs it early; ``runtime.py`` turns a capture
 into what runs, recapturing from the ``tape.py`` recording when a run's sizes
 break the capture's assumptions; ``explain.py`` says why a backward was

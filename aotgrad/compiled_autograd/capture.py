@@ -32,7 +32,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque
-from .guards import DecisionLog, SizeGuard
+from .guards import DecisionLog, LayoutGuard, SizeGuard
 
 
 def _mark_used_grads(graph) -> None:
@@ -66,8 +66,9 @@ class _Session:
         self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
         self._modes = contextlib.ExitStack()
         self.decisions = DecisionLog(self.shape_env)
-        # Each op of a backward is traced once, on sizes no other op shares: the fake-tensor
-        # dispatch cache never hits and building its entries was a third of capture time.
+        # With symbolic sizes each op of a backward is traced on sizes no other op shares: the
+        # fake-tensor dispatch cache never hits and building its entries was a third of capture
+        # time. A static capture's repeated layers hit it (begin_capture decides).
         self.fake_mode.cache_enabled = False
 
     def enter(self):
@@ -117,8 +118,13 @@ class CaptureInstance:
                                    user_line=caller_line())
         s = self.session
         self.n_inputs, self.n_sizes, self.n_scalars = len(inputs), len(sizes), len(scalars)
+        # The engine lifts only the sizes it has seen change (automatic dynamic, see guards.py):
+        # with none, every size is a constant and so are the tensors' (no symbolic reasoning).
+        static = not sizes
+        self.layout_guard = LayoutGuard.of(inputs) if static else None
+        s.fake_mode.cache_enabled = static   # see _Session
         for idx, x in enumerate(inputs):
-            inputs[idx] = s.fake_mode.from_tensor(x)
+            inputs[idx] = s.fake_mode.from_tensor(x, static_shapes=static)
         self._bind(inputs, [self._placeholder(f"input_{i}") for i in range(len(inputs))])
         sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _source("sizes", i), DimDynamic.DYNAMIC)
                      for i, v in enumerate(sizes)]

@@ -59,6 +59,9 @@ class CompiledAutograd:
         if not self.captures:
             return "first backward in this block (or a structure the engine had not cached)"
         prev = self.captures[-1].structure
+        if prev[1:] == structure[1:] and prev[0][:2] == structure[0][:2] and prev[0][2] < structure[0][2]:
+            return (f"a size changed since the previous capture: {structure[0][2]} sizes are now lifted "
+                    "as symbolic inputs (automatic dynamic)")
         for i, (a, b) in enumerate(zip(prev, structure)):
             if a != b:
                 return f"autograd graph differs at step {i}: was {_fmt(a)}, now {_fmt(b)}"

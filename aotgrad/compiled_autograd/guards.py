@@ -1,8 +1,11 @@
 """The size assumptions a capture made, checked before each run of it.
 
-The engine reuses a captured backward for every autograd graph of the same
-structure, whatever its sizes. Each lifted size is its own symbol. The trace
-assumed two things about them: a size that was 0 or 1 keeps that value
+The engine keys a captured backward on its autograd graph's structure and, at
+first, on every size in it: the first capture is static (``LayoutGuard`` adds
+the lifted tensors' sizes, strides and offsets, which the engine does not key
+on). A size that changes is lifted from then on, as its own symbol, and the
+engine asks for a new capture for every value of it (automatic dynamic). The
+trace assumed two things about the lifted sizes: a size that was 0 or 1 keeps that value
 (broadcasting and empty-tensor paths were decided on it), and any other size
 stays >= 2 (``SizeGuard``); every comparison between sizes that it decided
 keeps its answer (``DecisionLog`` / ``DecisionGuard``). A run whose sizes break
@@ -15,6 +18,8 @@ import operator
 from dataclasses import dataclass, field
 
 import torch
+
+from ..generated import compile_source
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,58 @@ class SizeGuard:
         for i in self.symbolic:
             if values[i] < 2:
                 return f"{self.what} {i} was symbolic (>= 2) when captured, now {values[i]}"
+        return None
+
+
+@dataclass(frozen=True)
+class LayoutGuard:
+    """A static capture's lifted tensors keep their sizes, strides and storage offsets.
+
+    The engine's key holds their dtype, device and requires_grad but not their layout,
+    which the static trace baked in (a saved tensor's strides decide whether ``.grad``
+    is the computed buffer or a copy)."""
+    layouts: tuple          # (sizes, strides, storage offset) per tensor, None where not strided
+    _fast: object = field(default=None, compare=False, repr=False)    # TensorGuards.check
+    _pick_strided: object = field(default=None, compare=False, repr=False)
+    _offsets: tuple = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def of(cls, tensors: list) -> "LayoutGuard":
+        layouts = tuple(map(_layout, tensors))
+        strided = [i for i, v in enumerate(layouts) if v is not None]
+        return cls(layouts, _tensor_guards(tensors, layouts), picker(strided),
+                   tuple(layouts[i][2] for i in strided))
+
+    def violation(self, tensors) -> str | None:
+        """Why ``tensors`` may not use this capture, or ``None``."""
+        if (self._fast is not None and self._fast(*tensors)
+                and tuple(map(torch.Tensor.storage_offset, self._pick_strided(tensors))) == self._offsets):
+            return None
+        for i, (t, want) in enumerate(zip(tensors, self.layouts)):
+            have = _layout(t)
+            if have != want:
+                return (f"lifted tensor {i} had (sizes, strides, offset) {want} when captured with static "
+                        f"sizes, now {have}")
+        return None
+
+
+def _layout(t: torch.Tensor):
+    if t.layout != torch.strided or t.is_mkldnn:
+        return None
+    return tuple(t.size()), t.stride(), t.storage_offset()
+
+
+def _tensor_guards(tensors, layouts):
+    """PyTorch's C++ tensor checker over every tensor (sizes, strides, dtype, device,
+    type, dispatch keys) in one call, or None where it cannot express one of them.
+    A failed fast check is only a cue: ``violation`` then compares layouts alone."""
+    if not tensors or any(v is None for v in layouts):
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        return TensorGuards(*tensors, dynamic_dims_sizes=[list(v[0]) for v in layouts],
+                            dynamic_dims_strides=[list(v[1]) for v in layouts]).check
+    except Exception:   # an older checker's signature, a tensor type it rejects
         return None
 
 
@@ -108,7 +165,7 @@ class DecisionGuard:
                  if any(sym.name in line for line in lines)]
         source = "\n".join(["def check(size, scalar, hook):", *binds, *lines, "    return None"])
         scope = {"torch": torch, "math": __import__("math")}
-        exec(compile(source, "<aotgrad compiled_autograd guard>", "exec"), scope)
+        exec(compile_source(source, "compiled_autograd guard"), scope)
         return cls(scope["check"], tuple(texts))
 
     def violation(self, size, scalar, hook) -> str | None:

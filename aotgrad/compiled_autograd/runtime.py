@@ -86,6 +86,8 @@ def make_variant(instance, gm, compile_fn) -> Variant:
     decisions = DecisionGuard.of(instance.session.decisions, instance.symbol_reads)
     guards = [("size", instance.size_guard), ("scalar", instance.scalar_guard), *instance.ctx_guards,
               ("decisions", decisions)]
+    if instance.layout_guard is not None:
+        guards.insert(0, ("input", instance.layout_guard))
     return Variant(gm, compiled, [_lifted_position(n.target) for n in placeholders], guards)
 
 

@@ -93,22 +93,52 @@ def _no_dropout(made):
     return model.eval(), batch
 
 
-def test_graph_is_aten_with_symbolic_sizes():
-    model, (x, y) = make_mlp(batch=4, depth=2)
+def test_graph_is_aten_static_first_then_with_symbolic_sizes():
+    model, _ = make_mlp(depth=2)
     with compiled_autograd() as ca:
-        model(x, y).backward()
-    graph = ca.captures[0].graph.graph
-    calls = [n for n in graph.nodes if n.op == "call_function"]
+        for batch in (4, 6):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(batch, 32), torch.randn(batch, 32)).backward()
+    static, dynamic = (c.graph.graph for c in ca.captures)
+    calls = [n for n in static.nodes if n.op == "call_function"]
     assert any(isinstance(n.target, torch._ops.OpOverload) for n in calls)
-    sizes = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("size_")]
-    assert sizes and all(isinstance(n.meta["val"], torch.SymInt) for n in sizes)
+    assert not [n for n in static.nodes if n.op == "placeholder" and n.name.startswith("size_")]
+    assert all(isinstance(d, int) for n in calls if isinstance(n.meta.get("val"), torch.Tensor)
+               for d in n.meta["val"].shape)
+    assert "automatic dynamic" in ca.captures[1].reason
+    inputs = [n.meta["val"] for n in dynamic.nodes if n.op == "placeholder" and n.name.startswith("input_")]
+    assert any(isinstance(d, torch.SymInt) for t in inputs for d in t.shape)
+
+
+def test_static_capture_guards_the_layout_of_the_tensors_it_saved():
+    """The engine keys on sizes it lifts, not on a saved tensor's strides; those decide
+    whether ``.grad`` is the product itself or a copy in the leaf's layout."""
+    w = torch.randn(3, 4, requires_grad=True)
+    contiguous, transposed = torch.randn(3, 4), torch.randn(4, 3).t()
+
+    def step(c):
+        w.grad = None
+        (w * c).sum().backward()
+        return w.grad
+
+    eager = {}
+    for name, c in (("contiguous", contiguous), ("transposed", transposed)):
+        eager[name] = step(c)
+    with compiled_autograd() as ca:
+        for name, c in (("contiguous", contiguous), ("transposed", transposed), ("contiguous", contiguous)):
+            got = step(c)
+            torch.testing.assert_close(got, eager[name])
+            assert got.stride() == eager[name].stride(), name
+    assert len(ca.captures) == 2 and ca.runs == 3
+    assert ca.captures[1].reason.startswith("recaptured: lifted tensor")
 
 
 def test_batch_size_change_reuses_compiled_backward():
     model, _ = make_mlp(depth=3)
     with compiled_autograd() as ca:
         _match_eager_per_batch(model, (4, 7, 2, 9))
-    assert len(ca.captures) == 1 and ca.runs == 4
+    assert len(ca.captures) == 2 and ca.runs == 4    # static at 4, symbolic batch from 7 on
+    assert "automatic dynamic" in ca.captures[1].reason
 
 
 def _match_eager_per_batch(model, batches, atol=None):
@@ -412,8 +442,8 @@ def test_opaque_calls_split_the_graph_for_a_compiler():
 def test_inductor_compiler_matches_eager_and_reuses_across_batch_sizes():
     model, _ = make_mlp(depth=2)
     with compiled_autograd("inductor") as ca:
-        _match_eager_per_batch(model, (4, 6), atol=1e-5)
-    assert len(ca.captures) == 1 and ca.runs == 2
+        _match_eager_per_batch(model, (4, 6, 3), atol=1e-5)
+    assert len(ca.captures) == 2 and ca.runs == 3
 
 
 def _broadcast_step(c, n, width=3):
@@ -427,21 +457,21 @@ def test_size_specialised_at_capture_is_recaptured_not_reused():
     c = torch.randn(1, 3, requires_grad=True)
     eager = {n: _broadcast_step(c, n).clone() for n in (1, 4, 6)}
     with compiled_autograd() as ca:
-        for n in (1, 4, 6, 1):   # batch 1: broadcasting decided on 1, no reduction traced
+        for n in (4, 1, 6, 1):   # 4: static; 1: lifted, broadcasting decided on 1, no reduction traced
             torch.testing.assert_close(_broadcast_step(c, n), eager[n])
-    assert len(ca.captures) == 2 and ca.runs == 4
-    assert ca.captures[1].reason.startswith("recaptured: lifted size") and "was 1 when captured" in ca.captures[1].reason
+    assert len(ca.captures) == 3 and ca.runs == 4
+    assert ca.captures[2].reason.startswith("recaptured: lifted size") and "was 1 when captured" in ca.captures[2].reason
     assert "recaptured" in ca.explain()
 
 
 def test_sizes_equal_at_capture_are_not_assumed_equal_unless_compared():
     c = torch.randn(3, requires_grad=True)
-    sizes = ((3, 3), (5, 3), (3, 3))
+    sizes = ((2, 3), (3, 3), (5, 3), (3, 3))     # lifted at 3, equal to the width
     eager = {n: _broadcast_step(c, *n).clone() for n in sizes}
     with compiled_autograd() as ca:
         for n in sizes:
             torch.testing.assert_close(_broadcast_step(c, *n), eager[n])
-    assert len(ca.captures) == 1 and ca.runs == 3
+    assert len(ca.captures) == 2 and ca.runs == 4
 
 
 def test_decision_guard_rechecks_each_size_comparison_the_trace_made():
@@ -464,11 +494,12 @@ def test_recaptures_per_structure_are_bounded(monkeypatch):
     c = torch.randn(1, 3, requires_grad=True)
     eager = _broadcast_step(c, 4).clone()
     with compiled_autograd() as ca:
-        _broadcast_step(c, 1)
-        torch.testing.assert_close(_broadcast_step(c, 4), eager)   # second capture: within the bound
+        _broadcast_step(c, 1)                                      # static
+        torch.testing.assert_close(_broadcast_step(c, 4), eager)   # the batch lifted: symbolic, >= 2
+        _broadcast_step(c, 1)                                      # its second variant: within the bound
         with pytest.raises(aotgrad.errors.InputMismatchError, match="already captured 2 times"):
             _broadcast_step(c, 0)
-    assert len(ca.captures) == 2
+    assert len(ca.captures) == 3
 
 
 def test_backward_that_cannot_be_replayed_still_refuses_wrong_sizes(monkeypatch):
@@ -483,8 +514,9 @@ def test_backward_that_cannot_be_replayed_still_refuses_wrong_sizes(monkeypatch)
     c = torch.randn(1, 3, requires_grad=True)
     with compiled_autograd():
         _broadcast_step(c, 1)
+        _broadcast_step(c, 4)     # the engine captures again with the batch lifted
         with pytest.raises(aotgrad.errors.InputMismatchError, match="cannot be recaptured"):
-            _broadcast_step(c, 4)
+            _broadcast_step(c, 1)
 
 
 def test_aotgrad_backward_is_inlined():
@@ -492,7 +524,7 @@ def test_aotgrad_backward_is_inlined():
     f = aotgrad.capture(lambda a, w: (a @ w).relu().sum(1), torch.randn(5, 4), w, dynamic=True).compile()
     f(torch.randn(5, 4), w).sum().backward()     # eager autograd, for reference below
     with compiled_autograd() as ca:
-        for batch in (5, 8):
+        for batch in (5, 8, 6):
             x = torch.randn(batch, 4)
             w.grad = None
             f(x, w).exp().sum().backward()
@@ -501,9 +533,9 @@ def test_aotgrad_backward_is_inlined():
             with runtime.engine_compiler_off():
                 f(x, w).exp().sum().backward()
             torch.testing.assert_close(got, w.grad)
-    graph = ca.captures[0].graph.graph
-    assert opaque.call_backward not in [n.target for n in graph.nodes]
-    assert len(ca.captures) == 1 and ca.runs == 2
+    for c in ca.captures:
+        assert opaque.call_backward not in [n.target for n in c.graph.graph.nodes]
+    assert len(ca.captures) == 2 and ca.runs == 3
 
 
 def test_accumulation_is_in_the_graph_and_keeps_eager_layout():
@@ -647,7 +679,8 @@ def test_cnn_captured_at_batch_one_is_recaptured_for_larger_batches():
             with runtime.engine_compiler_off():
                 model(*batch).backward()
             assert_same(grads_of(model.parameters()), got, atol=1e-5)
-    assert [c.reason.split(":")[0] for c in ca.captures][1:] == ["recaptured"] and ca.runs == 4
+    reasons = [c.reason.split(":")[0] for c in ca.captures][1:]
+    assert reasons == ["a size changed since the previous capture", "recaptured"] and ca.runs == 4
 
 
 def test_capture_compile_and_recapture_are_trace_events(tmp_path):
@@ -655,8 +688,8 @@ def test_capture_compile_and_recapture_are_trace_events(tmp_path):
     path = tmp_path / "trace.json"
     c = torch.randn(1, 3, requires_grad=True)
     with aotgrad.trace(path), compiled_autograd() as ca:
-        _broadcast_step(c, 1)
-        _broadcast_step(c, 4)
+        for n in (4, 1, 6):
+            _broadcast_step(c, n)
     events = {e["name"]: e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"}
     assert {"compiled_autograd capture", "compiled_autograd compile", "compiled_autograd recapture"} <= set(events)
     assert events["compiled_autograd capture"]["args"]["nodes"] > 0
