@@ -95,7 +95,8 @@ def _unsupported(ddp) -> str | None:
         (getattr(ddp, "_delay_all_reduce_all_params", False), "delay_all_reduce_named_params"),
         (getattr(ddp, "mixed_precision", None) is not None, "DDP's mixed_precision"),
         (any(hasattr(p, "_in_backward_optimizers") for p in ddp._module_parameters), "optimizers in backward"),
-        (getattr(getattr(ddp, "_join_config", None), "enable", False), "the Join context")) if cond]
+        (getattr(getattr(ddp, "_join_config", None), "enable", False), "the Join context"),
+        (not hasattr(ddp.reducer, "_remove_autograd_hooks"), "a torch whose DDP reducer keeps its hooks")) if cond]
     return what[0] if what else None
 
 

@@ -2,7 +2,7 @@
 
 wrapper: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2 ``fully_shard`` on every layer, then
 the root). entry: ``compile`` (torch.compile, backend aotgrad), ``jit``, ``ca`` (eager forward, the
-backward under ``aotgrad.compiled_autograd``), ``capture`` (a typed refusal is expected). variant:
+backward under ``aotgrad.compiled_autograd``), ``jitca`` (both), ``capture`` (a typed refusal is expected). variant:
 ``plain``; ``nosync`` (two micro-batches, the first under ``no_sync``); ``unused``
 (``find_unused_parameters``, one layer used on rank 0 only, one never); ``static``
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
@@ -131,9 +131,10 @@ def _ca_backward(loss):
 
 def _compiled(entry, step) -> int:
     """How many graphs the entry point compiled: a case where nothing compiled proves nothing."""
-    if entry == "jit":
+    if entry in ("jit", "jitca"):
         units = getattr(step.around, "units", None)
-        return sum(len(j.entries) for _, j in units) if units else len(step.entries)
+        entries = sum(len(j.entries) for _, j in units) if units else len(step.entries)
+        return entries if entry == "jit" or _CA_RUNS[0] else 0
     if entry == "ca":
         return _CA_RUNS[0]
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
@@ -156,8 +157,8 @@ def run(name: str, rank: int, world: int):
     want_grads, want_params = _train(eager, eager, lambda loss: loss.backward(), rank, variant)
     model = _model(wrapper, variant, rank, world)
     step = {"compile": lambda: torch.compile(model, backend="aotgrad"), "jit": lambda: aotgrad.jit(model),
-            "ca": lambda: model}[entry]()
-    backward = _ca_backward if entry == "ca" else (lambda loss: loss.backward())
+            "ca": lambda: model, "jitca": lambda: aotgrad.jit(model)}[entry]()
+    backward = _ca_backward if entry in ("ca", "jitca") else (lambda loss: loss.backward())
     if variant == "mixed":       # the reducer compiled autograd switched the model to, in eager backwards
         calls = iter(range(100))
         backward = lambda loss: (_ca_backward if next(calls) % 2 == 0 else torch.Tensor.backward)(loss)

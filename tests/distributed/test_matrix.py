@@ -14,6 +14,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built wit
 ENTRIES = ("compile", "jit", "ca")
 DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static") for e in ENTRIES] + ["ddp-ca-mixed"]
 FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in ENTRIES] + ["fsdp-jit-single"]
+# jit's forward with compiled autograd's backward: the combination compiled autograd suggests for checkpoint.
+BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "fsdp-jitca-plain", "fsdp-jitca-ckpt"]
 
 # Refused combinations, with a phrase of the refusal and why it cannot be exact.
 REFUSED = {
@@ -30,7 +32,7 @@ REFUSED = {
 }
 
 FAST = ["ddp-jit-plain", "ddp-ca-plain", "fsdp-jit-plain", "ddp-capture-plain", "fsdp-capture-plain"]
-SLOW = [c for c in DDP + FSDP + list(REFUSED) if c not in FAST]
+SLOW = [c for c in DDP + FSDP + BOTH + list(REFUSED) if c not in FAST]
 
 
 def _check(results, names):
