@@ -154,7 +154,28 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
     for target, value in data["attrs"].items():
         tensors[f"{prefix}{target}"] = value
     traces = {n.name: n.meta["stack_trace"] for n in gm.graph.nodes if isinstance(n.meta.get("stack_trace"), str)}
-    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces}
+    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces,
+            "values": _node_values(gm)}
+
+
+def _node_values(gm: fx.GraphModule) -> dict:
+    """Each node's value as static ``TensorMeta`` data (memory estimates, printed shapes); a node whose
+    value is not that (a symbolic size, an opaque object) is left out."""
+    from .values import TensorMeta, value_out
+    out = {}
+    for n in gm.graph.nodes:
+        v = value_out(n.meta.get("val"), {})
+        if v is not None and _static_value(v, TensorMeta):
+            out[n.name] = encode(v)
+    return out
+
+
+def _static_value(v, meta_cls) -> bool:
+    if isinstance(v, (list, tuple)):
+        return all(_static_value(x, meta_cls) for x in v)
+    if type(v) is meta_cls:
+        return all(type(s) is int for s in (*v.shape, *v.stride, v.offset))
+    return v is None or type(v) in (bool, int, float)
 
 
 def _encode_target(spec) -> dict:
@@ -207,7 +228,9 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
         for n in graph.nodes:       # the user's source lines, as text (inspect and saved-activation tables)
             if isinstance(traces.get(n.name), str):
                 n.meta["stack_trace"] = traces[n.name]
-        return fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
+        gm = fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
+        _keep_values(gm, env, data.get("values", {}))
+        return gm
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
 
@@ -264,3 +287,16 @@ def op_schemas(graphs) -> dict:
     """``{operator name: schema text}`` of every operator the graphs call (checked on load)."""
     return {f"{n.target._schema.name}.{n.target._overloadname}": str(n.target._schema)
             for gm in graphs for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
+
+
+def _keep_values(gm: fx.GraphModule, env: dict, stored) -> None:
+    """Node values as data, rebuilt as fake tensors when something reads them (``values.with_values``)."""
+    from .values import STORED, FakeValues, TensorMeta, keep
+    if not isinstance(stored, dict) or not set(stored) <= set(env):
+        raise ExportFormatError("a graph's node values name nodes it does not have")
+    for name, data in stored.items():
+        value = decode(data)
+        if not _static_value(value, TensorMeta):
+            raise ExportFormatError(f"the value of graph node {name} is not a static tensor description")
+        env[name].meta[STORED] = value
+    keep(gm, FakeValues({}))

@@ -6,6 +6,8 @@ is an ``int``, never a string that would be pasted into source.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..analysis.metadata import Analysis, InputInfo, OutputInfo, ViewMeta
@@ -13,6 +15,7 @@ from ..capture.descriptors import Desc
 from ..capture.joint import JointLayout
 from ..guards.inputs import TensorSpec
 from . import codec
+from .values import TensorMeta
 
 
 def _int(v) -> bool:
@@ -61,6 +64,9 @@ SCHEMAS = {
                "fake_outputs": lambda v: v == (), "fw_requires_grad": lambda v: type(v) is tuple and all(map(_bool, v)),
                "out_spec": lambda v: v is None},    # written once, as the manifest's out_spec
     JointLayout: {"n_primals": _int, "tangent_of": _ints, "n_fw": _int, "grad_of": _ints, "mutated": _ints},
+    TensorMeta: {"shape": _ints, "stride": _ints, "offset": _int, "dtype": lambda v: isinstance(v, torch.dtype),
+                 "device": lambda v: type(v) is str and re.match(r"^[a-z]+(:\d+)?$", v) is not None,
+                 "requires_grad": _bool},
 }
 
 for _cls, _fields in SCHEMAS.items():

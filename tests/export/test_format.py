@@ -249,3 +249,19 @@ def test_any_changed_manifest_field_loads_or_is_refused(artifact, tmp_path):
             aotgrad.load(crafted)
         except ExportFormatError:
             pass
+
+
+def test_loaded_graphs_keep_node_values(artifact, tmp_path):
+    """Shapes and dtypes of every node travel as data: memory estimates and printed tables match a fresh compile."""
+    path, net, x = artifact
+    step = aotgrad.load(path)
+    fresh = aotgrad.capture(net, x, 3.0).compile()
+    assert step.compiled.memory.saved_bytes == fresh.memory.saved_bytes > 0
+    assert "param 'lin.weight' float32[3, 4]" in str(step)
+
+    def change(g):
+        name = next(iter(g["values"]))
+        g["values"][name]["shape"] = {"tuple": ["s0 + __import__('os').getpid()"]}
+    crafted = _rewrite(path, str(tmp_path / "v.aotgrad"), _edit_json("graphs/forward.json", change))
+    with pytest.raises(ExportFormatError, match="TensorMeta.shape"):
+        aotgrad.load(crafted)
