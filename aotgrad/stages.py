@@ -26,7 +26,7 @@ class Modes:
     grad_enabled: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Setup:
     """Stage 0: the user's call flattened, with fake inputs in a tracing session.
 
@@ -50,8 +50,12 @@ class Setup:
         return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled),
                        fake_inputs=(), real_inputs=())
 
+    def __repr__(self) -> str:
+        from .observe.printing import repr_setup
+        return repr_setup(self)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class Captured:
     """Stage 1: the joint forward+backward graph and what it does to its inputs.
 
@@ -104,8 +108,12 @@ class Captured:
         from .observe.printing import format_captured
         return format_captured(self)
 
+    def __repr__(self) -> str:
+        from .observe.printing import repr_captured
+        return repr_captured(self)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class Compiled:
     """Stage 2: compiled forward and backward, callable like the original function."""
     captured: Captured
@@ -144,6 +152,10 @@ class Compiled:
     def __str__(self) -> str:
         from .observe.printing import format_compiled
         return format_compiled(self)
+
+    def __repr__(self) -> str:
+        from .observe.printing import repr_compiled
+        return repr_compiled(self)
 
 
 @dataclass(frozen=True, repr=False)

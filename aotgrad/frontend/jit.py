@@ -54,7 +54,7 @@ def _describe_modes(was, now) -> str:
     return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(_MODE_NAMES, was, now) if a != b)
 
 
-@dataclass
+@dataclass(repr=False)
 class Entry:
     compiled: object
     modes: tuple
@@ -62,8 +62,12 @@ class Entry:
     reason: str | None          # why it was compiled: None for the first entry
     loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
 
+    def __repr__(self) -> str:
+        why = "first call" if self.reason is None else f"recompiled because {self.reason}"
+        return f"<jit entry {self.compiled!r}: {why}{', loaded from the disk cache' if self.loaded else ''}>"
 
-@dataclass
+
+@dataclass(repr=False)
 class Jit:
     fn: object
     dynamic: bool | None = None
@@ -80,6 +84,10 @@ class Jit:
         split_for_jit(self)     # DDP and FSDP wrappers (frontend/distributed.py)
         if self.name is None:
             self.name = root_name(self.fn)
+
+    def __repr__(self) -> str:
+        from ..observe.printing import repr_jit
+        return repr_jit(self)
 
     def __get__(self, obj, objtype=None):
         """``@aotgrad.jit`` on a method: one jitted function per instance, with ``self`` bound."""

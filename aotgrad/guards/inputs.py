@@ -15,6 +15,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
 from ..capture.session import backed_symbols
+from ..generated import compile_source
 
 
 
@@ -88,7 +89,7 @@ class InputGuards:
 def build(specs, descs, conditions) -> InputGuards:
     slow, bind_src, used = _source("check_all", specs, conditions)
     env = {"torch": torch}
-    exec(compile(slow + "\n\n" + bind_src, "<aotgrad input guards>", "exec"), env)
+    exec(compile_source(slow + "\n\n" + bind_src, "input guards"), env)
     k, fast = _static_prefix(specs, descs)
     src = slow
     if k:
@@ -99,7 +100,7 @@ def build(specs, descs, conditions) -> InputGuards:
         src = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
                "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest + "\n\n" + slow)
         env["fast"] = fast
-        exec(compile(src, "<aotgrad input guards>", "exec"), env)
+        exec(compile_source(src, "input guards"), env)
     else:
         env["check"] = env["check_all"]
     return InputGuards(tuple(specs), tuple(descs), tuple(used), src + "\n\n" + bind_src, env["check"], env["bind"])

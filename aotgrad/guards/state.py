@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import errors
+from ..generated import compile_source
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
 
 _EQ_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
@@ -250,7 +251,7 @@ def _generated(reads, kind):
     src = (f"def make({', '.join(names)}):\n    def check():\n        return " + " and ".join(terms)
            + "\n    return check\n")
     env: dict = {"getattr": getattr}
-    exec(compile(src, "<aotgrad state guards>", "exec"), env)
+    exec(compile_source(src, "state guards"), env)
     check = env["make"](*cells.values())
     if kind == "dict":
         return check            # equality is the rule itself: a failure is never a false alarm

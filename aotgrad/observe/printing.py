@@ -35,6 +35,36 @@ def format_captured(c) -> str:
     return "\n".join(lines) + "\n" + format_graph(c.joint)
 
 
+def _name(setup) -> str:
+    return getattr(setup.flat_fn, "__name__", type(setup.fn).__name__)
+
+
+def _nodes(gm) -> int:
+    return len(gm.graph.nodes) if gm is not None else 0
+
+
+def repr_setup(s) -> str:
+    return f"<Setup {_name(s)}: {len(s.input_descs)} flat inputs>"
+
+
+def repr_captured(c) -> str:
+    kind = "inference" if c.is_inference else "joint"
+    return (f"<Captured {_name(c.setup)}: {kind} graph of {_nodes(c.joint)} nodes, "
+            f"{len(c.input_descs)} inputs, {len(c.output_descs)} outputs>")
+
+
+def repr_compiled(c) -> str:
+    graphs = f"forward {_nodes(c.forward_graph)} nodes"
+    if c.backward_graph is not None:
+        graphs += f", backward {_nodes(c.backward_graph)} nodes, {len(c.saved)} saved"
+    return f"<Compiled {_name(c.captured.setup)}: {graphs}>"
+
+
+def repr_jit(j) -> str:
+    n = len(j.entries)
+    return f"<aotgrad.jit {j.name or type(j.fn).__name__}: {n} compiled entr{'y' if n == 1 else 'ies'}>"
+
+
 def format_compiled(c) -> str:
     parts = [f"Compiled {c.captured.setup.flat_fn.__name__}",
              "  history:", *(f"    {s}" for s in c.history)]

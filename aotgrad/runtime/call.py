@@ -15,6 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .epilogue import apply_mutations, build_outputs
+from .trees import tree_difference
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def make_call(captured, run_graph) -> CallPath:
         else:
             leaves, spec = pytree.tree_flatten((args, kwargs))
             if spec != in_spec:
-                return None, f"arguments have structure {spec}, captured with {in_spec}"
+                return None, tree_difference(in_spec, spec)
         for i, v in const:
             x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
             if x is not v and (type(x) is not type(v) or type(v) not in _VALUE_TYPES or x != v):

@@ -13,6 +13,8 @@ import re
 import torch
 import torch.fx as fx
 
+from ..generated import compile_source
+
 
 class _Emitter:
     def __init__(self, gm: fx.GraphModule):
@@ -93,7 +95,7 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
         body = [unpack, "args.clear()", *body]
         params = ["args"]
     src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(src, f"<aotgrad {name}>", "exec"), em.globals)
+    exec(compile_source(src, name), em.globals)
     fn = em.globals[name]
     fn.source = src
     fn._boxed_call = boxed
