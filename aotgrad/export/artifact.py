@@ -33,8 +33,7 @@ def export(captured, path: str, *, values: bool = True, partitioner="default", m
     try:
         manifest, graphs, named = _manifest(captured, partitioner, memory_budget, values)
     except Unserializable as e:
-        raise errors.UnsupportedError(f"cannot export this capture: it holds {e}, which the export format "
-                                      "does not define") from None
+        raise errors.UnsupportedError(f"cannot export this capture: the export format does not define {e}") from None
     blob, manifest["tensors"] = tensor_io.pack(named)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1))
@@ -90,7 +89,7 @@ def _refuse(captured) -> None:
 
 def _static(spec):
     if spec is None or not all(isinstance(v, int) for v in (*spec.size, *spec.layout)):
-        raise Unserializable("symbolic sizes (a dynamic capture); capture with dynamic=False to export")
+        raise Unserializable("symbolic sizes (a dynamic capture): capture with dynamic=False to export")
     return spec
 
 
@@ -118,8 +117,8 @@ def _state_specs(captured, named: dict | None) -> list:
     state = []
     for name, slot in zip(sig.state_names, sig.slots):
         t = (slot.module._parameters if slot.is_param else slot.module._buffers)[slot.attr]
-        state.append({"name": name, "kind": "param" if slot.is_param else "buffer", "dtype": str(t.dtype).removeprefix("torch."),
-                      "shape": list(t.shape), "requires_grad": t.requires_grad,
+        state.append({"name": name, "kind": "param" if slot.is_param else "buffer",
+                      "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "requires_grad": t.requires_grad,
                       "aliases": aliases.get(name, [name])[1:]})
         if named is not None:
             named[f"state/{name}"] = t
@@ -156,11 +155,10 @@ def load(path: str, *, state: dict | None = None, placeholders: bool = False):
             state = {**_zeros(manifest), **(state or {})}
         return build_exported(path, manifest, graphs, tensors, state, start)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
-        # The checks above cover each field; what they miss is still a malformed file, not a step to run.
-        raise errors.ExportFormatError(f"{path} is malformed: {type(e).__name__}: {str(e)[:200]}") from None
-
-
-__all__ = ["export", "load", "FORMAT", "VERSION"]
+        # The checks cover each field; what they miss is still a malformed file, not a step to run
+        # (the chained exception keeps the traceback, should it be this aotgrad's fault instead).
+        raise errors.ExportFormatError(f"{path} could not be loaded, it is malformed "
+                                       f"({type(e).__name__}: {str(e)[:200]})") from e
 
 
 def _zeros(manifest: dict) -> dict:
@@ -170,3 +168,6 @@ def _zeros(manifest: dict) -> dict:
     specs = _typed_list(manifest["guards"], TensorSpec)
     return {e["name"]: torch.zeros(spec.size, dtype=spec.dtype, device=spec.device)
             for e, spec in zip(manifest["state"], specs) if f"state/{e['name']}" not in manifest["tensors"]}
+
+
+__all__ = ["export", "load", "FORMAT", "VERSION"]
