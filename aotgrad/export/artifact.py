@@ -58,9 +58,9 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
         "format": FORMAT, "version": VERSION, "torch": torch.__version__, "aotgrad": _aotgrad_version(),
         "name": captured.setup.flat_fn.__name__, "kind": "inference" if part is None else "training",
         "grad_enabled": bool(captured.setup.session.grad_enabled), "values": values, "state": state,
-        "signature": {"in_spec": pytree.treespec_dumps(sig.in_spec), "leaves": codec.encode(list(sig.leaves)),
+        "signature": {"in_spec": _spec_text(sig.in_spec, "argument"), "leaves": codec.encode(list(sig.leaves)),
                       "tensor_pos": list(sig.tensor_pos)},
-        "out_spec": pytree.treespec_dumps(captured.out_spec),
+        "out_spec": _spec_text(captured.out_spec, "output"),
         "input_descs": codec.encode(list(captured.input_descs)),
         "output_descs": codec.encode(list(captured.output_descs)),
         "analysis": codec.encode(_plain_analysis(captured.analysis)),
@@ -71,6 +71,13 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
         "graphs": sorted(graphs), "ops": codec.op_schemas(gms.values()),
     }
     return manifest, graphs, named
+
+
+def _spec_text(spec, what: str) -> str:
+    try:
+        return pytree.treespec_dumps(spec)
+    except NotImplementedError as e:     # a namedtuple or pytree class registered without a serialized name
+        raise Unserializable(f"an {what} structure pytree cannot write as text ({e})") from None
 
 
 def _refuse(captured) -> None:

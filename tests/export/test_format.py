@@ -265,3 +265,11 @@ def test_loaded_graphs_keep_node_values(artifact, tmp_path):
     crafted = _rewrite(path, str(tmp_path / "v.aotgrad"), _edit_json("graphs/forward.json", change))
     with pytest.raises(ExportFormatError, match="TensorMeta.shape"):
         aotgrad.load(crafted)
+
+
+def test_output_class_pytree_cannot_name_is_refused_at_export(tmp_path):
+    import collections
+    pair = collections.namedtuple("Pair", "loss extra")
+    captured = aotgrad.capture(lambda x: pair(x.sin().sum(), x.cos()), torch.randn(3, requires_grad=True))
+    with pytest.raises(UnsupportedError, match="output structure .*Pair"):
+        captured.export(str(tmp_path / "p.aotgrad"))
