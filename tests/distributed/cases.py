@@ -2,13 +2,13 @@
 
 wrapper: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2 ``fully_shard`` on every layer, then
 the root). entry: ``compile`` (torch.compile, backend aotgrad), ``jit``, ``ca`` (eager forward, the
-backward under ``aotgrad.compiled_autograd``), ``jitca`` (both), ``capture`` (a typed refusal is expected). variant:
+backward under ``aotgrad.compiled_autograd``), ``jitca`` / ``compileca`` (a compiled forward, then that), ``capture`` (a typed refusal is expected). variant:
 ``plain``; ``nosync`` (two micro-batches, the first under ``no_sync``); ``unused``
 (``find_unused_parameters``, one layer used on rank 0 only, one never); ``static``
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
 blocks, each its own FSDP unit); ``ckptout`` (``checkpoint`` called around an FSDP unit); ``mixed``
 (compiled-autograd and eager backwards alternate on one DDP model); ``single`` (FSDP2 on the
-root only: one unit); ``commhook`` (a DDP
+root only: one unit); ``bn`` (BatchNorm: DDP broadcasts buffers from rank 0 every forward); ``commhook`` (a DDP
 communication hook, which compiled autograd refuses).
 
 Each case trains a fresh model 3 SGD steps next to the same model under eager DDP/FSDP2, each rank
@@ -34,16 +34,17 @@ STEPS = 3
 class MLP(nn.Module):
     """Three layers; ``extra`` runs on rank 0 only and ``never`` on no rank (the ``unused`` variant)."""
 
-    def __init__(self, rank=0, branches=False, ckpt_outside=False):
+    def __init__(self, rank=0, branches=False, ckpt_outside=False, norm=False):
         super().__init__()
         torch.manual_seed(0)
         self.fc1, self.fc2, self.fc3 = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 1)
+        self.norm = nn.BatchNorm1d(16) if norm else nn.Identity()
         self.branches, self.rank, self.ckpt_outside = branches, rank, ckpt_outside
         if branches:
             self.extra, self.never = nn.Linear(16, 16), nn.Linear(16, 16)
 
     def forward(self, x):
-        h = torch.tanh(self.fc1(x))
+        h = torch.tanh(self.norm(self.fc1(x)))
         h = torch.tanh(checkpoint(self.fc2, h, use_reentrant=False) if self.ckpt_outside else self.fc2(h))
         if self.branches and self.rank == 0:
             h = h + self.extra(h)
@@ -71,7 +72,7 @@ def _model(wrapper, variant, rank, world):
     if variant == "ckpt":
         model = Blocks()
     else:
-        model = MLP(rank, branches=variant == "unused", ckpt_outside=variant == "ckptout")
+        model = MLP(rank, branches=variant == "unused", ckpt_outside=variant == "ckptout", norm=variant == "bn")
     if wrapper == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=variant == "unused",
                                                   static_graph=variant == "static")
@@ -111,7 +112,7 @@ def _train(model, step, backward, rank, variant):
                 backward(((step(x) - y) ** 2).mean())
         grads.append([_local(p.grad) for p in params])
         opt.step()
-    return grads, [_local(p) for p in params]
+    return grads, [_local(p) for p in params] + [_local(b) for b in model.buffers()]
 
 
 def _same(a, b, tol):
@@ -137,7 +138,8 @@ def _compiled(entry, step) -> int:
         return entries if entry == "jit" or _CA_RUNS[0] else 0
     if entry == "ca":
         return _CA_RUNS[0]
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return graphs if entry == "compile" or _CA_RUNS[0] else 0
 
 
 def run(name: str, rank: int, world: int):
@@ -157,8 +159,9 @@ def run(name: str, rank: int, world: int):
     want_grads, want_params = _train(eager, eager, lambda loss: loss.backward(), rank, variant)
     model = _model(wrapper, variant, rank, world)
     step = {"compile": lambda: torch.compile(model, backend="aotgrad"), "jit": lambda: aotgrad.jit(model),
-            "ca": lambda: model, "jitca": lambda: aotgrad.jit(model)}[entry]()
-    backward = _ca_backward if entry in ("ca", "jitca") else (lambda loss: loss.backward())
+            "ca": lambda: model, "jitca": lambda: aotgrad.jit(model),
+            "compileca": lambda: torch.compile(model, backend="aotgrad")}[entry]()
+    backward = _ca_backward if entry in ("ca", "jitca", "compileca") else (lambda loss: loss.backward())
     if variant == "mixed":       # the reducer compiled autograd switched the model to, in eager backwards
         calls = iter(range(100))
         backward = lambda loss: (_ca_backward if next(calls) % 2 == 0 else torch.Tensor.backward)(loss)

@@ -12,10 +12,11 @@ from . import harness
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 
 ENTRIES = ("compile", "jit", "ca")
-DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static") for e in ENTRIES] + ["ddp-ca-mixed"]
+DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static", "bn") for e in ENTRIES] + ["ddp-ca-mixed"]
 FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in ENTRIES] + ["fsdp-jit-single"]
-# jit's forward with compiled autograd's backward: the combination compiled autograd suggests for checkpoint.
-BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "fsdp-jitca-plain", "fsdp-jitca-ckpt"]
+# A compiled forward with compiled autograd's backward (what compiled autograd suggests for checkpoint).
+BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "ddp-jitca-bn", "ddp-compileca-plain",
+        "fsdp-jitca-plain", "fsdp-jitca-ckpt", "fsdp-compileca-plain"]
 
 # Refused combinations, with a phrase of the refusal and why it cannot be exact.
 REFUSED = {
