@@ -8,8 +8,9 @@ takes its Python-reducer path, and buffers are broadcast and ``no_sync`` recorde
 
 A post-accumulate-grad hook per parameter marks it ready; the compiled backward calls it right
 after that gradient's accumulation (``accumulate.run_early``), where eager's engine would. A bucket
-(DDP's own size-based assignment, last parameters first) is all-reduced asynchronously as soon as
-it and every bucket before it are ready: bucket order is the one every rank agrees on. A final
+(DDP's own size-based assignment: last parameters first, then, rebuilt once as DDP does, in the
+order the first reduced backward produced gradients) is all-reduced asynchronously as soon as it
+and every bucket before it are ready: bucket order is the one every rank agrees on. A final
 callback issues the rest (a parameter without a gradient counts as zero, as DDP's buckets do),
 waits, and writes the averaged gradients back. The arithmetic is DDP's: each gradient times
 1/world_size into the bucket, then summed. Nothing here is gloo- or CPU-specific.
@@ -132,13 +133,16 @@ def post_forward(ddp) -> None:
     ddp.require_forward_param_sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
 
 
-def _buckets(ddp, params: list) -> list:
-    """DDP's assignment by size (first bucket smaller), in DDP's order: last parameters first."""
+def _limits(ddp) -> list:
     cap = ddp.bucket_bytes_cap
-    first = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
-                    getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap))
-    indices, _ = dist._compute_bucket_assignment_by_size(params, [first, cap], [False] * len(params))
-    return [[params[i] for i in bucket] for bucket in reversed(indices)]
+    return [getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
+                    getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
+
+
+def _buckets(params: list, limits: list) -> list:
+    """DDP's assignment by size (the first bucket smaller), in the order of ``params``."""
+    indices, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+    return [[params[i] for i in bucket] for bucket in indices]
 
 
 class BucketReducer:
@@ -148,15 +152,21 @@ class BucketReducer:
         self.ddp = weakref.ref(ddp)
         self.group = ddp.process_group
         self.world = dist.get_world_size(self.group)
-        params = [p for p in ddp._module_parameters if p.requires_grad]
-        self.buckets = _buckets(ddp, params)
-        self.bucket_of = {id(p): k for k, b in enumerate(self.buckets) for p in b}
+        self.params = [p for p in ddp._module_parameters if p.requires_grad]
+        self.limits = _limits(ddp)
+        # As DDP: last parameters first until the first backward shows the order gradients come in.
+        self._assign(list(reversed(_buckets(self.params, self.limits))))
+        self.order: list | None = [] if not ddp.find_unused_parameters else None
         self.timeline: list = []     # the last backward's (bucket index or "end", time.perf_counter())
         self.find_unused = ddp.find_unused_parameters
         self.used: set = set()
         self._reset()
-        for p in params:
+        for p in self.params:
             p.register_post_accumulate_grad_hook(self._ready)
+
+    def _assign(self, buckets: list) -> None:
+        self.buckets = buckets
+        self.bucket_of = {id(p): k for k, b in enumerate(buckets) for p in b}
 
     def _reset(self) -> None:
         self.ready: set = set()
@@ -174,6 +184,8 @@ class BucketReducer:
             self.active, self.timeline = True, []
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.ready.add(id(param))
+        if self.order is not None:
+            self.order.append(param)
         self.pending[self.bucket_of[id(param)]] -= 1
         while self.next < len(self.buckets) and self.pending[self.next] == 0:
             self._issue(self.next)
@@ -198,9 +210,21 @@ class BucketReducer:
             for k, flat, work in self.issued:
                 work.wait()
                 self._write_back(self.buckets[k], flat, used)
+            self._rebuild()
         finally:
             self.used = set()
             self._reset()
+
+    def _rebuild(self) -> None:
+        """Once, after the first reduced backward, as DDP's ``_rebuild_buckets``: buckets in the order
+        gradients became ready, rank 0's order on every rank (bucket order must agree across ranks)."""
+        order, self.order = self.order, None
+        if order is None or len(order) != len(self.params):
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        ranks = torch.tensor([index[id(p)] for p in order], dtype=torch.int64, device=self.params[0].device)
+        dist.broadcast(ranks, group=self.group, group_src=0)
+        self._assign(_buckets([self.params[i] for i in ranks.tolist()], self.limits))
 
     def _globally_used(self):
         """With ``find_unused_parameters``, DDP leaves the gradient of a parameter no rank used alone."""

@@ -8,7 +8,7 @@ backward under ``aotgrad.compiled_autograd``), ``jitca`` / ``compileca`` (a comp
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
 blocks, each its own FSDP unit); ``ckptout`` (``checkpoint`` called around an FSDP unit); ``mixed``
 (compiled-autograd and eager backwards alternate on one DDP model); ``single`` (FSDP2 on the
-root only: one unit); ``bn`` (BatchNorm: DDP broadcasts buffers from rank 0 every forward); ``commhook`` (a DDP
+root only: one unit); ``buckets`` (a bucket per parameter, rebuilt in gradient order); ``bn`` (BatchNorm: DDP broadcasts buffers from rank 0 every forward); ``commhook`` (a DDP
 communication hook, which compiled autograd refuses).
 
 Each case trains a fresh model 3 SGD steps next to the same model under eager DDP/FSDP2, each rank
@@ -75,7 +75,8 @@ def _model(wrapper, variant, rank, world):
         model = MLP(rank, branches=variant == "unused", ckpt_outside=variant == "ckptout", norm=variant == "bn")
     if wrapper == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=variant == "unused",
-                                                  static_graph=variant == "static")
+                                                  static_graph=variant == "static",
+                                                  bucket_cap_mb=1e-4 if variant == "buckets" else None)
         if variant == "commhook":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
             ddp.register_comm_hook(None, allreduce_hook)

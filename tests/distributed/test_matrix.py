@@ -15,7 +15,7 @@ ENTRIES = ("compile", "jit", "ca")
 DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static", "bn") for e in ENTRIES] + ["ddp-ca-mixed"]
 FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in ENTRIES] + ["fsdp-jit-single"]
 # A compiled forward with compiled autograd's backward (what compiled autograd suggests for checkpoint).
-BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "ddp-jitca-bn", "ddp-compileca-plain",
+BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "ddp-jitca-bn", "ddp-compileca-plain", "ddp-ca-buckets",
         "fsdp-jitca-plain", "fsdp-jitca-ckpt", "fsdp-compileca-plain"]
 
 # Refused combinations, with a phrase of the refusal and why it cannot be exact.
