@@ -101,8 +101,10 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     _anchor_user_frames(user_fn)
     # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
     # running for real (which would bake a constant and consume the real RNG).
+    # An explicit (empty) decomposition table: without one, torch >= 2.14.1 turns every
+    # aten.detach into aten.alias, which the clean-up cannot tell from a user's alias.
     with session.fake_mode, traceable_ops():
-        return make_fx(fn, pre_dispatch=False, record_stack_traces=True,
+        return make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                        _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
 
 

@@ -23,10 +23,19 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _drop_detach(g: fx.Graph) -> None:
+    """Detach, and alias read only inside the graph (torch 2.14.1's make_fx writes detach as alias
+    when traced without a decomposition table): in a functional graph both only rename a value.
+    An alias the graph returns stays, so an output is not merged with another output or an input."""
     for n in list(g.nodes):
-        if n.op == "call_function" and n.target is torch.ops.aten.detach.default:
+        if n.op != "call_function":
+            continue
+        if n.target is torch.ops.aten.detach.default:
             n.replace_all_uses_with(n.args[0])
             g.erase_node(n)
+        elif n.target is torch.ops.aten.alias.default:
+            n.replace_all_uses_with(n.args[0], delete_user_cb=lambda u: u.op != "output")
+            if not n.users:
+                g.erase_node(n)
 
 
 def _drop_dead(g: fx.Graph) -> None:
@@ -52,7 +61,8 @@ eliminate_dead_code.__doc__ = """Drop nodes nothing uses, keeping random ops so 
 
 remove_detach = _pure(_drop_detach)
 remove_detach.__name__ = "remove_detach"
-remove_detach.__doc__ = """Replace ``detach(x)`` by ``x``: graphs run without autograd, so detach only renames.
+remove_detach.__doc__ = """Replace ``detach(x)`` (and an ``alias(x)`` not returned) by ``x``: graphs run without
+    autograd, so detach only renames.
 
     ``d = detach(r); y = threshold_backward(g, d)``  ->  ``y = threshold_backward(g, r)``
     """
