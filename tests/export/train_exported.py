@@ -6,6 +6,8 @@
 ``result.pt`` gets the losses, final parameters and buffers, the last gradients, and the
 names of any model module that got imported.
 """
+import importlib.util
+import os
 import sys
 
 import torch
@@ -34,6 +36,8 @@ def main(job_path, out_path):
     job = torch.load(job_path, weights_only=True)
     results = {name: train(**spec) for name, spec in job.items()}
     results["imported"] = [m for m in sys.modules if m in ("models", "examples.models") or m.startswith("tests")]
+    results["importable"] = [m for m in ("examples", "models", "tests") if importlib.util.find_spec(m) is not None]
+    results["aotgrad"] = os.path.realpath(os.path.dirname(aotgrad.__file__))
     torch.save(results, out_path)
 
 
