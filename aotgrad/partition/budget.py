@@ -2,21 +2,25 @@
 
 The budget lets the min cut recompute more ops, in a fixed order: most bytes
 saved per recompute FLOP first. Letting it recompute the first k of them for
-growing k gives a sequence of partitions; we keep only those that save fewer
-bytes *and* peak no higher than every one kept before. A budget picks the
-first kept partition that fits, so a smaller budget walks further along one
-fixed chain and can never get a larger saved size or a larger peak.
+growing k gives a sequence of partitions, ending with every forward op that
+may be recomputed recomputed (JAX's ``nothing_saveable``). We keep a chain
+of them, each saving fewer bytes than all before: first those that also peak
+no higher than all before; then, where that runs out, the rest at whatever
+peak they reach (``estimate`` reports it). A budget picks the first kept
+partition that fits, so a smaller budget walks further along one fixed chain
+and never gets a larger saved size; any budget that full recomputation
+meets is met.
 """
 from __future__ import annotations
 
 import torch.fx as fx
 
-from ..capture.joint import JointLayout
-from ..errors import BudgetError
+from ..ir.records import JointLayout
+from ..errors import BudgetError, caller_line
 from .costs import flops, may_recompute, never_recompute, node_bytes
 from .default import Partition, default_partition, forward_nodes
 from .memory import estimate
-from .min_cut import min_cut_partition
+from .min_cut import cut_partition, min_cut_partition
 
 
 def target_bytes(budget, default_saved: int) -> int:
@@ -47,14 +51,25 @@ def _levels(n: int, steps: int = 16) -> list[int]:
 
 
 def chain(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
-    """The monotonic chain of partitions: each saves fewer bytes and peaks no higher."""
+    """The monotonic chain of partitions: each saves fewer bytes than all before it."""
     order = recompute_order(joint, lay, policy)
-    best = None
+    kept, higher = None, []
     for k in _levels(len(order)):
-        part = min_cut_partition(joint, lay, policy, frozenset(order[:k]))
+        part = min_cut_partition(joint, lay, policy) if k == 0 else \
+            cut_partition(joint, lay, policy, frozenset(order[:k]))
         est = estimate(part)
-        if best is None or (est.saved_bytes < best.saved_bytes and est.peak_bytes <= best.peak_bytes):
-            best = est
+        if kept is None or (est.saved_bytes < kept.saved_bytes and est.peak_bytes <= kept.peak_bytes):
+            kept = est
+            yield part, est
+        else:
+            higher.append((part, est))
+    # Full recomputation as the policy-free floor (the cuts' byte counts can differ from the estimate's).
+    floor = cut_partition(joint, lay, "save_nothing")
+    higher.append((floor, estimate(floor)))
+    least = kept.saved_bytes
+    for part, est in higher:        # saving still less, at a higher peak
+        if est.saved_bytes < least:
+            least = est.saved_bytes
             yield part, est
 
 
@@ -65,9 +80,11 @@ def pick(candidates, target: int, default_saved: int) -> Partition:
         if est.saved_bytes <= target:
             return part
         smallest = est.saved_bytes
-    raise BudgetError(f"memory budget of {target} bytes cannot be met: the smallest saved-activation "
-                      f"size reachable without raising the peak is {smallest} bytes "
-                      f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved})")
+    raise BudgetError(f"memory budget of {target} bytes cannot be met: even recomputing every forward op "
+                      f"that may be recomputed saves {smallest} bytes "
+                      f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved}; random "
+                      f"draws and values read from inputs updated in place must be saved); "
+                      f"raise the budget to at least that", user_line=caller_line())
 
 
 def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:

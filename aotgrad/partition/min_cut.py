@@ -13,15 +13,16 @@ nodes are duplicated into the backward; the forward itself is unchanged.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 
 import networkx as nx
 import torch.fx as fx
 
-from ..capture.joint import JointLayout
+from ..ir.records import JointLayout
 from ..analysis.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
-from .default import Partition, build, forward_nodes, split_nodes
+from .default import Partition, build, default_partition, forward_nodes, split_nodes
 from .graphs import ancestors, is_sym
 from .memory import estimate
 
@@ -114,10 +115,35 @@ def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
     input may have been updated in place (BatchNorm's running stats, or any input
     the function itself writes: the runtime copies the new value in after the
     forward). Other inputs that require grad cannot be, and those the backward
-    reads anyway are no new risk."""
+    reads anyway are no new risk. Views of such inputs are as stale: saved, they
+    would cost nothing and hand a recomputation the new values all the same."""
     written = set(lay.mutated)
-    return {p for i, p in enumerate(primals) if i in written or (
+    stale = {p for i, p in enumerate(primals) if i in written or (
         i not in set(lay.grad_of) and not any(u in bw for u in p.users))}
+    for n in (primals[0].graph.nodes if primals else ()):
+        if aliases_input(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in stale:
+            stale.add(n)
+    return stale
+
+
+def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
+                  extra: frozenset = frozenset()) -> Partition:
+    """The partition the minimum cut names, whatever it saves (see ``min_cut_partition``)."""
+    fw = forward_nodes(joint, lay)
+    primals, _, _, grads = split_nodes(joint, lay)
+    bw = ancestors([x for x in grads if x is not None], stop=fw) - fw
+    unsafe = stale_inputs(primals, lay, bw)
+
+    def recomputable(n):
+        if n.target is operator.getitem:    # unpacking a tuple is recomputable when making the tuple is
+            return recomputable(n.args[0])
+        return (n in extra or may_recompute(n, policy)) and not any(a in unsafe for a in n.all_input_nodes)
+
+    def saveable(n):
+        return policy not in STRICT or n in extra or not recomputable(n)
+    recomputed = choose(joint, fw, bw, recomputable, saveable)
+    new, env, copies = with_recomputation(joint, bw, recomputed)
+    return replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
 
 
 def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
@@ -125,21 +151,15 @@ def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
     """Save the fewest bytes from which the backward can recompute what it reads.
 
     ``policy`` names which ops may be recomputed (see ``costs.POLICIES``);
-    ``extra`` are further nodes a memory budget allows to be recomputed.
+    ``extra`` are further nodes a memory budget allows to be recomputed. A strict
+    policy (JAX's ``dots_saveable``, ``nothing_saveable``) is honoured as named even
+    where it saves more than the default partitioner; otherwise the default's
+    partition is kept when the cut would save more.
     """
-    fw = forward_nodes(joint, lay)
-    primals, _, _, grads = split_nodes(joint, lay)
-    bw = ancestors([x for x in grads if x is not None], stop=fw) - fw
-    unsafe = stale_inputs(primals, lay, bw)
-    def recomputable(n):
-        return (n in extra or may_recompute(n, policy)) and not any(a in unsafe for a in n.all_input_nodes)
-
-    def saveable(n):
-        return policy not in STRICT or n in extra or not recomputable(n)
-    recomputed = choose(joint, fw, bw, recomputable, saveable)
-    new, env, copies = with_recomputation(joint, bw, recomputed)
-    part = replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
+    part = cut_partition(joint, lay, policy, extra)
+    if policy in STRICT:
+        return part
     # The cut's byte count can differ from the estimate's (views of one base
     # are cut separately); the promise "never more than default" is checked here.
-    default = build(joint, lay, fw)
+    default = default_partition(joint, lay)
     return part if estimate(part).saved_bytes <= estimate(default).saved_bytes else default

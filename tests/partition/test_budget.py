@@ -1,16 +1,17 @@
-"""Memory budgets: met when possible, a clear error when not, and monotonic:
-a smaller budget never gives more saved bytes or a larger peak."""
+"""Memory budgets: met whenever full recomputation meets them (a clear error when not),
+and monotonic: a smaller budget never gives more saved bytes; the predicted peak is
+the partition's own, also where meeting the budget raises it."""
 import pytest
 import torch
 
 import aotgrad
 from aotgrad.errors import BudgetError
-from aotgrad.partition import default_partition, estimate, min_cut
+from aotgrad.partition import default_partition, estimate, min_cut, min_cut_partition
 from aotgrad.partition.budget import budget_partition, chain, pick, target_bytes
 from tests.eager_check import check
 from tests.partition.test_min_cut import MODELS
 
-BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1, 0.0)
+SWEEP = tuple(i / 20 for i in range(20, -1, -1))       # 1.0, 0.95, ..., 0.0
 
 
 def _captured(name):
@@ -18,40 +19,54 @@ def _captured(name):
     return aotgrad.capture(model, *args)
 
 
-def _outcomes(captured):
+def _outcomes(captured, budgets):
     """The budgeted partition's estimate for each budget (None: refused), from one chain."""
     default = estimate(default_partition(captured.joint, captured.layout)).saved_bytes
     candidates = list(chain(captured.joint, captured.layout))
     out = []
-    for b in BUDGETS:
+    for b in budgets:
         try:
             out.append(estimate(pick(candidates, target_bytes(b, default), default)))
         except BudgetError:
             out.append(None)
-    return out
+    return default, out
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt"])
-def test_budget_is_met_or_refused_and_monotonic(name):
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt", "gpt_dropout"])
+def test_budget_sweep_met_down_to_full_recomputation_and_monotonic(name):
     captured = _captured(name)
-    default = estimate(default_partition(captured.joint, captured.layout)).saved_bytes
-    outcomes = _outcomes(captured)
-    for b, e in zip(BUDGETS, outcomes):
+    floor = estimate(min_cut_partition(captured.joint, captured.layout, "save_nothing")).saved_bytes
+    default, outcomes = _outcomes(captured, SWEEP)
+    for b, e in zip(SWEEP, outcomes):
+        if target_bytes(b, default) >= floor:
+            assert e is not None, f"budget {b} refused though full recomputation saves {floor} bytes"
         if e is not None:
-            assert e.saved_bytes <= b * default
-    ests = [e for e in outcomes if e is not None]
-    assert len(ests) >= 2
-    for big, small in zip(ests, ests[1:]):
-        assert small.saved_bytes <= big.saved_bytes
-        assert small.peak_bytes <= big.peak_bytes
+            assert e.saved_bytes <= target_bytes(b, default)
+    saved = [e.saved_bytes for e in outcomes if e is not None]
+    assert saved == sorted(saved, reverse=True)
+    assert len(set(saved)) >= 3
 
 
-def test_impossible_budget_names_smallest_amount():
-    captured = _captured("cnn")     # its dropout mask and batch-norm inputs must be saved
+def test_gpt_budget_below_the_peak_floor_is_met_with_its_peak_reported():
+    """The issue's case: 0.1 of the default was refused although recomputing the whole forward
+    meets it; met now, at a peak above the plain partitions' that the estimate reports."""
+    captured = _captured("gpt")
+    compiled = captured.compile(memory_budget=0.1)
+    default = estimate(default_partition(captured.joint, captured.layout))
+    mem = compiled.memory
+    assert mem.saved_bytes <= 0.1 * default.saved_bytes
+    assert mem.peak_bytes > captured.compile(memory_budget=0.5).memory.peak_bytes
+
+
+def test_impossible_budget_names_the_full_recomputation_floor():
+    captured = _captured("cnn")     # its dropout mask and batch-norm outputs must be saved
     candidates = list(chain(captured.joint, captured.layout))
+    floor = estimate(min_cut_partition(captured.joint, captured.layout, "save_nothing")).saved_bytes
     smallest = min(est.saved_bytes for _, est in candidates)
-    with pytest.raises(BudgetError, match=f"smallest saved-activation size reachable without raising the peak is {smallest} bytes"):
-        pick(candidates, 0, 1)
+    assert 0 < smallest <= floor
+    with pytest.raises(BudgetError, match=f"even recomputing every forward op that may be recomputed "
+                                          f"saves {smallest} bytes"):
+        pick(candidates, smallest - 1, 1)
 
 
 def test_malformed_budget_is_refused():
@@ -61,7 +76,8 @@ def test_malformed_budget_is_refused():
         min_cut(budget=-1)
 
 
-@pytest.mark.parametrize("name,budget", [("mlp", 0.25), ("gpt_dropout", 0.7)])
+@pytest.mark.parametrize("name,budget", [("mlp", 0.25), ("gpt_dropout", 0.7), ("gpt_dropout", 0.2),
+                                         ("cnn", 0.5)])
 def test_budgeted_gradients_match_eager(name, budget):
     check(None, make=lambda: (*MODELS[name](), {}), partitioner=min_cut(budget=budget),
           rtol=1e-5, atol=1e-5)

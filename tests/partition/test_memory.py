@@ -7,7 +7,8 @@ import aotgrad
 from aotgrad.partition import estimate, measure_peak, min_cut
 from tests.partition.test_min_cut import MODELS
 
-PARTITIONERS = {"default": "default", "min_cut": "min_cut", "budget_0.25": min_cut(budget=0.25)}
+PARTITIONERS = {"default": "default", "min_cut": "min_cut", "budget_0.25": min_cut(budget=0.25),
+                "budget_0.1": min_cut(budget=0.1), "save_nothing": min_cut(policy="save_nothing")}
 
 
 def _measured(compiled, model, args):

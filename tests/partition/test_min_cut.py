@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import aotgrad
 from aotgrad.analysis.ops import is_random
 from aotgrad.partition import default_partition, estimate, min_cut_partition
-from aotgrad.partition.costs import POLICIES
+from aotgrad.partition.costs import POLICIES, STRICT
 from examples.models import CNN, MLP, make_gpt_tiny
 from tests.eager_check import check
 
@@ -65,9 +65,10 @@ def _partitions(name, policy="cheap"):
     return default_partition(joint, lay), min_cut_partition(joint, lay, policy)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", sorted(set(POLICIES) - STRICT))
 @pytest.mark.parametrize("name", MODELS)
 def test_saves_no_more_than_default(name, policy):
+    """Strict policies are honoured as named, even where that saves more (test_policies)."""
     default, cut = _partitions(name, policy)
     assert estimate(cut).saved_bytes <= estimate(default).saved_bytes
 
@@ -102,15 +103,26 @@ def test_recomputation_never_reads_an_input_updated_in_place(budget):
         pytest.skip("budget not reachable")
 
 
-@pytest.mark.parametrize("policy", ["save_matmuls", "save_nothing"])
-def test_strict_policies_save_only_what_they_name(policy):
-    """Besides matmul outputs (save_matmuls), only random draws and views are saved."""
-    from aotgrad.analysis.ops import aliases_input, is_expensive
-    model, args = make_gpt_dropout()
-    captured = aotgrad.capture(model, *args)
-    cut = min_cut_partition(captured.joint, captured.layout, policy)
-    outs = list(cut.forward.graph.output_node().args[0])
-    saved = outs[len(outs) - len(cut.saved):][:cut.n_saved_tensors]
-    allowed = is_expensive if policy == "save_matmuls" else (lambda n: False)
-    assert all(allowed(n) or is_random(n) or aliases_input(n) for n in saved if n.op == "call_function"), \
-        [n.name for n in saved if n.op == "call_function" and not (allowed(n) or is_random(n) or aliases_input(n))]
+class _ViewOfUpdatedBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.randn(4, 8))
+        self.w = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        v = self.b[:2] * 3          # from a view of the buffer the forward then updates in place
+        y = (x * self.w).sin() * v
+        self.b.add_(1)
+        return y.sum()
+
+
+@pytest.mark.parametrize("partitioner", ["min_cut", "save_nothing", "budget"])
+def test_recomputation_never_reads_a_view_of_an_input_updated_in_place(partitioner):
+    """Saving the view cost nothing, so the cut recomputed ``v`` from it in the backward, after
+    the runtime had written the new buffer in (autograd's version check failed)."""
+    from aotgrad.partition import min_cut
+    part = {"min_cut": "min_cut", "save_nothing": min_cut(policy="save_nothing"),
+            "budget": min_cut(budget=64)}[partitioner]
+    run = check(None, make=lambda: (_ViewOfUpdatedBuffer(), (torch.randn(2, 8, requires_grad=True),), {}),
+                partitioner=part, calls=2)
+    assert not any(n.target is torch.ops.aten.slice.Tensor for n in run.compiled.backward_graph.graph.nodes)
