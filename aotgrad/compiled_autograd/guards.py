@@ -1,15 +1,15 @@
 """The size assumptions a capture made, checked before each run of it.
 
 The engine keys a captured backward on its autograd graph's structure and, at
-first, on every size in it: the first capture is static (``LayoutGuard`` adds
-the lifted tensors' sizes, strides and offsets, which the engine does not key
-on). A size that changes is lifted from then on, as its own symbol, and the
-engine asks for a new capture for every value of it (automatic dynamic). The
-trace assumed two things about the lifted sizes: a size that was 0 or 1 keeps that value
-(broadcasting and empty-tensor paths were decided on it), and any other size
-stays >= 2 (``SizeGuard``); every comparison between sizes that it decided
-keeps its answer (``DecisionLog`` / ``DecisionGuard``). A run whose sizes break
-one of these would compute with the wrong graph: it is recaptured instead
+first, on every size in it: the first capture is static, and ``LayoutGuard``
+holds it to its tensors' sizes and strides, which the engine does not key on.
+A size that changes is lifted from then on as its own symbol, and the engine
+captures once more (automatic dynamic). The trace assumed two things about the
+lifted sizes: a size that was 0 or 1 keeps that value (broadcasting and
+empty-tensor paths were decided on it), and any other size stays >= 2
+(``SizeGuard``); every comparison between sizes that it decided keeps its
+answer (``DecisionLog`` / ``DecisionGuard``). A run whose sizes break one of
+these would compute with the wrong graph: it is recaptured instead
 (``runtime.CompiledBackward``), and ``explain()`` names the size.
 """
 from __future__ import annotations
@@ -62,40 +62,36 @@ class SizeGuard:
 
 @dataclass(frozen=True)
 class LayoutGuard:
-    """A static capture's lifted tensors keep their sizes, strides and storage offsets.
+    """A static capture's lifted tensors keep their sizes and strides.
 
     The engine's key holds their dtype, device and requires_grad but not their layout,
     which the static trace baked in (a saved tensor's strides decide whether ``.grad``
-    is the computed buffer or a copy)."""
-    layouts: tuple          # (sizes, strides, storage offset) per tensor, None where not strided
+    is the computed buffer or a copy). Storage offsets are not compared: the graph's
+    ops read each input through its own offset, and the offsets a trace uses
+    (``copy_slices``, ``as_strided`` backwards) are sizes the engine keys on."""
+    layouts: tuple          # (sizes, strides) per tensor, None where not strided
     _fast: object = field(default=None, compare=False, repr=False)    # TensorGuards.check
-    _pick_strided: object = field(default=None, compare=False, repr=False)
-    _offsets: tuple = field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(cls, tensors: list) -> "LayoutGuard":
         layouts = tuple(map(_layout, tensors))
-        strided = [i for i, v in enumerate(layouts) if v is not None]
-        return cls(layouts, _tensor_guards(tensors, layouts), picker(strided),
-                   tuple(layouts[i][2] for i in strided))
+        return cls(layouts, _tensor_guards(tensors, layouts))
 
     def violation(self, tensors) -> str | None:
         """Why ``tensors`` may not use this capture, or ``None``."""
-        if (self._fast is not None and self._fast(*tensors)
-                and tuple(map(torch.Tensor.storage_offset, self._pick_strided(tensors))) == self._offsets):
+        if self._fast is not None and self._fast(*tensors):
             return None
         for i, (t, want) in enumerate(zip(tensors, self.layouts)):
             have = _layout(t)
             if have != want:
-                return (f"lifted tensor {i} had (sizes, strides, offset) {want} when captured with static "
-                        f"sizes, now {have}")
+                return f"lifted tensor {i} had (sizes, strides) {want} when captured with static sizes, now {have}"
         return None
 
 
 def _layout(t: torch.Tensor):
     if t.layout != torch.strided or t.is_mkldnn:
         return None
-    return tuple(t.size()), t.stride(), t.storage_offset()
+    return tuple(t.size()), t.stride()
 
 
 def _tensor_guards(tensors, layouts):
