@@ -12,6 +12,12 @@ system the measured span is: make the step, run the first forward+backward.
 The *compile* column subtracts a steady-state step (median of a few) from it.
 
     python -m benchmarks.compile_time
+    python -m benchmarks.compile_time --depth     # the GPT depth table
+
+The depth table times capture + compile + first training step of the GPT
+of ``examples.models`` (d=64) at 2, 6, 8 and 32 layers, in this process after a
+warm-up, for aotgrad (repeated blocks traced once, and with ``reuse_blocks=False``),
+PyTorch's ``aot_function`` and ``torch.compile(backend="aot_eager")``.
 """
 from __future__ import annotations
 
@@ -31,6 +37,10 @@ LIBRARY_IMPORTS = {
     "aotgrad": "import aotgrad",
 }
 STEADY_STEPS = 3
+DEPTHS = (2, 6, 8, 32)
+DEPTH_SYSTEMS = ("aotgrad", "aotgrad_flat", "torch_aot", "aot_eager")
+DEPTH_NAMES = {"aotgrad": "aotgrad", "aotgrad_flat": "aotgrad, reuse_blocks=False",
+               "torch_aot": "aot_function", "aot_eager": 'torch.compile(backend="aot_eager")'}
 
 
 def _timed_step(system: str) -> dict:
@@ -121,11 +131,59 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _depth_step(system: str, n_layer: int) -> float:
+    """Seconds from a built GPT of ``n_layer`` blocks to its first training step done."""
+    from dataclasses import replace
+
+    from benchmarks.common import SYSTEMS, train_once
+    from examples import models
+
+    model, args = models.make_gpt(replace(models.GPT_TINY, n_layer=n_layer))
+    t0 = time.perf_counter()
+    if system == "aot_eager":
+        import torch
+
+        torch._dynamo.reset()
+        step = torch.compile(model, backend="aot_eager")
+    elif system == "aotgrad_flat":
+        import aotgrad
+
+        step = aotgrad.capture(model, *args, reuse_blocks=False).compile(fw_compiler="eager")
+    else:
+        step = SYSTEMS[system](model, args)
+    train_once(step, args)
+    return time.perf_counter() - t0
+
+
+def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS) -> dict:
+    """``{system: {layers: median seconds}}``; each system warmed up once first."""
+    out: dict = {}
+    for system in systems:
+        _depth_step(system, depths[0])
+        out[system] = {n: statistics.median(_depth_step(system, n) for _ in range(repeats)) for n in depths}
+    return out
+
+
+def depth_table(times: dict) -> str:
+    systems = list(times)
+    depths = list(times[systems[0]])
+    lines = ["| layers | " + " | ".join(DEPTH_NAMES.get(s, s) for s in systems) + " | aotgrad / aot_function |",
+             "|---:|" + "---:|" * (len(systems) + 1)]
+    for n in depths:
+        ratio = times["aotgrad"][n] / times["torch_aot"][n] if {"aotgrad", "torch_aot"} <= set(times) else float("nan")
+        lines.append(f"| {n} | " + " | ".join(f"{times[s][n]:.2f} s" for s in systems) + f" | {ratio:.2f}× |")
+    lo, hi = depths[0], depths[-1]
+    lines.append(f"| {hi} / {lo} layers | " + " | ".join(f"{times[s][hi] / times[s][lo]:.1f}×" for s in systems)
+                 + " | |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads; one keeps timings steady on a shared machine")
+    p.add_argument("--depth", action="store_true", help="the GPT depth table instead of cold/warm gpt_small")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -134,6 +192,10 @@ def main():
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.depth:
+        print(f"GPT (d=64) capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")
+        print(depth_table(run_depths(a.repeats)))
+        return
     print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))
 

@@ -7,7 +7,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import errors
-from ..analysis.metadata import analyze
 from ..analysis.ops import is_random
 from ..frontend.aliasing import find_groups, rebase
 from ..frontend.distributed import refuse_wrapped
@@ -21,9 +20,13 @@ from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
 from ..stages import Captured, Setup
-from .descriptors import Desc, of
-from .hooks import observed
-from .joint import layout, trace_joint
+from .block_graph import inline_blocks
+from .blocks import reusing
+from ..ir.descriptors import Desc, of
+from ..ir.records import layout
+from ..runtime.hooks import observed
+from .analyze import analyze
+from .joint import trace_joint
 from .session import SEEDED, Session
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
@@ -31,33 +34,40 @@ _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode"
 _UNSUPPORTED = ("UnsupportedOperatorException", "UnsupportedFakeTensorException")
 
 
-def capture(fn, *args, dynamic: bool | None = False, **kwargs) -> Captured:
+def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, **kwargs) -> Captured:
     """Trace ``fn(*args, **kwargs)`` forward and backward into one joint graph.
 
     Nothing runs for real: inputs are replaced by fake tensors. ``dynamic=True``
     makes every size symbolic; tensors marked with ``torch._dynamo.mark_dynamic``
-    get symbolic sizes on the marked dimensions only.
+    get symbolic sizes on the marked dimensions only. ``reuse_blocks=False`` traces every
+    repeated block of a module on its own (see :mod:`aotgrad.capture.blocks`).
     """
     refuse_wrapped(fn, "capture")
-    captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic),
+    captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
+                                                          reuse_blocks=reuse_blocks),
                                  call_leaves(args, kwargs), root_name(fn, depth=1))
     # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
     # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
     return replace(captured, state=state_guards.build(assumed))
 
 
-def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None) -> Captured:
+def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_blocks=True) -> Captured:
     """``capture`` with the arguments as data; ``dynamic_dims`` maps a flat input
     index to the dimensions to trace symbolically (automatic dynamic uses it)."""
     history: list = []
     with timed(history, "setup") as info:
         setup = make_setup(fn, args, kwargs, dynamic, dynamic_dims or {})
         info["inputs"] = len(setup.input_descs)
-    return capture_setup(setup, history)
+    return capture_setup(setup, history, reuse_blocks)
 
 
-def capture_setup(setup: Setup, history: list) -> Captured:
+def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
+    with reusing(setup, reuse_blocks) as reuse:
+        return _capture_setup(setup, history, reuse)
+
+
+def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     rng = torch.random.get_rng_state()
     setup = replace(setup, flat_fn=observed(setup.flat_fn))     # analysis must not run hooks' registration either
     SEEDED.clear()
@@ -75,13 +85,18 @@ def capture_setup(setup: Setup, history: list) -> Captured:
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     setup = replace(setup, flat_fn=observed(setup.flat_fn))     # what the joint registers, by graph input
     lay = layout(analysis)
+    reuse.may_trace, reuse.calls = False, 0      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn)))
+        joint = inline_blocks(joint)
         info["nodes"] = len(joint.graph.nodes)
+        info["reused blocks"] = reuse.count()
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     _refuse_used_inner_leaves(joint, analysis)
+    in_descs, out_descs = _joint_descs(setup, analysis, lay)
+    name_placeholders(joint, in_descs)      # before simplify, whose recompile writes the names in
     with timed(history, "simplify") as info:
         joint = share_recomputed_randomness(joint)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
@@ -97,8 +112,6 @@ def capture_setup(setup: Setup, history: list) -> Captured:
             "the function changed the global RNG while being traced (torch.manual_seed, set_rng_state, or "
             "drawing numbers outside tensor ops); the compiled graph would not repeat that, so its random "
             "numbers would differ from eager's. Seed outside the captured function")
-    in_descs, out_descs = _joint_descs(setup, analysis, lay)
-    name_placeholders(joint, in_descs)
     return Captured(setup.traced(), joint, analysis, lay, guards, analysis.out_spec,
                     in_descs, out_descs, tuple(history))     # no stage pins the user's batch
 
@@ -138,12 +151,12 @@ def _refuse_grad_constants(joint) -> None:
 
 
 def name_placeholders(gm, descs) -> None:
-    """Rename the joint's inputs after their descriptors (``p_fc1_weight``, ``tangent_output_0``)."""
+    """Rename the joint's inputs after their descriptors (``p_fc1_weight``, ``tangent_output_0``);
+    the caller recompiles."""
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n, d in zip(ph, descs):
         n._rename(d.ident())
         n.target = n.name
-    gm.recompile()
 
 
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:

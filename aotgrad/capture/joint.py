@@ -3,59 +3,20 @@
 The joint function takes ``(*primals, *tangents)`` and returns
 ``(*forward_values, *grads)`` where the forward values are, in order, the new
 values of data-mutated inputs, the plain outputs and the hidden bases of
-outputs that are views of intermediates (see :mod:`aotgrad.analysis.metadata`).
+outputs that are views of intermediates (see :mod:`aotgrad.ir.records`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..analysis.metadata import Analysis
+from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
 from ..passes.rng_positions import backward_begins
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
-
-
-@dataclass(frozen=True)
-class JointLayout:
-    """Positions in the joint graph's inputs and outputs."""
-    n_primals: int
-    tangent_of: tuple       # forward-value index each tangent belongs to
-    n_fw: int               # forward values
-    grad_of: tuple          # primal index each grad output belongs to
-    mutated: tuple = ()     # primals whose data the runtime overwrites after the forward
-
-    @property
-    def is_inference(self) -> bool:
-        return not self.grad_of
-
-
-def layout(analysis: Analysis) -> JointLayout:
-    """Tangents for the forward values that require grad as traced: under the captured grad mode and
-    any ``no_grad``/``enable_grad`` region inside, so an ``enable_grad`` block called under an outer
-    ``no_grad`` still gets a backward (the runtime then applies the graph with grad enabled)."""
-    needs = [rg and (v.dtype.is_floating_point or v.dtype.is_complex)
-             for v, rg in zip(analysis.fake_outputs, analysis.fw_requires_grad)]
-    tangent_of = tuple(i for i, n in enumerate(needs) if n)
-    grad_of = tuple(i for i, info in enumerate(analysis.inputs) if info.requires_grad) if tangent_of else ()
-    if not grad_of:
-        tangent_of = ()
-    return JointLayout(len(analysis.inputs), tangent_of, len(analysis.fake_outputs), grad_of,
-                       tuple(analysis.mutated()))
-
-
-def forward_values(call_ins, outs, analysis: Analysis) -> list:
-    """The graph's forward values from one run of the flat function."""
-    mutated = [call_ins[i] for i in analysis.mutated()]
-    plain = [o for o, info in zip(outs, analysis.outputs) if info.kind == "plain"]
-    bases = [None] * analysis.base_count
-    for o, info in zip(outs, analysis.outputs):
-        if info.kind == "intermediate_view":
-            bases[info.index] = o._base
-    return mutated + plain + bases
 
 
 def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: bool):
@@ -103,9 +64,16 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # running for real (which would bake a constant and consume the real RNG).
     # An explicit (empty) decomposition table: without one, torch >= 2.14.1 turns every
     # aten.detach into aten.alias, which the clean-up cannot tell from a user's alias.
-    with session.fake_mode, traceable_ops():
+    # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
+    # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
+    with session.fake_mode, traceable_ops(), _lazy_code():
         return make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                        _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
+
+
+def _lazy_code():
+    lazy = getattr(getattr(torch.fx, "_lazy_graph_module", None), "_use_lazy_graph_module", None)
+    return lazy(True) if lazy is not None else contextlib.nullcontext()
 
 
 def _contiguous_strides(shape):

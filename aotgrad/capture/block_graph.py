@@ -1,0 +1,158 @@
+"""A repeated block's joint, traced once and stamped out per call.
+
+A :class:`Template` is one block's joint graph (``(*state, *inputs, *tangents) ->
+(*outputs, *grads)``) split in two: the forward nodes and the backward nodes (those
+reached from a tangent). While the whole program is traced, each call of a block
+that has a template becomes one ``aotgrad::block_fw`` node (outputs and the values
+its backward reads) and, when autograd reaches it, one ``aotgrad::block_bw`` node;
+:func:`inline_blocks` then replaces both by copies of the template's nodes, so the
+captured joint is the graph a flat trace would have made::
+
+    before: r = block_fw([w, x], 3); y = r[0]; s = r[1] ... g = block_bw([w, x, s, t], 3)
+    after:  a = mm(x, w); y = relu(a) ... g = threshold_backward(t, y, 0) ...
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+TEMPLATES: dict = {}     # key -> Template, read by the fake kernels while a capture traces
+
+_LIB = torch.library.Library("aotgrad", "FRAGMENT")
+_LIB.define("block_fw(Tensor[] ins, int key, int call) -> Tensor[]")
+_LIB.define("block_bw(Tensor[] ins, int key, int call) -> Tensor[]")
+_calls = itertools.count()
+
+
+def _never_run(ins, key, call):
+    raise AssertionError("aotgrad::block_fw/block_bw run for real: the capture should have inlined them")
+
+
+def _empty(metas):
+    return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, device in metas]
+
+
+for _name in ("block_fw", "block_bw"):
+    _LIB.impl(_name, _never_run, "CompositeExplicitAutograd")
+torch.library.register_fake("aotgrad::block_fw", lambda ins, key, call: _empty(TEMPLATES[key].fw_metas), lib=_LIB)
+torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call: _empty(TEMPLATES[key].bw_metas), lib=_LIB)
+
+
+def _meta(node: fx.Node) -> tuple:
+    v = node.meta["val"]
+    return tuple(v.shape), tuple(v.stride()), v.dtype, v.device
+
+
+@dataclass(frozen=True)
+class Template:
+    key: int
+    n_in: int                # state tensors, then the call's tensor arguments
+    out_spec: object         # pytree spec of the block's output
+    n_out: int
+    differentiable: tuple    # output positions autograd differentiates (tangents, in order)
+    fw_nodes: tuple          # template nodes the forward copies, in graph order
+    fw_outs: tuple           # the block's outputs
+    bw_nodes: tuple          # they read the forward's copies of the values they need
+    bw_ins: tuple            # primal placeholders, tangent placeholders
+    bw_outs: tuple           # grads that are not None
+    grad_at: tuple           # input position of each grad in bw_outs
+    fw_metas: tuple
+    bw_metas: tuple
+    graph: fx.GraphModule    # keeps the nodes alive
+
+
+def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of) -> Template:
+    """The template of a block joint ``(*ins, *tangents) -> (*outs, *grads)``."""
+    ph = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    primals, tangents = ph[:n_in], ph[n_in:]
+    outs = list(joint.graph.output_node().args[0])
+    n_out = len(outs) - len(grad_of)
+    fw_vals, grads = outs[:n_out], outs[n_out:]
+    bw = set(tangents)
+    for n in joint.graph.nodes:
+        if n.op == "call_function" and any(a in bw for a in n.all_input_nodes):
+            bw.add(n)
+    body = [n for n in joint.graph.nodes if n.op not in ("placeholder", "output")]
+    fw_nodes = tuple(n for n in body if n not in bw)
+    bw_nodes = tuple(n for n in body if n in bw)
+    fw_set = set(fw_nodes)
+    bw_outs = tuple(g for g in grads if g is not None)
+    grad_at = tuple(i for i, g in zip(grad_of, grads) if g is not None)
+    assert all(v in fw_set or v in primals for v in fw_vals), "a block output depends on a tangent"
+    fw_outs = tuple(fw_vals)
+    return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
+                    tuple(primals) + tuple(tangents), bw_outs, grad_at,
+                    tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint)
+
+
+class BlockFunction(torch.autograd.Function):
+    """One call of a templated block: a ``block_fw`` node forward, a ``block_bw`` node backward.
+    Both carry the call's number: the backward's copy reads the values of that forward's copy."""
+
+    @staticmethod
+    def forward(ctx, key, *ins):
+        t = TEMPLATES[key]
+        ctx.key, ctx.call = key, next(_calls)
+        res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
+        ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
+        ctx.save_for_backward(*ins)
+        return tuple(res)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        t = TEMPLATES[ctx.key]
+        held = list(ctx.saved_tensors)
+        # The template's backward was traced for contiguous tangents (as the joint's are); its ops
+        # (views, reshapes) assume that layout.
+        tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                    for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
+        got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call)
+        out: list = [None] * t.n_in
+        for i, g in zip(t.grad_at, got):
+            out[i] = g
+        return (None, *out)
+
+
+def apply(t: Template, ins: list) -> list:
+    """The block's outputs for this call's state and arguments."""
+    return list(BlockFunction.apply(t.key, *ins))
+
+
+def _is_block(n: fx.Node, op) -> bool:
+    return n.op == "call_function" and n.target is op
+
+
+def inline_blocks(gm: fx.GraphModule) -> fx.GraphModule:
+    """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place)."""
+    fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
+    calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
+    forwards: dict = {}     # call number -> the forward copy's nodes, by template node
+    for n in calls:
+        t = TEMPLATES[n.args[1]]
+        if n.target is fw_op:
+            forwards[n.args[2]] = _stamp(gm.graph, n, {}, t.bw_ins[:t.n_in], t.fw_nodes, t.fw_outs)
+        else:
+            _stamp(gm.graph, n, forwards[n.args[2]], t.bw_ins, t.bw_nodes, t.bw_outs)
+    if calls:
+        gm.recompile()
+    return gm
+
+
+def _stamp(graph: fx.Graph, call: fx.Node, env: dict, params, nodes, outs) -> dict:
+    """Copy ``nodes`` before ``call`` with ``params`` bound to the call's inputs and other nodes to
+    their copies in ``env``; the call's users read the copies. Returns the copies by template node."""
+    env = {**env, **dict(zip(params, call.args[0]))}
+    with graph.inserting_before(call):
+        for n in nodes:
+            env[n] = graph.node_copy(n, env.__getitem__)
+    for u in list(call.users):
+        assert u.target is operator.getitem, "a block call's result is read other than by index"
+        u.replace_all_uses_with(env[outs[u.args[1]]])
+        graph.erase_node(u)
+    graph.erase_node(call)
+    return env

@@ -1,0 +1,339 @@
+"""Repeated blocks traced once.
+
+Real models are stacks of identical blocks; tracing each one's Python and dispatch
+again is wasted work. Before a capture traces, :func:`find_groups` sorts the
+module's submodules by structure: same class, same non-tensor attributes (by value,
+or by identity for objects), same parameters and buffers (shape, stride, dtype,
+device, requires_grad, tying), no hooks, recursively. While the capture traces,
+:func:`reusing` intercepts calls of the outermost such blocks: the first call with a
+given argument layout traces the block's joint on its own (a :class:`Template`,
+see :mod:`.block_graph`); every call, the first included, becomes one node holding
+that call's own parameters and arguments, inlined into a copy of the template's
+nodes afterwards. Anything the template cannot stand for (a mutation, an output
+that aliases, random ops, constants, hooks registered inside, symbolic sizes,
+autocast, saved-tensor hooks) makes the block run flat, as without reuse.
+
+The guards stay those of a flat trace: the Python reads the template's trace
+recorded on the first block's objects are recorded again on each block's own
+(same paths), so changing ``blocks[5].attn.n_head`` after capture recompiles.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..analysis.ops import is_random
+from ..guards import reads
+from . import block_graph
+from ..ir.records import layout
+from .joint import trace_joint
+from .session import Session
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+_OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
+_keys = itertools.count()
+
+
+class _Unlike(Exception):
+    """A value no structural key can stand for (a tensor attribute): the module is not reused."""
+
+
+def _value_key(v, depth=0):
+    if depth > 8:
+        raise _Unlike
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return (type(v), v)
+    if isinstance(v, torch.Tensor):
+        raise _Unlike
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(_value_key(x, depth + 1) for x in v))
+    if isinstance(v, (set, frozenset)):
+        return (type(v), tuple(sorted(repr(_value_key(x, depth + 1)) for x in v)))
+    if isinstance(v, dict):
+        return (type(v), tuple((repr(k), _value_key(x, depth + 1)) for k, x in v.items()))
+    if isinstance(v, torch.nn.Module):
+        raise _Unlike
+    return ("id", id(v))    # functions, configs, anything else: the very same object
+
+
+def _tensor_key(t):
+    if t is None:
+        return None
+    if type(t) not in (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter)):
+        raise _Unlike       # a tensor subclass: the template's plain fakes would not stand for it
+    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf)
+
+
+def _module_key(m: torch.nn.Module, keys: dict):
+    """Structural key of ``m`` (cached in ``keys`` by id); raises :class:`_Unlike`."""
+    hit = keys.get(id(m))
+    if hit is not None:
+        return hit
+    if any(getattr(m, h, None) for h in _HOOKS):
+        raise _Unlike
+    attrs = tuple((k, _value_key(v)) for k, v in m.__dict__.items() if k not in _OWN)
+    params = tuple((k, _tensor_key(p), bool(p is not None and p._backward_hooks)) for k, p in m._parameters.items())
+    bufs = tuple((k, _tensor_key(b)) for k, b in m._buffers.items())
+    kids = tuple((k, _module_key(c, keys) if c is not None else None) for k, c in m._modules.items())
+    key = keys[id(m)] = (type(m), attrs, params, bufs, kids)
+    return key
+
+
+def _ties(m: torch.nn.Module) -> tuple:
+    """Which state entries hold the same tensor, and which submodules are the same object."""
+    first: dict = {}
+    state = [first.setdefault(id(t), len(first)) for _, t in _state(m)]
+    mods: dict = {}
+    kids = [mods.setdefault(id(c), len(mods)) for _, c in m.named_modules(remove_duplicate=False)]
+    return tuple(state), tuple(kids)
+
+
+def _state(m: torch.nn.Module):
+    """``((dict, attr), tensor)`` of every parameter and buffer of ``m``, duplicates included, in a fixed order."""
+    for _, sub in m.named_modules(remove_duplicate=False):
+        for d in (sub._parameters, sub._buffers):
+            for attr, t in d.items():
+                if t is not None:
+                    yield (d, attr), t
+
+
+@dataclass
+class Member:
+    """One block: its group, where its distinct state tensors live, its submodules by path."""
+    group: int
+    firsts: tuple       # (dict, attr) of each distinct state tensor, in template order
+    homes: tuple        # (dict, attr, index into firsts) of every state entry
+    paths: dict         # path -> submodule
+
+
+def _member(gid: int, m: torch.nn.Module) -> Member:
+    index: dict = {}
+    firsts, homes = [], []
+    for (d, attr), t in _state(m):
+        if id(t) not in index:
+            index[id(t)] = len(firsts)
+            firsts.append((d, attr))
+        homes.append((d, attr, index[id(t)]))
+    return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)))
+
+
+def find_groups(root: torch.nn.Module) -> dict:
+    """``id(module) -> Member`` for the outermost submodules (with children) that have a twin."""
+    g = torch.nn.modules.module
+    if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+        return {}
+    keys: dict = {}
+    by_key: dict = {}
+    for name, m in root.named_modules():
+        if not name or not m._modules:
+            continue
+        try:
+            k = (_module_key(m, keys), _ties(m))
+        except _Unlike:
+            continue
+        by_key.setdefault(k, []).append((name, m))
+    chosen = sorted((grp for grp in by_key.values() if len(grp) > 1), key=lambda grp: grp[0][0].count("."))
+    members: dict = {}
+    taken: list = []
+    for gid, grp in enumerate(chosen):
+        for name, m in grp:
+            if not any(name.startswith(t + ".") for t in taken):
+                taken.append(name)
+                members[id(m)] = _member(gid, m)
+    return members
+
+
+# ---------------------------------------------------------------- interception
+
+_MISSING = object()
+_ORIGINAL_CALL = torch.nn.Module.__dict__["__call__"]
+
+
+@dataclass
+class Traced:
+    """A template and the reads its trace recorded, by path inside the block."""
+    template: block_graph.Template
+    owner: torch.nn.Module
+    frames: tuple       # (Frame, self path or None, {arg name: path})
+
+
+@dataclass
+class Reuse:
+    session: Session
+    members: dict
+    recording: object
+    may_trace: bool = True      # templates are made in the metadata pass; the joint pass only uses them
+    off: bool = False
+    traced: dict = field(default_factory=dict)      # call key -> Traced or None (runs flat)
+    calls: int = 0
+    flat_call: object = _ORIGINAL_CALL               # Module.__call__ as it was before
+
+    def call(self, module, args, kwargs):
+        m = self.members.get(id(module))
+        if m is None or self.off or kwargs:
+            return self.flat_call(module, *args, **kwargs)
+        state = [d[attr] for d, attr in m.firsts]
+        key = _call_key(m, state, args)
+        hit = self.traced.get(key, _MISSING) if key is not None else None
+        if hit is _MISSING:
+            hit = self.traced[key] = self._trace(module, m, state, args) if self.may_trace else None
+        if hit is None:
+            return self.flat_call(module, *args, **kwargs)
+        self.calls += 1
+        if module is not hit.owner and self.recording is not None:
+            _replay_reads(self.recording, hit.frames, m.paths)
+        return pytree.tree_unflatten(block_graph.apply(hit.template, [*state, *args]), hit.template.out_spec)
+
+    def count(self) -> int:
+        """Block calls that a template stood for in the last trace."""
+        return self.calls
+
+    def _trace(self, module, m: Member, state, args):
+        rec = self.recording
+        before = set(rec.frames)
+        self.off = True
+        try:
+            with _hooks_unchanged() as same, _disable_current_modes():
+                template = _trace_template(self.session, module, m, state, args)
+                template = template if same() else None
+        except Exception:       # the flat run raises it again, with the user's line
+            template = None
+        finally:
+            self.off = False
+        if template is None:
+            return None
+        block_graph.TEMPLATES[template.key] = template
+        where = {id(sub): path for path, sub in m.paths.items()}
+        frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
+                       for k, f in rec.frames.items() if k not in before)
+        return Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2]))
+
+
+def _call_key(m: Member, state, args):
+    """What the template depends on besides the block's structure; None when it cannot stand for the call."""
+    ins = (*state, *args)
+    if not all(isinstance(t, FunctionalTensor) for t in ins) or _unusual_modes():
+        return None
+    if any(isinstance(s, torch.SymInt) for t in ins for s in (*t.shape, *t.stride(), t.storage_offset())):
+        return None
+    metas = tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad) for t in ins)
+    return m.group, torch.is_grad_enabled(), metas
+
+
+def _unusual_modes() -> bool:
+    """Autocast, saved-tensor hooks (checkpoint), functorch transforms, inference mode."""
+    functorch = getattr(torch._C, "_functorch", None)
+    return (torch._C._is_any_autocast_enabled() or torch.is_inference_mode_enabled()
+            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+            or (functorch is not None and functorch.peek_interpreter_stack() is not None))
+
+
+@contextlib.contextmanager
+def _hooks_unchanged():
+    """Yields a check that the template's trace registered no hook with the capture's recorder."""
+    from ..runtime import hooks
+    rec = hooks._ACTIVE[-1] if hooks._ACTIVE else None
+    sizes = (len(rec.input_hooks), len(rec.retained)) if rec is not None else None
+    yield lambda: rec is None or (len(rec.input_hooks), len(rec.retained)) == sizes
+    if rec is not None and (len(rec.input_hooks), len(rec.retained)) != sizes:
+        del rec.input_hooks[sizes[0]:], rec.retained[sizes[1]:]
+
+
+def _trace_template(session: Session, module, m: Member, state, args):
+    from .analyze import analyze
+    sess = Session(dynamic=False, grad_enabled=torch.is_grad_enabled(),
+                   shape_env=session.shape_env, fake_mode=session.fake_mode)
+    with sess.fake_mode:
+        fakes = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                 .requires_grad_(t.requires_grad) for t in (*state, *args)]
+    n, out_specs = len(state), []
+
+    def block_fn(*flat):
+        with _holding(m.homes, flat[:n]):
+            out = module(*flat[n:])
+        leaves, spec = pytree.tree_flatten(out)
+        out_specs.append(spec)
+        return leaves
+    block_fn.module_state = lambda flat: _holding(m.homes, flat[:n])
+    analysis = analyze(sess, block_fn, fakes)
+    if analysis.mutated() or analysis.base_count or any(
+            i.mutates_metadata for i in analysis.inputs) or any(
+            o.kind != "plain" or o.is_view or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
+        return None
+    lay = layout(analysis)
+    joint = trace_joint(sess, block_fn, fakes, analysis, lay)
+    if any(x.op == "get_attr" or is_random(x) or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
+        return None
+    return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
+
+
+@contextlib.contextmanager
+def _holding(homes, state):
+    saved = [d[attr] for d, attr, _ in homes]
+    try:
+        for d, attr, i in homes:
+            d[attr] = state[i]
+        yield
+    finally:
+        for (d, attr, _), t in zip(homes, saved):
+            d[attr] = t
+
+
+def _replay_reads(rec, frames, paths) -> None:
+    """Record on this block's objects the reads the template's trace recorded on the first block's."""
+    for f, self_path, arg_paths in frames:
+        obj = paths[self_path] if self_path is not None else f.self_obj
+        args = {**f.args, **{n: paths[p] for n, p in arg_paths.items()}}
+        g = f.globals
+        key = (f.code, id(g) if g is not None else None, id(obj),
+               tuple(sorted((n, id(v)) for n, v in args.items())) if f.kind == reads.USER else ())
+        rec.frames.setdefault(key, replace(f, self_obj=obj, args=args))
+
+
+def _recording():
+    """The :class:`reads.Recording` watching this thread, or None."""
+    event = sys.getprofile()
+    owner = getattr(event, "__self__", None)
+    if isinstance(owner, reads.Recording):
+        return owner
+    for cell in getattr(event, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, reads.Recording):
+            return cell.cell_contents
+    return None
+
+
+@contextlib.contextmanager
+def reusing(setup, enabled: bool = True):
+    """While tracing ``setup``'s function, calls of repeated blocks go through templates."""
+    fn = setup.fn
+    rec = _recording()
+    members = find_groups(fn) if enabled and isinstance(fn, torch.nn.Module) and rec is not None \
+        and setup.session.dynamic is False else {}
+    reuse = Reuse(setup.session, members, rec)
+    if not members:
+        yield reuse
+        return
+    # make_fx's tracer calls modules through the original __call__ it keeps in torch.fx.
+    fx_trace = torch.fx._symbolic_trace
+    fx_call = getattr(fx_trace, "_orig_module_call", None)
+    before = reuse.flat_call = torch.nn.Module.__dict__["__call__"]
+    torch.nn.Module.__call__ = lambda module, *args, **kwargs: reuse.call(module, args, kwargs)
+    if fx_call is not None:
+        fx_trace._orig_module_call = torch.nn.Module.__call__
+    try:
+        yield reuse
+    finally:
+        torch.nn.Module.__call__ = before
+        if fx_call is not None:
+            fx_trace._orig_module_call = fx_call
+        for hit in reuse.traced.values():
+            if hit is not None:
+                block_graph.TEMPLATES.pop(hit.template.key, None)

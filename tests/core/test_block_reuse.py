@@ -1,0 +1,151 @@
+"""Repeated blocks traced once (aotgrad.capture.blocks): the graph, values and guards of a flat capture."""
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from dataclasses import replace
+
+import aotgrad
+from aotgrad import errors
+from aotgrad.capture import block_graph, blocks
+from examples import models
+from tests.eager_check import check_training
+
+
+class Block(nn.Module):
+    def __init__(self, d=8, scale=0.5, norm=None, p=0.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.drop = nn.Dropout(p)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.scale * self.drop(self.fc2(F.gelu(self.fc1(self.norm(self.ln(x))))))
+
+
+class Stack(nn.Module):
+    def __init__(self, make_block=Block, n=4, d=8):
+        super().__init__()
+        self.inp = nn.Linear(3, d)
+        self.blocks = nn.ModuleList(make_block() for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return F.mse_loss(self.out(h).squeeze(-1), y)
+
+
+def make_stack(make_block=Block, n=4, edit=None):
+    def make():
+        torch.manual_seed(0)
+        m = Stack(make_block, n)
+        if edit is not None:
+            edit(m)
+        g = torch.Generator().manual_seed(1)
+        return m.train(), (torch.randn(6, 3, generator=g), torch.randn(6, generator=g))
+    return make
+
+
+def reused(captured) -> int:
+    return next(s.info["reused blocks"] for s in captured.history if s.name == "trace joint")
+
+
+def compiled_and_reused(make, **capture_opts):
+    seen = []
+
+    def compile(fn, args, kwargs, **opts):
+        captured = aotgrad.capture(fn, *args, **capture_opts, **kwargs)
+        aotgrad.verify(captured)
+        seen.append(reused(captured))
+        return captured.compile(**opts)
+    check_training(make, compile=compile)
+    return seen[0]
+
+
+def test_gpt_blocks_traced_once_match_the_flat_capture_exactly():
+    runs = []
+    for reuse in (True, False):
+        model, args = models.make_gpt(replace(models.GPT_TINY, n_layer=2))
+        captured = aotgrad.capture(model, *args, reuse_blocks=reuse)
+        loss = captured.compile(fw_compiler="eager")(*args)
+        loss.backward()
+        ops = Counter(str(n.target) for n in captured.joint.graph.nodes)
+        runs.append((captured, loss.detach(), [p.grad for p in model.parameters()], ops))
+    (c_on, loss_on, grads_on, ops_on), (c_off, loss_off, grads_off, ops_off) = runs
+    assert reused(c_on) == 2 and reused(c_off) == 0
+    assert ops_on == ops_off
+    assert torch.equal(loss_on, loss_off)
+    assert all(torch.equal(a, b) for a, b in zip(grads_on, grads_off))
+
+
+def test_repeated_blocks_train_like_eager():
+    assert compiled_and_reused(make_stack()) == 4
+
+
+def test_opt_out_traces_every_block():
+    assert compiled_and_reused(make_stack(), reuse_blocks=False) == 0
+
+
+def test_a_block_with_another_attribute_is_not_a_twin():
+    def edit(m):
+        m.blocks[2].scale = 2.0
+    groups = blocks.find_groups(make_stack(edit=edit)()[0])
+    assert len(groups) == 3
+    assert compiled_and_reused(make_stack(edit=edit)) == 3
+
+
+def test_blocks_that_mutate_or_draw_random_numbers_run_flat():
+    assert compiled_and_reused(make_stack(lambda: Block(norm=nn.BatchNorm1d(8)))) == 0
+    assert compiled_and_reused(make_stack(lambda: Block(p=0.5))) == 0
+
+
+def test_blocks_sharing_a_submodule_train_like_eager():
+    shared = nn.Linear(16, 8)
+
+    def block():
+        b = Block()
+        b.fc2 = shared
+        return b
+    assert compiled_and_reused(make_stack(block)) == 4
+
+
+def _same(f, model, *args):
+    got = f(*args)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    ref = model(*args)
+    ref.backward()
+    torch.testing.assert_close(got, ref)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_change_to_one_reused_block_recompiles():
+    model, args = make_stack()()
+    f = aotgrad.jit(model)
+    _same(f, model, *args)
+    model.blocks[3].scale = 3.0             # read only by the template's trace of blocks[0]
+    _same(f, model, *args)
+    model.blocks[2].fc1.register_forward_hook(lambda m, i, o: o * 2)
+    _same(f, model, *args)
+    reasons = " | ".join(e.reason for e in f.entries[1:])
+    assert "blocks.3.scale" in reasons and "blocks.2.fc1._forward_hooks" in reasons
+
+
+def test_capture_leaves_nothing_behind_when_a_block_fails():
+    class Bad(Block):
+        def forward(self, x):
+            raise RuntimeError("the block's own failure")
+    model, args = make_stack(Bad)()
+    with pytest.raises(errors.AotgradError):
+        aotgrad.capture(model, *args)
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+    assert not block_graph.TEMPLATES
