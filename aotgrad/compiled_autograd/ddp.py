@@ -81,13 +81,19 @@ def refuse_cpp_reducer(error: BaseException) -> None:
     """The engine's refusal of a C++ DDP reducer, before the backward ran, as a typed error."""
     if not isinstance(error, RuntimeError) or "C++ DDP Reducer" not in str(error):
         return
+    line = errors.user_frame(error.__traceback__)
     reasons = sorted({why for ddp in live_ddp_modules() if not converted(ddp)
-                      for why in [_unsupported(ddp)] if why is not None}) or ["an unknown configuration"]
+                      for why in [_unsupported(ddp)] if why is not None})
+    if not reasons:
+        raise errors.UnsupportedError(
+            "a DistributedDataParallel module created inside this aotgrad.compiled_autograd block still runs DDP's "
+            "C++ reducer, which cannot run inside a compiled backward (the block switches the DDP modules alive "
+            "when it starts to aotgrad's reducer); create the model before entering the block", user_line=line
+        ) from error
     raise errors.UnsupportedError(
         f"compiled autograd cannot reduce the gradients of a DistributedDataParallel module with "
         f"{' / '.join(reasons)}: DDP's C++ reducer, which implements it, cannot run inside a compiled backward; "
-        "run that model's backward outside aotgrad.compiled_autograd", user_line=errors.user_frame(error.__traceback__)
-    ) from error
+        "run that model's backward outside aotgrad.compiled_autograd", user_line=line) from error
 
 
 def _unsupported(ddp) -> str | None:

@@ -2,7 +2,8 @@
 
 wrapper: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2 ``fully_shard`` on every layer, then
 the root). entry: ``compile`` (torch.compile, backend aotgrad), ``jit``, ``ca`` (eager forward, the
-backward under ``aotgrad.compiled_autograd``), ``jitca`` / ``compileca`` (a compiled forward, then that), ``capture`` (a typed refusal is expected). variant:
+backward under ``aotgrad.compiled_autograd``), ``jitca`` / ``compileca`` (a compiled forward, then that), ``cainside`` (the DDP
+built inside the compiled-autograd block: refused), ``capture`` (a typed refusal is expected). variant:
 ``plain``; ``nosync`` (two micro-batches, the first under ``no_sync``); ``unused``
 (``find_unused_parameters``, one layer used on rank 0 only, one never); ``static``
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
@@ -153,6 +154,14 @@ def run(name: str, rank: int, world: int):
     if entry == "capture":
         try:
             aotgrad.capture(_model(wrapper, variant, rank, world), torch.randn(4, 6))
+        except errors.AotgradError as e:
+            return {"refused": type(e).__name__, "message": str(e)}
+        return {"refused": None}
+    if entry == "cainside":        # the model built, run and differentiated all inside the block
+        try:
+            with aotgrad.compiled_autograd("eager"):
+                model = _model(wrapper, variant, rank, world)     # held: a freed DDP reduces nothing
+                model(torch.randn(4, 6)).sum().backward()
         except errors.AotgradError as e:
             return {"refused": type(e).__name__, "message": str(e)}
         return {"refused": None}

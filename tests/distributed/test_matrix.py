@@ -30,6 +30,8 @@ REFUSED = {
     "fsdp-ca-ckpt": "saved-tensor hooks",
     # DDP runs a communication hook on its C++ reducer's bucket objects, which a compiled backward cannot call.
     "ddp-ca-commhook": "communication hook",
+    # The block switches the DDP modules alive when it starts; one built inside still has its C++ reducer.
+    "ddp-cainside-plain": "create the model before entering the block",
 }
 
 FAST = ["ddp-jit-plain", "ddp-ca-plain", "fsdp-jit-plain", "ddp-capture-plain", "fsdp-capture-plain"]
