@@ -121,7 +121,8 @@ def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
     stale = {p for i, p in enumerate(primals) if i in written or (
         i not in set(lay.grad_of) and not any(u in bw for u in p.users))}
     for n in (primals[0].graph.nodes if primals else ()):
-        if aliases_input(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in stale:
+        viewing = aliases_input(n) or n.target is operator.getitem    # a view, or a part of a split's views
+        if viewing and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in stale:
             stale.add(n)
     return stale
 
