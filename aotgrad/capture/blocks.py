@@ -178,31 +178,33 @@ class Reuse:
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
-        if m is None or self.off or kwargs:
+        if m is None or self.off:
             return self.flat_call(module, *args, **kwargs)
         state = [d[attr] for d, attr in m.firsts]
-        key = _call_key(m, state, args)
+        call = _Call.of(args, kwargs)
+        key = _call_key(m, state, call)
         hit = self.traced.get(key, _MISSING) if key is not None else None
         if hit is _MISSING:
-            hit = self.traced[key] = self._trace(module, m, state, args) if self.may_trace else None
+            hit = self.traced[key] = self._trace(module, m, state, call) if self.may_trace else None
         if hit is None:
             return self.flat_call(module, *args, **kwargs)
         self.calls += 1
         if module is not hit.owner and self.recording is not None:
             _replay_reads(self.recording, hit.frames, m.paths)
-        return pytree.tree_unflatten(block_graph.apply(hit.template, [*state, *args]), hit.template.out_spec)
+        outs = block_graph.apply(hit.template, [*state, *call.tensors])
+        return pytree.tree_unflatten(outs, hit.template.out_spec)
 
     def count(self) -> int:
         """Block calls that a template stood for in the last trace."""
         return self.calls
 
-    def _trace(self, module, m: Member, state, args):
+    def _trace(self, module, m: Member, state, call):
         rec = self.recording
         before = set(rec.frames)
         self.off = True
         try:
             with _hooks_unchanged() as same, _disable_current_modes():
-                template = _trace_template(self.session, module, m, state, args)
+                template = _trace_template(self.session, module, m, state, call)
                 template = template if same() else None
         except Exception:       # the flat run raises it again, with the user's line
             template = None
@@ -217,15 +219,46 @@ class Reuse:
         return Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2]))
 
 
-def _call_key(m: Member, state, args):
+_CONSTANT = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A call's arguments: its tensors, and the rest (plain constants, baked into the template)."""
+    spec: object
+    leaves: tuple       # every leaf, tensors included
+    is_tensor: tuple
+
+    @staticmethod
+    def of(args, kwargs) -> "_Call":
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        return _Call(spec, tuple(leaves), tuple(isinstance(x, torch.Tensor) for x in leaves))
+
+    @property
+    def tensors(self) -> tuple:
+        return tuple(x for x, t in zip(self.leaves, self.is_tensor) if t)
+
+    def rebuild(self, tensors):
+        """``(args, kwargs)`` with ``tensors`` in the tensors' places."""
+        it = iter(tensors)
+        return pytree.tree_unflatten([next(it) if t else x for x, t in zip(self.leaves, self.is_tensor)], self.spec)
+
+    def constants(self):
+        """The other leaves by type and value, or None when one is not a plain constant."""
+        rest = [x for x, t in zip(self.leaves, self.is_tensor) if not t]
+        return tuple((type(x), x) for x in rest) if all(type(x) in _CONSTANT for x in rest) else None
+
+
+def _call_key(m: Member, state, call: _Call):
     """What the template depends on besides the block's structure; None when it cannot stand for the call."""
-    ins = (*state, *args)
-    if not all(isinstance(t, FunctionalTensor) for t in ins) or _unusual_modes():
+    ins = (*state, *call.tensors)
+    constants = call.constants()
+    if constants is None or not all(isinstance(t, FunctionalTensor) for t in ins) or _unusual_modes():
         return None
     if any(isinstance(s, torch.SymInt) for t in ins for s in (*t.shape, *t.stride(), t.storage_offset())):
         return None
     metas = tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad) for t in ins)
-    return m.group, torch.is_grad_enabled(), metas
+    return m.group, torch.is_grad_enabled(), metas, repr(call.spec), constants
 
 
 def _unusual_modes() -> bool:
@@ -247,18 +280,19 @@ def _hooks_unchanged():
         del rec.input_hooks[sizes[0]:], rec.retained[sizes[1]:]
 
 
-def _trace_template(session: Session, module, m: Member, state, args):
+def _trace_template(session: Session, module, m: Member, state, call: _Call):
     from .analyze import analyze
     sess = Session(dynamic=False, grad_enabled=torch.is_grad_enabled(),
                    shape_env=session.shape_env, fake_mode=session.fake_mode)
     with sess.fake_mode:
         fakes = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                 .requires_grad_(t.requires_grad) for t in (*state, *args)]
+                 .requires_grad_(t.requires_grad) for t in (*state, *call.tensors)]
     n, out_specs = len(state), []
 
     def block_fn(*flat):
+        args, kwargs = call.rebuild(flat[n:])
         with _holding(m.homes, flat[:n]):
-            out = module(*flat[n:])
+            out = module(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(out)
         out_specs.append(spec)
         return leaves

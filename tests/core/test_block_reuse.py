@@ -149,3 +149,36 @@ def test_capture_leaves_nothing_behind_when_a_block_fails():
         aotgrad.capture(model, *args)
     assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
     assert not block_graph.TEMPLATES
+
+
+class KwBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.fc = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x, mask=None, scale=1.0, pair=True):
+        y = self.fc(self.ln(x)) * scale
+        if mask is not None:
+            y = y * mask
+        return (x + y, y.square().mean()) if pair else x + y
+
+
+class KwStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(KwBlock() for _ in range(3))
+
+    def forward(self, x, mask):
+        aux = 0
+        for i, b in enumerate(self.blocks):
+            x, a = b(x, mask=mask, scale=0.5 * (i % 2 + 1))
+            aux = aux + a
+        return x.sum() + aux
+
+
+def test_keyword_and_constant_arguments_and_tuple_outputs():
+    def make():
+        torch.manual_seed(0)
+        return KwStack(), (torch.randn(4, 8), (torch.rand(4, 8) > 0.3).float())
+    # Two scales: two templates, each standing for its calls.
+    assert compiled_and_reused(make) == 3
