@@ -7,6 +7,7 @@ draws (the backward must see the forward's), and values read from an input that 
 updated in place before the backward runs. The expected saved set is computed by a plain
 walk back from what the backward reads, independently of the minimum cut.
 """
+import functools
 import operator
 
 import pytest
@@ -24,7 +25,9 @@ from tests.partition.test_min_cut import MODELS
 NAMED = {"save_nothing": lambda n: False, "save_matmuls": is_expensive}
 
 
+@functools.cache
 def _captured(name):
+    """One capture per model for the module: partitioners read the joint, never change it."""
     model, args = MODELS[name]()
     return aotgrad.capture(model, *args)
 
