@@ -27,7 +27,8 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode, PythonKeyTracer, disable_proxy_modes_tracing,
     fetch_object_proxy, track_tensor_tree)
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic, ShapeEnv, StatelessSymbolicContext, _suppress_guards)
 
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
@@ -119,12 +120,13 @@ class CaptureInstance:
         s = self.session
         self.n_inputs, self.n_sizes, self.n_scalars = len(inputs), len(sizes), len(scalars)
         # The engine lifts only the sizes it has seen change (automatic dynamic, see guards.py):
-        # with none, every size is a constant and so are the tensors' (no symbolic reasoning).
-        static = not sizes
-        self.layout_guard = LayoutGuard.of(inputs) if static else None
-        s.fake_mode.cache_enabled = static   # see _Session
+        # with none, every size is a constant and so are the tensors' (no symbolic reasoning);
+        # else a tensor's dim is symbolic where it equals one of them, the rest stay constants.
+        varying = frozenset(sizes)
+        self.layout_guard = LayoutGuard.of(inputs, varying)
+        s.fake_mode.cache_enabled = not sizes   # see _Session
         for idx, x in enumerate(inputs):
-            inputs[idx] = s.fake_mode.from_tensor(x, static_shapes=static)
+            inputs[idx] = _fake(s.fake_mode, x, varying, idx)
         self._bind(inputs, [self._placeholder(f"input_{i}") for i in range(len(inputs))])
         sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _source("sizes", i), DimDynamic.DYNAMIC)
                      for i, v in enumerate(sizes)]
@@ -407,6 +409,16 @@ def _impure(node: fx.Node) -> bool:
     if node.op == "placeholder":
         return False
     return node.op == "output" or node.target in opaque.IMPURE or node.is_impure()
+
+
+def _fake(fake_mode, x, varying, idx):
+    """``x`` as a fake tensor whose dims are symbolic where they equal a size in ``varying``
+    (a subclass or a sparse tensor: every dim, or none in a static capture)."""
+    if not varying or type(x) not in (torch.Tensor, torch.nn.Parameter) or x.layout != torch.strided:
+        return fake_mode.from_tensor(x, static_shapes=not varying)
+    dims = [DimDynamic.DUCK if d in varying else DimDynamic.STATIC for d in x.size()]
+    return fake_mode.from_tensor(x, source=_source("inputs", idx),
+                                 symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 
 
 def _clone(x):

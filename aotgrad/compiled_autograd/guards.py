@@ -62,19 +62,21 @@ class SizeGuard:
 
 @dataclass(frozen=True)
 class LayoutGuard:
-    """A static capture's lifted tensors keep their sizes and strides.
+    """The lifted tensors keep the sizes and strides the trace took as constants.
 
-    The engine's key holds their dtype, device and requires_grad but not their layout,
-    which the static trace baked in (a saved tensor's strides decide whether ``.grad``
-    is the computed buffer or a copy). Storage offsets are not compared: the graph's
-    ops read each input through its own offset, and the offsets a trace uses
+    The engine's key holds their dtype, device and requires_grad but not their layout.
+    A static capture bakes every size and stride in (a saved tensor's strides decide
+    whether ``.grad`` is the computed buffer or a copy); a capture with lifted sizes
+    makes symbolic only the dims equal to one of them (``varying``), and a tensor with
+    such a dim has symbolic strides. Storage offsets are not compared: the graph's ops
+    read each input through its own offset, and the offsets a trace uses
     (``copy_slices``, ``as_strided`` backwards) are sizes the engine keys on."""
-    layouts: tuple          # (sizes, strides) per tensor, None where not strided
+    layouts: tuple          # (sizes, strides) per tensor, None for what is symbolic
     _fast: object = field(default=None, compare=False, repr=False)    # TensorGuards.check
 
     @classmethod
-    def of(cls, tensors: list) -> "LayoutGuard":
-        layouts = tuple(map(_layout, tensors))
+    def of(cls, tensors: list, varying=frozenset()) -> "LayoutGuard":
+        layouts = tuple(_layout(t, varying) for t in tensors)
         return cls(layouts, _tensor_guards(tensors, layouts))
 
     def violation(self, tensors) -> str | None:
@@ -83,15 +85,22 @@ class LayoutGuard:
             return None
         for i, (t, want) in enumerate(zip(tensors, self.layouts)):
             have = _layout(t)
-            if have != want:
-                return f"lifted tensor {i} had (sizes, strides) {want} when captured with static sizes, now {have}"
+            if want is not None and (have is None or not (_fits(have[0], want[0]) and _fits(have[1], want[1]))):
+                return f"lifted tensor {i} had (sizes, strides) {want} when captured, now {have}"
         return None
 
 
-def _layout(t: torch.Tensor):
+def _layout(t: torch.Tensor, varying=frozenset()):
+    """(sizes, strides) with None for a dim in ``varying`` and for the strides of a
+    tensor with such a dim; None for a tensor that is not strided."""
     if t.layout != torch.strided or t.is_mkldnn:
         return None
-    return tuple(t.size()), t.stride()
+    sizes = tuple(None if d in varying else d for d in t.size())
+    return sizes, t.stride() if None not in sizes else (None,) * t.dim()
+
+
+def _fits(have, want) -> bool:
+    return len(have) == len(want) and all(w is None or h == w for h, w in zip(have, want))
 
 
 def _tensor_guards(tensors, layouts):

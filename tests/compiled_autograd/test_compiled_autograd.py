@@ -133,6 +133,34 @@ def test_static_capture_guards_the_layout_of_the_tensors_it_saved():
     assert ca.captures[1].reason.startswith("recaptured: lifted tensor")
 
 
+def test_capture_with_lifted_sizes_keeps_other_dims_constant_and_guards_them():
+    """Once the batch is lifted, only dims equal to it are symbolic: a saved tensor of other
+    sizes keeps constant sizes and strides, and a run where those change is recaptured."""
+    w = torch.randn(5, 4, requires_grad=True)
+    contiguous, transposed = torch.randn(5, 4), torch.randn(4, 5).t()
+
+    def step(batch, c):
+        w.grad = None
+        x = torch.randn(batch, 4, requires_grad=True)
+        ((w * c).sum() + (x * 2).sum()).backward()
+        return w.grad, x.grad
+
+    runs = ((2, contiguous), (3, contiguous), (6, transposed), (7, contiguous))
+    with compiled_autograd() as ca:
+        for batch, c in runs:
+            torch.manual_seed(batch)
+            got = step(batch, c)
+            torch.manual_seed(batch)
+            with runtime.engine_compiler_off():
+                want = step(batch, c)
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g, e)
+                assert g.stride() == e.stride(), batch
+    assert len(ca.captures) == 3 and ca.runs == 4
+    assert "automatic dynamic" in ca.captures[1].reason
+    assert ca.captures[2].reason.startswith("recaptured: lifted tensor")
+
+
 def test_batch_size_change_reuses_compiled_backward():
     model, _ = make_mlp(depth=3)
     with compiled_autograd() as ca:
