@@ -246,7 +246,7 @@ def _functions_checked(rec: Recorder):
     original = Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
-        out = original.__func__(cls, *args, **kwargs)
+        out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
         _watch(cls, args, out, errors.caller_line(), rec)
         return out
     Function.apply = classmethod(apply)
