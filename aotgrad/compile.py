@@ -1,5 +1,8 @@
 """Stage 1 -> stage 2: partition the joint graph, compile both halves and
-wrap them into a callable that behaves like the user's function."""
+wrap them into a callable that behaves like the user's function.
+
+``compile_parts`` returns what a ``Compiled`` holds; ``Captured.compile`` builds the
+stage object, so this layer sits below ``stages`` and never imports it."""
 from __future__ import annotations
 
 import torch
@@ -10,10 +13,9 @@ from .observe import timed
 from .runtime.call import make_call
 from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
-from .capture.hooks import input_hooks, retained_outputs, returned_inputs
+from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply, retaining
-from .stages import Captured, Compiled
 
 
 def _examples(gm) -> list:
@@ -32,8 +34,8 @@ def _with_grad(run):
     return run_with_grad
 
 
-def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
-                     memory_budget=None) -> Compiled:
+def compile_parts(captured, fw_compiler, bw_compiler, partitioner, memory_budget=None) -> tuple:
+    """``(partition, forward graph, backward graph, call path, history)`` of ``captured`` compiled."""
     history = list(captured.history)
     lay = captured.layout
     fw_c = backends.get(fw_compiler)
@@ -71,4 +73,4 @@ def compile_captured(captured: Captured, fw_compiler, bw_compiler, partitioner,
             run = retaining(run, [k for _, k in retained])
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
-    return Compiled(captured, part, fw_gm, bw_gm, make_call(captured, run), tuple(history))
+    return part, fw_gm, bw_gm, make_call(captured, run), tuple(history)

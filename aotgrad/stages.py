@@ -64,7 +64,7 @@ class Captured:
     """
     setup: Setup
     joint: fx.GraphModule
-    analysis: Any                # analysis.metadata.Analysis
+    analysis: Any                # ir.records.Analysis
     layout: Any                  # capture.joint.JointLayout
     guards: Any                  # guards.inputs.InputGuards
     out_spec: pytree.TreeSpec
@@ -78,18 +78,14 @@ class Captured:
         return self.layout.is_inference
 
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default",
-                memory_budget=None, *, cache: bool = False) -> "Compiled":
+                memory_budget=None) -> "Compiled":
         """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
         partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner.
-        ``cache=True`` reuses (and stores) a min-cut or budgeted partition of this joint graph in the
-        disk cache (``AOTGRAD_CACHE_DIR``); nothing is written to disk otherwise."""
-        from .export.values import with_values
+        Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
+        from .compile import compile_parts
+        from .ir.values import with_values
         with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
-        if cache:
-            from .export.entry import compile_cached
-            return compile_cached(self, fw_compiler, bw_compiler, partitioner, memory_budget)
-        from .compile import compile_captured
-        return compile_captured(self, fw_compiler, bw_compiler, partitioner, memory_budget)
+        return Compiled(self, *compile_parts(self, fw_compiler, bw_compiler, partitioner, memory_budget))
 
     def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
@@ -142,7 +138,7 @@ class Compiled:
     def memory(self):
         """Predicted memory: ``saved_bytes``, ``peak_bytes``, ``saved`` (one entry per
         saved tensor) and ``recompute_flops``; ``None`` for an inference graph."""
-        from .export.values import with_values
+        from .ir.values import with_values
         from .partition import estimate
         if self.partition is None:
             return None

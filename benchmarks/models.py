@@ -131,9 +131,13 @@ def warm_up(names) -> None:
 
 
 def run(names, rounds: int = 5, skip=frozenset(), log=print) -> list[dict]:
+    """Rows for every model; each model's table is logged as soon as it is measured (a full run takes an hour)."""
     warm_up(names)
-    return [row for name in names for row in run_model(name, [s for s in SYSTEMS if (name, s) not in skip],
-                                                        rounds, log=log)]
+    rows = []
+    for name in names:
+        rows += run_model(name, [s for s in SYSTEMS if (name, s) not in skip], rounds, log=log)
+        log(table([r for r in rows if r["model"] == name]))
+    return rows
 
 
 def _fmt(v, spec: str) -> str:

@@ -107,11 +107,6 @@ def traceable_ops():
             h.register(effect)
 
 
-def backed_symbols(shape_env) -> dict:
-    """Symbols bound to input sizes, with their values (torch 2.13 renamed ``var_to_val``)."""
-    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
-
-
 def to_functional(t):
     return FunctionalTensor.to_functional(t) if isinstance(t, torch.Tensor) else t
 

@@ -1,4 +1,2 @@
-"""Serialising what a capture and compile produced, so another process can load it."""
-from .graphs import Unserializable, dump_graph, load_graph
-
-__all__ = ["Unserializable", "dump_graph", "load_graph"]
+"""Serialising what a capture and compile produced, so another process can load it:
+the export artifact (``artifact``, ``rebuild``, ``inspect``) and the disk cache's entries (``entry``)."""

@@ -1,7 +1,7 @@
 """``Captured -> artifact on disk -> Exported``: a training step that runs without the model's code.
 
 The artifact (see ``docs/export-format.md``) is a zip of a JSON manifest, graphs as JSON and
-tensors as raw bytes. ``export`` writes what ``compile_captured`` needs beyond the user's
+tensors as raw bytes. ``export`` writes what ``compile_parts`` needs beyond the user's
 function: the joint and partitioned graphs, the analysis (mutations, aliases), the joint
 layout, the input guards' specs, the call signature and the parameter/buffer specs and values.
 ``load`` checks it all, then builds a ``Captured`` whose setup holds a stand-in module with
@@ -20,10 +20,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import errors
-from ..analysis.metadata import Analysis
+from ..ir.records import Analysis
 from . import codec, tensors as tensor_io
 from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
-from .graphs import Unserializable
+from ..ir.graphs import Unserializable
 from .manifest import FORMAT, VERSION, check_manifest, read_entry
 
 
@@ -81,7 +81,7 @@ def _spec_text(spec, what: str) -> str:
 
 
 def _refuse(captured) -> None:
-    from ..capture.hooks import has_opaque_calls
+    from ..runtime.hooks import has_opaque_calls
     if captured.setup.rebase is not None:
         raise Unserializable("inputs that alias each other and are mutated (synthetic bases)")
     if has_opaque_calls(captured):

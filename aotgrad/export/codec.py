@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import ExportFormatError
-from .graphs import Ref, Unserializable, dump_graph
+from ..ir.graphs import Ref, Unserializable, dump_graph
 
 OP_NAMESPACES = ("aten", "prims", "aotgrad")
 _REFUSED_OPS = ("aotgrad::tensor_hook", "aotgrad::retain_grad")   # call live Python hooks
@@ -161,7 +161,7 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
 def _node_values(gm: fx.GraphModule) -> dict:
     """Each node's value as static ``TensorMeta`` data (memory estimates, printed shapes); a node whose
     value is not that (a symbolic size, an opaque object) is left out."""
-    from .values import TensorMeta, value_out
+    from ..ir.values import TensorMeta, value_out
     out = {}
     for n in gm.graph.nodes:
         v = value_out(n.meta.get("val"), {})
@@ -291,7 +291,7 @@ def op_schemas(graphs) -> dict:
 
 def _keep_values(gm: fx.GraphModule, env: dict, stored) -> None:
     """Node values as data, rebuilt as fake tensors when something reads them (``values.with_values``)."""
-    from .values import STORED, FakeValues, TensorMeta, keep
+    from ..ir.values import STORED, FakeValues, TensorMeta, keep
     if not isinstance(stored, dict) or not set(stored) <= set(env):
         raise ExportFormatError("a graph's node values name nodes it does not have")
     for name, data in stored.items():

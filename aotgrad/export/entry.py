@@ -15,16 +15,15 @@ import pickle
 import time
 from dataclasses import replace
 
-from ..compile import compile_captured
 from ..frontend.flatten import flat_function, signature
 from ..guards import cache
 from ..guards import inputs as input_guards
 from ..observe import Step
 from ..partition import Partition
 from ..stages import Captured, Modes, Setup
-from ..capture.hooks import has_opaque_calls
-from .graphs import Unserializable, dump_graph, load_graph
-from .values import FakeValues
+from ..ir.graphs import Unserializable, dump_graph, load_graph
+from ..ir.values import FakeValues
+from ..runtime.hooks import has_opaque_calls
 
 # Backends that compile a graph without the fake example values a loaded graph lacks.
 LOADABLE_BACKENDS = ("eager", None)
@@ -84,7 +83,7 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     captured = Captured(setup, load_graph(record["joint"], values), record["analysis"], record["layout"], guards,
                         record["out_spec"], in_descs, out_descs, (step,))
     part = None if record["partition"] is None else load_partition(record["partition"], values)
-    return compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
+    return captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
 
 
 def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner="default", memory_budget=None):
@@ -97,9 +96,9 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         if data is not None:
             part = load_partition(data)
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
-            compiled = compile_captured(captured, fw_compiler, bw_compiler, lambda joint, lay: part)
+            compiled = captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
             return replace(compiled, history=compiled.history + (step,))
-    compiled = compile_captured(captured, fw_compiler, bw_compiler, partitioner, memory_budget)
+    compiled = captured.compile(fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and compiled.partition is not None:
         cache.store("staged", key, dump_partition(compiled.partition))
     return compiled

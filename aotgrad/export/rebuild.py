@@ -9,9 +9,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import errors
-from ..analysis.metadata import Analysis
-from ..capture.descriptors import Desc
-from ..capture.joint import JointLayout
+from ..ir.descriptors import Desc
+from ..ir.records import Analysis, JointLayout
 from ..frontend.flatten import Signature, Slot
 from ..guards import inputs as input_guards
 from ..guards.inputs import TensorSpec
@@ -48,8 +47,7 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
                      out_spec=out_spec, input_descs=tuple(in_descs), output_descs=tuple(out_descs),
                      history=(step,))
     part = _partition(m, graphs, tensors)
-    from ..compile import compile_captured
-    compiled = compile_captured(captured, "eager", None, lambda joint, lay: part)
+    compiled = captured.compile("eager", None, lambda joint, lay: part)
     return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
 
 

@@ -10,12 +10,11 @@ import re
 
 import torch
 
-from ..analysis.metadata import Analysis, InputInfo, OutputInfo, ViewMeta
-from ..capture.descriptors import Desc
-from ..capture.joint import JointLayout
+from ..ir.descriptors import Desc
+from ..ir.records import Analysis, InputInfo, JointLayout, OutputInfo, ViewMeta
 from ..guards.inputs import TensorSpec
 from . import codec
-from .values import TensorMeta
+from ..ir.values import TensorMeta
 
 
 def _int(v) -> bool:

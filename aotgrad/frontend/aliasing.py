@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..analysis.metadata import ViewMeta
-from ..capture.descriptors import Desc
+from ..ir.descriptors import Desc
+from ..ir.records import ViewMeta
 from ..errors import MutationError
 
 

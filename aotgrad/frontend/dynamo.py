@@ -18,7 +18,7 @@ from torch._guards import detect_fake_mode
 
 from .. import errors
 from ..capture.capture import capture_setup
-from ..capture.descriptors import Desc
+from ..ir.descriptors import Desc
 from ..capture.session import Session
 from ..frontend.flatten import Signature, outputs
 from ..observe import timed

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture.descriptors import Desc
+from ..ir.descriptors import Desc
 
 
 @dataclass(frozen=True)

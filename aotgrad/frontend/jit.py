@@ -26,7 +26,7 @@ from .. import errors
 from ..capture.capture import capture_call
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
-from ..export.graphs import Unserializable
+from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards

@@ -14,7 +14,7 @@ import torch
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.printers import PythonPrinter
 
-from ..capture.session import backed_symbols
+from .._torch import backed_symbols
 from ..generated import compile_source
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from .._torch import backed_symbols
+
 STORED = "aotgrad_stored_val"       # node.meta key: the value as data, until with_values rebuilds it
 _VALUES = "aotgrad_values"          # gm.meta key: the FakeValues that rebuilds this graph's values
 
@@ -49,7 +51,6 @@ def _size(s, hints: dict):
     known = _functions()
     if any(type(f).__name__ not in known for f in expr.atoms(sympy.Function)):
         raise ValueError(f"size {expr} uses a function a stored graph cannot name")
-    from ..capture.session import backed_symbols
     backed = backed_symbols(s.node.shape_env)
     for sym in expr.free_symbols:
         if sym not in backed:

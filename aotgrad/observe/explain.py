@@ -6,18 +6,17 @@ it was recompiled.
 """
 from __future__ import annotations
 
-from .facts import fmt_bytes, graph_sizes, guard_lines, name_of, saved_rows
+from .facts import fmt_bytes, graph_sizes, guard_lines, kind_of, name_of, saved_rows
 
 
 def explain(obj) -> str:
     """Explain a ``Jit``, a ``Compiled`` or a ``Captured``."""
-    from ..frontend.jit import Jit
-    from ..stages import Captured, Compiled
-    if isinstance(obj, Jit):
+    kind = kind_of(obj)
+    if kind == "jit":
         return explain_jit(obj)
-    if isinstance(obj, Compiled):
+    if kind == "compiled":
         return explain_compiled(obj)
-    if isinstance(obj, Captured):
+    if kind == "captured":
         return explain_captured(obj)
     raise TypeError(f"aotgrad.explain takes an aotgrad.jit function, a Compiled or a Captured, "
                     f"not {type(obj).__name__}; wrap a plain function with aotgrad.jit and call it first")

@@ -17,7 +17,7 @@ def format_graph(gm) -> str:
 
 
 def format_captured(c) -> str:
-    from ..export.values import with_values
+    from ..ir.values import with_values
     with_values(c.joint)        # a joint loaded from the disk cache: its shapes are printed
     ph = [n for n in c.joint.graph.nodes if n.op == "placeholder"]
     outs = list(c.joint.graph.output_node().args[0])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from .facts import fmt_bytes, graph_sizes, guard_lines, name_of, saved_rows
+from .facts import fmt_bytes, graph_sizes, guard_lines, kind_of, name_of, saved_rows
 from .printing import format_graph
 
 _CSS = """
@@ -34,8 +34,7 @@ document.documentElement.setAttribute('data-rendered',
 
 def report_html(obj) -> str:
     """The page for a ``Jit`` (every entry), a ``Compiled``, or a callable's result."""
-    from ..frontend.jit import Jit
-    if isinstance(obj, Jit):
+    if kind_of(obj) == "jit":
         if not obj.entries:
             raise ValueError("this aotgrad.jit function has not been called yet, so nothing was compiled")
         title = f"aotgrad report: jit({name_of(obj.entries[0].compiled)})"

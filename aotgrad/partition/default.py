@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from ..analysis.ops import draws_at_backward, has_side_effect
-from ..capture.joint import JointLayout
+from ..ir.records import JointLayout
 from .graphs import ancestors, descendants, extract, is_sym, output_values, placeholders
 
 

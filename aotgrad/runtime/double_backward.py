@@ -17,7 +17,7 @@ import torch
 
 from .. import errors
 from ..analysis.ops import is_random
-from ..capture.joint import forward_values
+from ..ir.records import forward_values
 
 
 def keep_inputs(primals) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..analysis.metadata import Analysis, ViewMeta
+from ..ir.records import Analysis, ViewMeta
 
 
 def _symbol_map(symbols) -> dict:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..capture.hooks import RUNNING, install_input_hooks
+from .hooks import RUNNING, install_input_hooks
 from .double_backward import keep_inputs, rng_states
 
 
@@ -30,7 +30,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     ``(run(kept_inputs, rng_states, grad_outputs) -> grads, needs_rng)`` (see
     runtime/double_backward.py); without one they come from ``once_differentiable``
     and raise if differentiated. ``input_hooks`` are registered on the real inputs by
-    every call, as the program registered them (capture/hooks.py); ``retained``
+    every call, as the program registered them (runtime/hooks.py); ``retained``
     ``(slot, k)``: forward value ``k`` called retain_grad inside the program, and the
     backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``; ``returned``
     ``(k, i)``: forward value ``k`` is input ``i`` returned by a custom Function, returned

@@ -146,6 +146,7 @@ def test_the_trace_returns_its_output_structure():
 
 
 def test_staged_compile_writes_to_disk_only_when_asked(monkeypatch, tmp_path):
+    from aotgrad.export.entry import compile_cached
     monkeypatch.delenv("AOTGRAD_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     home_cache = tmp_path / ".cache" / "aotgrad"
@@ -154,5 +155,5 @@ def test_staged_compile_writes_to_disk_only_when_asked(monkeypatch, tmp_path):
     captured.compile(partitioner="min_cut")
     captured.compile(memory_budget=0.5)
     assert not home_cache.exists()
-    captured.compile(partitioner="min_cut", cache=True)
+    compile_cached(captured, partitioner="min_cut")
     assert [p.name.split("-")[0] for p in home_cache.iterdir()] == ["staged"]

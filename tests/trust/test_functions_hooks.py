@@ -360,11 +360,11 @@ def test_hooks_on_inputs_of_an_inference_capture_are_refused():
 
 
 def test_a_hooked_function_is_not_stored_on_disk():
-    from aotgrad.capture.hooks import has_opaque_calls
+    from aotgrad.runtime.hooks import has_opaque_calls
     fn, _ = _logged_program()
     captured = aotgrad.capture(fn, r(3), r(3))
     assert has_opaque_calls(captured)
-    from aotgrad.export import Unserializable, dump_graph
+    from aotgrad.ir.graphs import Unserializable, dump_graph
     with pytest.raises(Unserializable):
         dump_graph(captured.joint)
 

@@ -3,7 +3,7 @@
 Parameters and buffers are updated in place by optimizers, so a recording can
 read them where they live instead of copying them into static buffers every
 step. They are known from the descriptor-derived placeholder names
-(``p_<name>``/``b_<name>``, see :meth:`aotgrad.capture.descriptors.Desc.ident`)
+(``p_<name>``/``b_<name>``, see :meth:`aotgrad.ir.descriptors.Desc.ident`)
 or given explicitly as ``static_input_indices``.
 """
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""What a traced program does to its inputs and how its outputs alias (found by
+``capture.analyze``), and where each value sits in the joint graph: frozen data every layer reads.
+
+The joint graph takes ``(*primals, *tangents)`` and returns ``(*forward_values, *grads)``; the
+forward values are, in order, the new values of data-mutated inputs, the plain outputs and the
+hidden bases of outputs that are views of intermediates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ViewMeta:
+    """How to regenerate a view: ``base.as_strided(size, stride, offset)``; ``offset`` is
+    absolute, or relative to the base's own storage offset when made by ``relative``
+    (a frontend that does not guard storage offsets, Dynamo, may hand the same graph
+    inputs at another offset)."""
+    size: tuple
+    stride: tuple
+    offset: Any
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "ViewMeta":
+        return ViewMeta(tuple(map(symbolic, t.shape)), tuple(map(symbolic, t.stride())),
+                        symbolic(t.storage_offset()))
+
+    @staticmethod
+    def relative(t: torch.Tensor, base: torch.Tensor) -> "ViewMeta":
+        return ViewMeta(tuple(map(symbolic, t.shape)), tuple(map(symbolic, t.stride())),
+                        symbolic(t.storage_offset() - base.storage_offset()))
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(v, int) for v in (*self.size, *self.stride, self.offset))
+
+
+def symbolic(v):
+    """An int stays an int; a SymInt becomes its sympy expression (a fact, not a live symbol)."""
+    if isinstance(v, torch.SymInt):
+        expr = v.node.expr
+        return int(expr) if expr.is_number else expr
+    return int(v)
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    requires_grad: bool
+    mutates_data: bool
+    mutates_metadata: bool
+    mutation_hidden: bool        # autograd saw no write (no_grad, .data, .detach()): replay without autograd
+    new_meta: ViewMeta | None    # metadata after a metadata mutation
+
+    @property
+    def mutation_needs_autograd(self) -> bool:
+        return self.mutates_data and not self.mutation_hidden
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    """``kind``: ``plain`` (computed by the graph), ``input`` (is input ``index``),
+    ``input_view`` (a view of input ``index``), ``input_detached`` (``x.detach()``: the input's
+    storage, not a view), ``output`` (the same object as
+    output ``index``), ``output_view`` (a view of plain output ``index``),
+    ``intermediate_view`` (a view of hidden base ``index``, an intermediate the
+    graph also returns), ``constant`` (a non-tensor leaf, ``value``)."""
+    kind: str
+    index: int = -1
+    view: ViewMeta | None = None
+    requires_grad: bool = False
+    value: Any = None
+    is_leaf: bool = True         # no grad_fn (``requires_grad_()`` inside, or a factory with requires_grad=True)
+    is_view: bool = False        # eager's output is a view (a ``plain`` one may come from the graph as one when it is not)
+    replay: Any = None           # Replay of the view ops that made it, where they can be replayed
+
+
+@dataclass(frozen=True)
+class Analysis:
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[OutputInfo, ...]
+    base_count: int                 # intermediate bases returned as extra outputs
+    fake_outputs: tuple             # fake values of the graph's forward values (for tangents)
+    fw_requires_grad: tuple         # whether each forward value requires grad
+    out_spec: Any = None            # the outputs' tree structure (``Outputs.spec`` of the traced call)
+
+    def mutated(self):
+        return [i for i, info in enumerate(self.inputs) if info.mutates_data]
+
+    def plain(self) -> list:
+        """``(forward value index, OutputInfo)`` of each output the graph computes: forward values
+        are the mutated inputs' new values, then the plain outputs, then hidden bases."""
+        n_mut = len(self.mutated())
+        return list(enumerate((o for o in self.outputs if o.kind == "plain"), start=n_mut))
+
+
+@dataclass(frozen=True)
+class JointLayout:
+    """Positions in the joint graph's inputs and outputs."""
+    n_primals: int
+    tangent_of: tuple       # forward-value index each tangent belongs to
+    n_fw: int               # forward values
+    grad_of: tuple          # primal index each grad output belongs to
+    mutated: tuple = ()     # primals whose data the runtime overwrites after the forward
+
+    @property
+    def is_inference(self) -> bool:
+        return not self.grad_of
+
+
+def layout(analysis: Analysis) -> JointLayout:
+    """Tangents for the forward values that require grad as traced: under the captured grad mode and
+    any ``no_grad``/``enable_grad`` region inside, so an ``enable_grad`` block called under an outer
+    ``no_grad`` still gets a backward (the runtime then applies the graph with grad enabled)."""
+    needs = [rg and (v.dtype.is_floating_point or v.dtype.is_complex)
+             for v, rg in zip(analysis.fake_outputs, analysis.fw_requires_grad)]
+    tangent_of = tuple(i for i, n in enumerate(needs) if n)
+    grad_of = tuple(i for i, info in enumerate(analysis.inputs) if info.requires_grad) if tangent_of else ()
+    if not grad_of:
+        tangent_of = ()
+    return JointLayout(len(analysis.inputs), tangent_of, len(analysis.fake_outputs), grad_of,
+                       tuple(analysis.mutated()))
+
+
+def forward_values(call_ins, outs, analysis: Analysis) -> list:
+    """The graph's forward values from one run of the flat function."""
+    mutated = [call_ins[i] for i in analysis.mutated()]
+    plain = [o for o, info in zip(outs, analysis.outputs) if info.kind == "plain"]
+    bases = [None] * analysis.base_count
+    for o, info in zip(outs, analysis.outputs):
+        if info.kind == "intermediate_view":
+            bases[info.index] = o._base
+    return mutated + plain + bases
