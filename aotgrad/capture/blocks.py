@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..analysis.ops import is_random
 from ..guards import reads
+from ..passes.cleanup import simplify_owned
 from . import block_graph
 from ..ir.records import layout
 from .joint import trace_joint
@@ -306,6 +307,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     joint = trace_joint(sess, block_fn, fakes, analysis, lay)
     if any(x.op == "get_attr" or is_random(x) or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
         return None
+    # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
+    # the detaches and dead nodes it would drop from every copy again.
+    joint = simplify_owned(joint)
     return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
 
 
