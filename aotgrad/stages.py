@@ -17,6 +17,11 @@ if TYPE_CHECKING:       # annotations only: the stages do not import the layers 
     from .capture.session import Session
     from .frontend.aliasing import Rebase
     from .frontend.flatten import Signature
+    from .guards.inputs import InputGuards
+    from .guards.state import StateGuards
+    from .ir.records import Analysis, JointLayout
+    from .partition import Partition
+    from .runtime.call import CallPath
 
 
 @dataclass(frozen=True)
@@ -64,14 +69,14 @@ class Captured:
     """
     setup: Setup
     joint: fx.GraphModule
-    analysis: Any                # ir.records.Analysis
-    layout: Any                  # capture.joint.JointLayout
-    guards: Any                  # guards.inputs.InputGuards
+    analysis: Analysis
+    layout: JointLayout
+    guards: InputGuards
     out_spec: pytree.TreeSpec
     input_descs: tuple
     output_descs: tuple
     history: tuple[Step, ...]
-    state: Any = None            # guards.state.StateGuards: Python state the trace read (``capture`` only)
+    state: StateGuards | None = None     # Python state the trace read (``capture`` only)
 
     @property
     def is_inference(self) -> bool:
@@ -113,10 +118,10 @@ class Captured:
 class Compiled:
     """Stage 2: compiled forward and backward, callable like the original function."""
     captured: Captured
-    partition: Any               # partition.Partition (None for inference)
+    partition: Partition | None  # None for an inference graph
     forward_graph: fx.GraphModule
     backward_graph: fx.GraphModule | None
-    path: Any                    # runtime.call.CallPath: match(args, kwargs), run(flat)
+    path: CallPath               # match(args, kwargs), run(flat)
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
