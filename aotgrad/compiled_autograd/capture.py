@@ -9,8 +9,8 @@ leaves), sizes and scalars; built-in nodes arrive as ``apply_functional``
 ``end_capture`` returns what the engine runs from then on, for every backward
 whose autograd graph has the same structure.
 
-Built-in nodes are traced through on fake tensors with symbolic sizes, so
-they become ATen ops; everything holding user Python (hooks, custom
+Built-in nodes are traced through on fake tensors (with constant sizes, or
+symbolic ones where the engine lifted a size that changed), so they become ATen ops; everything holding user Python (hooks, custom
 backwards, ``.grad`` updates) becomes one opaque call node (``opaque.py``).
 """
 from __future__ import annotations
