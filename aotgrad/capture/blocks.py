@@ -304,13 +304,26 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
             o.kind != "plain" or o.is_view or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
         return None
     lay = layout(analysis)
-    joint = trace_joint(sess, block_fn, fakes, analysis, lay)
+    with _unwatched():
+        joint = trace_joint(sess, block_fn, fakes, analysis, lay)
     if any(x.op == "get_attr" or is_random(x) or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
         return None
     # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
     # the detaches and dead nodes it would drop from every copy again.
     joint = simplify_owned(joint)
     return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
+
+
+@contextlib.contextmanager
+def _unwatched():
+    """The read recording paused: the metadata pass ran the block's Python under it already, and
+    watching the joint trace (make_fx's Python too) would about double its cost for nothing."""
+    watcher = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(watcher)
 
 
 @contextlib.contextmanager
