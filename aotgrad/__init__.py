@@ -23,7 +23,7 @@ def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **comp
 def load(path: str, *, state: dict | None = None) -> "Exported":
     """The training step ``captured.export(path)`` wrote, runnable without the model's code
     (``state``: parameter and buffer values by name, for an artifact exported without them)."""
-    from .export.artifact import load as load_artifact
+    from .export.loader import load as load_artifact
     return load_artifact(path, state=state)
 
 

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
 def _export_commands(args) -> int:
     from . import errors
-    from .export.artifact import load as load_artifact
+    from .export.loader import load as load_artifact
     try:
         if args.command == "inspect":
             print(load_artifact(args.artifact, placeholders=True))     # values=False artifacts too

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import zipfile
-import zlib
 
 import torch
 import torch.utils._pytree as pytree
@@ -24,7 +22,7 @@ from ..ir.records import Analysis
 from . import codec, tensors as tensor_io
 from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from ..ir.graphs import Unserializable
-from .manifest import FORMAT, VERSION, check_manifest, read_entry
+from .manifest import FORMAT, VERSION
 
 
 def export(captured, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
@@ -140,41 +138,4 @@ def _aotgrad_version() -> str:
         return "unknown"
 
 
-def load(path: str, *, state: dict | None = None, placeholders: bool = False):
-    """The ``Exported`` training step in the artifact at ``path``; ``state`` maps parameter and
-    buffer names to tensors the step uses in place of the stored values (required for an artifact
-    written with ``values=False``): ``dict(model.named_parameters())`` makes it train ``model``'s own.
-    ``placeholders``: zeros for values neither the file nor ``state`` has (to inspect the graphs)."""
-    start = time.perf_counter()
-    try:
-        with zipfile.ZipFile(path) as z:
-            manifest = check_manifest(read_entry(z, "manifest.json", json=True))
-            tensors = tensor_io.unpack(read_entry(z, "tensors.bin"), manifest["tensors"])
-            graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}
-    except (zipfile.BadZipFile, EOFError, zlib.error, RecursionError) as e:
-        raise errors.ExportFormatError(f"{path} is not a readable aotgrad artifact: it is corrupted or "
-                                       f"truncated ({e})") from None
-    except OSError as e:
-        raise errors.ExportFormatError(f"cannot read the aotgrad artifact {path}: {e}") from None
-    from .rebuild import build_exported
-    try:
-        if placeholders:
-            state = {**_zeros(manifest), **(state or {})}
-        return build_exported(path, manifest, graphs, tensors, state, start)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
-        # The checks cover each field; what they miss is still a malformed file, not a step to run
-        # (the chained exception keeps the traceback, should it be this aotgrad's fault instead).
-        raise errors.ExportFormatError(f"{path} could not be loaded, it is malformed "
-                                       f"({type(e).__name__}: {str(e)[:200]})") from e
-
-
-def _zeros(manifest: dict) -> dict:
-    """Zero tensors of the exported specs for the parameters and buffers the file holds no value for."""
-    from .rebuild import _typed_list
-    from ..guards.inputs import TensorSpec
-    specs = _typed_list(manifest["guards"], TensorSpec)
-    return {e["name"]: torch.zeros(spec.size, dtype=spec.dtype, device=spec.device)
-            for e, spec in zip(manifest["state"], specs) if f"state/{e['name']}" not in manifest["tensors"]}
-
-
-__all__ = ["export", "load", "FORMAT", "VERSION"]
+__all__ = ["export", "FORMAT", "VERSION"]
