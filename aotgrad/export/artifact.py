@@ -4,7 +4,7 @@ The artifact (see ``docs/export-format.md``) is a zip of a JSON manifest, graphs
 tensors as raw bytes. ``export`` writes what ``compile_parts`` needs beyond the user's
 function: the joint and partitioned graphs, the analysis (mutations, aliases), the joint
 layout, the input guards' specs, the call signature and the parameter/buffer specs and values.
-``load`` checks it all, then builds a ``Captured`` whose setup holds a stand-in module with
+``loader.load`` checks it all, then (``rebuild``) builds a ``Captured`` whose setup holds a stand-in module with
 the parameters and buffers under their names, and compiles the stored partition with the
 same runtime as ``Captured.compile``.
 """
