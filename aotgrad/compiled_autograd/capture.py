@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque
-from .guards import DecisionLog, LayoutGuard, SizeGuard
+from .guards import DecisionLog, LayoutGuard, SizeGuard, TensorSymbols
 
 
 def _mark_used_grads(graph) -> None:
@@ -110,6 +110,7 @@ class CaptureInstance:
         self._engine_node = (None, False)
         self.ctx_guards: list = []    # (backward_idx, SizeGuard) per inlined aotgrad backward
         self.symbol_reads: dict = {}  # sympy symbol -> Python reading its value at run time
+        self.tensor_symbols: list = []  # TensorSymbols per lifted tensor with symbolic dims
 
     # -- protocol: lifecycle ------------------------------------------------
     def begin_capture(self, inputs, sizes, scalars, origins, accumulate_grad, check_nans):
@@ -125,8 +126,11 @@ class CaptureInstance:
         varying = frozenset(sizes)
         self.layout_guard = LayoutGuard.of(inputs, varying)
         s.fake_mode.cache_enabled = not sizes   # see _Session
-        for idx, x in enumerate(inputs):
-            inputs[idx] = _fake(s.fake_mode, x, varying, idx)
+        with s.decisions.pause():
+            inputs[:] = [_fake(s.fake_mode, x, varying, idx) for idx, x in enumerate(inputs)]
+        symbolic = (TensorSymbols.of(i, x, self.symbol_reads) for i, x in enumerate(inputs)
+                    if varying and isinstance(x, torch.Tensor) and x.layout == torch.strided)
+        self.tensor_symbols = [t for t in symbolic if t is not None]
         self._bind(inputs, [self._placeholder(f"input_{i}") for i in range(len(inputs))])
         sym_sizes = [s.shape_env.create_unspecified_symint_and_symbol(v, _source("sizes", i), DimDynamic.DYNAMIC)
                      for i, v in enumerate(sizes)]
@@ -416,7 +420,9 @@ def _fake(fake_mode, x, varying, idx):
     (a subclass or a sparse tensor: every dim, or none in a static capture)."""
     if not varying or type(x) not in (torch.Tensor, torch.nn.Parameter) or x.layout != torch.strided:
         return fake_mode.from_tensor(x, static_shapes=not varying)
-    dims = [DimDynamic.DUCK if d in varying else DimDynamic.STATIC for d in x.size()]
+    # Each its own symbol (not duck-sized): two dims equal at capture are assumed equal only
+    # where the trace compared them, and then DecisionGuard holds them to it.
+    dims = [DimDynamic.DYNAMIC if d in varying else DimDynamic.STATIC for d in x.size()]
     return fake_mode.from_tensor(x, source=_source("inputs", idx),
                                  symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 

@@ -14,6 +14,7 @@ these would compute with the wrong graph: it is recaptured instead
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field
 
@@ -139,13 +140,25 @@ class DecisionLog:
         self.answers: dict = {}
         evaluate = shape_env.evaluate_expr
 
+        self.paused = False
+
         def logged(expr, *args, **kwargs):
             answer = evaluate(expr, *args, **kwargs)
-            if getattr(expr, "free_symbols", None):
+            if getattr(expr, "free_symbols", None) and not self.paused:
                 self.answers.setdefault(expr, answer)
             return answer
 
         shape_env.evaluate_expr = logged
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Not logged: what making the lifted tensors' fakes asks (whether a view's fake
+        storage needs growing), which ``TensorSymbols`` settles by their exact layout."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
 
 @dataclass(frozen=True)
@@ -155,10 +168,13 @@ class DecisionGuard:
     texts: tuple            # the decisions, printed
 
     @classmethod
-    def of(cls, log: DecisionLog, where: dict) -> "DecisionGuard":
-        """``where`` maps each symbol to the Python that reads its run-time value."""
+    def of(cls, log: DecisionLog, where: dict, tensors=()) -> "DecisionGuard":
+        """``where`` maps each symbol to the Python that reads its run-time value;
+        ``tensors`` are the lifted tensors made with symbolic dims (``TensorSymbols``)."""
         from torch.utils._sympy.printers import PythonPrinter
         printer, lines, texts = PythonPrinter(), [], []
+        for ts in tensors:
+            ts.lines(printer, where, lines, texts)
         for expr, answer in log.answers.items():
             if not expr.free_symbols <= where.keys():
                 continue    # a symbol made inside the trace: decided by the others
@@ -168,14 +184,59 @@ class DecisionGuard:
             texts.append(f"{expr} was {answer}")
         binds = [f"    {sym} = {read}" for sym, read in where.items()
                  if any(sym.name in line for line in lines)]
-        source = "\n".join(["def check(size, scalar, hook):", *binds, *lines, "    return None"])
+        source = "\n".join(["def check(size, scalar, hook, input):", *binds, *lines, "    return None"])
         scope = {"torch": torch, "math": __import__("math")}
         exec(compile_source(source, "compiled_autograd guard"), scope)
         return cls(scope["check"], tuple(texts))
 
-    def violation(self, size, scalar, hook) -> str | None:
-        broken = self.check(size, scalar, hook)
+    def violation(self, size, scalar, hook, input) -> str | None:
+        broken = self.check(size, scalar, hook, input)
         return None if broken is None else f"size decision {self.texts[broken]} when captured"
+
+
+@dataclass(frozen=True)
+class TensorSymbols:
+    """A lifted tensor traced with symbolic dims (a capture after a size changed).
+
+    Each symbol is read from the first place it appears (a size, a stride or the offset),
+    for the decisions too; every size and stride must still equal its expression (a
+    contiguous tensor's strides are products of its sizes: a run with other strides would
+    use a graph traced for that layout), and each symbol keeps its 0, 1 or ``>= 2`` class
+    (``_implied_by_size_guards`` relies on it), or the run recaptures."""
+    index: int
+    sizes: tuple            # sympy expression per dim
+    strides: tuple
+    hints: tuple            # (symbol, value at capture) for the symbols first read here
+
+    @classmethod
+    def of(cls, index: int, fake: torch.Tensor, where: dict) -> "TensorSymbols | None":
+        """Records ``fake``'s symbols in ``where``; None when nothing of it is symbolic."""
+        import sympy
+        n, i = fake.dim(), index
+        values = (*fake.size(), *fake.stride(), fake.storage_offset())
+        if not any(isinstance(v, torch.SymInt) for v in values):
+            return None
+        reads = ([f"input[{i}].size({d})" for d in range(n)] + [f"input[{i}].stride({d})" for d in range(n)]
+                 + [f"input[{i}].storage_offset()"])
+        exprs, hints = [], []
+        for v, read in zip(values, reads):
+            e = v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
+            if e.is_Symbol and e not in where:
+                where[e] = read
+                hints.append((e, int(v.node.hint)))
+            exprs.append(e)
+        return cls(index, tuple(exprs[:n]), tuple(exprs[n:2 * n]), tuple(hints))
+
+    def lines(self, printer, where: dict, lines: list, texts: list) -> None:
+        if not all(e.free_symbols <= where.keys() for e in (*self.sizes, *self.strides)):
+            return      # a symbol the engine does not hand us: the decisions on it settle it
+        for sym, hint in self.hints:
+            lines.append(f"    if not ({sym} {'>= 2' if hint >= 2 else f'== {hint}'}): return {len(texts)}")
+            texts.append(f"{where[sym]} was {'>= 2' if hint >= 2 else hint}")
+        for what, exprs in (("size", self.sizes), ("stride", self.strides)):
+            want = "".join(printer.doprint(e) + ", " for e in exprs)
+            lines.append(f"    if tuple(input[{self.index}].{what}()) != ({want}): return {len(texts)}")
+            texts.append(f"lifted tensor {self.index}'s {what}s were ({', '.join(map(str, exprs))})")
 
 
 def _implied_by_size_guards(expr) -> bool:

@@ -54,7 +54,7 @@ class Variant:
     def violation(self, lifted: dict) -> str | None:
         for where, guard in self.guards:
             if where == "decisions":
-                why = guard.violation(lifted["size"], lifted["scalar"], lifted["hook"])
+                why = guard.violation(lifted["size"], lifted["scalar"], lifted["hook"], lifted["input"])
             elif isinstance(where, str):
                 why = guard.violation(lifted[where])
             else:
@@ -83,7 +83,7 @@ def make_variant(instance, gm, compile_fn) -> Variant:
         compiled = compile_fn(gm, [n.meta.get("val") for n in placeholders])
     else:
         compiled = SegmentedBackward(gm, compile_fn)
-    decisions = DecisionGuard.of(instance.session.decisions, instance.symbol_reads)
+    decisions = DecisionGuard.of(instance.session.decisions, instance.symbol_reads, instance.tensor_symbols)
     guards = [("size", instance.size_guard), ("scalar", instance.scalar_guard), *instance.ctx_guards,
               ("decisions", decisions)]
     if instance.layout_guard is not None:

@@ -1,4 +1,5 @@
 """Compiled autograd against eager autograd: gradients, hooks, cache reuse."""
+import contextlib
 import operator
 
 import pytest
@@ -513,8 +514,31 @@ def test_decision_guard_rechecks_each_size_comparison_the_trace_made():
         assert a == b and not (a * 2 < b) and a >= 1 and a != 1    # the last two: held by SizeGuard
     guard = DecisionGuard.of(log, {a.node.expr: "size[0]", b.node.expr: "size[1]"})
     assert len(guard.texts) == 2
-    assert guard.violation([4, 4], [], []) is None and guard.violation([7, 7], [], []) is None
-    assert "was True when captured" in guard.violation([4, 5], [], [])
+    assert guard.violation([4, 4], [], [], []) is None and guard.violation([7, 7], [], [], []) is None
+    assert "was True when captured" in guard.violation([4, 5], [], [], [])
+
+
+def test_lifted_tensor_symbols_are_read_from_the_tensor_and_hold_its_layout():
+    """After a size change a lifted tensor's dims equal to it are symbols of their own: each
+    is read from the run's tensor, decisions on it are re-checked, and the tensor must keep
+    the layout it was traced with (sizes and strides as expressions of those symbols)."""
+    from aotgrad.compiled_autograd.capture import _fake, _Session
+    from aotgrad.compiled_autograd.guards import DecisionGuard, TensorSymbols
+    s = _Session()
+    x = _fake(s.fake_mode, torch.randn(6, 6, 3), frozenset({6}), 0)
+    d0, d1 = x.size(0).node.expr, x.size(1).node.expr
+    assert d0 != d1                                     # equal at capture, not assumed equal
+    where = {}
+    ts = TensorSymbols.of(0, x, where)
+    assert where[d0] == "input[0].size(0)" and where[d1] == "input[0].size(1)"
+    with s.shape_env.suppress_guards() if hasattr(s.shape_env, "suppress_guards") else contextlib.nullcontext():
+        assert x.size(0) * 2 > 10                       # a decision on a tensor's own dim
+    guard = DecisionGuard.of(s.decisions, where, [ts])
+    assert guard.violation([], [], [], [torch.randn(6, 6, 3)]) is None
+    assert guard.violation([], [], [], [torch.randn(9, 2, 3)]) is None
+    assert "size decision" in guard.violation([], [], [], [torch.randn(4, 6, 3)])      # 2*4 > 10 broke
+    assert "strides were" in guard.violation([], [], [], [torch.randn(6, 3, 6).transpose(1, 2)])
+    assert "was >= 2" in guard.violation([], [], [], [torch.randn(7, 1, 3)])
 
 
 def test_recaptures_per_structure_are_bounded(monkeypatch):
