@@ -14,7 +14,7 @@ from .observe import trace
 from .stages import Captured, Compiled, Exported, Setup
 
 
-def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
+def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile_options):
     """A configured ``torch.compile`` backend: ``torch.compile(m, backend=aotgrad.backend(...))``."""
     from .frontend.dynamo import backend as make
     return make(fw_compiler, bw_compiler, partitioner, **compile_options)

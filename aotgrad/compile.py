@@ -10,6 +10,7 @@ import torch
 from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
+from .options import CompileOptions
 from .runtime.call import make_call
 from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
@@ -34,12 +35,12 @@ def _with_grad(run):
     return run_with_grad
 
 
-def compile_parts(captured, fw_compiler, bw_compiler, partitioner, memory_budget=None) -> tuple:
+def compile_parts(captured, options: CompileOptions) -> tuple:
     """``(partition, forward graph, backward graph, call path, history)`` of ``captured`` compiled."""
     history = list(captured.history)
     lay = captured.layout
-    fw_c = backends.get(fw_compiler)
-    bw_c = backends.get(bw_compiler if bw_compiler is not None else fw_compiler)
+    fw_c = backends.get(options.fw_compiler)
+    bw_c = backends.get(options.bw_compiler if options.bw_compiler is not None else options.fw_compiler)
     if lay.is_inference:
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
@@ -52,7 +53,7 @@ def compile_parts(captured, fw_compiler, bw_compiler, partitioner, memory_budget
                 return fw(*flat)
     else:
         with timed(history, "partition") as info:
-            part = partition.get(partitioner, memory_budget)(captured.joint, lay)
+            part = partition.get(options.resolved_partitioner(), options.memory_budget)(captured.joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):

@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 
 from . import errors
 from .observe import Step
+from .options import CompileOptions
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
@@ -82,15 +83,18 @@ class Captured:
     def is_inference(self) -> bool:
         return self.layout.is_inference
 
-    def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="default",
-                memory_budget=None) -> "Compiled":
-        """Partition and compile. ``memory_budget``: a fraction (float, 0..1) of the default
-        partitioner's saved bytes or a byte count (int); selects the budgeted min-cut partitioner.
+    def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="auto",
+                memory_budget=None, *, options: CompileOptions | None = None) -> "Compiled":
+        """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,
+        which documents each). ``memory_budget``: a fraction (float, 0..1] of the default partitioner's
+        saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted min cut.
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
         from .ir.values import with_values
+        if options is None:
+            options = CompileOptions(fw_compiler, bw_compiler, partitioner, memory_budget)
         with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
-        return Compiled(self, *compile_parts(self, fw_compiler, bw_compiler, partitioner, memory_budget))
+        return Compiled(self, *compile_parts(self, options))
 
     def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``

@@ -1,11 +1,16 @@
 """What a graph compiler is told about the graph it compiles, beyond the graph.
 
 Attached as ``gm.meta["aotgrad"]`` so that any ``(gm, example_inputs)``
-compiler can read it and plain ones can ignore it.
+compiler can read it and plain ones can ignore it. Backends read it, not the
+placeholder names (a pass or a user may rename nodes). A graph that did not come
+from ``compile`` has none: :func:`info_of` then reads the names ``Desc.ident``
+gives, the only description such a graph has.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch.fx as fx
 
 
 @dataclass(frozen=True)
@@ -16,6 +21,7 @@ class GraphInfo:
     mutated_inputs: tuple       # placeholder indices whose new value the graph returns for write-back
     saved_outputs: tuple        # output indices the forward saves for the backward
     function_id: int            # shared by the forward and backward of one compiled function
+    saved_inputs: tuple = ()    # backward: placeholder indices holding the forward's saved values
 
 
 def graph_info(captured, kind: str, part=None, function_id: int = 0) -> GraphInfo:
@@ -23,9 +29,27 @@ def graph_info(captured, kind: str, part=None, function_id: int = 0) -> GraphInf
     if kind == "backward":
         names = tuple(f"saved {n}" for n in part.saved) + tuple(str(descs[lay.n_primals + k])
                                                                for k in range(len(lay.tangent_of)))
-        return GraphInfo(kind, names, (), (), (), function_id)
+        # A parameter or buffer the forward saves as it is keeps its storage too.
+        primal_names = [n.name for n in captured.joint.graph.nodes if n.op == "placeholder"][:lay.n_primals]
+        kept = {primal_names[i] for i, d in enumerate(descs[:lay.n_primals]) if d.kind in ("param", "buffer")}
+        static = tuple(k for k, n in enumerate(part.saved) if n in kept)
+        return GraphInfo(kind, names, static, (), (), function_id, tuple(range(len(part.saved))))
     primals = descs[:lay.n_primals]
     static = tuple(i for i, d in enumerate(primals) if d.kind in ("param", "buffer"))
     saved = tuple(range(lay.n_fw, lay.n_fw + len(part.saved))) if part is not None else ()
     return GraphInfo(kind, tuple(map(str, primals)), static, tuple(captured.analysis.mutated()),
                      saved, function_id)
+
+
+def info_of(gm: fx.GraphModule) -> GraphInfo:
+    """``gm``'s GraphInfo; for a plain graph, one read from its placeholder names (``function_id`` -1:
+    paired with no other graph by id)."""
+    info = gm.meta.get("aotgrad")
+    if isinstance(info, GraphInfo):
+        return info
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangent_") for n in names):
+        saved = tuple(i for i, n in enumerate(names) if not n.startswith("tangent_"))
+        return GraphInfo("backward", tuple(names), (), (), (), -1, saved)
+    static = tuple(i for i, n in enumerate(names) if n.startswith(("p_", "b_")))
+    return GraphInfo("forward", tuple(names), static, (), (), -1)

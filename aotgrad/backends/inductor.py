@@ -11,9 +11,11 @@ import warnings
 
 import torch.fx as fx
 
+from .graph_info import info_of
+
 
 def _is_backward(gm: fx.GraphModule) -> bool:
-    return any(n.op == "placeholder" and n.name.startswith("tangent_") for n in gm.graph.nodes)
+    return info_of(gm).kind == "backward"
 
 
 def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:

@@ -22,6 +22,7 @@ from ..ir.descriptors import Desc
 from ..capture.session import Session
 from ..frontend.flatten import Signature, outputs
 from ..observe import timed
+from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
 from ..passes.checkpoint_regions import untag_checkpoints
 from ..stages import Setup
@@ -62,15 +63,16 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     return Setup(gm, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
 
-def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, partitioner="default",
-                  **compile_options):
-    """The backend entry: capture and compile now; return ``(*args) -> outputs``."""
+def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, **compile_options):
+    """The backend entry: capture and compile now; return ``(*args) -> outputs``. ``compile_options``:
+    the fields of ``CompileOptions``, checked before anything is traced (or one ``options``)."""
+    options = options if options is not None else as_options(compile_options, "aotgrad's torch.compile backend")
     history: list = []
     with timed(history, "setup (dynamo)") as info:
         setup = _setup(gm, example_inputs)
         info["inputs"] = len(example_inputs)
     captured = capture_setup(setup, history)
-    compiled = captured.compile(fw_compiler, bw_compiler, partitioner, **compile_options)
+    compiled = captured.compile(options=options)
     run, rebase = compiled.path.run, captured.setup.rebase
     if rebase is None:
         def call(*args):
@@ -89,15 +91,18 @@ def compile_graph(gm, example_inputs, *, fw_compiler="eager", bw_compiler=None, 
     return call
 
 
-def backend(fw_compiler="eager", bw_compiler=None, partitioner="default", **compile_options):
+def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile_options):
     """A ``torch.compile`` backend built from any pair of graph compilers and a partitioner.
 
-    ``torch.compile(model, backend=aotgrad.backend(fw_compiler="inductor"))``
+    ``torch.compile(model, backend=aotgrad.backend(fw_compiler="inductor"))``; the options are
+    checked here (``CompileOptions``), so a misspelt one fails before ``torch.compile`` runs.
     """
+    given = {"fw_compiler": fw_compiler, "bw_compiler": bw_compiler, "partitioner": partitioner, **compile_options}
+    fixed = as_options(given, "aotgrad.backend")
+
     def aotgrad_backend(gm, example_inputs, **options):
-        opts = {"fw_compiler": fw_compiler, "bw_compiler": bw_compiler, "partitioner": partitioner,
-                **compile_options, **options}
-        return compile_graph(gm, example_inputs, **opts)
+        opts = fixed if not options else as_options({**given, **options}, "aotgrad.backend")
+        return compile_graph(gm, example_inputs, options=opts)
     return aotgrad_backend
 
 

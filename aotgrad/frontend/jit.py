@@ -33,6 +33,7 @@ from ..guards import state as state_guards
 from .flatten import signature
 from .distributed import split_for_jit
 from .jit_options import bound_method, check_options, root_name, tracing
+from ..options import CompileOptions
 
 log = logging.getLogger("aotgrad.jit")
 
@@ -78,9 +79,10 @@ class Jit:
     fallbacks: int = 0
     name: str | None = None     # what messages call a jitted module: the caller's variable name
     around: object = None       # ``around(call, args, kwargs)``: a DDP's or FSDP's eager bookkeeping around ``fn``
+    options: CompileOptions = field(init=False, repr=False)    # ``compile_options`` checked, as one object
 
     def __post_init__(self):
-        check_options(self.compile_options)
+        self.options = check_options(self.compile_options)
         split_for_jit(self)     # DDP and FSDP wrappers (frontend/distributed.py)
         if self.name is None:
             self.name = root_name(self.fn)
@@ -144,7 +146,7 @@ class Jit:
             if hit is not None:
                 return (*hit, True)
         captured, assumed = self._capture(args, kwargs, leaves)
-        compiled = captured.compile(**self.compile_options)
+        compiled = captured.compile(options=self.options)
         if key is not None:
             try:
                 with timed([], "cache store", key=key):
@@ -169,9 +171,9 @@ class Jit:
             return capture_call(self.fn, args, kwargs, dynamic=False)
 
     def _key(self, modes, args, kwargs) -> str | None:
-        opts = self.compile_options
-        if not cache.enabled() or opts.get("fw_compiler", "eager") not in LOADABLE_BACKENDS \
-                or opts.get("bw_compiler") not in LOADABLE_BACKENDS:
+        opts = self.options
+        if not cache.enabled() or opts.fw_compiler not in LOADABLE_BACKENDS \
+                or opts.bw_compiler not in LOADABLE_BACKENDS:
             return None
         return cache.jit_key(self.fn, args, kwargs, modes=modes, dynamic=self.dynamic,
                              dynamic_dims=self.dynamic_dims, options=opts)
@@ -182,10 +184,9 @@ class Jit:
         if found is None:
             return None
         record, assumed = found
-        opts = self.compile_options
+        opts = self.options
         try:
-            compiled = load_compiled(record, self.fn, args, kwargs,
-                                     opts.get("fw_compiler", "eager"), opts.get("bw_compiler"))
+            compiled = load_compiled(record, self.fn, args, kwargs, opts.fw_compiler, opts.bw_compiler)
         except Exception as e:  # an entry this build cannot rebuild: compile instead, never fail the call
             log.warning("cannot rebuild the cached entry of %s (%s: %s); compiling", _name(self.fn), type(e).__name__, e)
             return None
@@ -248,7 +249,8 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
 
     ``dynamic=None`` starts static and makes a dimension symbolic once its size
     changes; ``True`` traces every size symbolically; ``False`` never does.
-    ``compile_options`` go to ``Captured.compile`` (``fw_compiler``, ``partitioner`` ...).
+    ``compile_options``: the fields of ``aotgrad.options.CompileOptions`` (``fw_compiler``,
+    ``partitioner`` ...), or one ``options=CompileOptions(...)``.
     Usable as ``@aotgrad.jit`` or ``aotgrad.jit(model, dynamic=True)``.
     """
     check_options(compile_options)

@@ -2,35 +2,28 @@
 its options, its use as a method decorator, calls from inside another trace."""
 from __future__ import annotations
 
-import difflib
-import inspect
 import sys
 import weakref
 
 import torch
 
 from .. import backends, errors
+from ..options import CompileOptions
 
-# Names users bring from torch.compile and similar APIs, and the option they mean here.
-_MEANT = {"backend": "fw_compiler", "compiler": "fw_compiler", "mode": "fw_compiler", "dynamic_shapes": "dynamic",
-          "fullgraph": None, "options": None}
-
-
-def check_options(options: dict) -> None:
-    """Refuse options ``Captured.compile`` does not take, and compiler names not registered."""
-    from ..stages import Captured
-    known = [p for p in inspect.signature(Captured.compile).parameters if p != "self"]
-    for key, value in options.items():
-        if key not in known:
-            meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, known, 1)), None)
-            hint = f"; did you mean {meant}={value!r}?" if meant else ""
-            raise errors.OptionError(f"aotgrad.jit got an unknown option {key}={value!r} (it takes dynamic, "
-                                     f"recompile_limit, {', '.join(known)}){hint}", user_line=errors.caller_line())
+def check_options(options: dict) -> CompileOptions:
+    """The ``CompileOptions`` of ``aotgrad.jit``'s keyword options (or of its one ``options=``),
+    refusing unknown names and compiler names not registered."""
+    given = options.get("options")
+    if isinstance(given, CompileOptions) and len(options) == 1:
+        opts = given
+    else:
+        opts = CompileOptions.of("aotgrad.jit", extra=("dynamic", "recompile_limit"), **options)
     for key in ("fw_compiler", "bw_compiler"):
-        name = options.get(key)
+        name = getattr(opts, key)
         if isinstance(name, str) and name not in backends.list():
             raise errors.OptionError(f"aotgrad.jit got {key}={name!r}, which is not a registered compiler "
                                      f"(registered: {', '.join(backends.list())})", user_line=errors.caller_line())
+    return opts
 
 
 def root_name(fn, depth: int = 0) -> str:

@@ -47,7 +47,7 @@ log = logging.getLogger("aotgrad.cache")
 
 MAGIC = b"AOTGRAD\x01"
 _DIGEST = 32
-_warned: set = set()
+_warned: set = set()       # process-wide on purpose: warn once per store path per process
 
 
 # ---------------------------------------------------------------- the store
@@ -245,7 +245,9 @@ def _global_state() -> tuple:
             torch.are_deterministic_algorithms_enabled())
 
 
-def _options(options: dict):
+def _options(options):
+    """The cache-key fields of a ``CompileOptions`` (a plain dict is taken as they are)."""
+    options = options.cache_key() if hasattr(options, "cache_key") else options
     for k, v in options.items():
         if not isinstance(v, (str, int, float, bool, type(None))):
             raise Uncacheable(f"compile option {k}={v!r} is not a plain value")

@@ -9,8 +9,9 @@ that a later replay would overwrite are cloned or checked (:mod:`.lifetime`).
 
 The forward and the backward of one compiled function share one memory pool:
 ``compile`` compiles a function's forward and then its backward, and a
-backward graph (one with ``tangent_*`` inputs) is paired with the forward
-compiled just before it. Pairing also tells the forward which of its outputs
+backward graph (``GraphInfo.kind``) is paired with the forward
+compiled just before it (both carry one ``GraphInfo.function_id``; a plain graph pairs
+when it reads that forward's traced output values). Pairing also tells the forward which of its outputs
 are saved for the backward, so those are not cloned.
 
 Graphs without CUDA tensors use the :class:`~.runners.NullRunner`: same
@@ -32,6 +33,7 @@ from .lifetime import check_fresh
 from .runners import CudaRunner, NullRunner, Pool
 from .segments import split
 from .static import static_inputs
+from ..graph_info import info_of
 
 __all__ = ["Config", "CudaGraphs", "StaleOutputError", "cudagraphs", "configure"]
 
@@ -57,10 +59,6 @@ def _device_type(example_inputs) -> str:
     return "cuda" if cuda else "cpu"
 
 
-def _is_backward(gm: fx.GraphModule) -> bool:
-    return any(n.op == "placeholder" and n.name.startswith("tangent_") for n in gm.graph.nodes)
-
-
 def _output_names(gm: fx.GraphModule) -> list[str]:
     return [getattr(o, "name", f"output {i}") for i, o in enumerate(gm.graph.output_node().args[0])]
 
@@ -81,27 +79,35 @@ class CudaGraphs:
     def __call__(self, gm: fx.GraphModule, example_inputs: list):
         use_cuda = self.config.runner == "cuda" or (
             self.config.runner == "auto" and _device_type(example_inputs) == "cuda")
-        backward = _is_backward(gm)
-        pool, forward = self._pair(gm, use_cuda) if backward else (Pool(use_cuda), None)
+        info = info_of(gm)
+        backward = info.kind == "backward"
+        pool, forward = self._pair(gm, info, use_cuda) if backward else (Pool(use_cuda), None)
         runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool.handle))
         compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu", pool)
         compiled.forward = forward
-        self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm))
+        self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm), info,
+                                                _output_names(gm))
         self.last_compiled = weakref.ref(compiled)
         return compiled
 
-    def _pair(self, bw_gm, use_cuda: bool):
-        """The pool of the forward compiled just before ``bw_gm``, if ``bw_gm``
-        reads that forward's outputs; tells the forward which outputs it saves."""
-        saved = [n for n in bw_gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangent_")]
-        fw_vals = self._forward[2] if self._forward else {}
-        # The same traced value object on both sides: not just equal names.
-        if self._forward is None or not all(id(n.meta.get("val")) in fw_vals for n in saved):
+    def _pair(self, bw_gm, info, use_cuda: bool):
+        """The pool of the forward compiled just before ``bw_gm``, if ``bw_gm`` is
+        that forward's backward; tells the forward which outputs it saves."""
+        if self._forward is None:
             return Pool(use_cuda), None
-        pool, ref, _ = self._forward
+        pool, ref, fw_vals, fw_info, fw_names = self._forward
+        phs = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+        saved = [phs[i] for i in info.saved_inputs]
+        if min(info.function_id, fw_info.function_id) >= 0:
+            ours = info.function_id == fw_info.function_id
+        else:   # a plain graph: the same traced value objects on both sides, not just equal names
+            ours = all(id(n.meta.get("val")) in fw_vals for n in saved)
+        if not ours:
+            return Pool(use_cuda), None
         forward = ref()
         if isinstance(forward, Graphed):
-            forward.saved_names = frozenset(n.name for n in saved)
+            by_info = [fw_names[i] for i in fw_info.saved_outputs if i < len(fw_names)]
+            forward.saved_names = frozenset(by_info or [n.name for n in saved])
         return pool, forward
 
 

@@ -1,0 +1,95 @@
+"""One frozen ``CompileOptions`` behind ``Captured.compile``, ``aotgrad.jit``, the torch.compile
+backend and the disk cache's key: unknown names and a budget the partitioner cannot honour fail
+when given, and ``partitioner="auto"`` is the budgeted min cut only when a budget is given."""
+import dataclasses
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.errors import OptionError
+from aotgrad.guards import cache
+from aotgrad.options import CompileOptions
+from tests.eager_check import check
+
+
+class _Loss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                                       torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.net(x).pow(2).sum()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return _Loss(), (torch.randn(8, 16),)
+
+
+def test_frozen_and_every_field_says_whether_it_is_keyed():
+    opts = CompileOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.partitioner = "min_cut"
+    assert all("cache_key" in f.metadata for f in dataclasses.fields(CompileOptions))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: CompileOptions.of(memory_budjet=0.5),
+    lambda: aotgrad.jit(lambda x: x, partioner="min_cut"),
+    lambda: aotgrad.backend(bw_compler="eager"),
+])
+def test_unknown_option_fails_when_given_with_the_close_match(make):
+    with pytest.raises(OptionError, match=r"unknown option .*did you mean (memory_budget|partitioner|bw_compiler)="):
+        make()
+
+
+def test_torch_compile_names_point_to_ours():
+    with pytest.raises(OptionError, match="did you mean fw_compiler='inductor'"):
+        aotgrad.jit(lambda x: x, backend="inductor")
+
+
+@pytest.mark.parametrize("make", [
+    lambda c: c.compile(partitioner="default", memory_budget=0.5),
+    lambda c: aotgrad.jit(_mlp()[0], partitioner="default", memory_budget=0.5),
+    lambda c: aotgrad.backend(partitioner="default", memory_budget=0.5),
+    lambda c: CompileOptions(memory_budget=1.5),
+    lambda c: CompileOptions(partitioner="fast"),
+])
+def test_a_budget_the_partitioner_cannot_honour_is_refused(make):
+    m, args = _mlp()
+    captured = aotgrad.capture(m, *args)
+    with pytest.raises(OptionError, match="memory_budget|partitioner"):
+        make(captured)
+
+
+def test_auto_is_the_budgeted_min_cut_only_with_a_budget():
+    m, args = _mlp()
+    captured = aotgrad.capture(m, *args)
+    auto = captured.compile(memory_budget=0.3)
+    explicit = captured.compile(partitioner="min_cut", memory_budget=0.3)
+    plain = captured.compile()
+    assert auto.saved == explicit.saved
+    assert plain.saved == captured.compile(partitioner="default").saved
+    assert auto.memory.saved_bytes < plain.memory.saved_bytes     # the budget was applied
+    check(m, args, memory_budget=0.3)
+
+
+def test_options_object_is_accepted_everywhere():
+    m, args = _mlp()
+    opts = CompileOptions(memory_budget=0.3)
+    by_object = aotgrad.capture(m, *args).compile(options=opts)
+    assert by_object.saved == aotgrad.capture(m, *args).compile(memory_budget=0.3).saved
+    jitted = aotgrad.jit(m, options=opts)
+    assert jitted.options is opts
+    torch.testing.assert_close(jitted(*args), m(*args))
+    assert jitted.entries[0].compiled.saved == by_object.saved
+
+
+def test_cache_key_holds_the_keyed_fields_with_auto_made_concrete():
+    key = cache._options
+    assert key(CompileOptions()) == key(CompileOptions(partitioner="default"))
+    assert key(CompileOptions(memory_budget=0.3)) == key(CompileOptions(partitioner="min_cut", memory_budget=0.3))
+    assert key(CompileOptions(memory_budget=0.3)) != key(CompileOptions(memory_budget=0.5))
+    assert key(CompileOptions(fw_compiler="inductor")) != key(CompileOptions())
