@@ -96,11 +96,12 @@ class Captured:
         with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 
-    def export(self, path: str, *, values: bool = True, partitioner="default", memory_budget=None) -> str:
+    def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
         runs it in another process without the model's code. ``values=False`` leaves out parameter values."""
         from .export.artifact import export
-        return export(self, path, values=values, partitioner=partitioner, memory_budget=memory_budget)
+        opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
+        return export(self, path, values=values, partitioner=opts.resolved_partitioner(), memory_budget=memory_budget)
 
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""

@@ -93,3 +93,12 @@ def test_cache_key_holds_the_keyed_fields_with_auto_made_concrete():
     assert key(CompileOptions(memory_budget=0.3)) == key(CompileOptions(partitioner="min_cut", memory_budget=0.3))
     assert key(CompileOptions(memory_budget=0.3)) != key(CompileOptions(memory_budget=0.5))
     assert key(CompileOptions(fw_compiler="inductor")) != key(CompileOptions())
+
+
+def test_export_checks_its_partitioner_options_before_writing(tmp_path):
+    m, args = _mlp()
+    captured = aotgrad.capture(m, *args)
+    path = tmp_path / "step.aotgrad"
+    with pytest.raises(OptionError, match="partitioner='min_cut'"):
+        captured.export(str(path), partitioner="default", memory_budget=0.5)
+    assert not path.exists()
