@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.utils._pytree as pytree
 
-from .epilogue import apply_mutations, build_outputs
+from .._torch import pytree
+from .epilogue import epilogue
 from .trees import tree_difference
 
 
@@ -70,14 +70,13 @@ def make_call(captured, run_graph) -> CallPath:
         return flat, None
 
     unflatten = _unflattener(out_spec)
+    finish = None if simple else epilogue(analysis)
 
     def run(flat):
         values = run_graph(flat)
         if simple:
             return unflatten(list(values))
-        symbols = guards.bind(flat) if needs_symbols else None
-        apply_mutations(flat, values, analysis, symbols)
-        return unflatten(build_outputs(flat, values, analysis, symbols))
+        return unflatten(finish(flat, values, guards.bind(flat) if needs_symbols else None))
 
     return CallPath(match, run)
 

@@ -1,11 +1,13 @@
 """After the graph ran: replay input mutations on the real inputs and build
 the user's outputs, regenerating outputs that alias inputs or intermediates
-as real views."""
+as real views (``epilogue`` generates this as code per analysis)."""
 from __future__ import annotations
 
 import sympy
 import torch
 
+from .._torch import set_version_counter
+from ..generated import compile_source
 from ..ir.records import Analysis, ViewMeta
 
 
@@ -38,68 +40,76 @@ def as_view(base: torch.Tensor, info, symbols):
     return base.as_strided(*view_args(info.view, symbols, base))
 
 
-def apply_mutations(flat, values, analysis: Analysis, symbols) -> None:
-    """Write the graph's new values into the real inputs, as eager's in-place ops would."""
+def epilogue(analysis: Analysis):
+    """``(flat, values, symbols) -> outputs``: after the graph ran, write its new values into
+    the real inputs as eager's in-place ops would, then build the user's flat outputs from the
+    graph's forward values. Generated as straight-line code for this analysis (one line per
+    mutated input and per output, no per-call dispatch on kinds), shown in tracebacks."""
+    lines, scope = ["def epilogue(flat, values, symbols):"], {
+        "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
+        "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map}
     k = 0
     for i, info in enumerate(analysis.inputs):
-        if not (info.mutates_data or info.mutates_metadata):
-            continue
-        x = flat[i]
         if info.mutates_metadata:
-            with torch.no_grad():
-                size, stride, offset = view_args(info.new_meta, symbols, x)
-                version = x._version
-                x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
-                # Eager's t_() ran before the forward saved x for the backward; this replay runs
-                # after, so it must not look like a write to what the backward reads.
-                _set_version(x, version)
+            scope[f"m{i}"] = info.new_meta
+            lines.append(f"    _meta(flat[{i}], m{i}, symbols)")
         if info.mutates_data:
-            if info.mutation_needs_autograd and torch.is_grad_enabled() and values[k].requires_grad:
-                x.copy_(values[k])
-            else:
-                with torch.no_grad():
-                    x.copy_(values[k])
+            lines.append(f"    _data(flat[{i}], values[{k}], {bool(info.mutation_needs_autograd)})")
             k += 1
+    lines += _output_lines(analysis, scope)
+    exec(compile_source("\n".join(lines), "epilogue"), scope)
+    return scope["epilogue"]
+
+
+def _output_lines(analysis: Analysis, scope: dict) -> list:
+    infos = analysis.outputs
+    n_mut = len(analysis.mutated())
+    plain = [j for j, info in enumerate(infos) if info.kind == "plain"]
+    lines = [f"    o{j} = values[{n_mut + p}]" for p, j in enumerate(plain)]
+    base = n_mut + len(plain)
+    for j, info in enumerate(infos):
+        scope[f"i{j}"], kind = info, info.kind
+        value = {"input": lambda: f"flat[{info.index}]",
+                 "input_detached": lambda: f"_detached(flat[{info.index}], i{j}.view, symbols)",
+                 "input_view": lambda: f"as_view(flat[{info.index}], i{j}, symbols)",
+                 "output_view": lambda: f"as_view(o{info.index}, i{j}, symbols)",
+                 "intermediate_view": lambda: f"as_view(values[{base + info.index}], i{j}, symbols)",
+                 "constant": lambda: f"i{j}.value",
+                 "symbolic": lambda: f"i{j}.value[0](i{j}.value[1].xreplace(_symbol_map(symbols)))",
+                 "output": lambda: "None"}.get(kind)
+        if value is not None:
+            lines.append(f"    o{j} = {value()}")
+    for j, info in enumerate(infos):
+        if info.kind == "output":
+            lines.append(f"    o{j} = o{info.index}")
+        else:
+            rg, leaf = bool(info.requires_grad), bool(info.is_leaf)
+            lines.append(f"    if isinstance(o{j}, Tensor) and (o{j}.requires_grad != {rg}"
+                         f"{f' or o{j}.grad_fn is not None' if rg and leaf else ''}):")
+            lines.append(f"        o{j} = _as_traced(o{j}, i{j})")
+    return lines + [f"    return [{''.join(f'o{j}, ' for j in range(len(infos)))}]"]
+
+
+def _write_metadata(x: torch.Tensor, meta: ViewMeta, symbols) -> None:
+    with torch.no_grad():
+        size, stride, offset = view_args(meta, symbols, x)
+        version = x._version
+        x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
+        # Eager's t_() ran before the forward saved x for the backward; this replay runs
+        # after, so it must not look like a write to what the backward reads.
+        _set_version(x, version)
+
+
+def _write_data(x: torch.Tensor, value: torch.Tensor, needs_autograd: bool) -> None:
+    if needs_autograd and torch.is_grad_enabled() and value.requires_grad:
+        x.copy_(value)
+    else:
+        with torch.no_grad():
+            x.copy_(value)
 
 
 def _set_version(t: torch.Tensor, version: int) -> None:
-    try:
-        torch._C._autograd._unsafe_set_version_counter((t,), (version,))
-    except TypeError:           # torch < 2.12 takes one tensor
-        torch._C._autograd._unsafe_set_version_counter(t, version)
-
-
-def build_outputs(flat, values, analysis: Analysis, symbols) -> list:
-    """The user's flat outputs from the graph's forward values."""
-    infos = analysis.outputs
-    n_mut = len(analysis.mutated())
-    n_plain = sum(info.kind == "plain" for info in infos)
-    plain = iter(values[n_mut:n_mut + n_plain])
-    bases = values[n_mut + n_plain:]
-    outs = [next(plain) if info.kind == "plain" else None for info in infos]
-    for j, info in enumerate(infos):
-        kind = info.kind
-        if kind == "input":
-            outs[j] = flat[info.index]
-        elif kind == "input_detached":
-            outs[j] = _detached(flat[info.index], info.view, symbols)
-        elif kind == "input_view":
-            outs[j] = as_view(flat[info.index], info, symbols)
-        elif kind == "output_view":
-            outs[j] = as_view(outs[info.index], info, symbols)
-        elif kind == "intermediate_view":
-            outs[j] = as_view(bases[info.index], info, symbols)
-        elif kind == "constant":
-            outs[j] = info.value
-        elif kind == "symbolic":
-            outs[j] = info.value[0](info.value[1].xreplace(_symbol_map(symbols)))
-    for j, info in enumerate(infos):
-        if info.kind == "output":
-            outs[j] = outs[info.index]
-        elif isinstance(outs[j], torch.Tensor) and (outs[j].requires_grad != info.requires_grad or (
-                info.requires_grad and info.is_leaf and outs[j].grad_fn is not None)):
-            outs[j] = _as_traced(outs[j], info)
-    return outs
+    set_version_counter(t, version)
 
 
 def _detached(x: torch.Tensor, meta: ViewMeta, symbols) -> torch.Tensor:
