@@ -1,6 +1,183 @@
-"""PyTorch private APIs whose names or shapes change between versions, in one place, so a torch
-upgrade is audited here (torch 2.11-2.14)."""
+"""Every PyTorch private API aotgrad uses, in one place, so a torch upgrade is audited here
+(torch 2.11-2.14). The rest of the package imports these names from here and never names a
+``torch._*`` module, a ``torch.utils._*`` module or a private attribute itself
+(tests/core/test_private_apis.py checks it).
+
+Modules torch has imported by the time ``import torch`` returns (or that aotgrad imports anyway)
+are bound eagerly; ``torch._dynamo`` and ``torch._inductor`` cost seconds to import, so they are
+reached through functions that import them on first use.
+"""
 from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+import torch.fx._symbolic_trace as fx_symbolic_trace      # make_fx keeps the original Module.__call__ here
+import torch.utils._pytree as pytree
+import torch.utils._sympy.functions as sympy_functions
+from torch._C import _autograd as C_autograd
+from torch._C import _dynamo as C_dynamo
+from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import TracingContext, detect_fake_mode, tracing
+from torch._library.simple_registry import singleton as simple_registry
+from torch._ops import OpOverload, OpOverloadPacket
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.symbolic_shapes import _suppress_guards as suppress_guards
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.printers import PythonPrinter
+
+# Re-exported as they are (everything below is a wrapper or a version switch).
+__all__ = [
+    "C_autograd", "C_dynamo", "FakeTensor", "FakeTensorMode", "FunctionalTensor", "FunctionalTensorMode",
+    "OpOverload", "OpOverloadPacket", "PythonPrinter", "TorchDispatchMode", "TracingContext",
+    "detect_fake_mode", "disable_current_modes", "enable_python_dispatcher", "fx_symbolic_trace", "int_oo",
+    "is_non_overlapping_and_dense_or_false", "pytree", "simple_registry", "suppress_guards", "sympy_functions",
+    "tracing",
+]
+
+# The compiled-autograd engine (C++): its compiler slot and its cache are one per process.
+compiled_autograd_engine = C_dynamo.compiled_autograd
+TensorGuards = C_dynamo.guards.TensorGuards
+
+# Functionalization.
+sync = torch._sync
+from_functional_tensor = torch._from_functional_tensor
+is_functional_tensor = torch._is_functional_tensor
+functionalize_has_data_mutation = torch._functionalize_has_data_mutation
+_functionalization = getattr(torch._C, "_functionalization", None)
+
+
+def view_meta_sequence(elem):
+    """The view ops that made functional tensor ``elem``'s view, or None where this torch does not
+    record them (the ``ViewMeta`` sequences are torch >= 2.12)."""
+    if _functionalization is None or not hasattr(_functionalization, "get_view_meta_sequence") \
+            or not torch._is_functional_tensor(elem):
+        return None
+    return _functionalization.get_view_meta_sequence(elem)
+
+
+def apply_view_meta_sequence(base, sequence):
+    return _functionalization.apply_view_meta_sequence(base, sequence)
+
+
+def functionalize_was_storage_changed(elem) -> bool:
+    """Whether functional tensor ``elem``'s storage was swapped (``set_``); False where torch cannot say."""
+    changed = getattr(torch, "_functionalize_was_storage_changed", None)
+    return bool(changed and changed(elem))
+
+
+def register_stack_trace_anchor(fn) -> None:
+    """Make make_fx keep ``fn``'s own frames in stack traces (only ``forward`` methods otherwise);
+    nothing where this torch has no anchors."""
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None:
+        register(fn)
+
+
+def lazy_graph_modules():
+    """A context in which new GraphModules write their Python code only when read or run (where
+    this torch can: otherwise nothing changes)."""
+    lazy = getattr(getattr(torch.fx, "_lazy_graph_module", None), "_use_lazy_graph_module", None)
+    return lazy(True) if lazy is not None else contextlib.nullcontext()
+
+
+# Global switches and dispatcher state.
+get_mkldnn_enabled = torch._C._get_mkldnn_enabled
+set_mkldnn_enabled = torch._C._set_mkldnn_enabled
+is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+are_functorch_transforms_active = torch._C._are_functorch_transforms_active
+len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
+top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
+
+
+def set_version_counter(t: torch.Tensor, version: int) -> None:
+    try:
+        C_autograd._unsafe_set_version_counter((t,), (version,))
+    except TypeError:           # torch < 2.12 takes one tensor
+        C_autograd._unsafe_set_version_counter(t, version)
+
+
+def functorch_interpreter_active() -> bool:
+    """A functorch transform (vmap, grad) is running now."""
+    functorch = getattr(torch._C, "_functorch", None)
+    return functorch is not None and functorch.peek_interpreter_stack() is not None
+
+# nn.Module's call path (the frames a read recording skips): _wrapped_call_impl is torch >= 2.1.
+MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_call_impl"),
+                                                   getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
+
+
+def is_compiling_flag() -> bool:
+    return getattr(torch.compiler, "_is_compiling_flag", False)
+
+
+def set_compiling_flag(value: bool) -> None:
+    """What ``torch.compiler.is_compiling()`` answers (as under torch.export's tracing)."""
+    torch.compiler._is_compiling_flag = value
+
+
+def queue_engine_callback(callback) -> None:
+    """Run ``callback`` when the autograd engine finishes the current backward."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def replace_execution_engine(make) -> "Callable[[], None]":
+    """Put ``make(engine)`` where Python's autograd finds the engine; return the undo."""
+    from torch.autograd.variable import Variable
+    engine = Variable._execution_engine
+    Variable._execution_engine = make(engine)
+
+    def restore():
+        Variable._execution_engine = engine
+    return restore
+
+
+def ddp_bucket_limits(ddp) -> list:
+    """``[first bucket's cap, other buckets' cap]`` in bytes of a DistributedDataParallel module."""
+    import torch.distributed as dist
+    cap = ddp.bucket_bytes_cap
+    return [getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
+                    getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
+
+
+def ddp_bucket_assignment(params: list, limits: list) -> list:
+    """DDP's assignment of ``params`` to buckets by size, as lists of indices."""
+    import torch.distributed as dist
+    indices, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+    return indices
+
+
+def replace_checkpoint_is_compiling(fn) -> "Callable[[], None]":
+    """Make ``torch.utils.checkpoint`` ask ``fn`` whether it is compiling (its selective
+    checkpoint contexts act eagerly when told no); return the undo (nothing where torch has no such hook)."""
+    from torch.utils import checkpoint
+    real = getattr(checkpoint, "_is_compiling", None)
+    if real is None:
+        return lambda: None
+    checkpoint._is_compiling = fn
+
+    def restore():
+        checkpoint._is_compiling = real
+    return restore
+
+
+def dynamo_source():
+    """``torch._dynamo.source`` (importing torch._dynamo costs seconds: only on first use)."""
+    import torch._dynamo.source as source
+    return source
+
+
+def inductor_api():
+    """``(config, compile_fx_inner, select_decomp_table)`` of Inductor, imported on first use."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    return config, compile_fx_inner, select_decomp_table
 
 
 def backed_symbols(shape_env) -> dict:

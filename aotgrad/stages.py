@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from ._torch import pytree
 from . import errors
 from .observe import Step
 from .options import CompileOptions

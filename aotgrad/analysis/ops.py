@@ -6,11 +6,13 @@ import operator
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
+
 
 def is_random(node: fx.Node) -> bool:
     """Ops that draw from the RNG (dropout masks, rand, bernoulli)."""
     t = node.target
-    return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
+    return node.op == "call_function" and isinstance(t, OpOverload) and \
         torch.Tag.nondeterministic_seeded in t.tags
 
 
@@ -29,11 +31,11 @@ def has_side_effect(node: fx.Node) -> bool:
     """Nodes that must run even when nothing reads them, in eager's order: random
     ops and ops that return nothing (error checks such as ``_linalg_check_errors``)."""
     t = node.target
-    return is_random(node) or (node.op == "call_function" and isinstance(t, torch._ops.OpOverload)
+    return is_random(node) or (node.op == "call_function" and isinstance(t, OpOverload)
                                 and not t._schema.returns)
 
 
-def mutated_args(op: torch._ops.OpOverload) -> list[str]:
+def mutated_args(op: OpOverload) -> list[str]:
     """Names of the arguments an operator writes to (``alias_info.is_write``)."""
     return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
@@ -80,13 +82,13 @@ ALIASING_EXTRA = frozenset({aten._unsafe_view})
 
 def packet(node: fx.Node):
     t = node.target
-    return t.overloadpacket if isinstance(t, torch._ops.OpOverload) else None
+    return t.overloadpacket if isinstance(t, OpOverload) else None
 
 
 def aliases_input(node: fx.Node) -> bool:
     """Whether the node's output is a view of (shares storage with) its first argument."""
     t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
+    if not isinstance(t, OpOverload):
         return False
     return packet(node) in ALIASING_EXTRA or any(r.alias_info is not None for r in t._schema.returns)
 
@@ -96,7 +98,7 @@ def is_cheap(node: fx.Node) -> bool:
     if node.target is operator.getitem:
         return True
     t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
+    if not isinstance(t, OpOverload):
         return False
     return torch.Tag.pointwise in t.tags or aliases_input(node) or packet(node) in CHEAP_EXTRA
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from ..errors import GraphContractError
 from .ops import mutated_args
 
@@ -26,7 +27,7 @@ def verify_graph(gm: fx.GraphModule) -> None:
     except Exception as e:
         raise GraphContractError(f"the graph is malformed: {e}") from e
     for n in gm.graph.nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and mutated_args(n.target):
+        if n.op == "call_function" and isinstance(n.target, OpOverload) and mutated_args(n.target):
             raise GraphContractError(f"node {n.name} calls {n.target}, which mutates "
                                      f"{', '.join(mutated_args(n.target))}; joint graphs must be functional")
 

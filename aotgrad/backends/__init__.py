@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..errors import AotgradError
 
-_REGISTRY: dict[str, Callable] = {}
+_REGISTRY: dict[str, Callable] = {}     # name -> backend, filled by register(): process-wide by design
 
 
 def register(name: str, compiler: Callable) -> None:

@@ -20,8 +20,10 @@ def _is_backward(gm: fx.GraphModule) -> bool:
 
 def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:
     """Retrace with Inductor's decomposition table: its lowerings assume it ran."""
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .._torch import inductor_api
+    select_decomp_table = inductor_api()[2]
 
     with fake_mode:
         return make_fx(gm, decomposition_table=select_decomp_table(),
@@ -29,9 +31,8 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
 
 
 def _compile(gm: fx.GraphModule, example_inputs: list):
-    from torch._guards import TracingContext, detect_fake_mode, tracing
-    from torch._inductor import config
-    from torch._inductor.compile_fx import compile_fx_inner
+    from .._torch import TracingContext, detect_fake_mode, inductor_api, tracing
+    config, compile_fx_inner, _ = inductor_api()
 
     fake_mode = detect_fake_mode(example_inputs)
     decomposed = _decompose(gm, example_inputs, fake_mode)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .._torch import backed_symbols
+from .._torch import (
+    apply_view_meta_sequence, backed_symbols, functionalize_has_data_mutation, functionalize_was_storage_changed,
+    sync, view_meta_sequence,
+)
 from ..errors import MutationError, UnsupportedError
 from ..ir.records import Analysis, InputInfo, OutputInfo, ViewMeta
 from ..runtime.hooks import custom_view
@@ -39,11 +42,11 @@ def _input_info(f, t, grad_fn_before) -> InputInfo:
     not, and is replayed without autograd."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
-    torch._sync(f)
+    sync(f)
     if _storage_changed(f.elem):
         raise MutationError("set_() (or another storage swap) on an input replaces its storage; the compiled "
                             "graph cannot rebind the caller's tensor: return the new tensor instead")
-    data = torch._functionalize_has_data_mutation(f.elem)
+    data = functionalize_has_data_mutation(f.elem)
     seen = f.grad_fn is not grad_fn_before
     if f.requires_grad != t.requires_grad and not (data and seen and f.requires_grad):
         what = "detach_()" if t.requires_grad else "requires_grad_()"
@@ -59,8 +62,7 @@ def _input_info(f, t, grad_fn_before) -> InputInfo:
 
 
 def _storage_changed(elem) -> bool:
-    changed = getattr(torch, "_functionalize_was_storage_changed", None)
-    return bool(changed and changed(elem))
+    return functionalize_was_storage_changed(elem)
 
 
 def _symbolic_output(o) -> OutputInfo:
@@ -89,7 +91,7 @@ class Replay:
         self.sequence, self.required = sequence, required
 
     def apply(self, base: torch.Tensor) -> torch.Tensor:
-        return torch._C._functionalization.apply_view_meta_sequence(base, self.sequence)
+        return apply_view_meta_sequence(base, self.sequence)
 
     def __reduce__(self):
         if self.required:
@@ -100,10 +102,9 @@ class Replay:
 
 def replay_of(view, base) -> Replay | None:
     """``view``'s view ops, when this torch records them and none has a symbolic argument."""
-    fz = getattr(torch._C, "_functionalization", None)
-    if fz is None or not hasattr(fz, "get_view_meta_sequence") or not torch._is_functional_tensor(view.elem):
+    sequence = view_meta_sequence(view.elem)
+    if sequence is None:
         return None
-    sequence = fz.get_view_meta_sequence(view.elem)
     # In-place view ops (x.t_()) are replayed on the input by the mutation epilogue first.
     if not sequence or any(getattr(vm, "has_symbolic_inputs", True) or type(vm).__name__.endswith("__ViewMeta")
                            for vm in sequence):

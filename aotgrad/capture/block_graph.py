@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-TEMPLATES: dict = {}     # key -> Template, read by the fake kernels while a capture traces
+# key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
+# each key comes from blocks._keys once, so concurrent captures never share an entry.
+TEMPLATES: dict = {}
 
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")
 _LIB.define("block_fw(Tensor[] ins, int key, int call) -> Tensor[]")

@@ -25,10 +25,11 @@ import sys
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.utils._pytree as pytree
-from torch._subclasses.functional_tensor import FunctionalTensor
-from torch.utils._python_dispatch import _disable_current_modes
 
+from .._torch import (
+    FunctionalTensor, disable_current_modes, functorch_interpreter_active, fx_symbolic_trace,
+    is_any_autocast_enabled, pytree, top_saved_tensors_default_hooks,
+)
 from ..analysis.ops import is_random
 from ..guards import reads
 from ..passes.cleanup import simplify_owned
@@ -204,7 +205,7 @@ class Reuse:
         before = set(rec.frames)
         self.off = True
         try:
-            with _hooks_unchanged() as same, _disable_current_modes():
+            with _hooks_unchanged() as same, disable_current_modes():
                 template = _trace_template(self.session, module, m, state, call)
                 template = template if same() else None
         except Exception:       # the flat run raises it again, with the user's line
@@ -264,10 +265,8 @@ def _call_key(m: Member, state, call: _Call):
 
 def _unusual_modes() -> bool:
     """Autocast, saved-tensor hooks (checkpoint), functorch transforms, inference mode."""
-    functorch = getattr(torch._C, "_functorch", None)
-    return (torch._C._is_any_autocast_enabled() or torch.is_inference_mode_enabled()
-            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-            or (functorch is not None and functorch.peek_interpreter_stack() is not None))
+    return (is_any_autocast_enabled() or torch.is_inference_mode_enabled()
+            or top_saved_tensors_default_hooks(False) is not None or functorch_interpreter_active())
 
 
 @contextlib.contextmanager
@@ -373,7 +372,7 @@ def reusing(setup, enabled: bool = True):
         yield reuse
         return
     # make_fx's tracer calls modules through the original __call__ it keeps in torch.fx.
-    fx_trace = torch.fx._symbolic_trace
+    fx_trace = fx_symbolic_trace
     fx_call = getattr(fx_trace, "_orig_module_call", None)
     before = reuse.flat_call = torch.nn.Module.__dict__["__call__"]
     torch.nn.Module.__call__ = lambda module, *args, **kwargs: reuse.call(module, args, kwargs)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
+from .._torch import FakeTensor
 from .. import errors
 from ..analysis.ops import is_random
 from ..frontend.aliasing import find_groups, rebase

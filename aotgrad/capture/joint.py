@@ -7,11 +7,10 @@ outputs that are views of intermediates (see :mod:`aotgrad.ir.records`).
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .._torch import lazy_graph_modules, register_stack_trace_anchor
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
@@ -45,9 +44,8 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
 
 def _anchor_user_frames(user_fn) -> None:
     """make_fx keeps stack frames of ``forward`` methods; also keep a plain user function's own frames."""
-    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-    if register is not None and callable(user_fn) and hasattr(user_fn, "__code__"):
-        register(user_fn)
+    if callable(user_fn) and hasattr(user_fn, "__code__"):
+        register_stack_trace_anchor(user_fn)
 
 
 def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
@@ -72,8 +70,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
 
 
 def _lazy_code():
-    lazy = getattr(getattr(torch.fx, "_lazy_graph_module", None), "_use_lazy_graph_module", None)
-    return lazy(True) if lazy is not None else contextlib.nullcontext()
+    return lazy_graph_modules()
 
 
 def _contiguous_strides(shape):

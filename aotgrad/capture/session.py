@@ -10,11 +10,15 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic, ShapeEnv, StatelessSymbolicContext,
 )
+
+from .._torch import (
+    FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
+    is_compiling_flag, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
+)
+from ..scoped import Shared, Stack
 
 
 @dataclass
@@ -62,7 +66,9 @@ class Session:
 _PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
 
 
-SEEDED: list = []      # seeds the traced function set; capture refuses them if random ops follow
+# Seeds the traced function set, per thread (a capture in another thread must not see them);
+# capture refuses them if random ops follow.
+SEEDED = Stack("aotgrad.seeded")
 
 
 def _record_seed(seeder):
@@ -72,7 +78,6 @@ def _record_seed(seeder):
     return manual_seed
 
 
-@contextlib.contextmanager
 def traceable_ops():
     """Settings under which traced graphs run correctly outside the trace.
 
@@ -86,25 +91,32 @@ def traceable_ops():
       tracing, so libraries take their trace-friendly paths (HuggingFace's
       mask helpers skip data-dependent shortcuts when they see it).
     """
-    from torch._library.simple_registry import singleton
-    holders = [singleton.find(name).effect for name in _PLAIN_EFFECTS]
+    return _TRACEABLE()
+
+
+def _set_traceable():
+    """Apply traceable_ops' settings; return the function that restores the previous ones."""
+    holders = [simple_registry.find(name).effect for name in _PLAIN_EFFECTS]
     saved = [h.effect for h in holders]
-    mkldnn = torch._C._get_mkldnn_enabled()
+    mkldnn = get_mkldnn_enabled()
     seeders = (torch.manual_seed, torch.random.manual_seed)
     for h in holders:
         h.register(None)
-    torch._C._set_mkldnn_enabled(False)
+    set_mkldnn_enabled(False)
     torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
-    compiling = getattr(torch.compiler, "_is_compiling_flag", False)
-    torch.compiler._is_compiling_flag = True
-    try:
-        yield
-    finally:
-        torch.compiler._is_compiling_flag = compiling
+    compiling = is_compiling_flag()
+    set_compiling_flag(True)
+
+    def restore():
+        set_compiling_flag(compiling)
         torch.manual_seed, torch.random.manual_seed = seeders
-        torch._C._set_mkldnn_enabled(mkldnn)
+        set_mkldnn_enabled(mkldnn)
         for h, effect in zip(holders, saved):
             h.register(effect)
+    return restore
+
+
+_TRACEABLE = Shared(_set_traceable)      # process-wide settings: applied once for concurrent captures
 
 
 def to_functional(t):
@@ -113,8 +125,8 @@ def to_functional(t):
 
 def from_functional(t):
     if isinstance(t, FunctionalTensor):
-        torch._sync(t)
-        return torch._from_functional_tensor(t.elem)
+        sync(t)
+        return from_functional_tensor(t.elem)
     return t
 
 
@@ -138,7 +150,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-_WRITTEN: dict = {}
+_WRITTEN: dict = {}     # a true cache: an operator's schema never changes
 
 
 def _written(func) -> tuple:

@@ -20,6 +20,7 @@ import contextlib
 
 import torch
 
+from .._torch import compiled_autograd_engine
 from .. import backends
 from . import ddp
 from .capture import CaptureInstance
@@ -28,7 +29,9 @@ from .tape import Tape
 
 __all__ = ["compiled_autograd", "CompiledAutograd"]
 
-_engine = torch._C._dynamo.compiled_autograd
+_engine = compiled_autograd_engine
+# Process-wide on purpose, not scoped: it names the compiler that filled the engine's cache, and
+# that cache (like the engine's compiler slot) is one per process, shared by every thread.
 _last_compiler = [None]
 
 

@@ -22,9 +22,9 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .._torch import OpOverload, is_non_overlapping_and_dense_or_false
 from . import opaque
 
 # node.meta keys: the engine node (index in capture order) that traced a graph node, and,
@@ -81,7 +81,7 @@ def _fresh(node: fx.Node) -> bool:
             node = node.args[0]
             continue
         op = node.target
-        if not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
+        if not isinstance(op, OpOverload) or op._schema.is_mutable:
             return False
         if not any(r.alias_info for r in op._schema.returns):
             return True

@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode, PythonKeyTracer, disable_proxy_modes_tracing,
     fetch_object_proxy, track_tensor_tree)
 from torch.fx.experimental.symbolic_shapes import (
-    DimDynamic, ShapeEnv, StatelessSymbolicContext, _suppress_guards)
+    DimDynamic, ShapeEnv, StatelessSymbolicContext)
 
+from .._torch import FakeTensorMode, dynamo_source, enable_python_dispatcher, suppress_guards
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque
@@ -79,7 +78,7 @@ class _Session:
         # Sizes are lifted inputs and must not specialise. Recording guards makes the
         # symbolic reasoning several times slower (a GPT block: minutes), so they are
         # not recorded; the decisions they would guard are logged instead (guards.py).
-        self._modes.enter_context(_suppress_guards(self.shape_env))
+        self._modes.enter_context(suppress_guards(self.shape_env))
 
     def exit(self):
         self._modes.close()
@@ -433,5 +432,5 @@ def _clone(x):
 
 def _source(kind, index):
     """Names a lifted value for the shape environment: ``sizes[3]``."""
-    from torch._dynamo.source import GetItemSource, LocalSource   # importing torch._dynamo costs seconds
-    return GetItemSource(LocalSource(kind), index)
+    source = dynamo_source()
+    return source.GetItemSource(source.LocalSource(kind), index)

@@ -24,6 +24,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from .._torch import ddp_bucket_assignment, ddp_bucket_limits, queue_engine_callback
 from .. import errors
 
 _SEEN: "weakref.WeakSet" = weakref.WeakSet()     # DDP modules built since this module was imported
@@ -139,16 +140,9 @@ def post_forward(ddp) -> None:
     ddp.require_forward_param_sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
 
 
-def _limits(ddp) -> list:
-    cap = ddp.bucket_bytes_cap
-    return [getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
-                    getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
-
-
 def _buckets(params: list, limits: list) -> list:
     """DDP's assignment by size (the first bucket smaller), in the order of ``params``."""
-    indices, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
-    return [[params[i] for i in bucket] for bucket in indices]
+    return [[params[i] for i in bucket] for bucket in ddp_bucket_assignment(params, limits)]
 
 
 class BucketReducer:
@@ -159,7 +153,7 @@ class BucketReducer:
         self.group = ddp.process_group
         self.world = dist.get_world_size(self.group)
         self.params = [p for p in ddp._module_parameters if p.requires_grad]
-        self.limits = _limits(ddp)
+        self.limits = ddp_bucket_limits(ddp)
         # As DDP: last parameters first until the first backward shows the order gradients come in.
         self._assign(list(reversed(_buckets(self.params, self.limits))))
         self.order: list | None = [] if not ddp.find_unused_parameters else None
@@ -188,7 +182,7 @@ class BucketReducer:
             return
         if not self.active:
             self.active, self.timeline = True, []
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            queue_engine_callback(self._finish)
         self.ready.add(id(param))
         if self.order is not None:
             self.order.append(param)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from ..observe import timed
+from ..scoped import Stack
 from . import opaque
 from .runtime import CompiledBackward, make_variant
 
@@ -24,7 +26,7 @@ class Capture:
         """Number of graph nodes of ``kind``: "aten" or "opaque"."""
         if kind == "opaque":
             return sum(self.opaque_calls().values())
-        return sum(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+        return sum(n.op == "call_function" and isinstance(n.target, OpOverload)
                    for n in self.graph.graph.nodes)
 
     def opaque_calls(self) -> dict[str, int]:
@@ -79,7 +81,9 @@ class CompiledAutograd:
         return "\n".join(lines)
 
 
-ACTIVE: list[CompiledAutograd] = []
+# The block active in this thread: backward runs in the calling thread (the block turns autograd's
+# multithreading off), so another thread's block never counts its runs.
+ACTIVE = Stack("aotgrad.compiled_autograd")
 
 
 class _Events:

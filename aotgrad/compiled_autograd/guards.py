@@ -111,7 +111,7 @@ def _tensor_guards(tensors, layouts):
     if not tensors or any(v is None for v in layouts):
         return None
     try:
-        from torch._C._dynamo.guards import TensorGuards
+        from .._torch import TensorGuards
         return TensorGuards(*tensors, dynamic_dims_sizes=[list(v[0]) for v in layouts],
                             dynamic_dims_strides=[list(v[1]) for v in layouts]).check
     except Exception:   # an older checker's signature, a tensor type it rejects
@@ -171,7 +171,7 @@ class DecisionGuard:
     def of(cls, log: DecisionLog, where: dict, tensors=()) -> "DecisionGuard":
         """``where`` maps each symbol to the Python that reads its run-time value;
         ``tensors`` are the lifted tensors made with symbolic dims (``TensorSymbols``)."""
-        from torch.utils._sympy.printers import PythonPrinter
+        from .._torch import PythonPrinter
         printer, lines, texts = PythonPrinter(), [], []
         for ts in tensors:
             ts.lines(printer, where, lines, texts)

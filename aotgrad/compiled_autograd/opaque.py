@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from .._torch import compiled_autograd_engine, replace_execution_engine
+from ..scoped import Shared, Stack
+
 
 def call_hook(hook, *args, hook_type: str):
     """A tensor/node hook; ``None`` from a hook means "keep the value"."""
@@ -80,40 +83,45 @@ def saved_symbols(ctx) -> tuple:
 
 def call_cpp_tensor_pre_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
     """C++ tensor pre-hooks (``retain_grad``), run by the engine that registered them."""
-    return torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
+    return compiled_autograd_engine.call_cpp_tensor_pre_hooks(hook_id, grad)
 
 
 # Callbacks queued with ``Variable._execution_engine.queue_callback`` by the hooks of
 # each compiled backward running now (innermost last); see ``queued_callbacks``.
-_QUEUED: list[list] = []
+_QUEUED = Stack("aotgrad.queued_callbacks")
 
 
 class _QueueingEngine:
-    """Stands in for the autograd engine object while a compiled backward runs: the
-    engine's own graph task is never finished, so callbacks are kept here."""
+    """Stands in for the autograd engine object while compiled backwards run: the engine's own
+    graph task is never finished, so a callback queued in a thread running one is kept in that
+    thread's list; one queued anywhere else goes to the engine."""
 
-    def __init__(self, engine, callbacks: list):
-        self._engine, self._callbacks = engine, callbacks
+    def __init__(self, engine):
+        self._engine = engine
 
     def queue_callback(self, callback) -> None:
-        self._callbacks.append(callback)
+        if _QUEUED:
+            _QUEUED[-1].append(callback)
+        else:
+            self._engine.queue_callback(callback)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
 
+# The engine object is process-wide: installed once for all the compiled backwards running now.
+_QUEUEING = Shared(lambda: replace_execution_engine(_QueueingEngine))
+
+
 def collect_callbacks() -> None:
     """Until ``stop_collecting``, callbacks hooks queue are kept for ``run_final_callbacks``."""
-    from torch.autograd.variable import Variable
-    callbacks: list = []
-    Variable._execution_engine = _QueueingEngine(Variable._execution_engine, callbacks)
-    _QUEUED.append(callbacks)
+    _QUEUEING.acquire()
+    _QUEUED.append([])
 
 
 def stop_collecting() -> None:
-    from torch.autograd.variable import Variable
     _QUEUED.pop()
-    Variable._execution_engine = Variable._execution_engine._engine
+    _QUEUEING.release()
 
 
 def run_final_callbacks() -> None:

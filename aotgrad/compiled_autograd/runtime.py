@@ -11,7 +11,6 @@ the first whose guards pass, recaptures (by replaying the first capture's
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import operator
 from dataclasses import dataclass
@@ -19,23 +18,31 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._torch import compiled_autograd_engine
 from .. import backends
 from ..errors import InputMismatchError, UnsupportedError, caller_line
 from ..observe import timed
+from ..scoped import Shared
 from . import opaque, tape
 from .guards import DecisionGuard, picker
 from .segments import SegmentedBackward
 
-_engine = torch._C._dynamo.compiled_autograd
+_engine = compiled_autograd_engine
 
 
-@contextlib.contextmanager
 def engine_compiler_off():
+    """Compiled autograd off while a capture traces (its autograd.grad is traced, not captured)."""
+    return _COMPILER_OFF()
+
+
+def _compiler_off():
     prior = _engine.set_autograd_compiler(None, False)
-    try:
-        yield
-    finally:
-        _engine.set_autograd_compiler(*prior)
+    return lambda: _engine.set_autograd_compiler(*prior)
+
+
+# The engine's compiler slot is process-wide: turned off once for all the captures tracing now, in
+# any thread (each saving and restoring it, interleaved, left the slot's dynamic flag changed).
+_COMPILER_OFF = Shared(_compiler_off)
 
 
 @dataclass

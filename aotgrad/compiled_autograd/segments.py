@@ -16,6 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from . import opaque
 
 
@@ -24,7 +25,7 @@ def _compilable(node: fx.Node, run: list) -> bool:
         return False
     if node.target is operator.getitem:   # unpacking a multi-output ATen op of this run
         return isinstance(node.args[0], fx.Node) and node.args[0] in run
-    return isinstance(node.target, torch._ops.OpOverload)
+    return isinstance(node.target, OpOverload)
 
 
 def _runs(nodes):

@@ -15,8 +15,8 @@ import json
 import zipfile
 
 import torch
-import torch.utils._pytree as pytree
 
+from .._torch import pytree
 from .. import errors
 from ..ir.records import Analysis
 from . import codec, tensors as tensor_io

@@ -18,6 +18,7 @@ import re
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from ..errors import ExportFormatError
 from ..ir.graphs import Ref, Unserializable, dump_graph
 
@@ -271,7 +272,7 @@ def resolve_target(spec):
         if ns in OP_NAMESPACES and all(_IDENT.match(p) and not p.startswith("__") for p in (name, overload)) \
                 and f"{ns}::{name}" not in _REFUSED_OPS:
             op = getattr(getattr(getattr(torch.ops, ns), name, None), overload, None)
-            if isinstance(op, torch._ops.OpOverload):
+            if isinstance(op, OpOverload):
                 return op
             raise ExportFormatError(f"operator {spec['op']} does not exist in this torch {torch.__version__}; "
                                     "export the step again with this torch")
@@ -286,7 +287,7 @@ def resolve_target(spec):
 def op_schemas(graphs) -> dict:
     """``{operator name: schema text}`` of every operator the graphs call (checked on load)."""
     return {f"{n.target._schema.name}.{n.target._overloadname}": str(n.target._schema)
-            for gm in graphs for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
+            for gm in graphs for n in gm.graph.nodes if isinstance(n.target, OpOverload)}
 
 
 def _keep_values(gm: fx.GraphModule, env: dict, stored) -> None:

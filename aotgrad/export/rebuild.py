@@ -6,8 +6,8 @@ import time
 import types
 
 import torch
-import torch.utils._pytree as pytree
 
+from .._torch import pytree
 from .. import errors
 from ..ir.descriptors import Desc
 from ..ir.records import Analysis, JointLayout

@@ -23,6 +23,7 @@ import functools
 
 import torch
 
+from .._torch import top_saved_tensors_default_hooks
 from .. import errors
 
 
@@ -178,7 +179,7 @@ def _named(root, units) -> list:
 
 
 def _unit_call(inner, unit, *args, **kwargs):
-    if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+    if top_saved_tensors_default_hooks(True) is not None:
         raise errors.UnsupportedError(
             f"FSDP unit {type(unit).__name__} is called under torch.utils.checkpoint (or saved-tensor hooks) "
             "inside aotgrad.jit: checkpoint's recomputation in backward would run the unit's forward eagerly, "

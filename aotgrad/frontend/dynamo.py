@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 
 import torch
-import torch.utils._pytree as pytree
-from torch._guards import detect_fake_mode
 
+from .._torch import FakeTensor, detect_fake_mode, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import Desc
@@ -44,13 +43,13 @@ def _desc(node: torch.fx.Node, index: int) -> Desc:
 def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     fake_mode = detect_fake_mode(example_inputs)
     if fake_mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from .._torch import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     session = Session(dynamic=None, grad_enabled=torch.is_grad_enabled(),
                       shape_env=fake_mode.shape_env, fake_mode=fake_mode)
     fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
-        t, torch._subclasses.FakeTensor) else t for t in example_inputs]
+        t, FakeTensor) else t for t in example_inputs]
     n = len(fakes)
     sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
     ph = [node for node in gm.graph.nodes if node.op == "placeholder"]

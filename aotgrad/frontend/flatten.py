@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.utils._pytree as pytree
 
+from .._torch import pytree
 from ..ir.descriptors import Desc
+from ..scoped import Shared
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,27 @@ def signature(fn, args: tuple, kwargs: dict):
     return sig, tensors, descs
 
 
-@contextlib.contextmanager
 def forward_only():
     """While the user's forward is traced: ``backward()`` and reading an input's ``.grad`` are
     refused with the user's line (the trace would differentiate fake values, or read a
     ``.grad`` that eager has and the trace does not)."""
-    from torch._subclasses.functional_tensor import FunctionalTensor
+    return _FORWARD_ONLY()
+
+
+def _refuse_forward_only():
+    """Apply forward_only's patches (process-wide); return the function that removes them."""
+    from .._torch import FunctionalTensor
     backward = torch.autograd.backward
     torch.autograd.backward = _refuse_backward
     FunctionalTensor.grad = property(_refuse_grad_read, _refuse_grad_read)
-    try:
-        yield
-    finally:
+
+    def restore():
         torch.autograd.backward = backward
         del FunctionalTensor.grad
+    return restore
+
+
+_FORWARD_ONLY = Shared(_refuse_forward_only)     # applied once for captures tracing at the same time
 
 
 def _refuse_backward(*args, **kwargs):

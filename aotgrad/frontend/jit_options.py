@@ -7,6 +7,7 @@ import weakref
 
 import torch
 
+from .._torch import len_torch_dispatch_stack
 from .. import backends, errors
 from ..options import CompileOptions
 
@@ -43,7 +44,7 @@ def root_name(fn, depth: int = 0) -> str:
 def tracing() -> bool:
     """Whether a dispatch mode is active: another capture (fake, functional, proxy tracing) is
     tracing this call, or a user mode watches every op; either way the function runs as written."""
-    return torch._C._len_torch_dispatch_stack() > 0
+    return len_torch_dispatch_stack() > 0
 
 
 class _Method(torch.nn.Module):

@@ -41,7 +41,8 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
+
+from .._torch import OpOverload, OpOverloadPacket, pytree
 
 log = logging.getLogger("aotgrad.cache")
 
@@ -298,7 +299,7 @@ def _fp(v, seen: dict):
         return _tensor_value(v)
     if isinstance(v, (types.FunctionType, types.MethodType, type)) and _is_lib(v):
         return ("lib", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v)))
-    if isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(v, (OpOverload, OpOverloadPacket)):
         return ("op", str(v))
     if isinstance(v, types.BuiltinFunctionType):
         owner = getattr(v, "__self__", None)

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 import sympy
 import torch
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.printers import PythonPrinter
 
-from .._torch import backed_symbols
+from .._torch import PythonPrinter, backed_symbols, int_oo
 from ..generated import compile_source
 
 
@@ -113,7 +111,7 @@ def _static_prefix(specs, descs):
     Storage offsets of parameters and buffers are not checked there: a module's own state does not
     move within its storage between calls, and the graph reads values, not offsets."""
     try:
-        from torch._C._dynamo.guards import TensorGuards
+        from .._torch import TensorGuards
     except ImportError:
         return 0, None
     k = 0

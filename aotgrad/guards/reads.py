@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._torch import MODULE_CALL_CODES
+
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _NN = os.path.join(_TORCH, "nn", "modules") + os.sep
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"],
                                                        sysconfig.get_paths()["platstdlib"]})
-_CALL_IMPL = {torch.nn.Module._call_impl.__code__}
-if hasattr(torch.nn.Module, "_wrapped_call_impl"):
-    _CALL_IMPL.add(torch.nn.Module._wrapped_call_impl.__code__)
+_CALL_IMPL = MODULE_CALL_CODES
 
 SKIP, USER, NN_METHOD, MODULE_CALL = 0, 1, 2, 3
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
@@ -204,7 +204,7 @@ class Store:
 
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
 _ATTR = ("LOAD_ATTR", "LOAD_METHOD")
-_cache: dict = {}
+_cache: dict = {}      # a true cache: code objects are immutable, so their chains never change
 
 
 def chains(code) -> tuple:

@@ -6,7 +6,7 @@ returned as ``Read`` s for :func:`aotgrad.guards.state.build`.
 """
 from __future__ import annotations
 
-import torch.utils._pytree as pytree
+from .._torch import pytree
 import torch
 
 from .. import errors

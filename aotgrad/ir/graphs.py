@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from .values import STORED, FakeValues, keep, value_out
 
 FORMAT = 1
@@ -33,7 +34,7 @@ class Ref:
 
 
 def _target_out(t):
-    if isinstance(t, torch._ops.OpOverload):
+    if isinstance(t, OpOverload):
         if t._schema.name in ("aotgrad::tensor_hook", "aotgrad::retain_grad"):
             raise Unserializable("a graph that calls a user's tensor hook cannot be stored")
         return ("op", t._schema.name, t._overloadname)

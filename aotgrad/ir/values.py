@@ -37,7 +37,7 @@ class SymText:
 
 
 def _functions() -> dict:
-    import torch.utils._sympy.functions as fns
+    from .._torch import sympy_functions as fns
     return {k: v for k, v in vars(fns).items() if isinstance(v, type) and issubclass(v, sympy.Basic)}
 
 
@@ -86,18 +86,18 @@ class FakeValues:
 
     def mode(self):
         if self._mode is None:
-            from torch._subclasses.fake_tensor import FakeTensorMode
+            from .._torch import FakeTensorMode
             shape_env = self._shape_env() if self.hints else None
             self._mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True,
                                         static_shapes=shape_env is None)
         return self._mode
 
     def _shape_env(self):
-        from torch._dynamo.source import ConstantSource
+        from .._torch import dynamo_source
         from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
         env = ShapeEnv(duck_shape=False)     # stored symbols stay distinct even where their examples agree
         for name, hint in sorted(self.hints.items()):
-            self._symbols[name] = env.create_symbol(hint, ConstantSource(f"stored_{name}"), DimDynamic.DYNAMIC,
+            self._symbols[name] = env.create_symbol(hint, dynamo_source().ConstantSource(f"stored_{name}"), DimDynamic.DYNAMIC,
                                                     do_not_specialize_zero_one=True)
         return env
 

@@ -20,6 +20,8 @@ import threading
 import time
 
 _lock = threading.Lock()
+# Process-wide on purpose, not scoped: a trace (and AOTGRAD_TRACE) records every thread, each
+# event tagged with its tid; _lock guards the list.
 _sinks: list["TraceSink"] = []
 _ROOT = logging.getLogger("aotgrad")
 

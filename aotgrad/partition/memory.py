@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch import TorchDispatchMode, pytree
 from ..errors import _PKG_DIRS
 from ..analysis.ops import aliases_input
 from .costs import flops, tensor_bytes

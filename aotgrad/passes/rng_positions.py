@@ -23,6 +23,8 @@ import torch
 import torch.fx as fx
 
 from .. import errors
+from .._torch import replace_checkpoint_is_compiling
+from ..scoped import Shared, Stack
 from ..analysis.ops import RNG_META as META, is_random
 
 ENDS = "aotgrad_rng_ends"     # gm.meta: {(device, phase): (epoch, index) the stream stands at when the phase ends}
@@ -73,7 +75,7 @@ class _Log:
         self.pos.clear()
 
 
-_ACTIVE: list[_Log] = []
+_ACTIVE = Stack("aotgrad.rng_log")
 
 
 def _proxy_mode():
@@ -128,23 +130,32 @@ def _patch_targets():
 def _recording(log: _Log):
     """Watch RNG-state saves and restores; let checkpoint's selective contexts act as they do
     eagerly (under a proxy mode they would cache every op and leave recomputation to a compiler)."""
-    from torch.utils import checkpoint as ckpt
+    with _WATCHING():
+        _ACTIVE.append(log)
+        try:
+            yield log
+        finally:
+            _ACTIVE.pop()
+
+
+def _watch():
+    """Install the RNG-state watchers (they read this thread's log); return the undo."""
     targets = _patch_targets()
     originals = [getattr(m, name) for m, name, _, _ in targets]
-    compiling = getattr(ckpt, "_is_compiling", None)
     for (m, name, make, default), real in zip(targets, originals):
         setattr(m, name, make(real, default))
-    if compiling is not None:
-        ckpt._is_compiling = lambda *a, **k: False
-    _ACTIVE.append(log)
-    try:
-        yield log
-    finally:
-        _ACTIVE.pop()
-        if compiling is not None:
-            ckpt._is_compiling = compiling
+    undo_checkpoint = replace_checkpoint_is_compiling(lambda *a, **k: False)
+
+    def restore():
+        undo_checkpoint()
         for (m, name, _, _), real in zip(targets, originals):
             setattr(m, name, real)
+    return restore
+
+
+# The watched functions are process-wide: installed once for every capture recording now, in
+# any thread (each one saving and restoring them itself would, interleaved, leave them patched).
+_WATCHING = Shared(_watch)
 
 
 def backward_begins() -> None:

@@ -13,6 +13,7 @@ import re
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from ..generated import compile_source
 
 
@@ -45,7 +46,7 @@ class _Emitter:
         t = n.target
         if t is operator.getitem:
             return f"{self.arg(n.args[0])}[{self.arg(n.args[1])}]"
-        fn = t._op if isinstance(t, torch._ops.OpOverload) else t
+        fn = t._op if isinstance(t, OpOverload) else t
         parts = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs.items()]
         return f"{self.bind(fn, 'f')}({', '.join(parts)})"
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._torch import are_functorch_transforms_active
 from .hooks import RUNNING, install_input_hooks
 from .double_backward import keep_inputs, rng_states
 
@@ -120,7 +121,7 @@ def fast_apply(fn_class):
     not need; the full path is kept for when functorch transforms are active."""
     c_apply = super(torch.autograd.Function, fn_class).apply
     full = fn_class.apply
-    active = torch._C._are_functorch_transforms_active
+    active = are_functorch_transforms_active
 
     def apply(flat):
         return full(*flat) if active() else c_apply(*flat)

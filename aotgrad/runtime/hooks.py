@@ -22,18 +22,20 @@ since the traced graph would apply the write at the wrong time or drop it.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch._subclasses.functional_tensor import FunctionalTensor
 
+from .._torch import FunctionalTensor
 from .. import errors
+from ..scoped import Shared, Stack
 
-HOOKS: dict[int, Callable] = {}     # id -> user hook, read by aotgrad::tensor_hook at run time
+# id -> user hook, read by aotgrad::tensor_hook at run time. A registry, not scoped state: each
+# id comes from _ids once, so threads never share an entry (a backward may run on another thread).
+HOOKS: dict[int, Callable] = {}
 _ids = itertools.count()
 
 
@@ -59,7 +61,8 @@ torch.library.register_fake("aotgrad::tensor_hook", lambda grad, hook_id: torch.
 
 
 _LIB.define("retain_grad(Tensor grad, int slot) -> Tensor")
-RUNNING: list = []      # the ctx of each compiled backward running now (innermost last)
+# The ctx of each compiled backward running now in this thread (innermost last).
+RUNNING = Stack("aotgrad.running_backward")
 
 
 def _retain_grad(grad: torch.Tensor, slot: int) -> torch.Tensor:
@@ -188,7 +191,9 @@ def _tracing(flat) -> bool:
     return any(isinstance(t, FunctionalTensor) for t in flat)
 
 
-_ACTIVE: list = []      # the observing wrapper running now: an inner one (around a rebased function) defers
+# The recorder of the observing wrapper running now in this thread: an inner one (around a
+# rebased function) defers to it.
+_ACTIVE = Stack("aotgrad.observing")
 
 
 def observed(flat_fn):
@@ -198,12 +203,12 @@ def observed(flat_fn):
         if _ACTIVE or not _tracing(flat):
             return flat_fn(*flat)
         rec = Recorder(flat)
-        _ACTIVE.append(rec)
-        try:
-            with _intercepted(rec), _functions_checked(rec):
+        with _INTERCEPTED(), _FUNCTIONS_CHECKED():
+            _ACTIVE.append(rec)
+            try:
                 outs = flat_fn(*flat)
-        finally:
-            _ACTIVE.pop()
+            finally:
+                _ACTIVE.pop()
         rec.check_outputs(outs)
         run.recorded = rec
         return outs
@@ -214,8 +219,9 @@ def observed(flat_fn):
     return run
 
 
-@contextlib.contextmanager
-def _intercepted(rec: Recorder):
+def _intercept_hooks():
+    """Route Tensor hook registration to the recorder of the capture tracing in this thread
+    (straight through elsewhere); return the undo."""
     T = torch.Tensor
     originals = {name: T.__dict__.get(name) for name in
                  ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")}
@@ -223,37 +229,47 @@ def _intercepted(rec: Recorder):
 
     def method(name):
         def intercepted(self, hook):
-            return rec.register(plain[name], self, hook, name)
+            rec = _ACTIVE[-1] if _ACTIVE else None
+            return plain[name](self, hook) if rec is None else rec.register(plain[name], self, hook, name)
         return intercepted
     T.register_hook = method("register_hook")
     T.register_post_accumulate_grad_hook = method("register_post_accumulate_grad_hook")
-    T.retain_grad = lambda self: rec.retain(plain["retain_grad"], self)
-    try:
-        yield
-    finally:
+    T.retain_grad = lambda self: plain["retain_grad"](self) if not _ACTIVE else _ACTIVE[-1].retain(
+        plain["retain_grad"], self)
+
+    def restore():
         for name, value in originals.items():
             if value is None:
                 delattr(T, name)
             else:
                 setattr(T, name, value)
+    return restore
 
 
-@contextlib.contextmanager
-def _functions_checked(rec: Recorder):
-    """Custom Functions applied while tracing get node hooks that refuse a backward writing
-    in place to an input or output of the program (see :func:`_watch`)."""
+def _check_functions():
+    """Custom Functions applied while a capture traces in this thread get node hooks that refuse
+    a backward writing in place to an input or output of the program (see :func:`_watch`);
+    return the undo."""
     Function = torch.autograd.Function
     original = Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
         out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
-        _watch(cls, args, out, errors.caller_line(), rec)
+        if _ACTIVE:
+            _watch(cls, args, out, errors.caller_line(), _ACTIVE[-1])
         return out
     Function.apply = classmethod(apply)
-    try:
-        yield
-    finally:
+
+    def restore():
         Function.apply = original
+    return restore
+
+
+# Tensor and autograd.Function are process-wide: patched once for all the captures tracing now in
+# any thread, each patch reading this thread's recorder (each capture patching and restoring them
+# itself, interleaved, left Tensor.retain_grad bound to a finished capture's recorder).
+_INTERCEPTED = Shared(_intercept_hooks)
+_FUNCTIONS_CHECKED = Shared(_check_functions)
 
 
 def _watch(cls, args, out, line, rec):

@@ -11,6 +11,8 @@ import contextlib
 
 import torch
 
+from .._torch import is_any_autocast_enabled
+
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
@@ -36,7 +38,7 @@ def without_autocast(graph_fn, backward: bool = False):
     A ``backward`` graph was traced with autocast off, as ``.backward()`` called outside an
     autocast region runs it; called inside one, eager would autocast the backward's ops
     too, so that is refused rather than computed differently."""
-    any_enabled = torch._C._is_any_autocast_enabled
+    any_enabled = is_any_autocast_enabled
 
     def call(*args):
         if not any_enabled():

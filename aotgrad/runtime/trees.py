@@ -2,7 +2,7 @@
 (``kwargs['scale'] was absent, now given``) instead of two ``TreeSpec`` dumps."""
 from __future__ import annotations
 
-import torch.utils._pytree as pytree
+from .._torch import pytree
 
 
 def tree_difference(was: pytree.TreeSpec, now: pytree.TreeSpec) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..._torch import OpOverload
 from ...analysis.ops import mutated_args
 
 
@@ -48,7 +49,7 @@ def written_inputs(gm: fx.GraphModule) -> tuple[int, ...]:
     written = set()
     for n in gm.graph.nodes:
         op = n.target
-        if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        if n.op != "call_function" or not isinstance(op, OpOverload):
             continue
         args = _bound(n, op)
         for name in mutated_args(op):

@@ -15,7 +15,8 @@ import operator
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
+
+from ..._torch import OpOverload, pytree
 
 _HOST_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
@@ -34,7 +35,7 @@ def why_not_capturable(node: fx.Node, device_type: str) -> str | None:
     if node.op != "call_function":
         return None
     op = node.target
-    if isinstance(op, torch._ops.OpOverload) and any(t in op.tags for t in _HOST_TAGS):
+    if isinstance(op, OpOverload) and any(t in op.tags for t in _HOST_TAGS):
         return f"{op} synchronises with the host or has a data-dependent shape"
     for v in _vals(node) + [a.meta.get("val") for a in node.all_input_nodes]:
         if isinstance(v, torch.Tensor) and v.device.type != device_type:

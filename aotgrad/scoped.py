@@ -1,0 +1,90 @@
+"""Run-time state scoped to one thread (or asyncio task) instead of the process.
+
+A capture, a compiled backward or a ``compiled_autograd`` block pushes what the code it calls
+needs to find (the seeds its function set, the log of random ops, the callbacks its hooks
+queue) and pops it at the end. Kept in a module-level list, that state was shared: a capture in
+one thread saw the seeds or the callbacks of another. ``Stack`` keeps it in a context variable,
+so each thread starts with an empty stack and nested scopes stack as before.
+
+Settings that are process-wide by nature (torch's globals, patched functions) cannot be scoped:
+``Shared`` applies them once for all the scopes that need them at the same time.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from contextvars import ContextVar
+
+
+class Stack:
+    """A list-like stack private to the running context (thread or asyncio task).
+
+    The value is a tuple replaced on each change, so a context copied by ``asyncio`` or
+    ``contextvars.copy_context`` never shares a mutable list with the one it was copied from."""
+
+    def __init__(self, name: str):
+        self._var: ContextVar[tuple] = ContextVar(name, default=())
+
+    def append(self, item) -> None:
+        self._var.set(self._var.get() + (item,))
+
+    def pop(self):
+        items = self._var.get()
+        self._var.set(items[:-1])
+        return items[-1]
+
+    def clear(self) -> None:
+        self._var.set(())
+
+    def __getitem__(self, i):
+        return self._var.get()[i]
+
+    def __len__(self) -> int:
+        return len(self._var.get())
+
+    def __bool__(self) -> bool:
+        return bool(self._var.get())
+
+    def __iter__(self):
+        return iter(self._var.get())
+
+    def __repr__(self) -> str:
+        return f"Stack({list(self._var.get())!r})"
+
+
+class Shared:
+    """Process-wide settings (torch's globals, patched functions) needed by every scope open now,
+    in any thread: the first scope in applies them and the last one out restores them.
+
+    Each scope saving and restoring them itself would, interleaved across threads, let one
+    scope "restore" the patched values another one saved, leaving them patched for good."""
+
+    def __init__(self, apply):
+        self._apply = apply         # () -> the function that restores what it changed
+        self._lock = threading.Lock()
+        self._users, self._restore = 0, None
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if not self._users:
+                self._restore = self._apply()
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if not self._users:
+                restore, self._restore = self._restore, None
+                restore()
+
+    @property
+    def users(self) -> int:
+        return self._users
