@@ -31,6 +31,7 @@ from .._torch import (
     is_any_autocast_enabled, pytree, top_saved_tensors_default_hooks,
 )
 from ..analysis.ops import is_random
+from ..frontend.flatten import holding
 from ..guards import reads
 from ..passes.cleanup import simplify_owned
 from . import block_graph
@@ -291,12 +292,12 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
 
     def block_fn(*flat):
         args, kwargs = call.rebuild(flat[n:])
-        with _holding(m.homes, flat[:n]):
+        with holding(m.homes, flat[:n]):
             out = module(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(out)
         out_specs.append(spec)
         return leaves
-    block_fn.module_state = lambda flat: _holding(m.homes, flat[:n])
+    block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
     if analysis.mutated() or analysis.base_count or any(
             i.mutates_metadata for i in analysis.inputs) or any(
@@ -323,18 +324,6 @@ def _unwatched():
         yield
     finally:
         sys.setprofile(watcher)
-
-
-@contextlib.contextmanager
-def _holding(homes, state):
-    saved = [d[attr] for d, attr, _ in homes]
-    try:
-        for d, attr, i in homes:
-            d[attr] = state[i]
-        yield
-    finally:
-        for (d, attr, _), t in zip(homes, saved):
-            d[attr] = t
 
 
 def _replay_reads(rec, frames, paths) -> None:
