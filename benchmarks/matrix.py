@@ -161,16 +161,17 @@ def run_model(name: str, systems: list[str], rounds: int, round_s: float = 0.25,
     return [rows[s] for s in systems]
 
 
-def warm_up() -> None:
+def warm_up(systems=None, call=None) -> None:
     """Pay the once-per-process costs (importing Dynamo, Inductor and their
     C++ toolchain checks) on a throwaway function, so that the first system
-    of a kind does not carry them for the others."""
+    of a kind does not carry them for the others. ``systems``/``call``: another
+    table's systems and its first-call function (default: this module's)."""
     import warnings
     warnings.filterwarnings("ignore", message=".*force_disable_caches.*")
     model, args = models.make_mlp(batch=2, width=4, depth=2)
-    for system in SYSTEMS:
+    for system in SYSTEMS if systems is None else systems:
         try:
-            first_call(system, model, args)
+            (call or first_call)(system, model, args)
         except Exception:   # reported where it matters, in the model's own row
             pass
 

@@ -117,15 +117,7 @@ def run_model(name: str, systems, rounds: int, round_s: float = 0.5, log=print) 
 
 def warm_up(names) -> None:
     """Pay once-per-process costs (importing Dynamo, Inductor, transformers, timm) outside the rows."""
-    import warnings
-    warnings.filterwarnings("ignore", message=".*force_disable_caches.*")
-    from examples import models
-    model, args = models.make_mlp(batch=2, width=4, depth=2)
-    for system in SYSTEMS:
-        try:
-            first_call(system, model, args)
-        except Exception:   # reported where it matters, in the model's own row
-            pass
+    matrix.warm_up(SYSTEMS, first_call)
     for name in names:
         zoo.MODELS[name][0]()
 
