@@ -79,6 +79,39 @@ def register_stack_trace_anchor(fn) -> None:
         register(fn)
 
 
+def fresh_fakes(mode, metas) -> list:
+    """New fake tensors of ``(shape, stride, dtype, device)`` in ``mode``, made from meta tensors
+    directly: a fake kernel's outputs without one dispatch through the fake mode each."""
+    with torch._C._DisableTorchDispatch():
+        return [FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device)
+                for shape, stride, dtype, device in metas]
+
+
+@contextlib.contextmanager
+def no_stack_traces():
+    """The active make_fx trace, if any, stops recording stack traces for the nodes made inside."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    mode = get_proxy_mode()
+    tracer = getattr(mode, "tracer", None)
+    before = getattr(tracer, "record_stack_traces", False)
+    if before:
+        tracer.record_stack_traces = False
+    try:
+        yield
+    finally:
+        if before:
+            tracer.record_stack_traces = True
+
+
+def lazy_graph_module(root, graph, class_name: str):
+    """A GraphModule that writes its Python code only when read or run, where this torch can."""
+    make = getattr(getattr(torch.fx, "_lazy_graph_module", None), "_make_graph_module", None)
+    if make is None:
+        return torch.fx.GraphModule(root, graph, class_name=class_name)
+    with lazy_graph_modules():
+        return make(root, graph, class_name=class_name)
+
+
 def lazy_graph_modules():
     """A context in which new GraphModules write their Python code only when read or run (where
     this torch can: otherwise nothing changes)."""

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .._torch import fresh_fakes, no_stack_traces
+
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
 # each key comes from blocks._keys once, so concurrent captures never share an entry.
 TEMPLATES: dict = {}
@@ -34,15 +36,14 @@ def _never_run(ins, key, call):
     raise AssertionError("aotgrad::block_fw/block_bw run for real: the capture should have inlined them")
 
 
-def _empty(metas):
-    return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            for shape, stride, dtype, device in metas]
+def _empty(ins, metas):
+    return fresh_fakes(ins[0].fake_mode, metas)
 
 
 for _name in ("block_fw", "block_bw"):
     _LIB.impl(_name, _never_run, "CompositeExplicitAutograd")
-torch.library.register_fake("aotgrad::block_fw", lambda ins, key, call: _empty(TEMPLATES[key].fw_metas), lib=_LIB)
-torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call: _empty(TEMPLATES[key].bw_metas), lib=_LIB)
+torch.library.register_fake("aotgrad::block_fw", lambda ins, key, call: _empty(ins, TEMPLATES[key].fw_metas), lib=_LIB)
+torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call: _empty(ins, TEMPLATES[key].bw_metas), lib=_LIB)
 
 
 def _meta(node: fx.Node) -> tuple:
@@ -100,7 +101,8 @@ class BlockFunction(torch.autograd.Function):
     def forward(ctx, key, *ins):
         t = TEMPLATES[key]
         ctx.key, ctx.call = key, next(_calls)
-        res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
+        with no_stack_traces():     # the node is replaced by the template's copies, which have theirs
+            res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
         ctx.save_for_backward(*ins)
         return tuple(res)
@@ -113,7 +115,8 @@ class BlockFunction(torch.autograd.Function):
         # (views, reshapes) assume that layout.
         tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                     for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
-        got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call)
+        with no_stack_traces():
+            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call)
         out: list = [None] * t.n_in
         for i, g in zip(t.grad_at, got):
             out[i] = g

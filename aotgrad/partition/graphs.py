@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .._torch import lazy_graph_module
+
 
 def placeholders(g: fx.Graph) -> list[fx.Node]:
     return [n for n in g.nodes if n.op == "placeholder"]
@@ -62,5 +64,5 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
         if n in nodes and n not in env and n.op not in ("placeholder", "output", "get_attr"):
             env[n] = g.node_copy(n, lookup)
     g.output(tuple(lookup(o) if isinstance(o, fx.Node) else o for o in outputs))
-    gm = fx.GraphModule(joint, g, class_name=name)
-    return gm
+    # Lazy: the backend compiles the graph itself; fx's Python code is written only if someone reads it.
+    return lazy_graph_module(joint, g, name)
