@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from ..ir.descriptors import BufferDesc, ParamDesc, SavedDesc, TangentDesc
+
 
 @dataclass(frozen=True)
 class GraphInfo:
@@ -27,15 +29,15 @@ class GraphInfo:
 def graph_info(captured, kind: str, part=None, function_id: int = 0) -> GraphInfo:
     lay, descs = captured.layout, captured.input_descs
     if kind == "backward":
-        names = tuple(f"saved {n}" for n in part.saved) + tuple(str(descs[lay.n_primals + k])
+        names = tuple(str(SavedDesc(n)) for n in part.saved) + tuple(str(descs[lay.n_primals + k])
                                                                for k in range(len(lay.tangent_of)))
         # A parameter or buffer the forward saves as it is keeps its storage too.
         primal_names = [n.name for n in captured.joint.graph.nodes if n.op == "placeholder"][:lay.n_primals]
-        kept = {primal_names[i] for i, d in enumerate(descs[:lay.n_primals]) if d.kind in ("param", "buffer")}
+        kept = {primal_names[i] for i, d in enumerate(descs[:lay.n_primals]) if d.is_state()}
         static = tuple(k for k, n in enumerate(part.saved) if n in kept)
         return GraphInfo(kind, names, static, (), (), function_id, tuple(range(len(part.saved))))
     primals = descs[:lay.n_primals]
-    static = tuple(i for i, d in enumerate(primals) if d.kind in ("param", "buffer"))
+    static = tuple(i for i, d in enumerate(primals) if d.is_state())
     saved = tuple(range(lay.n_fw, lay.n_fw + len(part.saved))) if part is not None else ()
     return GraphInfo(kind, tuple(map(str, primals)), static, tuple(captured.analysis.mutated()),
                      saved, function_id)
@@ -48,8 +50,8 @@ def info_of(gm: fx.GraphModule) -> GraphInfo:
     if isinstance(info, GraphInfo):
         return info
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    if any(n.startswith("tangent_") for n in names):
-        saved = tuple(i for i, n in enumerate(names) if not n.startswith("tangent_"))
+    if any(n.startswith(TangentDesc.PREFIX) for n in names):
+        saved = tuple(i for i, n in enumerate(names) if not n.startswith(TangentDesc.PREFIX))
         return GraphInfo("backward", tuple(names), (), (), (), -1, saved)
-    static = tuple(i for i, n in enumerate(names) if n.startswith(("p_", "b_")))
+    static = tuple(i for i, n in enumerate(names) if n.startswith((ParamDesc.PREFIX, BufferDesc.PREFIX)))
     return GraphInfo("forward", tuple(names), static, (), (), -1)

@@ -22,7 +22,7 @@ from ..passes.rng_positions import traced_with_positions
 from ..stages import Captured, Setup
 from .block_graph import inline_blocks
 from .blocks import reusing
-from ..ir.descriptors import Desc, of
+from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import layout
 from ..runtime.hooks import observed
 from .analyze import analyze
@@ -162,7 +162,7 @@ def name_placeholders(gm, descs) -> None:
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
     session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
-    fakes = [session.fakeify(t, dynamic_dims.get(i, ())) for i, t in enumerate(tensors)]
+    fakes = session.fakeify_all(tensors, dynamic_dims)
     return Setup(fn, sig, tuple(descs), flat_function(fn, sig), session, tuple(fakes), tuple(tensors))
 
 
@@ -206,14 +206,14 @@ def _input_guards(setup: Setup):
     specs = [input_guards.tensor_spec(f, t) if isinstance(t, torch.Tensor) else None
              for f, t in zip(setup.fake_inputs, setup.real_inputs)]
     conds = input_guards.shape_conditions(setup.session.shape_env)
-    return input_guards.build(specs, [str(d) for d in setup.input_descs], conds)
+    return input_guards.build(specs, setup.input_descs, conds)
 
 
 def _joint_descs(setup, analysis, lay):
     ins = list(setup.input_descs)
-    fw = [of("mutation", ins[i]) for i in analysis.mutated()]
-    fw += [Desc("output", str(j)) for j, info in enumerate(analysis.outputs) if info.kind == "plain"]
-    fw += [Desc("base", f"views {k}") for k in range(analysis.base_count)]
-    tangents = [of("tangent", fw[k]) for k in lay.tangent_of]
-    grads = [of("grad", ins[i]) for i in lay.grad_of]
+    fw = [MutationDesc(ins[i]) for i in analysis.mutated()]
+    fw += [OutputDesc(j) for j, info in enumerate(analysis.outputs) if info.kind == "plain"]
+    fw += [ViewBaseDesc(k) for k in range(analysis.base_count)]
+    tangents = [TangentDesc(fw[k]) for k in lay.tangent_of]
+    grads = [GradDesc(ins[i]) for i in lay.grad_of]
     return tuple(ins + tangents), tuple(fw + grads)

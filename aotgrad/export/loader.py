@@ -36,7 +36,7 @@ def load(path: str, *, state: dict | None = None, placeholders: bool = False):
         if placeholders:
             state = {**_zeros(manifest), **(state or {})}
         return build_exported(path, manifest, graphs, tensors, state, start)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, RuntimeError) as e:
         # The checks cover each field; what they miss is still a malformed file, not a step to run
         # (the chained exception keeps the traceback, should it be this aotgrad's fault instead).
         raise errors.ExportFormatError(f"{path} could not be loaded, it is malformed "

@@ -9,7 +9,7 @@ import torch
 from ..errors import ExportFormatError
 
 FORMAT = "aotgrad-export"
-VERSION = 1
+VERSION = 2       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...})
 REQUIRED = ("name", "kind", "grad_enabled", "values", "state", "signature", "out_spec", "input_descs",
             "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors")
 
@@ -47,4 +47,8 @@ def check_manifest(m) -> dict:
     missing = [k for k in REQUIRED if k not in m]
     if missing:
         raise ExportFormatError(f"the artifact's manifest lacks {', '.join(missing)}")
+    # The two tables read before any other check (the tensor bytes, the graph members).
+    if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) \
+            or not all(g in ("joint", "forward", "backward") for g in m["graphs"]):
+        raise ExportFormatError("the artifact's manifest has a malformed tensor or graph table")
     return m

@@ -41,7 +41,7 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     setup = _make(Setup, fn=module, signature=sig, input_descs=tuple(in_descs[:lay.n_primals]),
                   flat_fn=_no_code(m["name"]),
                   session=Modes(False, bool(m["grad_enabled"])), fake_inputs=(), real_inputs=())
-    guards = input_guards.build(specs, [str(d) for d in in_descs[:lay.n_primals]], ())
+    guards = input_guards.build(specs, in_descs[:lay.n_primals], ())
     step = Step("load export", time.perf_counter() - start, {"path": path})
     captured = _make(Captured, setup=setup, joint=joint, analysis=analysis, layout=lay, guards=guards,
                      out_spec=out_spec, input_descs=tuple(in_descs), output_descs=tuple(out_descs),

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..ir.descriptors import Desc
+from ..ir import descriptors as d
 from ..ir.records import Analysis, InputInfo, JointLayout, OutputInfo, ViewMeta
 from ..guards.inputs import TensorSpec
 from . import codec
@@ -47,10 +47,18 @@ def _constant(v) -> bool:
         or (type(v) is tuple and all(_constant(x) for x in v))
 
 
+def _desc(v) -> bool:
+    return type(v) in d.KINDS
+
+
 _OUTPUT_KINDS = ("plain", "input", "input_view", "input_detached", "output", "output_view", "intermediate_view",
                  "constant")
 SCHEMAS = {
-    Desc: {"kind": _str, "name": _str},
+    # Descriptors nest as data: ``{"@": "TangentDesc", "output": {"@": "OutputDesc", "index": 0}}``.
+    d.ParamDesc: {"name": _str}, d.BufferDesc: {"name": _str}, d.InputDesc: {"name": _str},
+    d.SavedDesc: {"name": _str}, d.OutputDesc: {"index": _int}, d.ViewBaseDesc: {"index": _int},
+    d.TangentDesc: {"output": _desc}, d.GradDesc: {"of": _desc}, d.MutationDesc: {"of": _desc},
+    d.BaseDesc: {"members": lambda v: type(v) is tuple and all(map(_desc, v))},
     TensorSpec: {"dtype": lambda v: isinstance(v, torch.dtype), "device": lambda v: isinstance(v, torch.device),
                  "size": _ints, "requires_grad": _bool, "layout": _ints},
     ViewMeta: {"size": _ints, "stride": _ints, "offset": _int},

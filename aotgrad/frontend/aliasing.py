@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.descriptors import Desc
+from ..ir.descriptors import BaseDesc
 from ..ir.records import ViewMeta
 from ..errors import MutationError
 
@@ -35,7 +35,7 @@ class Rebase:
 
     def descs(self, descs) -> list:
         return [descs[i] for i in self.kept] + [
-            Desc("base", ", ".join(str(descs[i]) for i in g.members)) for g in self.groups]
+            BaseDesc(tuple(descs[i] for i in g.members)) for g in self.groups]
 
     def wrap(self, flat_fn):
         """``flat_fn`` on the graph's inputs: members regenerated as views of their base."""

@@ -17,7 +17,7 @@ import torch
 from .._torch import FakeTensor, detect_fake_mode, pytree
 from .. import errors
 from ..capture.capture import capture_setup
-from ..ir.descriptors import Desc
+from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
 from ..capture.session import Session
 from ..frontend.flatten import Signature, outputs
 from ..observe import timed
@@ -32,12 +32,12 @@ def _desc(node: torch.fx.Node, index: int) -> Desc:
     arg = node.meta.get("grapharg")
     source = getattr(arg, "source", None)
     text = source.name() if callable(getattr(source, "name", None)) else str(getattr(source, "name", "") or node.name)
-    for kind, attr in (("param", "_parameters"), ("buffer", "_buffers")):
+    for cls, kind, attr in ((ParamDesc, "param", "_parameters"), (BufferDesc, "buffer", "_buffers")):
         if attr in text or f"_{kind}s_" in node.name or (kind == "param" and "parameters" in node.name):
             parts = re.findall(r"\['([^']+)'\]", text)[1:] or [node.name]
             parts = [p for p in parts if p not in ("self",)]
-            return Desc(kind, ".".join(parts) if parts else node.name)
-    return Desc("input", f"{index} ({text or node.name})")
+            return cls(".".join(parts) if parts else node.name)
+    return InputDesc(f"{index} ({text or node.name})")
 
 
 def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from .._torch import pytree
-from ..ir.descriptors import Desc
+from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from ..scoped import Shared
 
 
@@ -65,14 +65,14 @@ def signature(fn, args: tuple, kwargs: dict):
             raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
                                    "as LazyLinear); call the module once eagerly before capturing it")
         tensors.append(t)
-        descs.append(Desc("param" if slot.is_param else "buffer", name))
+        descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
     for i, (path, leaf) in enumerate(with_path):
         _refuse_argument(_input_name(path), leaf)
         if isinstance(leaf, torch.Tensor):
             leaves.append(None)
             tensor_pos.append(i)
             tensors.append(leaf)
-            descs.append(Desc("input", _input_name(path)))
+            descs.append(InputDesc(_input_name(path)))
         else:
             leaves.append(leaf)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),

@@ -59,7 +59,7 @@ def shape_conditions(shape_env) -> list:
 @dataclass(frozen=True)
 class InputGuards:
     specs: tuple            # TensorSpec per flat tensor
-    descs: tuple            # descriptor text per flat tensor
+    descs: tuple            # descriptor per flat tensor (``ir.descriptors``)
     conditions: tuple       # sympy booleans over symbols
     source: str             # generated checker, for reading
     check: object           # (flat) -> None, or a failing index / condition text
@@ -93,7 +93,7 @@ def build(specs, descs, conditions) -> InputGuards:
     if k:
         rest, _, _ = _source("check_rest", [None] * k + list(specs[k:]), conditions)
         offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
-                          if not str(descs[i]).startswith(("param ", "buffer ")))
+                          if not descs[i].is_state())
         head = "flat" if k == len(specs) else f"flat[:{k}]"     # all static (the usual case): no slice copy
         src = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
                "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest + "\n\n" + slow)
@@ -119,7 +119,7 @@ def _static_prefix(specs, descs):
         k += 1
     if k == 0:
         return 0, None
-    exemplars = [_exemplar(s, str(d).startswith("param ")) for s, d in zip(specs[:k], descs[:k])]
+    exemplars = [_exemplar(s, d.is_param()) for s, d in zip(specs[:k], descs[:k])]
     try:
         return k, TensorGuards(*exemplars, dynamic_dims_sizes=[list(s.size) for s in specs[:k]],
                                dynamic_dims_strides=[list(s.layout[:-1]) for s in specs[:k]]).check

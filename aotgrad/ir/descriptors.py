@@ -1,32 +1,166 @@
-"""Descriptors name every input and output of the joint graph."""
+"""Descriptors name every input and output of the joint graph, as small typed values.
+
+A descriptor says what a graph value *is* (a parameter, the tangent of an output, the
+gradient of a parameter), so code asks ``d.is_state()`` or reads ``d.of`` instead of
+parsing text. ``str(d)`` is how printing, ``explain`` and error messages name it
+(``param 'h.0.attn.weight'``, ``tangent of output 0``); ``d.ident()`` the graph placeholder
+name it gives (``p_h_0_attn_weight``, ``tangent_output_0``).
+"""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-_KINDS = {
-    "param": "param '{}'", "buffer": "buffer '{}'", "input": "{}",
-    "tangent": "tangent of {}", "grad": "grad of {}", "output": "output {}",
-    "mutation": "new value of {}", "base": "base of {}", "saved": "saved {}",
-}
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class Desc:
-    kind: str
-    name: str
+    """The common base: kind tests and the two names. Subclasses set ``TEXT`` (``str.format``
+    of :meth:`subject`) and ``PREFIX`` (of :meth:`ident`)."""
+    TEXT: ClassVar[str] = "{}"
+    PREFIX: ClassVar[str] = ""
+
+    def subject(self) -> str:
+        """What the descriptor is about, as text (a name, an index, another descriptor's text)."""
+        raise NotImplementedError
 
     def __str__(self) -> str:
-        return _KINDS[self.kind].format(self.name)
+        return self.TEXT.format(self.subject())
 
     def ident(self) -> str:
         """A Python identifier for graph node names: ``param 'h.0.w'`` -> ``p_h_0_w``."""
-        prefix = {"param": "p_", "buffer": "b_", "input": "", "tangent": "tangent_",
-                  "grad": "grad_", "output": "out_", "mutation": "new_", "base": "base_",
-                  "saved": "saved_"}[self.kind]
-        body = re.sub(r"\W+", "_", self.name).strip("_") or "x"
-        return prefix + body
+        return self.PREFIX + (re.sub(r"\W+", "_", self.subject()).strip("_") or "x")
+
+    def is_param(self) -> bool:
+        return isinstance(self, ParamDesc)
+
+    def is_buffer(self) -> bool:
+        return isinstance(self, BufferDesc)
+
+    def is_state(self) -> bool:
+        """A parameter or buffer: the same storage on every call."""
+        return self.is_param() or self.is_buffer()
+
+    def is_input(self) -> bool:
+        """A user argument (not lifted module state)."""
+        return isinstance(self, InputDesc)
+
+    def is_output(self) -> bool:
+        return isinstance(self, OutputDesc)
+
+    def is_tangent(self) -> bool:
+        return isinstance(self, TangentDesc)
+
+    def is_grad(self) -> bool:
+        return isinstance(self, GradDesc)
 
 
-def of(kind: str, inner: "Desc") -> Desc:
-    return Desc(kind, str(inner))
+@dataclass(frozen=True)
+class ParamDesc(Desc):
+    name: str
+    TEXT: ClassVar[str] = "param '{}'"
+    PREFIX: ClassVar[str] = "p_"
+
+    def subject(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class BufferDesc(Desc):
+    name: str
+    TEXT: ClassVar[str] = "buffer '{}'"
+    PREFIX: ClassVar[str] = "b_"
+
+    def subject(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class InputDesc(Desc):
+    """A tensor argument, by its path in ``(args, kwargs)`` (``x``, ``batch['ids']``)."""
+    name: str
+
+    def subject(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class OutputDesc(Desc):
+    """The user-visible output ``index`` among the forward's plain outputs."""
+    index: int
+    TEXT: ClassVar[str] = "output {}"
+    PREFIX: ClassVar[str] = "out_"
+
+    def subject(self) -> str:
+        return str(self.index)
+
+
+@dataclass(frozen=True)
+class TangentDesc(Desc):
+    """The incoming gradient of a forward output (``TangentDesc(output=OutputDesc(0))``)."""
+    output: Desc
+    TEXT: ClassVar[str] = "tangent of {}"
+    PREFIX: ClassVar[str] = "tangent_"
+
+    def subject(self) -> str:
+        return str(self.output)
+
+
+@dataclass(frozen=True)
+class GradDesc(Desc):
+    """The gradient the backward returns for an input (``GradDesc(of=ParamDesc('fc.weight'))``)."""
+    of: Desc
+    TEXT: ClassVar[str] = "grad of {}"
+    PREFIX: ClassVar[str] = "grad_"
+
+    def subject(self) -> str:
+        return str(self.of)
+
+
+@dataclass(frozen=True)
+class MutationDesc(Desc):
+    """The new value of an input the function writes in place, returned for write-back."""
+    of: Desc
+    TEXT: ClassVar[str] = "new value of {}"
+    PREFIX: ClassVar[str] = "new_"
+
+    def subject(self) -> str:
+        return str(self.of)
+
+
+@dataclass(frozen=True)
+class BaseDesc(Desc):
+    """The synthetic base standing for aliased inputs that are written (its ``members``)."""
+    members: tuple
+    TEXT: ClassVar[str] = "base of {}"
+    PREFIX: ClassVar[str] = "base_"
+
+    def subject(self) -> str:
+        return ", ".join(map(str, self.members))
+
+
+@dataclass(frozen=True)
+class ViewBaseDesc(Desc):
+    """The forward output ``index``-th among the bases that the outputs which are views of
+    intermediates are regenerated from."""
+    index: int
+    TEXT: ClassVar[str] = "base of views {}"
+    PREFIX: ClassVar[str] = "base_views_"
+
+    def subject(self) -> str:
+        return str(self.index)
+
+
+@dataclass(frozen=True)
+class SavedDesc(Desc):
+    """A forward value the backward reads (named after its graph node)."""
+    name: str
+    TEXT: ClassVar[str] = "saved {}"
+    PREFIX: ClassVar[str] = "saved_"
+
+    def subject(self) -> str:
+        return self.name
+
+
+KINDS = (ParamDesc, BufferDesc, InputDesc, OutputDesc, TangentDesc, GradDesc, MutationDesc, BaseDesc,
+         ViewBaseDesc, SavedDesc)

@@ -81,7 +81,7 @@ class Tied(nn.Module):
 def test_tied_parameters_passed_once():
     m = Tied()
     run = check(m, (torch.randint(0, 10, (3, 4)),))
-    params = [d for d in run.compiled.captured.input_descs if d.kind == "param"]
+    params = [d for d in run.compiled.captured.input_descs if d.is_param()]
     assert [d.name for d in params] == ["emb.weight"]
 
 

@@ -128,6 +128,9 @@ def test_pickle_payload_is_never_unpickled(artifact, tmp_path, member):
     (lambda m: m.update(format="something-else"), "not an aotgrad export"),
     (lambda m: m["ops"].update({next(iter(m["ops"])): "aten::made_up(Tensor self) -> Tensor"}), "schema"),
     (lambda m: m["analysis"].update({"@": "Popen"}), "class"),
+    (lambda m: m["input_descs"][0].update({"@": "ShellDesc"}), "class"),
+    (lambda m: m["input_descs"].__setitem__(0, {"@": "Desc", "kind": "param", "name": "w"}), "class"),   # version 1
+    (lambda m: m["output_descs"][-1].update({"of": "param 'lin.weight'"}), "GradDesc.of"),
     (lambda m: m.pop("layout"), "lacks layout"),
     (lambda m: m["tensors"][next(iter(m["tensors"]))].update(nbytes=10 ** 9), "corrupted or truncated"),
 ])
