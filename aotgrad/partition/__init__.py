@@ -12,12 +12,15 @@ PARTITIONERS = {"default": default_partition, "min_cut": min_cut_partition}
 
 
 def get(name_or_fn, memory_budget=None):
-    """The partitioner named (or given); a ``memory_budget`` selects the budgeted min cut."""
+    """The partitioner named (``"default"``, ``"min_cut"``: ``CompileOptions.resolved_partitioner``
+    makes ``"auto"`` one of them) or given. A ``memory_budget`` is honoured by ``"min_cut"`` only;
+    with another partitioner it is refused, never a silent switch to min cut."""
     if memory_budget is not None:
-        if name_or_fn not in ("default", "min_cut"):
-            from ..errors import AotgradError
-            raise AotgradError(f"memory_budget works with partitioner='min_cut', not {name_or_fn!r}")
-        return min_cut(budget=memory_budget)
+        if isinstance(name_or_fn, str) and name_or_fn == "min_cut":
+            return min_cut(budget=memory_budget)
+        from ..errors import OptionError, caller_line
+        raise OptionError(f"memory_budget={memory_budget!r} needs partitioner='min_cut'; "
+                          f"partitioner={name_or_fn!r} has no budget", user_line=caller_line())
     if callable(name_or_fn):
         return name_or_fn
     try:

@@ -102,3 +102,22 @@ def test_export_checks_its_partitioner_options_before_writing(tmp_path):
     with pytest.raises(OptionError, match="partitioner='min_cut'"):
         captured.export(str(path), partitioner="default", memory_budget=0.5)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("chosen", ["default", lambda joint, lay: None, "auto"])
+def test_partition_get_never_switches_a_budgeted_partitioner(chosen):
+    """``partition.get`` takes a concrete partitioner: a budget with one that has none is refused
+    (it used to turn "default" into min cut silently)."""
+    from aotgrad import partition
+    with pytest.raises(OptionError, match="memory_budget=0.5 needs partitioner='min_cut'"):
+        partition.get(chosen, 0.5)
+
+
+def test_auto_with_a_budget_saves_what_the_budgeted_min_cut_saves():
+    from aotgrad import partition
+    m, args = _mlp()
+    captured = aotgrad.capture(m, *args)
+    by_get = partition.get("min_cut", 0.3)(captured.joint, captured.layout)
+    direct = partition.min_cut(budget=0.3)(captured.joint, captured.layout)
+    assert captured.compile(partitioner="auto", memory_budget=0.3).saved == by_get.saved == direct.saved
+    assert by_get.saved != partition.get("default")(captured.joint, captured.layout).saved
