@@ -87,6 +87,35 @@ def fresh_fakes(mode, metas) -> list:
                 for shape, stride, dtype, device in metas]
 
 
+def plain_fake(mode, t):
+    """What ``mode.from_tensor(t)`` gives for a dense leaf tensor with static sizes, made from a meta
+    tensor directly (several times faster: a model's parameters are most of a capture's inputs), and
+    registered in the mode's memo as from_tensor registers it. None where ``t`` is not such a tensor:
+    a subclass, a view, a storage it does not fill, named, quantized, conjugate/negative bits."""
+    if type(t) not in _PLAIN_TYPES or not t.is_leaf or t.layout is not torch.strided or t._is_view() \
+            or t.storage_offset() != 0 or t.is_quantized or t.is_nested or t.is_conj() or t.is_neg() \
+            or any(getattr(t, "names", None) or ()) or t.device.type == "meta" or not is_non_overlapping_and_dense_or_false(t) \
+            or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return None
+    grad = t.grad
+    fake_grad = None if grad is None else plain_fake(mode, grad)
+    if grad is not None and fake_grad is None:
+        return None
+    converter = mode.fake_tensor_converter
+    if converter._get_memo(t) is not None:
+        return None
+    fake = fresh_fakes(mode, [(t.shape, t.stride(), t.dtype, t.device)])[0]
+    if t.requires_grad:
+        fake.requires_grad_(True)
+    if fake_grad is not None:
+        fake.grad = fake_grad
+    converter.set_tensor_memo(t, fake)
+    return fake
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter))
+
+
 @contextlib.contextmanager
 def no_stack_traces():
     """The active make_fx trace, if any, stops recording stack traces for the nodes made inside."""

@@ -7,6 +7,7 @@ function and get results back, never a context manager to keep open.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from .._torch import (
     FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
-    is_compiling_flag, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
+    is_compiling_flag, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
 )
 from ..scoped import Shared, Stack
 
@@ -40,10 +41,21 @@ class Session:
         hinted = dynamic is None or any(getattr(t, "_dynamo_dynamic_indices", None) for t in tensors)
         return cls(dynamic=True if dynamic else (None if hinted else False), grad_enabled=grad_enabled)
 
-    def fakeify(self, t: torch.Tensor, dynamic_dims=()) -> torch.Tensor:
-        """A fake copy of ``t``; sizes symbolic where ``dynamic`` or hinted."""
+    def fakeify_all(self, tensors, dynamic_dims: dict) -> list:
+        """Fake copies of ``tensors`` (``dynamic_dims``: flat index -> dimensions to make symbolic).
+        Tensors that share a storage go through ``from_tensor``, whose fakes share one too."""
+        shared = Counter(t.untyped_storage().data_ptr() for t in tensors
+                         if isinstance(t, torch.Tensor) and t.layout is torch.strided)
+        return [self.fakeify(t, dynamic_dims.get(i, ()), alone=isinstance(t, torch.Tensor) and t.layout is
+                             torch.strided and shared[t.untyped_storage().data_ptr()] == 1)
+                for i, t in enumerate(tensors)]
+
+    def fakeify(self, t: torch.Tensor, dynamic_dims=(), alone: bool = False) -> torch.Tensor:
+        """A fake copy of ``t``; sizes symbolic where ``dynamic`` or hinted. ``alone``: no other
+        input shares ``t``'s storage."""
         if self.dynamic is False:
-            return self.fake_mode.from_tensor(t)
+            fake = plain_fake(self.fake_mode, t) if alone else None
+            return fake if fake is not None else self.fake_mode.from_tensor(t)
         dims = set(dynamic_dims) | set(getattr(t, "_dynamo_dynamic_indices", ()))
         if self.dynamic:
             dims = set(range(t.dim()))
