@@ -117,6 +117,21 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", to
 
 
 @contextlib.contextmanager
+def fake_cache_off():
+    """The active fake mode, if any, skips its dispatch cache: for ops whose arguments never repeat
+    (a block call's number), where building the key of every call costs and never hits."""
+    mode = detect_fake_mode()
+    before = getattr(mode, "cache_enabled", False)
+    if before:
+        mode.cache_enabled = False
+    try:
+        yield
+    finally:
+        if before:
+            mode.cache_enabled = True
+
+
+@contextlib.contextmanager
 def no_stack_traces():
     """The active make_fx trace, if any, stops recording stack traces for the nodes made inside."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import fresh_fakes, no_stack_traces
+from .._torch import fake_cache_off, fresh_fakes, no_stack_traces
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
 # each key comes from blocks._keys once, so concurrent captures never share an entry.
@@ -101,7 +101,8 @@ class BlockFunction(torch.autograd.Function):
     def forward(ctx, key, *ins):
         t = TEMPLATES[key]
         ctx.key, ctx.call = key, next(_calls)
-        with no_stack_traces():     # the node is replaced by the template's copies, which have theirs
+        # The node is replaced by the template's copies, which have their stack traces.
+        with no_stack_traces(), fake_cache_off():
             res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
         ctx.save_for_backward(*ins)
@@ -115,7 +116,7 @@ class BlockFunction(torch.autograd.Function):
         # (views, reshapes) assume that layout.
         tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                     for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
-        with no_stack_traces():
+        with no_stack_traces(), fake_cache_off():
             got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call)
         out: list = [None] * t.n_in
         for i, g in zip(t.grad_at, got):
