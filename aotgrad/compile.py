@@ -39,8 +39,7 @@ def compile_parts(captured, options: CompileOptions) -> tuple:
     """``(partition, forward graph, backward graph, call path, history)`` of ``captured`` compiled."""
     history = list(captured.history)
     lay = captured.layout
-    fw_c = backends.get(options.fw_compiler)
-    bw_c = backends.get(options.bw_compiler if options.bw_compiler is not None else options.fw_compiler)
+    fw_c, bw_c = backends.compilers(options)
     if lay.is_inference:
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None

@@ -26,6 +26,58 @@ def _key(doc: str) -> dict:
     return {"cache_key": True, "doc": doc}
 
 
+def _refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), meant_by=None) -> None:
+    """An ``OptionError`` for the first name not in ``known``, naming the closest known one."""
+    for key, value in options.items():
+        if key not in known:
+            meant = (meant_by or {}).get(key) or next(iter(difflib.get_close_matches(key, known + list(extra), 1)), None)
+            hint = f"; did you mean {meant}={value!r}?" if meant else ""
+            raise OptionError(f"{api} got an unknown option {key}={value!r} (it takes "
+                              f"{', '.join(list(extra) + known)}){hint}", user_line=caller_line())
+
+
+def _count(v, least: int) -> bool:
+    return type(v) is int and v >= least
+
+
+@dataclass(frozen=True)
+class CudaGraphsOptions:
+    """The ``"cudagraphs"`` compiler's options: ``CompileOptions(fw_compiler="cudagraphs",
+    cudagraphs={"max_recordings": 4})`` (``aotgrad.backends.cudagraphs.Config`` is this class)."""
+    warmup: int = 1                      # eager calls per input shape before recording
+    max_recordings: int = 8              # recordings kept per graph (LRU order)
+    on_full: str = "eager"               # past the bound: "eager" runs new shapes eagerly, "evict" drops the LRU
+    static_input_indices: tuple = ()     # inputs used in place, besides parameters/buffers
+    runner: str = "auto"                 # "auto" (cuda when inputs are on CUDA), "cuda" or "null"
+
+    def __post_init__(self):
+        if isinstance(self.static_input_indices, list):
+            object.__setattr__(self, "static_input_indices", tuple(self.static_input_indices))
+        for name, allowed in (("on_full", ("eager", "evict")), ("runner", ("auto", "cuda", "null"))):
+            if getattr(self, name) not in allowed:
+                raise OptionError(f"cudagraphs {name}={getattr(self, name)!r}; expected one of {allowed}",
+                                  user_line=caller_line())
+        if not (_count(self.warmup, 0) and _count(self.max_recordings, 1)
+                and type(self.static_input_indices) is tuple and all(_count(i, 0) for i in self.static_input_indices)):
+            raise OptionError(f"cudagraphs needs integers warmup >= 0 (got {self.warmup!r}), max_recordings >= 1 "
+                              f"(got {self.max_recordings!r}) and static_input_indices >= 0 "
+                              f"(got {self.static_input_indices!r})", user_line=caller_line())
+
+    @classmethod
+    def of(cls, api: str = "the cudagraphs compiler", /, **options) -> "CudaGraphsOptions":
+        _refuse_unknown(api, options, [f.name for f in fields(cls)])
+        return cls(**options)
+
+    def __repr__(self) -> str:
+        return _repr(self)
+
+
+def _repr(options) -> str:
+    """The fields that differ from their defaults: one short line."""
+    given = {f.name: getattr(options, f.name) for f in fields(options) if getattr(options, f.name) != f.default}
+    return f"{type(options).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in given.items()) + ")"
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """How a captured step is partitioned and compiled.
@@ -38,6 +90,8 @@ class CompileOptions:
     partitioner: object = field(default="auto", metadata=_key("'auto', 'default', 'min_cut' or a callable"))
     memory_budget: object = field(default=None, metadata=_key("fraction (0..1] of the default partition's "
                                                               "saved bytes, or a byte count"))
+    cudagraphs: object = field(default=None, metadata=_key("the 'cudagraphs' compiler's options: a dict of "
+                                                           "CudaGraphsOptions fields (or one)"))
 
     def __post_init__(self):
         p, budget = self.partitioner, self.memory_budget
@@ -52,18 +106,28 @@ class CompileOptions:
             if p != "auto" and p != "min_cut":
                 raise OptionError(f"memory_budget={budget!r} needs partitioner='min_cut' (or 'auto'); "
                                   f"partitioner={p!r} has no budget", user_line=caller_line())
+        self._check_cudagraphs()
+
+    def _check_cudagraphs(self):
+        cg = self.cudagraphs
+        if cg is None:
+            return
+        if isinstance(cg, dict):
+            cg = CudaGraphsOptions.of("the cudagraphs compiler", **cg)
+            object.__setattr__(self, "cudagraphs", cg)     # frozen: normalised once, here
+        if not isinstance(cg, CudaGraphsOptions):
+            raise OptionError(f"cudagraphs={cg!r}: give a dict of the cudagraphs compiler's options, e.g. "
+                              "{'max_recordings': 4}", user_line=caller_line())
+        if not any(isinstance(c, str) and c == "cudagraphs" for c in (self.fw_compiler, self.bw_compiler)):
+            raise OptionError(f"cudagraphs={cg!r} is given but neither fw_compiler={self.fw_compiler!r} nor "
+                              f"bw_compiler={self.bw_compiler!r} is 'cudagraphs'; name it there",
+                              user_line=caller_line())
 
     @classmethod
     def of(cls, api: str = "compile", extra: tuple = (), **options) -> "CompileOptions":
         """Build from keyword options, refusing unknown names with the closest known one.
         ``extra``: names the calling API takes besides these (named in the message)."""
-        known = names()
-        for key, value in options.items():
-            if key not in known:
-                meant = MEANT.get(key) or next(iter(difflib.get_close_matches(key, known + list(extra), 1)), None)
-                hint = f"; did you mean {meant}={value!r}?" if meant else ""
-                raise OptionError(f"{api} got an unknown option {key}={value!r} (it takes "
-                                  f"{', '.join(list(extra) + known)}){hint}", user_line=caller_line())
+        _refuse_unknown(api, options, names(), extra, MEANT)
         return cls(**options)
 
     def resolved_partitioner(self):
@@ -77,6 +141,8 @@ class CompileOptions:
         key = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("cache_key")}
         if "partitioner" in key:
             key["partitioner"] = self.resolved_partitioner()
+        if key.get("cudagraphs") is not None:
+            key["cudagraphs"] = repr(key["cudagraphs"])     # a plain value; the repr names every given field
         return key
 
     def given(self) -> dict:
@@ -84,7 +150,7 @@ class CompileOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
     def __repr__(self) -> str:
-        return "CompileOptions(" + ", ".join(f"{k}={v!r}" for k, v in self.given().items()) + ")"
+        return _repr(self)
 
 
 def names() -> list:

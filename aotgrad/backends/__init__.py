@@ -25,6 +25,21 @@ def get(name_or_fn) -> Callable:
         raise AotgradError(f"unknown backend {name_or_fn!r}; registered: {sorted(_REGISTRY)}") from None
 
 
+def compilers(options) -> tuple:
+    """The forward and backward compilers a ``CompileOptions`` names. With ``options.cudagraphs``,
+    one cudagraphs compiler so configured serves both halves (it pairs each forward with its backward)."""
+    fw_name = options.fw_compiler
+    bw_name = options.bw_compiler if options.bw_compiler is not None else fw_name
+    configured = None
+    if options.cudagraphs is not None:
+        from .cudagraphs import CudaGraphs
+        configured = CudaGraphs(options.cudagraphs)
+
+    def pick(name):
+        return configured if configured is not None and isinstance(name, str) and name == "cudagraphs" else get(name)
+    return pick(fw_name), pick(bw_name)
+
+
 def list() -> list[str]:  # noqa: A001 - the public name the API promises
     return sorted(_REGISTRY)
 

@@ -15,6 +15,7 @@ from aotgrad.backends.cudagraphs.recording import Graphed
 from aotgrad.backends.cudagraphs.runners import NullRunner
 from aotgrad.backends.cudagraphs.segments import segment_ids, why_not_capturable
 from aotgrad.backends.cudagraphs.static import static_inputs
+from aotgrad.options import CompileOptions
 from examples import models
 from tests.eager_check import check, check_training
 
@@ -286,3 +287,61 @@ def test_a_backward_pairs_only_with_its_own_forward():
 def test_bad_options_are_named():
     with pytest.raises(aotgrad.errors.AotgradError, match="on_full='drop'"):
         cg.configure(on_full="drop")
+
+
+# --- options through CompileOptions ---------------------------------------------
+
+def _bounded_shapes(make_compiled):
+    """Calls at three shapes under ``max_recordings=2``: the third runs eagerly, with a warning."""
+    w = torch.randn(4, 5, requires_grad=True)
+
+    def f(x, w):
+        return (x @ w).relu().sum()
+    compiled = make_compiled(f, torch.randn(3, 4), w)
+    with pytest.warns(UserWarning, match="max_recordings"):
+        for n in (3, 5, 7):
+            x = torch.randn(n, 4)
+            out = compiled(x, w)
+            torch.testing.assert_close(out, f(x, w))
+            out.backward()
+
+
+def test_cudagraphs_options_reach_the_compiler_through_compile_options():
+    opts = CompileOptions(fw_compiler="cudagraphs", cudagraphs={"warmup": 0, "max_recordings": 2})
+    _bounded_shapes(lambda f, *args: aotgrad.capture(f, *args, dynamic=True).compile(options=opts))
+
+
+def test_cudagraphs_options_reach_the_compiler_through_jit():
+    _bounded_shapes(lambda f, *args: aotgrad.jit(f, dynamic=True, fw_compiler="cudagraphs",
+                                                 cudagraphs={"warmup": 0, "max_recordings": 2}))
+
+
+def test_configured_forward_and_backward_share_one_compiler_and_match_eager():
+    m, args = models.make_mlp()
+    fw_c, bw_c = aotgrad.backends.compilers(CompileOptions(fw_compiler="cudagraphs", cudagraphs={"warmup": 0}))
+    assert fw_c is bw_c and fw_c is not cg.cudagraphs and fw_c.config == cg.Config(warmup=0)
+    check(m, args, calls=3, options=CompileOptions(fw_compiler="cudagraphs", cudagraphs={"warmup": 0}))
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(fw_compiler="cudagraphs", cudagraphs={"max_recording": 4}), "did you mean max_recordings=4"),
+    (dict(fw_compiler="cudagraphs", cudagraphs={"on_full": "drop"}), "on_full='drop'"),
+    (dict(fw_compiler="cudagraphs", cudagraphs={"warmup": -1}), "warmup >= 0"),
+    (dict(fw_compiler="cudagraphs", cudagraphs={"warmup": True}), "warmup >= 0"),
+    (dict(fw_compiler="cudagraphs", cudagraphs=4), "give a dict"),
+    (dict(fw_compiler="inductor", cudagraphs={"warmup": 0}), "neither fw_compiler='inductor'"),
+])
+def test_cudagraphs_options_are_checked_when_given(given, message):
+    with pytest.raises(aotgrad.errors.OptionError, match=message):
+        CompileOptions(**given)
+    with pytest.raises(aotgrad.errors.OptionError, match=message):
+        aotgrad.jit(lambda x: x, **given)
+
+
+def test_cudagraphs_options_are_part_of_the_cache_key():
+    from aotgrad.guards import cache
+    base = CompileOptions(fw_compiler="cudagraphs")
+    small = CompileOptions(fw_compiler="cudagraphs", cudagraphs={"max_recordings": 2})
+    assert cache._options(base) != cache._options(small)
+    assert cache._options(small) == cache._options(CompileOptions(fw_compiler="cudagraphs",
+                                                                   cudagraphs=cg.Config(max_recordings=2)))

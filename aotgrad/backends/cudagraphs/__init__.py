@@ -20,12 +20,11 @@ logic, no CUDA graph, useful on CPU and in tests.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
 
-from ...errors import AotgradError
+from ...options import CudaGraphsOptions
 from .lifetime import StaleOutputError
 from .mutation import written_inputs
 from .recording import Graphed
@@ -35,23 +34,12 @@ from .segments import split
 from .static import static_inputs
 from ..graph_info import info_of
 
-__all__ = ["Config", "CudaGraphs", "StaleOutputError", "cudagraphs", "configure"]
+__all__ = ["Config", "CudaGraphsOptions", "CudaGraphs", "StaleOutputError", "cudagraphs", "configure"]
 
 
-@dataclass(frozen=True)
-class Config:
-    warmup: int = 1                      # eager calls per input shape before recording
-    max_recordings: int = 8              # recordings kept per graph (LRU order)
-    on_full: str = "eager"               # past the bound: "eager" runs new shapes eagerly, "evict" drops the LRU
-    static_input_indices: tuple = ()     # inputs used in place, besides parameters/buffers
-    runner: str = "auto"                 # "auto" (cuda when inputs are on CUDA), "cuda" or "null"
-
-    def __post_init__(self):
-        for field, allowed in (("on_full", ("eager", "evict")), ("runner", ("auto", "cuda", "null"))):
-            if getattr(self, field) not in allowed:
-                raise AotgradError(f"cudagraphs {field}={getattr(self, field)!r}; expected one of {allowed}")
-        if self.warmup < 0 or self.max_recordings < 1:
-            raise AotgradError("cudagraphs needs warmup >= 0 and max_recordings >= 1")
+# The options live with every other compile option (``CompileOptions(cudagraphs={...})`` reaches
+# them), checked when given; ``Config`` is the name this backend has always used for them.
+Config = CudaGraphsOptions
 
 
 def _device_type(example_inputs) -> str:
@@ -155,8 +143,10 @@ class _Segmented:
 
 
 def configure(**options) -> CudaGraphs:
-    """A cudagraphs compiler with options, e.g. ``configure(max_recordings=4)``."""
-    return CudaGraphs(replace(Config(), **options))
+    """A cudagraphs compiler with options, e.g. ``configure(max_recordings=4)``; unknown names are
+    refused with the closest known one. ``CompileOptions(fw_compiler="cudagraphs", cudagraphs={...})``
+    does the same through the compile options."""
+    return CudaGraphs(CudaGraphsOptions.of("cudagraphs.configure", **options))
 
 
 cudagraphs = CudaGraphs()
