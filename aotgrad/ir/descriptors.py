@@ -56,28 +56,7 @@ class Desc:
 
 
 @dataclass(frozen=True)
-class ParamDesc(Desc):
-    name: str
-    TEXT: ClassVar[str] = "param '{}'"
-    PREFIX: ClassVar[str] = "p_"
-
-    def subject(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class BufferDesc(Desc):
-    name: str
-    TEXT: ClassVar[str] = "buffer '{}'"
-    PREFIX: ClassVar[str] = "b_"
-
-    def subject(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class InputDesc(Desc):
-    """A tensor argument, by its path in ``(args, kwargs)`` (``x``, ``batch['ids']``)."""
+class _Named(Desc):
     name: str
 
     def subject(self) -> str:
@@ -85,14 +64,71 @@ class InputDesc(Desc):
 
 
 @dataclass(frozen=True)
-class OutputDesc(Desc):
-    """The user-visible output ``index`` among the forward's plain outputs."""
+class _Indexed(Desc):
     index: int
-    TEXT: ClassVar[str] = "output {}"
-    PREFIX: ClassVar[str] = "out_"
 
     def subject(self) -> str:
         return str(self.index)
+
+
+@dataclass(frozen=True)
+class _Of(Desc):
+    of: Desc
+
+    def subject(self) -> str:
+        return str(self.of)
+
+
+@dataclass(frozen=True)
+class ParamDesc(_Named):
+    TEXT: ClassVar[str] = "param '{}'"
+    PREFIX: ClassVar[str] = "p_"
+
+
+@dataclass(frozen=True)
+class BufferDesc(_Named):
+    TEXT: ClassVar[str] = "buffer '{}'"
+    PREFIX: ClassVar[str] = "b_"
+
+
+@dataclass(frozen=True)
+class InputDesc(_Named):
+    """A tensor argument, by its path in ``(args, kwargs)`` (``x``, ``batch['ids']``)."""
+
+
+@dataclass(frozen=True)
+class SavedDesc(_Named):
+    """A forward value the backward reads (named after its graph node)."""
+    TEXT: ClassVar[str] = "saved {}"
+    PREFIX: ClassVar[str] = "saved_"
+
+
+@dataclass(frozen=True)
+class OutputDesc(_Indexed):
+    """The user-visible output ``index`` among the forward's plain outputs."""
+    TEXT: ClassVar[str] = "output {}"
+    PREFIX: ClassVar[str] = "out_"
+
+
+@dataclass(frozen=True)
+class ViewBaseDesc(_Indexed):
+    """The ``index``-th base the forward returns for outputs that are views of intermediates."""
+    TEXT: ClassVar[str] = "base of views {}"
+    PREFIX: ClassVar[str] = "base_views_"
+
+
+@dataclass(frozen=True)
+class GradDesc(_Of):
+    """The gradient the backward returns for an input (``GradDesc(of=ParamDesc('fc.weight'))``)."""
+    TEXT: ClassVar[str] = "grad of {}"
+    PREFIX: ClassVar[str] = "grad_"
+
+
+@dataclass(frozen=True)
+class MutationDesc(_Of):
+    """The new value of an input the function writes in place, returned for write-back."""
+    TEXT: ClassVar[str] = "new value of {}"
+    PREFIX: ClassVar[str] = "new_"
 
 
 @dataclass(frozen=True)
@@ -107,28 +143,6 @@ class TangentDesc(Desc):
 
 
 @dataclass(frozen=True)
-class GradDesc(Desc):
-    """The gradient the backward returns for an input (``GradDesc(of=ParamDesc('fc.weight'))``)."""
-    of: Desc
-    TEXT: ClassVar[str] = "grad of {}"
-    PREFIX: ClassVar[str] = "grad_"
-
-    def subject(self) -> str:
-        return str(self.of)
-
-
-@dataclass(frozen=True)
-class MutationDesc(Desc):
-    """The new value of an input the function writes in place, returned for write-back."""
-    of: Desc
-    TEXT: ClassVar[str] = "new value of {}"
-    PREFIX: ClassVar[str] = "new_"
-
-    def subject(self) -> str:
-        return str(self.of)
-
-
-@dataclass(frozen=True)
 class BaseDesc(Desc):
     """The synthetic base standing for aliased inputs that are written (its ``members``)."""
     members: tuple
@@ -139,28 +153,5 @@ class BaseDesc(Desc):
         return ", ".join(map(str, self.members))
 
 
-@dataclass(frozen=True)
-class ViewBaseDesc(Desc):
-    """The forward output ``index``-th among the bases that the outputs which are views of
-    intermediates are regenerated from."""
-    index: int
-    TEXT: ClassVar[str] = "base of views {}"
-    PREFIX: ClassVar[str] = "base_views_"
-
-    def subject(self) -> str:
-        return str(self.index)
-
-
-@dataclass(frozen=True)
-class SavedDesc(Desc):
-    """A forward value the backward reads (named after its graph node)."""
-    name: str
-    TEXT: ClassVar[str] = "saved {}"
-    PREFIX: ClassVar[str] = "saved_"
-
-    def subject(self) -> str:
-        return self.name
-
-
-KINDS = (ParamDesc, BufferDesc, InputDesc, OutputDesc, TangentDesc, GradDesc, MutationDesc, BaseDesc,
-         ViewBaseDesc, SavedDesc)
+KINDS = (ParamDesc, BufferDesc, InputDesc, SavedDesc, OutputDesc, ViewBaseDesc, GradDesc, MutationDesc,
+         TangentDesc, BaseDesc)     # the classes a descriptor may have (the export format's table)
