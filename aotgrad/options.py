@@ -30,7 +30,8 @@ def _refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), mea
     """An ``OptionError`` for the first name not in ``known``, naming the closest known one."""
     for key, value in options.items():
         if key not in known:
-            meant = (meant_by or {}).get(key) or next(iter(difflib.get_close_matches(key, known + list(extra), 1)), None)
+            close = difflib.get_close_matches(key, known + list(extra), 1)
+            meant = (meant_by or {}).get(key) or (close[0] if close else None)
             hint = f"; did you mean {meant}={value!r}?" if meant else ""
             raise OptionError(f"{api} got an unknown option {key}={value!r} (it takes "
                               f"{', '.join(list(extra) + known)}){hint}", user_line=caller_line())
