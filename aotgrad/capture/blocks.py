@@ -33,6 +33,7 @@ from .._torch import (
 from ..analysis.ops import is_random
 from ..frontend.flatten import holding
 from ..guards import reads
+from ..scoped import Shared, Stack
 from ..passes.cleanup import simplify_owned
 from . import block_graph
 from ..ir.records import layout
@@ -360,19 +361,45 @@ def reusing(setup, enabled: bool = True):
     if not members:
         yield reuse
         return
+    with _INTERCEPTED():
+        reuse.flat_call = _FLAT["call"]
+        _REUSING.append(reuse)
+        try:
+            yield reuse
+        finally:
+            _REUSING.pop()
+            for hit in reuse.traced.values():
+                if hit is not None:
+                    block_graph.TEMPLATES.pop(hit.template.key, None)
+
+
+# The capture reusing blocks in this thread (innermost last). Module.__call__ is process-wide:
+# it is patched once for all the captures running now and sends each call to its own thread's.
+_REUSING = Stack("aotgrad.reusing")
+_FLAT: dict = {}
+
+
+def _dispatch(module, *args, **kwargs):
+    if _REUSING:
+        return _REUSING[-1].call(module, args, kwargs)
+    return _FLAT["call"](module, *args, **kwargs)
+
+
+def _intercept():
+    """Route module calls through ``_dispatch``; return the function that undoes it."""
     # make_fx's tracer calls modules through the original __call__ it keeps in torch.fx.
     fx_trace = fx_symbolic_trace
     fx_call = getattr(fx_trace, "_orig_module_call", None)
-    before = reuse.flat_call = torch.nn.Module.__dict__["__call__"]
-    torch.nn.Module.__call__ = lambda module, *args, **kwargs: reuse.call(module, args, kwargs)
+    before = _FLAT["call"] = torch.nn.Module.__dict__["__call__"]
+    torch.nn.Module.__call__ = _dispatch
     if fx_call is not None:
-        fx_trace._orig_module_call = torch.nn.Module.__call__
-    try:
-        yield reuse
-    finally:
+        fx_trace._orig_module_call = _dispatch
+
+    def restore():
         torch.nn.Module.__call__ = before
         if fx_call is not None:
             fx_trace._orig_module_call = fx_call
-        for hit in reuse.traced.values():
-            if hit is not None:
-                block_graph.TEMPLATES.pop(hit.template.key, None)
+    return restore
+
+
+_INTERCEPTED = Shared(_intercept)

@@ -88,3 +88,53 @@ def test_a_stack_is_private_to_its_thread_and_nests():
     stack.append(3)
     assert list(stack) == [1, 3] and stack[-1] == 3 and stack.pop() == 3 and stack.pop() == 1
     assert not stack
+
+
+_EVENTS: dict = {}     # name -> (event to set on arrival, event to wait for): modules are deep-copied
+
+
+class _Waiting(torch.nn.Module):
+    """Two identical blocks (reused by capture) and a forward that waits on the other thread."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+                                          for _ in range(2))
+        self.name = name
+
+    def forward(self, x):
+        arrive, wait_for = _EVENTS[self.name]
+        arrive.set()
+        wait_for.wait(30)
+        for b in self.blocks:
+            x = b(x)
+        return x.sum()
+
+
+def test_block_reuse_in_two_threads_leaves_module_call_unpatched():
+    """A's capture starts reusing blocks, B's starts, A's ends, B's ends: with each capture patching
+    Module.__call__ and putting back what it found, B put back A's patch for good."""
+    from aotgrad.capture import blocks
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    _EVENTS.update(a=(a_in, b_in), b=(b_in, a_done))
+    torch.manual_seed(0)
+    ma, mb = _Waiting("a"), _Waiting("b")
+    x = torch.randn(3, 4)
+    before = torch.nn.Module.__dict__["__call__"]
+
+    def capture_a():
+        try:
+            return aotgrad.capture(ma, x).compile()
+        finally:
+            a_done.set()
+
+    join_a = _in_thread(capture_a)
+    assert a_in.wait(30)
+    join_b = _in_thread(lambda: aotgrad.capture(mb, x).compile())
+    step_a, step_b = join_a(), join_b()
+    assert torch.nn.Module.__dict__["__call__"] is before and not blocks._INTERCEPTED.users
+    for m, step in ((ma, step_a), (mb, step_b)):
+        eager = [g.detach() for g in torch.autograd.grad(m(x), list(m.parameters()))]
+        loss = step(x)
+        assert torch.equal(loss, m(x))
+        assert all(torch.allclose(g, e) for g, e in zip(torch.autograd.grad(loss, list(m.parameters())), eager))
