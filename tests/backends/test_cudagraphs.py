@@ -336,6 +336,8 @@ def test_cudagraphs_options_are_checked_when_given(given, message):
         CompileOptions(**given)
     with pytest.raises(aotgrad.errors.OptionError, match=message):
         aotgrad.jit(lambda x: x, **given)
+    with pytest.raises(aotgrad.errors.OptionError, match=message):
+        aotgrad.backend(**given)
 
 
 def test_cudagraphs_options_are_part_of_the_cache_key():
