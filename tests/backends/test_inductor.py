@@ -6,9 +6,12 @@ import warnings
 
 import pytest
 import torch
+import torch.fx as fx
 
 import aotgrad
+from aotgrad._torch import FakeTensorMode
 from examples import models
+from tests.core.test_block_reuse import make_stack
 from tests.eager_check import check, check_training
 
 
@@ -28,6 +31,32 @@ def test_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     monkeypatch.setattr(mod, "_compile", broken)
     with pytest.warns(UserWarning, match="running .* eagerly .*no kernel for you"):
         check(lambda x: x.sin().sum(), (torch.randn(3, requires_grad=True),), fw_compiler="inductor")
+
+
+def test_placeholders_sharing_one_example_stay_apart():
+    """Graphs stamped from one block template give two placeholders the same example object;
+    each must still read its own input (the retrace used to bind both uses to one of them)."""
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(4))
+    gm = fx.symbolic_trace(lambda a, b: (torch.ops.aten.add.Tensor(torch.ops.aten.mul.Tensor(a, 2.0), b),))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="aotgrad inductor backend")
+        run = aotgrad.backends.get("inductor")(gm, [x, x])
+    a, b = torch.randn(4), torch.randn(4)
+    (out,) = run(a, b)
+    torch.testing.assert_close(out, a * 2 + b)
+
+
+def test_repeated_blocks_train_like_eager():
+    make = make_stack(n=2)
+    model, args = make()
+    captured = aotgrad.capture(model, *args)
+    bw = captured.compile().partition.backward
+    examples = [n.meta["val"] for n in bw.graph.nodes if n.op == "placeholder"]
+    assert len({id(e) for e in examples}) < len(examples), "no shared examples: the test checks nothing"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="aotgrad inductor backend")
+        check_training(make, steps=1, fw_compiler="inductor", rtol=1e-4, atol=1e-4)
 
 
 def test_registered():
