@@ -14,6 +14,7 @@ from .._torch import (
     sync, view_meta_sequence,
 )
 from ..errors import MutationError, UnsupportedError
+from ..guards import reads
 from ..ir.records import Analysis, InputInfo, OutputInfo, ViewMeta
 from ..runtime.hooks import custom_view
 from .session import Session, from_functional, functional_mode, to_functional
@@ -24,7 +25,8 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     # Sizes that depend on data (nonzero, unique) get unbacked symbols; only the
     # joint trace binds them to graph nodes, so this pass does not track them.
     with session.tracing(), functional_mode(), session.shape_env.ignore_fresh_unbacked_symbols():
-        f_ins = [to_functional(t) for t in fake_inputs]
+        with reads.paused():        # torch's own Python: no user code to watch
+            f_ins = [to_functional(t) for t in fake_inputs]
         grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
         f_outs = flat_fn(*f_ins)
         inputs = tuple(_input_info(f, t, g) for f, t, g in zip(f_ins, fake_inputs, grad_fns))

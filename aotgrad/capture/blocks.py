@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -195,7 +194,8 @@ class Reuse:
         self.calls += 1
         if module is not hit.owner and self.recording is not None:
             _replay_reads(self.recording, hit.frames, m.paths)
-        outs = block_graph.apply(hit.template, [*state, *call.tensors])
+        with reads.paused():        # our Function and kernel: no user code runs in them
+            outs = block_graph.apply(hit.template, [*state, *call.tensors])
         return pytree.tree_unflatten(outs, hit.template.out_spec)
 
     def count(self) -> int:
@@ -305,7 +305,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
             o.kind != "plain" or o.is_view or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
         return None
     lay = layout(analysis)
-    with _unwatched():
+    # The metadata pass ran the block's Python under the read recording already; watching the
+    # joint trace (make_fx's Python too) would about double its cost for nothing.
+    with reads.paused():
         joint = trace_joint(sess, block_fn, fakes, analysis, lay)
     if any(x.op == "get_attr" or is_random(x) or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
         return None
@@ -313,18 +315,6 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     # the detaches and dead nodes it would drop from every copy again.
     joint = simplify_owned(joint)
     return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
-
-
-@contextlib.contextmanager
-def _unwatched():
-    """The read recording paused: the metadata pass ran the block's Python under it already, and
-    watching the joint trace (make_fx's Python too) would about double its cost for nothing."""
-    watcher = sys.getprofile()
-    sys.setprofile(None)
-    try:
-        yield
-    finally:
-        sys.setprofile(watcher)
 
 
 def _replay_reads(rec, frames, paths) -> None:
@@ -338,23 +328,11 @@ def _replay_reads(rec, frames, paths) -> None:
         rec.frames.setdefault(key, replace(f, self_obj=obj, args=args))
 
 
-def _recording():
-    """The :class:`reads.Recording` watching this thread, or None."""
-    event = sys.getprofile()
-    owner = getattr(event, "__self__", None)
-    if isinstance(owner, reads.Recording):
-        return owner
-    for cell in getattr(event, "__closure__", None) or ():
-        if isinstance(cell.cell_contents, reads.Recording):
-            return cell.cell_contents
-    return None
-
-
 @contextlib.contextmanager
 def reusing(setup, enabled: bool = True):
     """While tracing ``setup``'s function, calls of repeated blocks go through templates."""
     fn = setup.fn
-    rec = _recording()
+    rec = reads.watching()
     members = find_groups(fn) if enabled and isinstance(fn, torch.nn.Module) and rec is not None \
         and setup.session.dynamic is False else {}
     reuse = Reuse(setup.session, members, rec)

@@ -185,6 +185,33 @@ def record(fn=None):
         sys.setprofile(previous)
 
 
+def watching() -> Recording | None:
+    """The :class:`Recording` watching this thread, or None."""
+    event = sys.getprofile()
+    owner = getattr(event, "__self__", None)
+    if isinstance(owner, Recording):
+        return owner
+    for cell in getattr(event, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, Recording):
+            return cell.cell_contents
+    return None
+
+
+@contextlib.contextmanager
+def paused():
+    """A recording watching this thread stops inside the block: for library work no user code
+    runs in (wrapping inputs, a block call's kernel), where watching only costs. Another
+    profiler (a user's) keeps running."""
+    watcher = sys.getprofile() if watching() is not None else None
+    if watcher is not None:
+        sys.setprofile(None)
+    try:
+        yield
+    finally:
+        if watcher is not None:
+            sys.setprofile(watcher)
+
+
 # ---------------------------------------------------------------- bytecode
 
 @dataclass(frozen=True)
