@@ -87,6 +87,16 @@ def fresh_fakes(mode, metas) -> list:
                 for shape, stride, dtype, device in metas]
 
 
+def fake_like(t):
+    """A new fake tensor in ``t``'s fake mode with its sizes, strides, storage offset, dtype and
+    device (compilers read the offset to decide alignment)."""
+    with t.fake_mode:
+        if t.storage_offset() == 0:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        flat = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=t.device)
+        return flat.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def plain_fake(mode, t):
     """What ``mode.from_tensor(t)`` gives for a dense leaf tensor with static sizes, made from a meta
     tensor directly (several times faster: a model's parameters are most of a capture's inputs), and

@@ -12,6 +12,7 @@ import warnings
 import torch
 import torch.fx as fx
 
+from .._torch import fake_like
 from .graph_info import info_of
 
 
@@ -19,30 +20,21 @@ def _is_backward(gm: fx.GraphModule) -> bool:
     return info_of(gm).kind == "backward"
 
 
-def _distinct(example_inputs: list, fake_mode) -> list:
+def _distinct(example_inputs: list) -> list:
     """The examples with every repeated tensor object replaced by a new fake of the same layout.
 
-    A graph whose repeated blocks were stamped from one template gives different placeholders
-    the same example object. make_fx maps inputs to placeholders by object, so retracing with
-    them would read one placeholder wherever the other is used: wrong gradients, no error."""
+    make_fx maps inputs to placeholders by object, so retracing with one object given for two
+    placeholders would read one wherever the other is used: wrong gradients, no error. Our
+    partitioner gives every placeholder its own (``partition.graphs``); a graph handed to this
+    backend directly may not."""
     seen: set = set()
     out = []
     for t in example_inputs:
         if isinstance(t, torch.Tensor) and id(t) in seen:
-            t = _new_like(t, fake_mode)
+            t = fake_like(t)
         seen.add(id(t))
         out.append(t)
     return out
-
-
-def _new_like(t: torch.Tensor, fake_mode) -> torch.Tensor:
-    """A fresh fake with ``t``'s sizes, strides and storage offset (Inductor reads the offset to
-    decide whether an input is aligned)."""
-    with fake_mode:
-        if t.storage_offset() == 0:
-            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        flat = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=t.device)
-        return flat.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:
@@ -62,7 +54,7 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
     config, compile_fx_inner, _ = inductor_api()
 
     fake_mode = detect_fake_mode(example_inputs)
-    example_inputs = _distinct(example_inputs, fake_mode)
+    example_inputs = _distinct(example_inputs)
     decomposed = _decompose(gm, example_inputs, fake_mode)
     # fallback_random: random ops draw from the eager RNG, so dropout masks
     # match eager's for the same seed (Inductor's own RNG would not).

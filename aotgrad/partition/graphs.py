@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._torch import lazy_graph_module
+from .._torch import FakeTensor, fake_like, lazy_graph_module
 
 
 def placeholders(g: fx.Graph) -> list[fx.Node]:
@@ -50,9 +50,10 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    examples: set = set()
     for n in inputs:
         env[n] = g.placeholder(n.name)
-        env[n].meta = dict(n.meta)
+        env[n].meta = _own_example(dict(n.meta), examples)
 
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:            # constants are copied into every graph that reads them
@@ -66,3 +67,17 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     g.output(tuple(lookup(o) if isinstance(o, fx.Node) else o for o in outputs))
     # Lazy: the backend compiles the graph itself; fx's Python code is written only if someone reads it.
     return lazy_graph_module(joint, g, name)
+
+
+def _own_example(meta: dict, seen: set) -> dict:
+    """``meta`` with a value of its own when an earlier placeholder has the same value object.
+
+    Copies of one repeated block's template share their nodes' values; a compiler that retraces
+    with the placeholders' values as examples (Inductor, any ``make_fx``-based backend) maps
+    inputs to placeholders by object, and would read one input wherever the other is used."""
+    val = meta.get("val")
+    if isinstance(val, FakeTensor):
+        if id(val) in seen:
+            meta["val"] = val = fake_like(val)
+        seen.add(id(val))
+    return meta

@@ -51,9 +51,7 @@ def test_repeated_blocks_train_like_eager():
     make = make_stack(n=2)
     model, args = make()
     captured = aotgrad.capture(model, *args)
-    bw = captured.compile().partition.backward
-    examples = [n.meta["val"] for n in bw.graph.nodes if n.op == "placeholder"]
-    assert len({id(e) for e in examples}) < len(examples), "no shared examples: the test checks nothing"
+    assert captured.history and any(s.info.get("reused blocks") for s in captured.history), "no block reused"
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="aotgrad inductor backend")
         check_training(make, steps=1, fw_compiler="inductor", rtol=1e-4, atol=1e-4)

@@ -182,3 +182,22 @@ def test_keyword_and_constant_arguments_and_tuple_outputs():
         return KwStack(), (torch.randn(4, 8), (torch.rand(4, 8) > 0.3).float())
     # Two scales: two templates, each standing for its calls.
     assert compiled_and_reused(make) == 3
+
+
+def test_compiled_graphs_give_each_placeholder_its_own_example():
+    """Copies of a template share their nodes' values; a compiler retracing with make_fx maps
+    examples to inputs by object, so shared examples made it read one input for another."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def retracing(gm, examples):
+        with examples[0].fake_mode:
+            return make_fx(gm, decomposition_table={})(*examples)
+
+    make = make_stack(n=3)
+    model, args = make()
+    part = aotgrad.capture(model, *args).compile().partition
+    assert reused(aotgrad.capture(model, *args)) == 3
+    for gm in (part.forward, part.backward):
+        vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        assert len({id(v) for v in vals}) == len(vals)
+    check_training(make, steps=2, fw_compiler=retracing)
