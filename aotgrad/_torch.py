@@ -90,6 +90,9 @@ def fresh_fakes(mode, metas) -> list:
 def fake_like(t):
     """A new fake tensor in ``t``'s fake mode with its sizes, strides, storage offset, dtype and
     device (compilers read the offset to decide alignment)."""
+    layout = (*t.shape, *t.stride())
+    if t.storage_offset() == 0 and not any(isinstance(s, torch.SymInt) for s in layout):
+        return fresh_fakes(t.fake_mode, [(t.shape, t.stride(), t.dtype, t.device)])[0]
     with t.fake_mode:
         if t.storage_offset() == 0:
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
