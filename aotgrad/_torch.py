@@ -72,11 +72,41 @@ def functionalize_was_storage_changed(elem) -> bool:
 
 
 def register_stack_trace_anchor(fn) -> None:
-    """Make make_fx keep ``fn``'s own frames in stack traces (only ``forward`` methods otherwise);
-    nothing where this torch has no anchors."""
+    """Make make_fx keep ``fn``'s own frames in stack traces (only ``forward`` methods otherwise),
+    so errors found in a traced plain function can name its line. torch 2.11 has no anchors:
+    there the same frame filter is installed on the tracer (once)."""
     register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
     if register is not None:
         register(fn)
+        return
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        _ANCHORS.add((code.co_filename, code.co_name))
+        _install_anchor_filter()
+
+
+_ANCHORS: set = set()      # (file, function) pairs whose frames stack traces keep, on torch 2.11
+
+
+def _install_anchor_filter() -> None:
+    """torch 2.13's ``TracerBase._filter_traceback_frames`` for ``forward``-only traces (forward
+    frames, ``torch/__init__.py`` and anchors) on a torch that predates anchors."""
+    import traceback
+    tracer = torch.fx.proxy.TracerBase
+    original = tracer._filter_traceback_frames
+    if getattr(original, "aotgrad_anchors", False):
+        return
+
+    def filter_frames(self, summary):
+        if not self._record_forward_stack_traces_only:
+            return original(self, summary)
+        from torch.fx.experimental.symbolic_shapes import uninteresting_files
+        skip = uninteresting_files()
+        return traceback.StackSummary.from_list([
+            f for f in summary if (f.name == "forward" or f.filename.endswith("torch/__init__.py")
+                                   or (f.filename, f.name) in _ANCHORS) and f.filename not in skip])
+    filter_frames.aotgrad_anchors = True
+    tracer._filter_traceback_frames = filter_frames
 
 
 def fresh_fakes(mode, metas) -> list:
