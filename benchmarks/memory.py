@@ -16,6 +16,11 @@ through ``aot_function`` rather than through Dynamo because Dynamo falls back
 to eager while a dispatch mode (our peak meter) is active.
 
     python -m benchmarks.memory [--models mlp,gpt,cnn]
+    python -m benchmarks.memory --inductor [--models gpt_tiny,gpt_small,mlp,cnn]
+
+``--inductor``: peak of one step (the CPU allocator's profiler events, which see Inductor's own
+buffers) for eager, ``torch.compile()`` and aotgrad's inductor backend with each partitioner,
+with the saved bytes of each (the models of ``benchmarks.matrix``).
 """
 from __future__ import annotations
 
@@ -106,6 +111,42 @@ def rows_for(name: str) -> list[dict]:
     return rows
 
 
+INDUCTOR = {"eager": None, "torch.compile inductor": None, "aotgrad inductor": {},
+            "aotgrad inductor min_cut": {"partitioner": "min_cut"}}
+
+
+def _inductor_step(system: str, model, args):
+    if system == "eager":
+        return model
+    if system == "torch.compile inductor":
+        return torch.compile(model)
+    return aotgrad.capture(model, *args).compile(fw_compiler="inductor", **INDUCTOR[system])
+
+
+def inductor_rows(name: str) -> list[dict]:
+    """Peak and saved bytes of one warmed-up step per system, with ratios to eager's."""
+    from benchmarks import matrix
+    rows = []
+    for system in INDUCTOR:
+        model, args = matrix.MODELS[name]()
+        step = _inductor_step(system, model, args)
+        once = matrix._fwd_bwd(step, args)
+        for _ in range(2):          # compile, then any first-use allocation
+            once()
+        saved = measured_saved(once, _external(model, args))
+        rows.append(dict(model=name, system=system, saved=saved, peak=matrix.peak_bytes(model, once)))
+    for r in rows:
+        r["peak_ratio"] = r["peak"] / rows[0]["peak"]
+    return rows
+
+
+def inductor_table(rows: list[dict]) -> str:
+    lines = ["| model | system | saved KiB | peak KiB | peak ×eager |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['system']} | {_kb(r['saved'])} | {_kb(r['peak'])} | {r['peak_ratio']:.2f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def _kb(v) -> str:
     return "" if v is None else f"{v / 1024:,.1f}"
 
@@ -127,8 +168,16 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--inductor", action="store_true", help="the Inductor peak table instead")
     opts = ap.parse_args(argv)
+    if opts.inductor:
+        from benchmarks import matrix
+        torch.set_num_threads(1)
+        names = (opts.models or ",".join(matrix.MODELS)).split(",")
+        print(inductor_table([r for name in names for r in inductor_rows(name)]))
+        return
+    opts.models = opts.models or ",".join(MODELS)
     rows = [r for name in opts.models.split(",") for r in rows_for(name)]
     print(table(rows))
 

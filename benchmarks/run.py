@@ -1,6 +1,6 @@
 """All benchmarks, as one markdown report (``make bench``).
 
-    python -m benchmarks.run [--quick] [--gpt-small-inductor/--no-gpt-small-inductor]
+    python -m benchmarks.run [--quick] [--gpt-small-inductor/--no-gpt-small-inductor] [--no-memory-inductor]
                              [--sections matrix,overhead,compile,memory,recompile,models]
                              [--real-models gpt2,resnet18 | all]
                              [--out bench-results] [--json bench-results/latest.json]
@@ -103,6 +103,13 @@ def section_memory(out: Report, a, results: dict) -> None:
         "ATen op creates, inputs and parameters excluded) and by saved-tensor hooks. "
         "Batches: MLP 64×256 (8 layers), gpt_small 4, CNN 32.\n")
     out(memory.table(rows) + "\n")
+    if a.memory_inductor:
+        rows = [r for name in matrix.MODELS for r in memory.inductor_rows(name)]
+        results["memory_inductor"] = rows
+        out("### Peak with Inductor: eager, torch.compile(), aotgrad's inductor backend per partitioner\n\n"
+            "One warmed-up step, from the CPU allocator's profiler events (they see Inductor's own "
+            "buffers); saved bytes from saved-tensor hooks. Models and batches of the matrix above.\n")
+        out(memory.inductor_table(rows) + "\n")
 
 
 def section_recompile(out: Report, a, results: dict) -> None:
@@ -140,6 +147,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="a smoke run: no Inductor rows, fewer repeats")
     p.add_argument("--gpt-small-inductor", action=argparse.BooleanOptionalAction, default=True,
                    help="include GPT small's two Inductor rows (about two minutes of compiling)")
+    p.add_argument("--memory-inductor", action=argparse.BooleanOptionalAction, default=True,
+                   help="the memory section's Inductor peak table (compiles each matrix model 3 more times)")
     p.add_argument("--sections", default=None,
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--real-models", default=",".join(models.DEFAULT_MODELS),

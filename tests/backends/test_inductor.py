@@ -47,6 +47,7 @@ def test_placeholders_sharing_one_example_stay_apart():
     torch.testing.assert_close(out, a * 2 + b)
 
 
+@pytest.mark.slow
 def test_repeated_blocks_train_like_eager():
     make = make_stack(n=2)
     model, args = make()
