@@ -137,7 +137,8 @@ def plain_fake(mode, t):
     a subclass, a view, a storage it does not fill, named, quantized, conjugate/negative bits."""
     if type(t) not in _PLAIN_TYPES or not t.is_leaf or t.layout is not torch.strided or t._is_view() \
             or t.storage_offset() != 0 or t.is_quantized or t.is_nested or t.is_conj() or t.is_neg() \
-            or any(getattr(t, "names", None) or ()) or t.device.type == "meta" or not is_non_overlapping_and_dense_or_false(t) \
+            or any(getattr(t, "names", None) or ()) or t.device.type == "meta" \
+            or not is_non_overlapping_and_dense_or_false(t) \
             or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         return None
     grad = t.grad

@@ -9,32 +9,14 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 import torch.fx as fx
 
-from .._torch import fake_like
+from ..partition.graphs import distinct_examples
 from .graph_info import info_of
 
 
 def _is_backward(gm: fx.GraphModule) -> bool:
     return info_of(gm).kind == "backward"
-
-
-def _distinct(example_inputs: list) -> list:
-    """The examples with every repeated tensor object replaced by a new fake of the same layout.
-
-    make_fx maps inputs to placeholders by object, so retracing with one object given for two
-    placeholders would read one wherever the other is used: wrong gradients, no error. Our
-    partitioner gives every placeholder its own (``partition.graphs``); a graph handed to this
-    backend directly may not."""
-    seen: set = set()
-    out = []
-    for t in example_inputs:
-        if isinstance(t, torch.Tensor) and id(t) in seen:
-            t = fake_like(t)
-        seen.add(id(t))
-        out.append(t)
-    return out
 
 
 def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:
@@ -54,7 +36,8 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
     config, compile_fx_inner, _ = inductor_api()
 
     fake_mode = detect_fake_mode(example_inputs)
-    example_inputs = _distinct(example_inputs)
+    # A graph handed to this backend directly may give two placeholders one example object.
+    example_inputs = distinct_examples(example_inputs)
     decomposed = _decompose(gm, example_inputs, fake_mode)
     # fallback_random: random ops draw from the eager RNG, so dropout masks
     # match eager's for the same seed (Inductor's own RNG would not).

@@ -157,7 +157,6 @@ def find_groups(root: torch.nn.Module) -> dict:
 # ---------------------------------------------------------------- interception
 
 _MISSING = object()
-_ORIGINAL_CALL = torch.nn.Module.__dict__["__call__"]
 
 
 @dataclass
@@ -177,12 +176,11 @@ class Reuse:
     off: bool = False
     traced: dict = field(default_factory=dict)      # call key -> Traced or None (runs flat)
     calls: int = 0
-    flat_call: object = _ORIGINAL_CALL               # Module.__call__ as it was before
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
         if m is None or self.off:
-            return self.flat_call(module, *args, **kwargs)
+            return _FLAT["call"](module, *args, **kwargs)
         state = [d[attr] for d, attr in m.firsts]
         call = _Call.of(args, kwargs)
         key = _call_key(m, state, call)
@@ -190,7 +188,7 @@ class Reuse:
         if hit is _MISSING:
             hit = self.traced[key] = self._trace(module, m, state, call) if self.may_trace else None
         if hit is None:
-            return self.flat_call(module, *args, **kwargs)
+            return _FLAT["call"](module, *args, **kwargs)
         self.calls += 1
         if module is not hit.owner and self.recording is not None:
             _replay_reads(self.recording, hit.frames, m.paths)
@@ -340,7 +338,6 @@ def reusing(setup, enabled: bool = True):
         yield reuse
         return
     with _INTERCEPTED():
-        reuse.flat_call = _FLAT["call"]
         _REUSING.append(reuse)
         try:
             yield reuse
@@ -354,7 +351,7 @@ def reusing(setup, enabled: bool = True):
 # The capture reusing blocks in this thread (innermost last). Module.__call__ is process-wide:
 # it is patched once for all the captures running now and sends each call to its own thread's.
 _REUSING = Stack("aotgrad.reusing")
-_FLAT: dict = {}
+_FLAT: dict = {}        # "call": Module.__call__ as it was before the interception
 
 
 def _dispatch(module, *args, **kwargs):

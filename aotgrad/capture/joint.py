@@ -64,13 +64,9 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # aten.detach into aten.alias, which the clean-up cannot tell from a user's alias.
     # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
-    with session.fake_mode, traceable_ops(), _lazy_code():
+    with session.fake_mode, traceable_ops(), lazy_graph_modules():
         return make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                        _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
-
-
-def _lazy_code():
-    return lazy_graph_modules()
 
 
 def _contiguous_strides(shape):

@@ -44,11 +44,11 @@ class Session:
     def fakeify_all(self, tensors, dynamic_dims: dict) -> list:
         """Fake copies of ``tensors`` (``dynamic_dims``: flat index -> dimensions to make symbolic).
         Tensors that share a storage go through ``from_tensor``, whose fakes share one too."""
-        shared = Counter(t.untyped_storage().data_ptr() for t in tensors
-                         if isinstance(t, torch.Tensor) and t.layout is torch.strided)
-        return [self.fakeify(t, dynamic_dims.get(i, ()), alone=isinstance(t, torch.Tensor) and t.layout is
-                             torch.strided and shared[t.untyped_storage().data_ptr()] == 1)
-                for i, t in enumerate(tensors)]
+        keys = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.layout is torch.strided
+                else None for t in tensors]
+        shared = Counter(k for k in keys if k is not None)
+        return [self.fakeify(t, dynamic_dims.get(i, ()), alone=k is not None and shared[k] == 1)
+                for i, (t, k) in enumerate(zip(tensors, keys))]
 
     def fakeify(self, t: torch.Tensor, dynamic_dims=(), alone: bool = False) -> torch.Tensor:
         """A fake copy of ``t``; sizes symbolic where ``dynamic`` or hinted. ``alone``: no other

@@ -50,10 +50,10 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    examples: set = set()
-    for n in inputs:
+    examples = distinct_examples([n.meta.get("val") for n in inputs])
+    for n, val in zip(inputs, examples):
         env[n] = g.placeholder(n.name)
-        env[n].meta = _own_example(dict(n.meta), examples)
+        env[n].meta = {**n.meta, "val": val} if "val" in n.meta else dict(n.meta)
 
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:            # constants are copied into every graph that reads them
@@ -69,15 +69,18 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     return lazy_graph_module(joint, g, name)
 
 
-def _own_example(meta: dict, seen: set) -> dict:
-    """``meta`` with a value of its own when an earlier placeholder has the same value object.
+def distinct_examples(values: list) -> list:
+    """``values`` with every fake tensor that appeared earlier in the list replaced by a new one
+    of the same layout.
 
     Copies of one repeated block's template share their nodes' values; a compiler that retraces
     with the placeholders' values as examples (Inductor, any ``make_fx``-based backend) maps
     inputs to placeholders by object, and would read one input wherever the other is used."""
-    val = meta.get("val")
-    if isinstance(val, FakeTensor):
-        if id(val) in seen:
-            meta["val"] = val = fake_like(val)
-        seen.add(id(val))
-    return meta
+    seen: set = set()
+    out = []
+    for v in values:
+        if isinstance(v, FakeTensor) and id(v) in seen:
+            v = fake_like(v)
+        seen.add(id(v))
+        out.append(v)
+    return out
