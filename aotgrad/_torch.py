@@ -10,6 +10,7 @@ reached through functions that import them on first use.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Callable
 
 import torch
@@ -205,6 +206,41 @@ def lazy_graph_modules():
     this torch can: otherwise nothing changes)."""
     lazy = getattr(getattr(torch.fx, "_lazy_graph_module", None), "_use_lazy_graph_module", None)
     return lazy(True) if lazy is not None else contextlib.nullcontext()
+
+
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, transform: Callable = lambda a: a) -> torch.fx.Node:
+    """``graph.node_copy(node, transform)`` without ``Graph.create_node``'s scan of every argument
+    for raw symbolic values (torch >= 2.13), a third of copying a deep model's graph, needless for
+    copies of nodes it already accepted. The rest is create_node's own steps, the same in 2.11-2.14."""
+    if not _FAST_COPY:
+        return graph.node_copy(node, transform)
+    args = torch.fx.node.map_arg(node.args, transform)
+    kwargs = torch.fx.node.map_arg(node.kwargs, transform)
+    name = graph._graph_namespace.create_name(node.name, None)
+    n = torch.fx.Node(graph, name, node.op, node.target, args, kwargs, node.type)
+    owner = graph.owning_module
+    for hook in (getattr(owner, "_create_node_hooks", None) or ()) if owner is not None else ():
+        hook(n)
+    graph._graph_namespace.associate_name_with_obj(name, n)
+    graph._insert(n)
+    graph._find_nodes_lookup_table.insert(n)
+    graph._len += 1
+    n.meta = copy.copy(node.meta)
+    return n
+
+
+def copy_graph(graph: torch.fx.Graph, source: torch.fx.Graph, env: dict):
+    """``graph.graph_copy(source, env)`` through :func:`copy_node`: copies every node of ``source``
+    but its output into ``graph`` (recording the copies in ``env``); returns the output's value."""
+    for n in source.nodes:
+        if n.op == "output":
+            return torch.fx.node.map_arg(n.args[0], env.__getitem__)
+        if n not in env:
+            env[n] = copy_node(graph, n, env.__getitem__)
+    return None
+
+
+_FAST_COPY = all(hasattr(torch.fx.Graph(), a) for a in ("_insert", "_graph_namespace", "_find_nodes_lookup_table", "_len"))
 
 
 # Global switches and dispatcher state.

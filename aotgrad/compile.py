@@ -17,6 +17,7 @@ from .runtime.modes import without_autocast
 from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply, retaining
+from .scoped import GC_PAUSED
 
 
 def _examples(gm) -> list:
@@ -37,6 +38,11 @@ def _with_grad(run):
 
 def compile_parts(captured, options: CompileOptions) -> tuple:
     """``(partition, forward graph, backward graph, call path, history)`` of ``captured`` compiled."""
+    with GC_PAUSED():
+        return _compile_parts(captured, options)
+
+
+def _compile_parts(captured, options: CompileOptions) -> tuple:
     history = list(captured.history)
     lay = captured.layout
     fw_c, bw_c = backends.compilers(options)

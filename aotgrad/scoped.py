@@ -88,3 +88,21 @@ class Shared:
     @property
     def users(self) -> int:
         return self._users
+
+
+def _pause_gc():
+    """Stop Python's cyclic garbage collector; return the function that starts it again (if it ran).
+
+    Capturing and compiling allocate hundreds of thousands of long-lived objects (graph nodes, fake
+    tensors, their metadata) and free few cycles: the collector's passes over them were a tenth of a
+    deep model's capture, and a full pass landing in the middle made timings jump. The objects that
+    become garbage meanwhile are collected by the first pass after."""
+    import gc
+    if not gc.isenabled():
+        return lambda: None
+    gc.disable()
+    return gc.enable
+
+
+GC_PAUSED = Shared(_pause_gc)
+"""Held while a capture traces or a compile partitions and compiles (in any thread)."""

@@ -10,6 +10,12 @@ captured joint is the graph a flat trace would have made::
 
     before: r = block_fw([w, x], 3); y = r[0]; s = r[1] ... g = block_bw([w, x, s, t], 3)
     after:  a = mm(x, w); y = relu(a) ... g = threshold_backward(t, y, 0) ...
+
+The gradients of a block's own parameters do not pass through the joint's trace at all: a
+``block_bw`` node returns only the gradients autograd must route on (its arguments'), and
+:func:`inline_blocks` writes each parameter's gradient from the stamped backward straight into
+the joint's output (see :class:`Direct`). Tracing a dozen more outputs per block through
+functionalization, the proxy tracer and the autograd engine was a third of a deep model's trace.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import fake_cache_off, fresh_fakes, no_stack_traces
+from .._torch import copy_node, fake_cache_off, fresh_fakes, no_stack_traces
+from ..scoped import Stack
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
 # each key comes from blocks._keys once, so concurrent captures never share an entry.
@@ -28,11 +35,11 @@ TEMPLATES: dict = {}
 
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")
 _LIB.define("block_fw(Tensor[] ins, int key, int call) -> Tensor[]")
-_LIB.define("block_bw(Tensor[] ins, int key, int call) -> Tensor[]")
+_LIB.define("block_bw(Tensor[] ins, int key, int call, int[] direct) -> Tensor[]")
 _calls = itertools.count()
 
 
-def _never_run(ins, key, call):
+def _never_run(ins, key, call, direct=()):
     raise AssertionError("aotgrad::block_fw/block_bw run for real: the capture should have inlined them")
 
 
@@ -43,7 +50,8 @@ def _empty(ins, metas):
 for _name in ("block_fw", "block_bw"):
     _LIB.impl(_name, _never_run, "CompositeExplicitAutograd")
 torch.library.register_fake("aotgrad::block_fw", lambda ins, key, call: _empty(ins, TEMPLATES[key].fw_metas), lib=_LIB)
-torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call: _empty(ins, TEMPLATES[key].bw_metas), lib=_LIB)
+torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call, direct: _empty(
+    ins, [m for i, m in zip(TEMPLATES[key].grad_at, TEMPLATES[key].bw_metas) if not direct[i]]), lib=_LIB)
 
 
 def _meta(node: fx.Node) -> tuple:
@@ -93,6 +101,41 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
                     tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint)
 
 
+class Direct:
+    """The joint's inputs whose gradients block calls hand straight to the joint's output.
+
+    ``slots`` maps each input the joint differentiates (by the identity of its traced tensor) to
+    its gradient's position in the joint's output, counted from the end (so never 0). A block
+    call that receives such a tensor remembers the slot; its backward, when the joint's own
+    ``autograd.grad`` runs it (``backward``), returns no gradient for it and :func:`inline_blocks`
+    writes the stamped gradient into the slot. A tensor two block calls receive is ``contested``:
+    autograd sums its gradients, as in a flat trace, so that it adds them in the same order."""
+
+    def __init__(self, slots: dict):
+        self.slots = slots
+        self.claimed: set = set()
+        self.contested: set = set()
+        self.backward = False
+
+    def claim(self, ins) -> tuple:
+        slots = tuple(self.slots.get(id(x), 0) for x in ins)
+        for s in slots:
+            if s:
+                (self.contested if s in self.claimed else self.claimed).add(s)
+        return slots
+
+    def at_backward(self, slots: tuple) -> tuple:
+        return tuple(0 if s in self.contested else s for s in slots) if self.backward else (0,) * len(slots)
+
+
+DIRECT = Stack("aotgrad.direct_grads")      # the joint tracing in this thread (innermost last)
+
+
+class SharedGradient(Exception):
+    """A directly written gradient also has another contribution: the joint is traced again
+    without direct gradients, so that autograd adds them up in a flat trace's order."""
+
+
 class BlockFunction(torch.autograd.Function):
     """One call of a templated block: a ``block_fw`` node forward, a ``block_bw`` node backward.
     Both carry the call's number: the backward's copy reads the values of that forward's copy."""
@@ -101,6 +144,8 @@ class BlockFunction(torch.autograd.Function):
     def forward(ctx, key, *ins):
         t = TEMPLATES[key]
         ctx.key, ctx.call = key, next(_calls)
+        ctx.direct = DIRECT[-1] if DIRECT else None
+        ctx.slots = ctx.direct.claim(ins) if ctx.direct is not None else (0,) * len(ins)
         # The node is replaced by the template's copies, which have their stack traces.
         with no_stack_traces(), fake_cache_off():
             res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
@@ -116,10 +161,11 @@ class BlockFunction(torch.autograd.Function):
         # (views, reshapes) assume that layout.
         tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                     for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
+        direct = ctx.direct.at_backward(ctx.slots) if ctx.direct is not None else (0,) * t.n_in
         with no_stack_traces(), fake_cache_off():
-            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call)
+            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call, list(direct))
         out: list = [None] * t.n_in
-        for i, g in zip(t.grad_at, got):
+        for i, g in zip((i for i in t.grad_at if not direct[i]), got):
             out[i] = g
         return (None, *out)
 
@@ -133,20 +179,40 @@ def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule) -> fx.GraphModule:
-    """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place)."""
+def inline_blocks(gm: fx.GraphModule) -> int:
+    """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
+    and write the direct gradients into the output; returns how many. Raises :class:`SharedGradient`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
+    direct: dict = {}       # output slot -> the gradient's node
     for n in calls:
         t = TEMPLATES[n.args[1]]
         if n.target is fw_op:
             forwards[n.args[2]] = _stamp(gm.graph, n, {}, t.bw_ins[:t.n_in], t.fw_nodes, t.fw_outs)
-        else:
-            _stamp(gm.graph, n, forwards[n.args[2]], t.bw_ins, t.bw_nodes, t.bw_outs)
+            continue
+        slots = n.args[3]
+        kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
+        env = _stamp(gm.graph, n, forwards[n.args[2]], t.bw_ins, t.bw_nodes, kept)
+        for i, g in zip(t.grad_at, t.bw_outs):
+            if slots[i]:
+                assert slots[i] not in direct, "a contested gradient was written directly"
+                direct[slots[i]] = env[g]
+    if direct:
+        _write_direct(gm.graph, direct)
     if calls:
         gm.recompile()
-    return gm
+    return len(direct)
+
+
+def _write_direct(graph: fx.Graph, direct: dict) -> None:
+    out = graph.output_node()
+    vals = list(out.args[0])
+    for slot, g in direct.items():
+        if vals[slot] is not None:      # also used outside the blocks: autograd added a gradient
+            raise SharedGradient
+        vals[slot] = g
+    out.args = (type(out.args[0])(vals),)
 
 
 def _stamp(graph: fx.Graph, call: fx.Node, env: dict, params, nodes, outs) -> dict:
@@ -155,7 +221,7 @@ def _stamp(graph: fx.Graph, call: fx.Node, env: dict, params, nodes, outs) -> di
     env = {**env, **dict(zip(params, call.args[0]))}
     with graph.inserting_before(call):
         for n in nodes:
-            env[n] = graph.node_copy(n, env.__getitem__)
+            env[n] = copy_node(graph, n, env.__getitem__)
     for u in list(call.users):
         assert u.target is operator.getitem, "a block call's result is read other than by index"
         u.replace_all_uses_with(env[outs[u.args[1]]])

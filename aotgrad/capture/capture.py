@@ -19,8 +19,9 @@ from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
+from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
-from .block_graph import inline_blocks
+from .block_graph import SharedGradient, inline_blocks
 from .blocks import reusing
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import layout
@@ -43,27 +44,29 @@ def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, 
     repeated block of a module on its own (see :mod:`aotgrad.capture.blocks`).
     """
     refuse_wrapped(fn, "capture")
-    captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
-                                                          reuse_blocks=reuse_blocks),
-                                 call_leaves(args, kwargs), root_name(fn, depth=1))
-    # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
-    # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
-    return replace(captured, state=state_guards.build(assumed))
+    with GC_PAUSED():
+        captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
+                                                              reuse_blocks=reuse_blocks),
+                                     call_leaves(args, kwargs), root_name(fn, depth=1))
+        # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
+        # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
+        return replace(captured, state=state_guards.build(assumed))
 
 
 def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_blocks=True) -> Captured:
     """``capture`` with the arguments as data; ``dynamic_dims`` maps a flat input
     index to the dimensions to trace symbolically (automatic dynamic uses it)."""
     history: list = []
-    with timed(history, "setup") as info:
-        setup = make_setup(fn, args, kwargs, dynamic, dynamic_dims or {})
-        info["inputs"] = len(setup.input_descs)
-    return capture_setup(setup, history, reuse_blocks)
+    with GC_PAUSED():
+        with timed(history, "setup") as info:
+            setup = make_setup(fn, args, kwargs, dynamic, dynamic_dims or {})
+            info["inputs"] = len(setup.input_descs)
+        return capture_setup(setup, history, reuse_blocks)
 
 
 def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
-    with reusing(setup, reuse_blocks) as reuse:
+    with GC_PAUSED(), reusing(setup, reuse_blocks) as reuse:
         return _capture_setup(setup, history, reuse)
 
 
@@ -85,11 +88,9 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     setup = replace(setup, flat_fn=observed(setup.flat_fn))     # what the joint registers, by graph input
     lay = layout(analysis)
-    reuse.may_trace, reuse.calls = False, 0      # templates come from the metadata pass only
+    reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
-        joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
-            setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn)))
-        joint = inline_blocks(joint)
+        joint, info["direct grads"] = _joint(setup, analysis, lay, reuse)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"] = reuse.count()
     if setup.session.grad_enabled or not lay.is_inference:
@@ -114,6 +115,22 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
             "numbers would differ from eager's. Seed outside the captured function")
     return Captured(setup.traced(), joint, analysis, lay, guards, analysis.out_spec,
                     in_descs, out_descs, tuple(history))     # no stage pins the user's batch
+
+
+def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
+    """The joint with repeated blocks inlined, and how many gradients blocks wrote directly."""
+    def trace(direct: bool):
+        reuse.calls = 0
+        joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
+            setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
+            direct_grads=direct)))
+        return joint, inline_blocks(joint)
+    if reuse.members:
+        try:
+            return trace(True)
+        except SharedGradient:      # a block's parameter also used outside the blocks
+            pass
+    return trace(False)
 
 
 def _refuse_used_inner_leaves(joint, analysis) -> None:

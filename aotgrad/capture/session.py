@@ -16,7 +16,8 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._torch import (
-    FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
+    FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
+    is_functional_tensor,
     is_compiling_flag, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
 )
 from ..scoped import Shared, Stack
@@ -149,6 +150,10 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
     written for real at every trace and never by the compiled graph."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:
+            device = _device(args[0])
+            if device is not None:
+                return device
         written = _written(func)
         if written:
             for t in _args_at(func, written, args, kwargs or {}):
@@ -162,6 +167,19 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+_DEVICE = torch.ops.prim.device.default
+
+
+def _device(t):
+    """The device a fake tensor (or the functional wrapper of one) reports, as the fake mode's
+    answer below this mode gives it; None for anything else. Each FunctionalTensor made (every
+    traced op's outputs, every input wrapped) asks it, and the mode's generic path for an op
+    (auto-functionalization, effects, unwrapping) cost more than the rest of the wrapping."""
+    if is_functional_tensor(t) and not isinstance(t, FunctionalTensor):
+        t = from_functional_tensor(t)
+    if type(t) is FakeTensor:
+        return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
+    return None
 _WRITTEN: dict = {}     # a true cache: an operator's schema never changes
 
 

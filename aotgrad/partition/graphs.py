@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._torch import FakeTensor, fake_like, lazy_graph_module
+from .._torch import FakeTensor, copy_node, fake_like, lazy_graph_module
 
 
 def placeholders(g: fx.Graph) -> list[fx.Node]:
@@ -58,12 +58,12 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:            # constants are copied into every graph that reads them
             assert a.op == "get_attr", f"{a} is neither an input of {name} nor computed in it"
-            env[a] = g.node_copy(a)
+            env[a] = copy_node(g, a)
         return env[a]
 
     for n in joint.graph.nodes:
         if n in nodes and n not in env and n.op not in ("placeholder", "output", "get_attr"):
-            env[n] = g.node_copy(n, lookup)
+            env[n] = copy_node(g, n, lookup)
     g.output(tuple(lookup(o) if isinstance(o, fx.Node) else o for o in outputs))
     # Lazy: the backend compiles the graph itself; fx's Python code is written only if someone reads it.
     return lazy_graph_module(joint, g, name)

@@ -19,6 +19,7 @@ from dataclasses import replace
 import networkx as nx
 import torch.fx as fx
 
+from .._torch import copy_graph, copy_node
 from ..ir.records import JointLayout
 from ..analysis.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
@@ -89,7 +90,7 @@ def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set):
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    g.output(g.graph_copy(joint.graph, env))
+    g.output(copy_graph(g, joint.graph, env))
     pos = {n: i for i, n in enumerate(joint.graph.nodes)}
     order = list(joint.graph.nodes)
     anchor: dict[fx.Node, int] = {}
@@ -102,7 +103,7 @@ def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set):
     for n in order:
         if n in anchor:
             with g.inserting_before(env[order[anchor[n]]]):
-                copies[n] = g.node_copy(n, lambda a: copies.get(a, env[a]))
+                copies[n] = copy_node(g, n, lambda a: copies.get(a, env[a]))
     for n, c in copies.items():
         for u in n.users:
             if u in bw:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .._torch import copy_graph
 from ..analysis.ops import has_side_effect
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A new graph module to edit; node metadata (fake values) is shared, not deep-copied."""
     g = fx.Graph()
-    out = g.graph_copy(gm.graph, {})
+    out = copy_graph(g, gm.graph, {})
     g.output(out)
     new = fx.GraphModule(gm, g, class_name=type(gm).__name__)
     new.meta.update(getattr(gm, "meta", {}))

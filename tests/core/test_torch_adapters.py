@@ -1,0 +1,90 @@
+"""Shortcuts aotgrad takes past torch's generic paths give exactly torch's answers."""
+import gc
+import threading
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from aotgrad import _torch
+from aotgrad.capture import session as S
+from aotgrad.scoped import GC_PAUSED
+
+
+def _graph():
+    def f(x, w):
+        y = torch.nn.functional.linear(x, w).relu()
+        return y.sum(dim=[0], keepdim=True) + y.new_zeros(3).sum(), x.view(-1)
+    return make_fx(f)(torch.randn(2, 3), torch.randn(3, 3)).graph
+
+
+def test_copy_node_copies_like_node_copy():
+    src = _graph()
+    copies = []
+    for copy in (lambda g, n, t: g.node_copy(n, t), _torch.copy_node):
+        g, env = fx.Graph(), {}
+        for n in src.nodes:
+            if n.op != "output":
+                env[n] = copy(g, n, env.__getitem__)
+        g.output(fx.node.map_arg(src.output_node().args[0], env.__getitem__))
+        g.lint()
+        copies.append(g)
+    fast, plain = copies
+    assert str(fast) == str(plain) and fast.python_code("self").src == plain.python_code("self").src
+    for a, b in zip(fast.nodes, plain.nodes):
+        assert (a.name, a.op, a.target, a.type) == (b.name, b.op, b.target, b.type)
+        assert a.meta == b.meta and a.meta is not b.meta
+    assert len(fast.nodes) == len(plain.nodes) and list(fast.find_nodes(op="placeholder")) == list(fast.nodes)[:2]
+
+
+def test_copy_graph_keeps_the_names_a_graph_already_uses():
+    src = _graph()
+    g = fx.Graph()
+    x = g.placeholder("relu")       # taken: the copy's relu gets another name
+    out = _torch.copy_graph(g, src, {})
+    g.output(out)
+    g.lint()
+    names = [n.name for n in g.nodes]
+    assert len(set(names)) == len(names) and x.name == "relu"
+
+
+def test_device_of_wrapped_fakes_is_the_fake_modes_answer():
+    mode = torch._subclasses.fake_tensor.FakeTensorMode()
+    with mode:
+        p = torch.nn.Parameter(torch.empty(4, 4))
+        m = torch.empty(2, device="meta")
+    with mode, S.functional_mode():
+        f, fm = S.to_functional(p), S.to_functional(m)
+        assert f.device == p.device == torch.device("cpu") and fm.device.type == "meta"
+        assert (f * 2).device == torch.device("cpu")
+    assert S._device(p) == torch.device("cpu")
+    with mode:
+        with torch._subclasses.fake_tensor.in_kernel_invocation_manager(mode):
+            assert S._device(p) == torch.device("meta") == p.device
+    assert S._device(torch.randn(2)) is None        # not a fake: torch's own path answers
+
+
+def test_gc_pause_restores_the_collector_in_any_interleaving():
+    assert gc.isenabled()
+    started, release = threading.Event(), threading.Event()
+
+    def other():
+        with GC_PAUSED():
+            started.set()
+            release.wait(10)
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait(10)
+    with GC_PAUSED():
+        assert not gc.isenabled()
+    assert not gc.isenabled()       # the other thread still holds it
+    release.set()
+    t.join(10)
+    assert gc.isenabled()
+    gc.disable()
+    try:                            # a collector the user turned off stays off
+        with GC_PAUSED():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
