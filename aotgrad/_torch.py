@@ -135,8 +135,11 @@ def plain_fake(mode, t):
     """What ``mode.from_tensor(t)`` gives for a dense leaf tensor with static sizes, made from a meta
     tensor directly (several times faster: a model's parameters are most of a capture's inputs), and
     registered in the mode's memo as from_tensor registers it. None where ``t`` is not such a tensor:
-    a subclass, a view, a storage it does not fill, named, quantized, conjugate/negative bits."""
-    if type(t) not in _PLAIN_TYPES or not t.is_leaf or t.layout is not torch.strided or t._is_view() \
+    a subclass, a storage it does not fill, named, quantized, conjugate/negative bits, a view that
+    requires grad. (A view of a whole storage that no other input shares, such as a buffer made with
+    ``mask.view(1, 1, n, n)``, is that storage under another shape: nothing traced can tell.)"""
+    if type(t) not in _PLAIN_TYPES or not t.is_leaf or t.layout is not torch.strided \
+            or (t._is_view() and t.requires_grad) \
             or t.storage_offset() != 0 or t.is_quantized or t.is_nested or t.is_conj() or t.is_neg() \
             or any(getattr(t, "names", None) or ()) or t.device.type == "meta" \
             or not is_non_overlapping_and_dense_or_false(t) \

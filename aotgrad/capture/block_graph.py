@@ -26,32 +26,43 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import copy_node, fake_cache_off, fresh_fakes, no_stack_traces
+from .._torch import copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
 from ..scoped import Stack
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
 # each key comes from blocks._keys once, so concurrent captures never share an entry.
 TEMPLATES: dict = {}
+# node number -> (call, bound, direct) of the block nodes a joint trace is making (Direct.calls); a
+# registry for the same reason, and because the autograd engine may run a backward in its own thread.
+CALLS: dict = {}
 
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")
+# What else a call needs (which inputs are unseen, which gradients are written directly) is kept
+# by call number in the joint's Direct (``calls``), not in the nodes: every int argument of a node
+# costs the tracer as much as a tensor.
 _LIB.define("block_fw(Tensor[] ins, int key, int call) -> Tensor[]")
-_LIB.define("block_bw(Tensor[] ins, int key, int call, int[] direct) -> Tensor[]")
+_LIB.define("block_bw(Tensor[] ins, int key, int call) -> Tensor[]")
 _calls = itertools.count()
 
 
-def _never_run(ins, key, call, direct=()):
+def _never_run(ins, key, call):
     raise AssertionError("aotgrad::block_fw/block_bw run for real: the capture should have inlined them")
 
 
 def _empty(ins, metas):
-    return fresh_fakes(ins[0].fake_mode, metas)
+    return fresh_fakes(ins[0].fake_mode if ins else detect_fake_mode(), metas)
 
 
 for _name in ("block_fw", "block_bw"):
     _LIB.impl(_name, _never_run, "CompositeExplicitAutograd")
+def _bw_metas(key, call):
+    direct = CALLS[call][2] if call in CALLS else None
+    t = TEMPLATES[key]
+    return [m for i, m in zip(t.grad_at, t.bw_metas) if direct is None or not direct[i]]
+
+
 torch.library.register_fake("aotgrad::block_fw", lambda ins, key, call: _empty(ins, TEMPLATES[key].fw_metas), lib=_LIB)
-torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call, direct: _empty(
-    ins, [m for i, m in zip(TEMPLATES[key].grad_at, TEMPLATES[key].bw_metas) if not direct[i]]), lib=_LIB)
+torch.library.register_fake("aotgrad::block_bw", lambda ins, key, call: _empty(ins, _bw_metas(key, call)), lib=_LIB)
 
 
 def _meta(node: fx.Node) -> tuple:
@@ -102,30 +113,69 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
 
 
 class Direct:
-    """The joint's inputs whose gradients block calls hand straight to the joint's output.
+    """The joint's inputs whose gradients block calls hand straight to the joint's output, and
+    those the trace does not see at all.
 
     ``slots`` maps each input the joint differentiates (by the identity of its traced tensor) to
     its gradient's position in the joint's output, counted from the end (so never 0). A block
     call that receives such a tensor remembers the slot; its backward, when the joint's own
     ``autograd.grad`` runs it (``backward``), returns no gradient for it and :func:`inline_blocks`
     writes the stamped gradient into the slot. A tensor two block calls receive is ``contested``:
-    autograd sums its gradients, as in a flat trace, so that it adds them in the same order."""
+    autograd sums its gradients, as in a flat trace, so that it adds them in the same order.
 
-    def __init__(self, slots: dict):
+    ``unseen`` maps stand-ins to input indices: a parameter or buffer only one block uses is not
+    an input of the traced function (placeholders, functional wrappers and block arguments cost
+    as much per tensor as the rest of a deep model's trace together); its block call binds the
+    template to the joint's input by index. Anything else that reaches a stand-in (an op outside
+    the blocks, a second call claiming its gradient) sets ``missed``: the joint is traced again
+    with every input seen."""
+
+    def __init__(self, slots: dict, unseen: dict | None = None):
         self.slots = slots
+        self.unseen = unseen or {}
         self.claimed: set = set()
         self.contested: set = set()
         self.backward = False
+        self.missed = False
+        self.calls: dict = {}       # node number -> (call, bound, direct), for the fake kernel and inline_blocks
 
     def claim(self, ins) -> tuple:
         slots = tuple(self.slots.get(id(x), 0) for x in ins)
-        for s in slots:
+        for x, s in zip(ins, slots):
             if s:
-                (self.contested if s in self.claimed else self.claimed).add(s)
+                if s in self.claimed:
+                    self.contested.add(s)
+                    self.missed = self.missed or id(x) in self.unseen
+                self.claimed.add(s)
         return slots
+
+    def record(self, number: int, call: int, bound: tuple, direct: tuple) -> None:
+        """A block node: its own number, its call's (the forward's), what it binds and returns."""
+        self.calls[number] = CALLS[number] = (call, bound, direct)
+
+    def forget(self) -> None:
+        """Drop this trace's calls from the registry (inline_blocks reads them from ``calls``)."""
+        for c in self.calls:
+            CALLS.pop(c, None)
+
+    def bound(self, ins) -> tuple:
+        return tuple(self.unseen.get(id(x), -1) for x in ins)
 
     def at_backward(self, slots: tuple) -> tuple:
         return tuple(0 if s in self.contested else s for s in slots) if self.backward else (0,) * len(slots)
+
+    def touches(self, args, kwargs) -> bool:
+        """Whether an op's arguments include a stand-in (then ``missed``)."""
+        ids = self.unseen
+        for a in (*args, *kwargs.values()):
+            if id(a) in ids or (type(a) in (list, tuple) and any(id(x) in ids for x in a)):
+                self.missed = True
+                return True
+        return False
+
+
+class UnseenUsed(Exception):
+    """An op outside the blocks read an input the trace does not see: the joint is traced again."""
 
 
 DIRECT = Stack("aotgrad.direct_grads")      # the joint tracing in this thread (innermost last)
@@ -138,62 +188,84 @@ class SharedGradient(Exception):
 
 class BlockFunction(torch.autograd.Function):
     """One call of a templated block: a ``block_fw`` node forward, a ``block_bw`` node backward.
-    Both carry the call's number: the backward's copy reads the values of that forward's copy."""
+    Each node carries a number of its own; the joint's :attr:`Direct.calls` maps it to its call
+    (the forward's number), so a backward's copy reads the values of its forward's copy.
+    ``bound`` and ``slots`` (per input) come from :meth:`Direct.bound`/:meth:`Direct.claim`; the
+    inputs bound to unseen ones stay inputs of the Function (autograd knows what the block read)
+    but not of its nodes."""
+    aotgrad_writes_nothing = True       # no in-place writes for runtime.hooks to watch for
 
     @staticmethod
-    def forward(ctx, key, *ins):
+    def forward(ctx, key, bound, slots, direct, *ins):
         t = TEMPLATES[key]
-        ctx.key, ctx.call = key, next(_calls)
-        ctx.direct = DIRECT[-1] if DIRECT else None
-        ctx.slots = ctx.direct.claim(ins) if ctx.direct is not None else (0,) * len(ins)
+        ctx.key, ctx.call, ctx.bound, ctx.slots, ctx.direct = key, next(_calls), bound, slots, direct
+        passed = [x for x, b in zip(ins, bound) if b < 0]
+        if direct is not None:
+            direct.record(ctx.call, ctx.call, bound, (0,) * len(bound))
         # The node is replaced by the template's copies, which have their stack traces.
         with no_stack_traces(), fake_cache_off():
-            res = torch.ops.aotgrad.block_fw.default(list(ins), key, ctx.call)
+            res = torch.ops.aotgrad.block_fw.default(passed, key, ctx.call)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
-        ctx.save_for_backward(*ins)
+        ctx.save_for_backward(*passed)
         return tuple(res)
 
     @staticmethod
     def backward(ctx, *grads):
         t = TEMPLATES[ctx.key]
+        if ctx.direct is not None and not ctx.direct.backward and any(b >= 0 for b in ctx.bound):
+            # The program's own autograd.grad/backward: it needs the gradients of unseen inputs.
+            ctx.direct.missed = True
+            raise UnseenUsed("autograd inside the program reaches a block's unseen inputs")
         held = list(ctx.saved_tensors)
         # The template's backward was traced for contiguous tangents (as the joint's are); its ops
         # (views, reshapes) assume that layout.
         tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                     for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
-        direct = ctx.direct.at_backward(ctx.slots) if ctx.direct is not None else (0,) * t.n_in
+        # A backward of its own number: the program's autograd.grad and the joint's may both run it.
+        number, direct = next(_calls), (0,) * t.n_in
+        if ctx.direct is not None:
+            direct = ctx.direct.at_backward(ctx.slots)
+            ctx.direct.record(number, ctx.call, ctx.bound, direct)
         with no_stack_traces(), fake_cache_off():
-            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, ctx.call, list(direct))
+            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, number)
         out: list = [None] * t.n_in
         for i, g in zip((i for i in t.grad_at if not direct[i]), got):
             out[i] = g
-        return (None, *out)
+        return (None, None, None, None, *out)
 
 
 def apply(t: Template, ins: list) -> list:
     """The block's outputs for this call's state and arguments."""
-    return list(BlockFunction.apply(t.key, *ins))
+    direct = DIRECT[-1] if DIRECT else None
+    if direct is None:
+        return list(BlockFunction.apply(t.key, (-1,) * len(ins), (0,) * len(ins), None, *ins))
+    return list(BlockFunction.apply(t.key, direct.bound(ins), direct.claim(ins), direct, *ins))
 
 
 def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule) -> int:
+def inline_blocks(gm: fx.GraphModule, recorded: dict) -> int:
     """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
-    and write the direct gradients into the output; returns how many. Raises :class:`SharedGradient`."""
+    and write the direct gradients into the output; returns how many. ``recorded``: the trace's
+    :attr:`Direct.calls`. Raises :class:`SharedGradient`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
+    inputs = list(gm.graph.find_nodes(op="placeholder"))
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
     direct: dict = {}       # output slot -> the gradient's node
     for n in calls:
         t = TEMPLATES[n.args[1]]
+        primals = t.bw_ins[:t.n_in]
+        call, unseen, slots = recorded[n.args[2]]
+        bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
+        passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
-            forwards[n.args[2]] = _stamp(gm.graph, n, {}, t.bw_ins[:t.n_in], t.fw_nodes, t.fw_outs)
+            forwards[call] = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs)
             continue
-        slots = n.args[3]
         kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
-        env = _stamp(gm.graph, n, forwards[n.args[2]], t.bw_ins, t.bw_nodes, kept)
+        env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept)
         for i, g in zip(t.grad_at, t.bw_outs):
             if slots[i]:
                 assert slots[i] not in direct, "a contested gradient was written directly"

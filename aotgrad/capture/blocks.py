@@ -255,11 +255,13 @@ def _call_key(m: Member, state, call: _Call):
     """What the template depends on besides the block's structure; None when it cannot stand for the call."""
     ins = (*state, *call.tensors)
     constants = call.constants()
-    if constants is None or not all(isinstance(t, FunctionalTensor) for t in ins) or _unusual_modes():
-        return None
-    if any(isinstance(s, torch.SymInt) for t in ins for s in (*t.shape, *t.stride(), t.storage_offset())):
+    unseen = block_graph.DIRECT[-1].unseen if block_graph.DIRECT else {}
+    if constants is None or not all(isinstance(t, FunctionalTensor) or id(t) in unseen for t in ins) \
+            or _unusual_modes():
         return None
     metas = tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad) for t in ins)
+    if any(isinstance(s, torch.SymInt) for meta in metas for s in (*meta[0], *meta[1], meta[2])):
+        return None
     return m.group, torch.is_grad_enabled(), metas, repr(call.spec), constants
 
 
@@ -315,6 +317,30 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
 
 
+def unseen_inputs(members: dict, setup, analysis) -> frozenset:
+    """Indices of the inputs the joint's trace need not take (see :class:`.block_graph.Direct`): the
+    parameters and buffers of one repeated block each, not shared with another block, passed once,
+    not written or returned by the program. Uses elsewhere are found by the trace itself."""
+    if setup.rebase is not None:
+        return frozenset()
+    index: dict = {}
+    for i, t in enumerate(setup.real_inputs):
+        index[id(t)] = None if id(t) in index else i
+    owners: dict = {}
+    for m in members.values():
+        for d, attr in m.firsts:
+            owners[id(d[attr])] = owners.get(id(d[attr]), 0) + 1
+    returned = {o.index for o in analysis.outputs if o.kind in ("input", "input_view", "input_detached")}
+    unseen = set()
+    for tid, count in owners.items():
+        i = index.get(tid)
+        if count == 1 and i is not None and i not in returned:
+            info = analysis.inputs[i]
+            if not (info.mutates_data or info.mutates_metadata):
+                unseen.add(i)
+    return frozenset(unseen)
+
+
 def _replay_reads(rec, frames, paths) -> None:
     """Record on this block's objects the reads the template's trace recorded on the first block's."""
     for f, self_path, arg_paths in frames:
@@ -331,8 +357,9 @@ def reusing(setup, enabled: bool = True):
     """While tracing ``setup``'s function, calls of repeated blocks go through templates."""
     fn = setup.fn
     rec = reads.watching()
-    members = find_groups(fn) if enabled and isinstance(fn, torch.nn.Module) and rec is not None \
-        and setup.session.dynamic is False else {}
+    with reads.paused():        # our own walk over the modules: no user code runs in it
+        members = find_groups(fn) if enabled and isinstance(fn, torch.nn.Module) and rec is not None \
+            and setup.session.dynamic is False else {}
     reuse = Reuse(setup.session, members, rec)
     if not members:
         yield reuse

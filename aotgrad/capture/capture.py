@@ -21,8 +21,8 @@ from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
-from .block_graph import SharedGradient, inline_blocks
-from .blocks import reusing
+from .block_graph import SharedGradient, UnseenUsed, inline_blocks
+from .blocks import reusing, unseen_inputs
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import layout
 from ..runtime.hooks import observed
@@ -90,7 +90,7 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     lay = layout(analysis)
     reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
-        joint, info["direct grads"] = _joint(setup, analysis, lay, reuse)
+        joint, info["direct grads"], info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"] = reuse.count()
     if setup.session.grad_enabled or not lay.is_inference:
@@ -118,19 +118,31 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
 
 
 def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
-    """The joint with repeated blocks inlined, and how many gradients blocks wrote directly."""
-    def trace(direct: bool):
+    """The joint with repeated blocks inlined, how many gradients blocks wrote directly and how
+    many inputs the trace did not see.
+
+    Tried in order: blocks' own parameters unseen by the trace and their gradients written
+    directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
+    attempt that cannot stand for the program is dropped for the next."""
+    def trace(direct: bool, unseen: frozenset):
         reuse.calls = 0
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
-            direct_grads=direct)))
-        return joint, inline_blocks(joint)
+            direct_grads=direct, unseen=unseen)))
+        return joint, inline_blocks(joint, joint.meta.pop("aotgrad block calls")), len(unseen)
+    attempts = [(False, frozenset())]
     if reuse.members:
+        unseen = unseen_inputs(reuse.members, setup, analysis)
+        attempts = [(True, unseen)] * bool(unseen) + [(True, frozenset())] + attempts
+    for direct, unseen in attempts[:-1]:
         try:
-            return trace(True)
+            return trace(direct, unseen)
         except SharedGradient:      # a block's parameter also used outside the blocks
-            pass
-    return trace(False)
+            continue
+        except errors.TraceError as e:
+            if not isinstance(e.__cause__, UnseenUsed):
+                raise
+    return trace(*attempts[-1])
 
 
 def _refuse_used_inner_leaves(joint, analysis) -> None:

@@ -10,47 +10,60 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .._torch import lazy_graph_modules, register_stack_trace_anchor
+from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
 from ..passes.rng_positions import backward_begins
-from .block_graph import DIRECT, Direct
+from .block_graph import DIRECT, Direct, UnseenUsed
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
 
 
 def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: bool,
-                   direct_grads: bool = False):
-    """``direct_grads``: repeated blocks hand their inputs' gradients straight to the output
-    (see :class:`.block_graph.Direct`); the trace must go through :func:`.inline_blocks`."""
+                   direct_grads: bool = False, unseen: dict | None = None):
+    """``direct_grads``: repeated blocks hand their inputs' gradients straight to the output;
+    ``unseen``: ``{input index: fake}`` of inputs the traced function does not take (only repeated
+    blocks read them; see :class:`.block_graph.Direct`). Either needs :func:`.inline_blocks`.
+    The last call's :class:`.block_graph.Direct` is ``joint.direct``."""
+    unseen = unseen or {}
+
     def joint(*flat):
-        primals, tangents = flat[:lay.n_primals], flat[lay.n_primals:]
+        n_seen = lay.n_primals - len(unseen)
+        seen, tangents = iter(flat[:n_seen]), flat[n_seen:]
         with functional_mode():
-            f_ins = [to_functional(p) for p in primals]
+            # An unseen input's stand-in is its fake itself: only block calls read it (Direct checks).
+            f_ins = [unseen[i] if i in unseen else to_functional(next(seen)) for i in range(lay.n_primals)]
             # Mutating a clone keeps the original value for autograd.grad to differentiate.
             call_ins = [f.clone() if info.mutates_data and info.requires_grad else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
-            direct = Direct({id(call_ins[i]): k - n for k, i in enumerate(lay.grad_of)
-                             if call_ins[i] is f_ins[i]} if direct_grads else {})
+            direct = joint.direct = Direct(
+                {id(call_ins[i]): k - n for k, i in enumerate(lay.grad_of) if call_ins[i] is f_ins[i]}
+                if direct_grads else {}, {id(f_ins[i]): i for i in unseen})
             DIRECT.append(direct)
             try:
                 with torch.set_grad_enabled(grad_enabled):
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
-                grads = []
-                if lay.grad_of:
+                grads = [None] * n
+                wrt = [k for k, i in enumerate(lay.grad_of) if i not in unseen]
+                if lay.grad_of and not wrt:
+                    direct.missed = True        # autograd.grad needs an input to run the backward
+                elif lay.grad_of:
                     backward_begins()
                     direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
                     # (autocast regions are for the forward): its casts are the forward's alone.
                     with module_state(flat_fn, call_ins), autocast_off():
-                        grads = torch.autograd.grad(
-                            [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
+                        got = torch.autograd.grad(
+                            [fw[i] for i in lay.tangent_of], [f_ins[lay.grad_of[k]] for k in wrt],
                             [to_functional(t) for t in tangents], allow_unused=True)
+                    for k, g in zip(wrt, got):
+                        grads[k] = g
             finally:
                 DIRECT.pop()
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
+    joint.direct = None
     return joint
 
 
@@ -61,24 +74,57 @@ def _anchor_user_frames(user_fn) -> None:
 
 
 def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
-                lay: JointLayout, user_fn=None, direct_grads: bool = False) -> torch.fx.GraphModule:
+                lay: JointLayout, user_fn=None, direct_grads: bool = False,
+                unseen: frozenset = frozenset()) -> torch.fx.GraphModule:
+    """The joint graph; ``direct_grads`` and ``unseen`` (input indices) as in :func:`joint_function`.
+    Raises :class:`.block_graph.UnseenUsed` when something other than one block read an unseen input."""
     with session.fake_mode:
         tangents = [torch.empty_strided(analysis.fake_outputs[i].shape,
                                         _contiguous_strides(analysis.fake_outputs[i].shape),
                                         dtype=analysis.fake_outputs[i].dtype,
                                         device=analysis.fake_outputs[i].device)
                     for i in lay.tangent_of]
-    fn = joint_function(flat_fn, analysis, lay, session.grad_enabled, direct_grads)
+    fn = joint_function(flat_fn, analysis, lay, session.grad_enabled, direct_grads,
+                        {i: fake_inputs[i] for i in unseen})
     _anchor_user_frames(user_fn)
+    seen = [f for i, f in enumerate(fake_inputs) if i not in unseen]
     # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
     # running for real (which would bake a constant and consume the real RNG).
     # An explicit (empty) decomposition table: without one, torch >= 2.14.1 turns every
     # aten.detach into aten.alias, which the clean-up cannot tell from a user's alias.
     # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
-    with session.fake_mode, traceable_ops(), lazy_graph_modules():
-        return make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
-                       _allow_non_fake_inputs=True)(*fake_inputs, *tangents)
+    try:
+        with session.fake_mode, traceable_ops(), lazy_graph_modules():
+            gm = make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
+                         _allow_non_fake_inputs=True)(*seen, *tangents)
+    except Exception:
+        if fn.direct is not None and fn.direct.missed:
+            raise UnseenUsed from None
+        raise
+    finally:
+        if fn.direct is not None:
+            fn.direct.forget()
+    if fn.direct is not None and fn.direct.missed:
+        raise UnseenUsed
+    if unseen:
+        _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
+    gm.meta["aotgrad block calls"] = fn.direct.calls if fn.direct is not None else {}
+    return gm
+
+
+def _add_inputs(graph: torch.fx.Graph, unseen: dict, n_primals: int) -> None:
+    """Placeholders for the unseen inputs, each at its index among the joint's inputs."""
+    traced = list(graph.find_nodes(op="placeholder"))
+    first = next(iter(graph.nodes))
+    with graph.inserting_before(first):
+        made = {i: graph.placeholder(f"unseen_{i}") for i in sorted(unseen)}
+    for i, node in made.items():
+        node.meta["val"] = fake_like(unseen[i])
+    seen = iter(traced)
+    order = [made[i] if i in made else next(seen) for i in range(n_primals)] + list(seen)
+    for before, node in zip(order, order[1:]):
+        before.append(node)
 
 
 def _contiguous_strides(shape):

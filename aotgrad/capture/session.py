@@ -21,6 +21,7 @@ from .._torch import (
     is_compiling_flag, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
 )
 from ..scoped import Shared, Stack
+from .block_graph import DIRECT, UnseenUsed
 
 
 @dataclass
@@ -154,6 +155,9 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             device = _device(args[0])
             if device is not None:
                 return device
+        direct = DIRECT[-1] if DIRECT else None
+        if direct is not None and direct.unseen and direct.touches(args, kwargs or {}):
+            raise UnseenUsed(f"{func} reads an input only repeated blocks were to read")
         written = _written(func)
         if written:
             for t in _args_at(func, written, args, kwargs or {}):

@@ -87,7 +87,6 @@ class InputGuards:
 def build(specs, descs, conditions) -> InputGuards:
     slow, bind_src, used = _source("check_all", specs, conditions)
     env = {"torch": torch}
-    exec(compile_source(slow + "\n\n" + bind_src, "input guards"), env)
     k, fast = _static_prefix(specs, descs)
     src = slow
     if k:
@@ -95,13 +94,25 @@ def build(specs, descs, conditions) -> InputGuards:
         offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
                           if not descs[i].is_state())
         head = "flat" if k == len(specs) else f"flat[:{k}]"     # all static (the usual case): no slice copy
-        src = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
-               "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest + "\n\n" + slow)
+        check = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
+                 "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest)
+        src = check + "\n\n" + slow
         env["fast"] = fast
-        exec(compile_source(src, "input guards"), env)
+        exec(compile_source(check + "\n\n" + bind_src, "input guards"), env)
+        env["check_all"] = _compiled_on_first_call(slow, env)
     else:
+        exec(compile_source(slow + "\n\n" + bind_src, "input guards"), env)
         env["check"] = env["check_all"]
     return InputGuards(tuple(specs), tuple(descs), tuple(used), src + "\n\n" + bind_src, env["check"], env["bind"])
+
+
+def _compiled_on_first_call(src: str, env: dict):
+    """``check_all``, the check that says which input failed, compiled when the fast check first
+    fails: its source has a few lines per input (a tenth of a deep model's capture to compile)."""
+    def check_all(flat):
+        exec(compile_source(src, "input guards"), env)      # replaces this stub in env
+        return env["check_all"](flat)
+    return check_all
 
 
 def _static_prefix(specs, descs):

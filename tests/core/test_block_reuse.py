@@ -220,11 +220,18 @@ def _flat_and_reused_agree(make):
     return c_on
 
 
-def test_block_parameters_get_their_gradients_directly():
-    """Each block's own parameters (4 blocks x 6) skip the trace's autograd; nothing else does."""
+def _unseen(captured) -> int:
+    return next(s.info["unseen inputs"] for s in captured.history if s.name == "trace joint")
+
+
+def test_block_parameters_stay_out_of_the_trace():
+    """Each block's own parameters (4 blocks x 6) are not inputs of the traced function and skip
+    its autograd; nothing else does."""
     captured = _flat_and_reused_agree(make_stack())
-    assert reused(captured) == 4 and _direct(captured) == 24
+    assert reused(captured) == 4 and _direct(captured) == 24 and _unseen(captured) == 24
     assert compiled_and_reused(make_stack()) == 4
+    assert [n.name for n in captured.joint.graph.find_nodes(op="placeholder")][:3] == \
+        ["p_inp_weight", "p_inp_bias", "p_blocks_0_ln_weight"]
 
 
 class OutsideUse(Stack):
@@ -246,14 +253,37 @@ class GradInside(Stack):
         return F.mse_loss(self.out(h).squeeze(-1), y) + self.out(h).mean() * g.norm()
 
 
-@pytest.mark.parametrize("cls", [OutsideUse, GradInside])
-def test_gradients_blocks_share_with_other_uses_match_the_flat_trace(cls):
+class CalledTwice(Stack):
+    """One block applied twice: its parameters' gradients have two contributions."""
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return F.mse_loss(self.out(self.blocks[0](h)).squeeze(-1), y)
+
+
+class CaughtOutside(Stack):
+    """An op outside the blocks reads a block's parameter inside a try/except that swallows
+    everything: the trace must still notice and trace that parameter as an input."""
+
+    def forward(self, x, y):
+        try:
+            extra = self.blocks[3].fc2.bias.abs().sum()
+        except Exception:
+            extra = 0.0
+        return super().forward(x, y) + extra
+
+
+@pytest.mark.parametrize("cls, direct, calls", [(OutsideUse, 0, 4), (GradInside, 24, 4), (CalledTwice, 18, 5),
+                                                (CaughtOutside, 0, 4)])
+def test_block_parameters_with_other_uses_match_the_flat_trace(cls, direct, calls):
     def make():
         torch.manual_seed(0)
         g = torch.Generator().manual_seed(1)
         return cls(Block, 4).train(), (torch.randn(6, 3, generator=g), torch.randn(6, generator=g))
     captured = _flat_and_reused_agree(make)
-    assert reused(captured) == 4
-    if cls is OutsideUse:       # traced again without direct gradients: autograd adds both up
-        assert _direct(captured) == 0
-    assert compiled_and_reused(make) == 4
+    # Each one is traced again with every input seen; those with a gradient from outside the
+    # blocks once more, without direct gradients (autograd adds them up in a flat trace's order).
+    assert reused(captured) == calls and _direct(captured) == direct and _unseen(captured) == 0
+    assert compiled_and_reused(make) == calls

@@ -41,7 +41,12 @@ def test_plain_fake_leaves_other_tensors_to_from_tensor():
     assert plain_fake(mode, torch.randn(2, requires_grad=True) * 2) is None   # not a leaf
     assert plain_fake(mode, torch.randn(3, dtype=torch.complex64).conj()) is None     # conjugate bit
     assert plain_fake(mode, torch.randn(4, 4)[:, :2].contiguous()) is not None
-    assert plain_fake(mode, torch.randn(4, 4).t()) is None                    # a view, too
+    leaf = torch.randn(16, requires_grad=True)
+    assert plain_fake(mode, leaf.view(4, 4)) is None                          # a view that requires grad
+    # A view of its whole storage (a buffer registered as mask.view(1, 1, n, n)): its own layout.
+    for view in (torch.randn(16).view(1, 4, 4), torch.randn(4, 4).t()):
+        fake = plain_fake(mode, view)
+        assert fake.shape == view.shape and fake.stride() == view.stride() and not fake._is_view()
 
 
 def test_parameter_reached_through_a_global_is_refused():
