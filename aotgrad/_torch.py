@@ -142,7 +142,7 @@ def plain_fake(mode, t):
             or (t._is_view() and t.requires_grad) \
             or t.storage_offset() != 0 or t.is_quantized or t.is_nested or t.is_conj() or t.is_neg() \
             or any(getattr(t, "names", None) or ()) or t.device.type == "meta" \
-            or not is_non_overlapping_and_dense_or_false(t) \
+            or not (t.is_contiguous() or is_non_overlapping_and_dense_or_false(t)) \
             or t.untyped_storage().nbytes() != t.numel() * t.element_size():
         return None
     grad = t.grad

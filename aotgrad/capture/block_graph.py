@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
+from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
 from ..scoped import Stack
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
@@ -200,11 +200,14 @@ class BlockFunction(torch.autograd.Function):
         t = TEMPLATES[key]
         ctx.key, ctx.call, ctx.bound, ctx.slots, ctx.direct = key, next(_calls), bound, slots, direct
         passed = [x for x, b in zip(ins, bound) if b < 0]
-        if direct is not None:
+        if direct is None:
+            # The metadata pass (no joint traced): outputs of the right layout are all it needs.
+            res = [FunctionalTensor.to_functional(f) for f in fresh_fakes(detect_fake_mode(), t.fw_metas)]
+        else:
             direct.record(ctx.call, ctx.call, bound, (0,) * len(bound))
-        # The node is replaced by the template's copies, which have their stack traces.
-        with no_stack_traces(), fake_cache_off():
-            res = torch.ops.aotgrad.block_fw.default(passed, key, ctx.call)
+            # The node is replaced by the template's copies, which have their stack traces.
+            with no_stack_traces(), fake_cache_off():
+                res = torch.ops.aotgrad.block_fw.default(passed, key, ctx.call)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
         ctx.save_for_backward(*passed)
         return tuple(res)

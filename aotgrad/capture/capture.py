@@ -12,6 +12,7 @@ from ..frontend.aliasing import find_groups, rebase
 from ..frontend.distributed import refuse_wrapped
 from ..frontend.flatten import flat_function, signature
 from ..guards import inputs as input_guards
+from ..guards import reads
 from ..guards import state as state_guards
 from ..guards.recorded import call_leaves, recorded
 from ..frontend.jit_options import root_name
@@ -191,7 +192,8 @@ def name_placeholders(gm, descs) -> None:
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
     sig, tensors, descs = signature(fn, args, kwargs)
     session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
-    fakes = session.fakeify_all(tensors, dynamic_dims)
+    with reads.paused():        # torch's own Python: no user code to watch
+        fakes = session.fakeify_all(tensors, dynamic_dims)
     return Setup(fn, sig, tuple(descs), flat_function(fn, sig), session, tuple(fakes), tuple(tensors))
 
 
