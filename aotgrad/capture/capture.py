@@ -130,6 +130,8 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
             direct_grads=direct, unseen=unseen)))
+        if unseen and joint.graph.find_nodes(op="get_attr"):
+            raise UnseenUsed("a constant in the graph may be an unseen input's stand-in")
         return joint, inline_blocks(joint, joint.meta.pop("aotgrad block calls")), len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:
@@ -140,8 +142,11 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
             return trace(direct, unseen)
         except SharedGradient:      # a block's parameter also used outside the blocks
             continue
-        except errors.TraceError as e:
-            if not isinstance(e.__cause__, UnseenUsed):
+        except (errors.AotgradError, UnseenUsed) as e:
+            # A stand-in may have failed in a way that hid it (an error of the program's own, a
+            # constant): the next attempt, with every input seen, decides. Without stand-ins an
+            # error is the program's.
+            if not unseen and not isinstance(e.__cause__, UnseenUsed):
                 raise
     return trace(*attempts[-1])
 

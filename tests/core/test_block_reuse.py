@@ -275,8 +275,15 @@ class CaughtOutside(Stack):
         return super().forward(x, y) + extra
 
 
+class DataOutside(Stack):
+    """A block's parameter read through .data outside the blocks (no gradient, another tensor)."""
+
+    def forward(self, x, y):
+        return super().forward(x, y) + self.blocks[1].fc1.weight.data.sum() * 0.1
+
+
 @pytest.mark.parametrize("cls, direct, calls", [(OutsideUse, 0, 4), (GradInside, 24, 4), (CalledTwice, 18, 5),
-                                                (CaughtOutside, 0, 4)])
+                                                (CaughtOutside, 0, 4), (DataOutside, 24, 4)])
 def test_block_parameters_with_other_uses_match_the_flat_trace(cls, direct, calls):
     def make():
         torch.manual_seed(0)
