@@ -10,6 +10,7 @@ import torch
 from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
+from .passes.compact_saved import compact_saved
 from .options import CompileOptions
 from .runtime.call import make_call
 from .runtime.epilogue import eager_layout
@@ -58,7 +59,10 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                 return fw(*flat)
     else:
         with timed(history, "partition") as info:
-            part = partition.get(options.resolved_partitioner(), options.memory_budget)(captured.joint, lay)
+            joint = captured.joint
+            if "inductor" in (options.fw_compiler, options.bw_compiler):
+                joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
+            part = partition.get(options.resolved_partitioner(), options.memory_budget)(joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):

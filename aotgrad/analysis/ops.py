@@ -105,3 +105,8 @@ def is_cheap(node: fx.Node) -> bool:
 
 def is_expensive(node: fx.Node) -> bool:
     return packet(node) in EXPENSIVE
+
+
+RUNS_IN_FORWARD = "aotgrad_runs_in_forward"
+"""Node meta key: the partitioners run the node in the forward even though no forward output needs
+it (a pass's smaller stand-in for a value the backward reads, ``passes.compact_saved``)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from ..analysis.ops import draws_at_backward, has_side_effect
+from ..analysis.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect
 from ..ir.records import JointLayout
 from .graphs import ancestors, descendants, extract, is_sym, output_values, placeholders
 
@@ -36,8 +36,9 @@ def forward_nodes(joint, lay):
     tangent_dep = descendants(tangents)
     fw = ancestors(fw_outs) | set(primals)
     # Random ops and checks run in the forward, in eager's order, even when unused (the RNG must advance the same).
-    fw |= {n for n in joint.graph.nodes if (is_sym(n) or has_side_effect(n)) and n not in tangent_dep
-           and n.op == "call_function" and not draws_at_backward(n)}
+    # So do nodes a pass placed there (passes.compact_saved: what the backward reads instead of a larger value).
+    fw |= {n for n in joint.graph.nodes if (is_sym(n) or has_side_effect(n) or n.meta.get(RUNS_IN_FORWARD))
+           and n not in tangent_dep and n.op == "call_function" and not draws_at_backward(n)}
     fw = fw | ancestors(fw - set(primals))
     # Unpacking a multi-output op is free; saving its parts beats saving the tuple.
     fw |= {n for n in joint.graph.nodes if n.target is operator.getitem and n.args[0] in fw}

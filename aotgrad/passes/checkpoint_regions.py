@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
-from .cleanup import _copy
+from .cleanup import copy_module
 
 
 def eager_checkpoint(body: fx.GraphModule, *args, **options):
@@ -40,7 +40,7 @@ def untag_checkpoints(gm: fx.GraphModule) -> fx.GraphModule:
     nested = {name: untag_checkpoints(sub) for name, sub in gm.named_children() if isinstance(sub, fx.GraphModule)}
     if not _tagged(gm) and all(nested[k] is getattr(gm, k) for k in nested):
         return gm
-    gm = _copy(gm)
+    gm = copy_module(gm)
     for name, sub in nested.items():
         sub.meta.update(getattr(gm, name).meta)
         setattr(gm, name, sub)

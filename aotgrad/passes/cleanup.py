@@ -13,7 +13,7 @@ from .._torch import copy_graph
 from ..analysis.ops import has_side_effect
 
 
-def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A new graph module to edit; node metadata (fake values) is shared, not deep-copied."""
     g = fx.Graph()
     out = copy_graph(g, gm.graph, {})
@@ -45,7 +45,7 @@ def _drop_dead(g: fx.Graph) -> None:
 
 def _pure(*edits):
     def run(gm: fx.GraphModule) -> fx.GraphModule:
-        gm = _copy(gm)
+        gm = copy_module(gm)
         for edit in edits:
             edit(gm.graph)
         gm.recompile()

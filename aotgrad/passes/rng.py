@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
-from .cleanup import _copy, _drop_dead
+from .cleanup import _drop_dead, copy_module
 from .rng_layout import draw_in_memory_order, needs_memory_order
 from .rng_positions import ENDS, PHASE
 from .rng_rewind import restore_after
@@ -85,7 +85,7 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     at = [n.meta.get(RNG_META) for n in drawn]
     if not (len(set(at)) < len(at) or _rewound(at, gm.meta.get(ENDS, {})) or needs_memory_order(drawn)):
         return gm
-    gm = _copy(gm)
+    gm = copy_module(gm)
     first = _share_replays(gm.graph)
     _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
     draw_in_memory_order(gm)
