@@ -83,8 +83,10 @@ def _repr(options) -> str:
 class CompileOptions:
     """How a captured step is partitioned and compiled.
 
-    ``partitioner="auto"`` (the default) is ``"min_cut"`` when a ``memory_budget`` is given
-    and ``"default"`` otherwise; ``"default"`` with a budget is refused (it has no budget).
+    ``partitioner="auto"`` (the default) is ``"min_cut"`` when a ``memory_budget`` is given or
+    Inductor compiles a half (it fuses what the backward recomputes; the min cut never saves more
+    than ``"default"``, and is torch.compile's own choice for Inductor), and ``"default"``
+    otherwise; ``"default"`` with a budget is refused (it has no budget).
     """
     fw_compiler: object = field(default="eager", metadata=_key("forward graph compiler: a registered name or callable"))
     bw_compiler: object = field(default=None, metadata=_key("backward graph compiler; None: the forward's"))
@@ -134,7 +136,8 @@ class CompileOptions:
     def resolved_partitioner(self):
         """The partitioner ``partition.get`` is asked for: ``"auto"`` made concrete."""
         if self.partitioner == "auto":
-            return "min_cut" if self.memory_budget is not None else "default"
+            inductor = any(isinstance(c, str) and c == "inductor" for c in (self.fw_compiler, self.bw_compiler))
+            return "min_cut" if self.memory_budget is not None or inductor else "default"
         return self.partitioner
 
     def cache_key(self) -> dict:

@@ -87,7 +87,8 @@ class Captured:
                 memory_budget=None, *, options: CompileOptions | None = None) -> "Compiled":
         """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,
         which documents each). ``memory_budget``: a fraction (float, 0..1] of the default partitioner's
-        saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted min cut.
+        saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted min cut (and the
+        min cut for the Inductor compiler).
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
         from .ir.values import with_values

@@ -93,6 +93,17 @@ def test_cache_key_holds_the_keyed_fields_with_auto_made_concrete():
     assert key(CompileOptions(memory_budget=0.3)) == key(CompileOptions(partitioner="min_cut", memory_budget=0.3))
     assert key(CompileOptions(memory_budget=0.3)) != key(CompileOptions(memory_budget=0.5))
     assert key(CompileOptions(fw_compiler="inductor")) != key(CompileOptions())
+    assert key(CompileOptions(fw_compiler="inductor")) == key(CompileOptions(fw_compiler="inductor",
+                                                                             partitioner="min_cut"))
+
+
+def test_auto_is_the_min_cut_for_inductor():
+    """Inductor fuses what a backward recomputes (torch.compile's own choice); other compilers keep
+    the default partition, and an explicit partitioner is kept."""
+    assert CompileOptions(fw_compiler="inductor").resolved_partitioner() == "min_cut"
+    assert CompileOptions(bw_compiler="inductor").resolved_partitioner() == "min_cut"
+    assert CompileOptions(fw_compiler="inductor", partitioner="default").resolved_partitioner() == "default"
+    assert CompileOptions(fw_compiler=lambda gm, ex: gm).resolved_partitioner() == "default"
 
 
 def test_export_checks_its_partitioner_options_before_writing(tmp_path):
