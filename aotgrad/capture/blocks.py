@@ -176,6 +176,7 @@ class Reuse:
     off: bool = False
     traced: dict = field(default_factory=dict)      # call key -> Traced or None (runs flat)
     calls: int = 0
+    ran_flat: set = field(default_factory=set)      # id of each member a call of which ran flat
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
@@ -188,6 +189,7 @@ class Reuse:
         if hit is _MISSING:
             hit = self.traced[key] = self._trace(module, m, state, call) if self.may_trace else None
         if hit is None:
+            self.ran_flat.add(id(module))
             return _FLAT["call"](module, *args, **kwargs)
         self.calls += 1
         if module is not hit.owner and self.recording is not None:
@@ -317,19 +319,21 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
 
 
-def unseen_inputs(members: dict, setup, analysis) -> frozenset:
+def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
     """Indices of the inputs the joint's trace need not take (see :class:`.block_graph.Direct`): the
     parameters and buffers of one repeated block each, not shared with another block, passed once,
-    not written or returned by the program. Uses elsewhere are found by the trace itself."""
+    not written or returned by the program, of a block no call of which ran flat in the metadata
+    pass (a template refused: random ops, a mutation). Other uses are found by the trace itself."""
     if setup.rebase is not None:
         return frozenset()
     index: dict = {}
     for i, t in enumerate(setup.real_inputs):
         index[id(t)] = None if id(t) in index else i
-    owners: dict = {}
-    for m in members.values():
+    owners: dict = {}       # tensor id -> how many members hold it (None: one that ran flat does)
+    for k, m in reuse.members.items():
         for d, attr in m.firsts:
-            owners[id(d[attr])] = owners.get(id(d[attr]), 0) + 1
+            tid = id(d[attr])
+            owners[tid] = None if k in reuse.ran_flat or tid in owners else 1
     returned = {o.index for o in analysis.outputs if o.kind in ("input", "input_view", "input_detached")}
     unseen = set()
     for tid, count in owners.items():

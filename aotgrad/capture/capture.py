@@ -130,12 +130,13 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
             direct_grads=direct, unseen=unseen)))
-        if unseen and joint.graph.find_nodes(op="get_attr"):
-            raise UnseenUsed("a constant in the graph may be an unseen input's stand-in")
+        if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
+                          for n in joint.graph.find_nodes(op="get_attr")):
+            raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
         return joint, inline_blocks(joint, joint.meta.pop("aotgrad block calls")), len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:
-        unseen = unseen_inputs(reuse.members, setup, analysis)
+        unseen = unseen_inputs(reuse, setup, analysis)
         attempts = [(True, unseen)] * bool(unseen) + [(True, frozenset())] + attempts
     for direct, unseen in attempts[:-1]:
         try:

@@ -294,3 +294,36 @@ def test_block_parameters_with_other_uses_match_the_flat_trace(cls, direct, call
     # blocks once more, without direct gradients (autograd adds them up in a flat trace's order).
     assert reused(captured) == calls and _direct(captured) == direct and _unseen(captured) == 0
     assert compiled_and_reused(make) == calls
+
+
+def test_blocks_that_ran_flat_keep_their_parameters_seen(monkeypatch):
+    """A block whose template was refused (random ops) runs its own code, which reads its
+    parameters: they are traced as inputs from the start, not found missing and traced again."""
+    import importlib
+    cap = importlib.import_module("aotgrad.capture.capture")
+    traces = []
+    original = cap.trace_joint
+    monkeypatch.setattr(cap, "trace_joint", lambda *a, **k: traces.append(k["unseen"]) or original(*a, **k))
+    model, args = make_stack(lambda: Block(p=0.5))()
+    captured = aotgrad.capture(model, *args)
+    assert reused(captured) == 0 and _unseen(captured) == 0 and traces == [frozenset()]     # one trace
+    traces.clear()
+    model, args = make_stack()()
+    assert _unseen(aotgrad.capture(model, *args)) == 24 and len(traces) == 1
+
+
+class WithConstant(Stack):
+    """A tensor built from data in the function: a real constant in the graph, not a stand-in."""
+
+    def forward(self, x, y):
+        return super().forward(x, y) * torch.tensor([1.5, 2.0]).sum()
+
+
+def test_real_constants_do_not_drop_unseen_inputs():
+    def make():
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        return WithConstant(Block, 4).train(), (torch.randn(6, 3, generator=g), torch.randn(6, generator=g))
+    captured = _flat_and_reused_agree(make)
+    assert captured.joint.graph.find_nodes(op="get_attr") and _unseen(captured) == 24
+    assert compiled_and_reused(make) == 4
