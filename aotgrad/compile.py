@@ -60,7 +60,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
     else:
         with timed(history, "partition") as info:
             joint = captured.joint
-            if "inductor" in (options.fw_compiler, options.bw_compiler):
+            if options.compiles_with("inductor"):
                 joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
             part = partition.get(options.resolved_partitioner(), options.memory_budget)(joint, lay)
             info["saved"] = len(part.saved)

@@ -121,7 +121,7 @@ class CompileOptions:
         if not isinstance(cg, CudaGraphsOptions):
             raise OptionError(f"cudagraphs={cg!r}: give a dict of the cudagraphs compiler's options, e.g. "
                               "{'max_recordings': 4}", user_line=caller_line())
-        if not any(isinstance(c, str) and c == "cudagraphs" for c in (self.fw_compiler, self.bw_compiler)):
+        if not self.compiles_with("cudagraphs"):
             raise OptionError(f"cudagraphs={cg!r} is given but neither fw_compiler={self.fw_compiler!r} nor "
                               f"bw_compiler={self.bw_compiler!r} is 'cudagraphs'; name it there",
                               user_line=caller_line())
@@ -133,11 +133,14 @@ class CompileOptions:
         _refuse_unknown(api, options, names(), extra, MEANT)
         return cls(**options)
 
+    def compiles_with(self, name: str) -> bool:
+        """Whether the registered compiler ``name`` compiles the forward or the backward."""
+        return any(isinstance(c, str) and c == name for c in (self.fw_compiler, self.bw_compiler))
+
     def resolved_partitioner(self):
         """The partitioner ``partition.get`` is asked for: ``"auto"`` made concrete."""
         if self.partitioner == "auto":
-            inductor = any(isinstance(c, str) and c == "inductor" for c in (self.fw_compiler, self.bw_compiler))
-            return "min_cut" if self.memory_budget is not None or inductor else "default"
+            return "min_cut" if self.memory_budget is not None or self.compiles_with("inductor") else "default"
         return self.partitioner
 
     def cache_key(self) -> dict:

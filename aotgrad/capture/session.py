@@ -17,8 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from .._torch import (
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
-    is_functional_tensor,
-    is_compiling_flag, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
+    is_compiling_flag, is_functional_tensor, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
 )
 from ..scoped import Shared, Stack
 from .block_graph import DIRECT, UnseenUsed
@@ -184,6 +183,8 @@ def _device(t):
     if type(t) is FakeTensor:
         return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
     return None
+
+
 _WRITTEN: dict = {}     # a true cache: an operator's schema never changes
 
 

@@ -28,6 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import copy_node
 from ..analysis.ops import RUNS_IN_FORWARD
+from ..partition.graphs import descendants
 from .cleanup import copy_module
 
 _POOL = torch.ops.aten.max_pool2d_with_indices.default
@@ -80,9 +81,7 @@ def _inline(graph: fx.Graph, fn, args: list, before: fx.Node) -> fx.Node:
     vals = [a.meta["val"] for a in args]
     with vals[0].fake_mode:
         sub = make_fx(fn, decomposition_table={})(*vals)
-    env: dict = {}
-    ph = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    env.update(zip(ph, args))
+    env = dict(zip(sub.graph.find_nodes(op="placeholder"), args))
     with graph.inserting_before(before):
         for n in sub.graph.nodes:
             if n.op == "call_function":
@@ -135,12 +134,7 @@ _DIV = torch.ops.aten.div.Scalar
 
 def _masks(joint: fx.GraphModule, n_primals: int) -> list:
     """``(draw, mask, backward uses)`` of every ``mask = bernoulli(..., q) / q`` the backward reads."""
-    backward, todo = set(), list(joint.graph.find_nodes(op="placeholder"))[n_primals:]
-    while todo:         # what depends on a tangent
-        n = todo.pop()
-        if n not in backward:
-            backward.add(n)
-            todo.extend(n.users)
+    backward = descendants(list(joint.graph.find_nodes(op="placeholder"))[n_primals:])     # of the tangents
     found = []
     for draw in joint.graph.find_nodes(op="call_function", target=_BERNOULLI):
         val = draw.meta.get("val")
@@ -158,10 +152,13 @@ def _bool_mask(graph: fx.Graph, draw: fx.Node, mask: fx.Node, uses: list) -> Non
     """The forward's uses read a mask made from the bool too, so that a partitioner recomputing
     the masked value in the backward needs only the bool (and the value masked)."""
     q, dtype = mask.args[1], mask.meta["val"].dtype
+
+    def expand(k):
+        return k.to(dtype).div(q)
     kept = _inline(graph, lambda b: b.to(torch.bool), [draw], mask)
     kept.meta[RUNS_IN_FORWARD] = True
-    forward = _inline(graph, lambda k: k.to(dtype).div(q), [kept], mask)
+    forward = _inline(graph, expand, [kept], mask)
     for user in uses:
-        user.replace_input_with(mask, _inline(graph, lambda k: k.to(dtype).div(q), [kept], user))
+        user.replace_input_with(mask, _inline(graph, expand, [kept], user))
     mask.replace_all_uses_with(forward)
     graph.erase_node(mask)
