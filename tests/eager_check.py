@@ -248,6 +248,46 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     return Run(fn_c, args_c, kw_c, out_c, compiled)
 
 
+def check_usage(make: Callable, usage: Callable, *, compile: Callable = default_compile,
+                rtol: float = 1.3e-6, atol: float = 1e-5, **opts):
+    """Compare a usage pattern (several calls, backwards, optimizer steps and writes in between,
+    in any order) eagerly and compiled; return what the compiled run kept, or the exception both
+    raised.
+
+    ``make()`` returns fresh ``(fn, args, kwargs)``, called under one seed for both runs.
+    ``usage(call, fn, args, kwargs)`` runs the pattern with ``call`` (``fn`` itself, or ``fn``
+    compiled) and returns what the user kept: any pytree of tensors, as they are (not copied: a
+    later call must not change what an earlier one returned). Compared once the pattern ends: the
+    kept tensors (as ``check`` compares outputs), every state tensor and its ``.grad``, the RNG.
+    When eager raises, the compiled run must raise an exception of the same type."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(1234)
+        fn, args, kwargs = make()
+        call = compile(fn, args, kwargs, **dict(opts)) if compiled else fn
+        torch.manual_seed(0)
+        try:
+            runs.append((usage(call, fn, args, kwargs), _state(fn, args, kwargs), rng_state()))
+        except aotgrad.errors.AotgradError:
+            raise
+        except Exception as e:      # noqa: BLE001  eager's error is compared, not hidden
+            runs.append((e, None, None))
+    (kept_e, state_e, rng_e), (kept_c, state_c, rng_c) = runs
+    if isinstance(kept_e, Exception) or isinstance(kept_c, Exception):
+        said = [f"{type(k).__name__}: {k}" if isinstance(k, Exception) else "no error" for k in (kept_e, kept_c)]
+        assert type(kept_e) is type(kept_c), f"eager: {said[0]}; compiled: {said[1]}"
+        return kept_c
+    _compare_outputs(kept_e, kept_c, list(state_e.values()), list(state_c.values()), rtol, atol)
+    _compare_state(state_e, state_c, rtol, atol)
+    assert_same_rng(rng_e, rng_c, "after the usage")
+    for name, t in state_e.items():
+        g, c = t.grad if t.is_leaf else None, state_c[name].grad if state_c[name].is_leaf else None
+        assert (g is None) == (c is None), f"{name}: grad is {g is not None} eager, {c is not None} compiled"
+        if g is not None:
+            assert_close(g, c, f"grad of {name}", rtol * 10, atol * 10)
+    return kept_c
+
+
 def _named_state(model):
     return {**{f"param {n}": p for n, p in model.named_parameters()},
             **{f"buffer {n}": b for n, b in model.named_buffers()}}

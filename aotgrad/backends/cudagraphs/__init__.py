@@ -12,10 +12,16 @@ The forward and the backward of one compiled function share one memory pool:
 backward graph (``GraphInfo.kind``) is paired with the forward
 compiled just before it (both carry one ``GraphInfo.function_id``; a plain graph pairs
 when it reads that forward's traced output values). Pairing also tells the forward which of its outputs
-are saved for the backward, so those are not cloned.
+are saved for the backward (handed out in recorded memory when nothing else holds them).
 
 Graphs without CUDA tensors use the :class:`~.runners.NullRunner`: same
 logic, no CUDA graph, useful on CPU and in tests.
+
+Output lifetime (:mod:`.lifetime`): what the caller gets never lives in memory a later
+replay writes, except saved tensors only the backward reads, which a replay first moves
+out of its way; so outputs kept across calls, two forwards before one backward and
+``retain_graph=True`` behave as in eager, and a saved input written in place before the
+backward raises eager's version-counter error.
 """
 from __future__ import annotations
 
@@ -28,7 +34,6 @@ from ...options import CudaGraphsOptions
 from .lifetime import StaleOutputError
 from .mutation import written_inputs
 from .recording import Graphed
-from .lifetime import check_fresh
 from .runners import CudaRunner, NullRunner, Pool
 from .segments import split
 from .static import static_inputs
@@ -51,9 +56,9 @@ def _output_names(gm: fx.GraphModule) -> list[str]:
     return [getattr(o, "name", f"output {i}") for i, o in enumerate(gm.graph.output_node().args[0])]
 
 
-def _output_vals(gm: fx.GraphModule) -> dict:
-    outs = [o for o in gm.graph.output_node().args[0] if isinstance(o, fx.Node)]
-    return {id(o.meta.get("val")): o.meta.get("val") for o in outs}
+def _output_vals(gm: fx.GraphModule) -> list:
+    """Per output position, the id of its traced value (None for a constant)."""
+    return [id(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in gm.graph.output_node().args[0]]
 
 
 class CudaGraphs:
@@ -73,8 +78,7 @@ class CudaGraphs:
         runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool.handle))
         compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu", pool)
         compiled.forward = forward
-        self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm), info,
-                                                _output_names(gm))
+        self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm), info)
         self.last_compiled = weakref.ref(compiled)
         return compiled
 
@@ -83,7 +87,7 @@ class CudaGraphs:
         that forward's backward; tells the forward which outputs it saves."""
         if self._forward is None:
             return Pool(use_cuda), None
-        pool, ref, fw_vals, fw_info, fw_names = self._forward
+        pool, ref, fw_vals, fw_info = self._forward
         phs = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
         saved = [phs[i] for i in info.saved_inputs]
         if min(info.function_id, fw_info.function_id) >= 0:
@@ -94,9 +98,15 @@ class CudaGraphs:
             return Pool(use_cuda), None
         forward = ref()
         if isinstance(forward, Graphed):
-            by_info = [fw_names[i] for i in fw_info.saved_outputs if i < len(fw_names)]
-            forward.saved_names = frozenset(by_info or [n.name for n in saved])
+            forward.saved = frozenset(fw_info.saved_outputs) or _last_positions(fw_vals, saved)
         return pool, forward
+
+
+def _last_positions(fw_vals: list, saved) -> frozenset:
+    """For a plain graph: the forward output positions of the backward's ``saved`` placeholders,
+    each the last position of its value (saved values follow the user's outputs)."""
+    last = {v: i for i, v in enumerate(fw_vals)}
+    return frozenset(last[id(n.meta.get("val"))] for n in saved if id(n.meta.get("val")) in last)
 
 
 def _wrap(gm, config, make_runner, device_type, pool):
@@ -110,7 +120,7 @@ def _wrap(gm, config, make_runner, device_type, pool):
             sub = getattr(top, name)
             graphed = Graphed(sub.forward, f"{type(gm).__name__}.{name}", config,
                               _sub_static(top, name, in_place), written_inputs(sub), make_runner,
-                              pool=pool, check_inputs=False)
+                              pool=pool)
             setattr(top, name, _Module(graphed))
     return _Segmented(top, pool)
 
@@ -138,7 +148,6 @@ class _Segmented:
         self.top, self.pool = top, pool
 
     def __call__(self, *args):
-        check_fresh(args)
         return self.top(*args)
 
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import torch
 
-from .lifetime import alias, check_fresh
+from .lifetime import evacuate, hand_out, homes, over
 from .runners import Pool
 
 
@@ -71,9 +71,9 @@ class Recording:
             self._record(args)
         else:
             self._copy_in(args)
+            evacuate(o.pool, self.order)
             self.runner.replay()
         self.replays += 1
-        self.owner.pool.replays += 1
         self._copy_back(args)
         return self.outputs
 
@@ -86,18 +86,15 @@ class Recording:
 
     def _record(self, args):
         o = self.owner
-        self.recorded = True
+        self.recorded, self.order = True, o.pool.next_order()
         self.stable = {i: p for i, p in self.seen.items() if i not in o.in_place}
-        in_place = o.in_place | set(self.stable)
-        self.inputs = [a if i in in_place or not isinstance(a, torch.Tensor) else _static_copy(a)
+        # A stable input is read where it is, through a tensor of our own: the caller's object
+        # (a saved tensor, say) may later move (lifetime.evacuate) while its memory stays.
+        self.inputs = [a if i in o.in_place or not isinstance(a, torch.Tensor) else
+                       over(a.untyped_storage(), a) if i in self.stable else _static_copy(a)
                        for i, a in enumerate(args)]
         self.outputs = self.runner.record(o.fn, self.inputs)
-        own = {self.inputs[i].untyped_storage().data_ptr() for i in in_place
-               if isinstance(self.inputs[i], torch.Tensor)}
-        # Outputs in memory the caller owns are not overwritten by a replay.
-        self.in_caller_memory = frozenset(
-            i for i, t in enumerate(self.outputs)
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in own)
+        self.homes = homes(self.inputs, self.outputs)
 
     def _copy_in(self, args):
         with torch.no_grad():
@@ -116,27 +113,24 @@ class Recording:
 class Graphed:
     """A callable graphed per input key, its recordings in one memory ``pool``.
 
-    Outputs named in ``saved_names`` (consumed only by the backward) are handed
-    out in place and tagged; others are cloned. ``check_inputs=False`` is for
-    segments of a split graph, whose caller checks the inputs once.
+    Outputs at the positions in ``saved`` are read by the backward (set when the
+    backward is paired with this forward); what the caller gets is decided by
+    :func:`.lifetime.hand_out`.
     """
 
     def __init__(self, fn, name: str, config, in_place, written, make_runner, output_names=(),
-                 pool=None, check_inputs: bool = True):
+                 pool=None):
         self.fn, self.name, self.config = fn, name, config
         self.pool = pool if pool is not None else Pool()
-        self.check_inputs = check_inputs
         self.in_place, self.written = frozenset(in_place), tuple(written)
         self.make_runner = make_runner
         self.output_names = tuple(output_names)
-        self.saved_names: frozenset = frozenset()
+        self.saved: frozenset = frozenset()
         self.recordings: OrderedDict = OrderedDict()
         self.eager_calls = 0
         self._warned = False
 
     def __call__(self, *args):
-        if self.check_inputs:
-            check_fresh(args)
         rec = self._lookup(input_key(args, self.in_place))
         if rec is None:
             self.eager_calls += 1
@@ -144,7 +138,7 @@ class Graphed:
         outs = rec(args)
         if rec.calls <= self.config.warmup:
             return outs
-        return self._hand_out(rec, outs)
+        return hand_out(rec, outs, args, self.saved, self.pool)
 
     def _lookup(self, key):
         rec = self.recordings.get(key)
@@ -166,19 +160,3 @@ class Graphed:
                 "evict the least recently used recording"
             warnings.warn(f"aotgrad cudagraphs: {self.name} has {self.config.max_recordings} "
                           f"recordings (max_recordings); new input shapes {what}", stacklevel=3)
-
-    def _hand_out(self, rec, outs):
-        result = []
-        for i, o in enumerate(outs):
-            name = self.output_names[i] if i < len(self.output_names) else f"output {i}"
-            if not isinstance(o, torch.Tensor):
-                result.append(o)
-            elif i in rec.in_caller_memory:
-                # Not a view: a view made under the forward's no_grad would trip
-                # autograd once an optimizer updates the parameter.
-                result.append(alias(o, None))
-            elif name in self.saved_names:
-                result.append(alias(o, (self.pool, self.pool.replays, f"saved tensor {name!r}")))
-            else:
-                result.append(o.clone())
-        return tuple(result)

@@ -17,13 +17,19 @@ import torch
 
 
 class Pool:
-    """One memory pool shared by a compiled function's graphs, and a count of
-    the replays in it: any of them may reuse memory another graph's outputs
-    were recorded in, so this count is what output lifetimes are checked against."""
+    """One memory pool shared by a compiled function's graphs. A recording's replays may write
+    over the outputs of recordings captured after it (into its freed temporaries), so each
+    recording takes its place in ``captures`` order, and the saved tensors handed out in
+    recorded memory are tracked in ``handed`` (``(order, weakref)``; see :mod:`.lifetime`)."""
 
     def __init__(self, cuda: bool = False):
         self.handle = torch.cuda.graph_pool_handle() if cuda else object()
-        self.replays = 0
+        self.captures = 0
+        self.handed: list = []
+
+    def next_order(self) -> int:
+        self.captures += 1
+        return self.captures
 
 
 def _storage_ptr(t) -> int | None:
