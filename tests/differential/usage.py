@@ -2,12 +2,13 @@
 through ``tests.eager_check.check_usage``. Written against the cudagraphs backend, whose replays
 write the same memory every call, but valid for any entry point.
 
-``KINDS``: programs, one per kind of output (plain; saved by the backward as well: ``exp``,
+``KINDS``: programs, one per kind of output (plain; intermediates only the backward reads;
+saved by the backward as well: ``exp``,
 ``sigmoid``, ``tanh``, ``softmax``; a view of an intermediate; aliasing an input; integer; an
 input returned; a module's state updated in place). ``USAGES``: patterns, each
 ``usage(call, fn, args, kwargs) -> kept`` returning what the user kept, uncopied: outputs kept
 across calls, writes to an input, a parameter or an output between forward and backward, two
-forwards before one backward, ``retain_graph=True`` twice (and across a later call), gradients
+forwards before one backward (also under a saved-tensor pack hook), ``retain_graph=True`` twice (and across a later call), gradients
 kept across steps (``.grad`` and ``torch.autograd.grad``), interleaved forwards and backwards.
 """
 from __future__ import annotations
@@ -58,6 +59,11 @@ for _name, _out in {"exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.ta
 @kind("plain")
 def _():
     return (lambda x, w: (x @ w + 1, (x * 2).sum()), (_rg(4, 3), _rg(3, 3)), {})
+
+
+@kind("saved_intermediates_only")
+def _():
+    return (lambda x, w: ((x @ w).sin() * (x * 2).cos(),), (_rg(4, 3), _rg(3, 3)), {})
 
 
 @kind("saved_output_and_its_double")
@@ -169,6 +175,12 @@ def _(call, fn, args, kwargs):
         (_loss(outs[0]) + _loss(outs[1])).backward()
         kept.append(outs)
     return kept
+
+
+@usage("two_forwards_under_a_pack_hook_keeping_views")
+def _(call, fn, args, kwargs):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.view_as(t), lambda t: t):
+        return USAGES["two_forwards_then_one_backward"](call, fn, args, kwargs)
 
 
 @usage("three_forwards_backwards_interleaved")

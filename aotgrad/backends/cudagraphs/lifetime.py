@@ -11,7 +11,9 @@ eager's:
 * every other output is copied out, one copy per recorded storage;
 * a saved tensor in the memory of an output so copied is a view of that copy (the same object
   when it has the same geometry: ``exp``'s result is returned and saved, as in eager);
-* any other saved tensor (read only by the backward) is handed out in recorded memory and
+* any other saved tensor (read only by the backward) is copied out too while saved-tensor hooks
+  are active (a pack hook may keep a view of it, which could not be moved); otherwise it is
+  handed out in recorded memory and
   tracked in its pool: before a replay that may overwrite it (of its own recording, or of one
   captured earlier in the pool) it moves to a copy of its memory, keeping its version. Two
   forwards before one backward and ``retain_graph=True`` thus pay a copy; a step that runs its
@@ -26,7 +28,7 @@ import weakref
 
 import torch
 
-from ..._torch import set_version_counter
+from ..._torch import set_version_counter, top_saved_tensors_default_hooks
 from ...errors import AotgradError
 
 
@@ -90,6 +92,8 @@ def _copied(o: torch.Tensor, key, copies: dict) -> torch.Tensor:
 def hand_out(rec, outs, args, saved: frozenset, pool) -> tuple:
     """What the caller gets for a replay's ``outs`` (see the module docstring)."""
     result, copies = list(outs), {}
+    # A saved-tensor pack hook may keep its own view of a saved tensor, which no move can reach.
+    hooked = top_saved_tensors_default_hooks(False) is not None
     for pass_saved in (False, True):
         for i, (o, home) in enumerate(zip(outs, rec.homes)):
             if home is None or (i in saved) != pass_saved:
@@ -97,11 +101,11 @@ def hand_out(rec, outs, args, saved: frozenset, pool) -> tuple:
             kind, where = home
             if kind == "input":
                 result[i] = _view(args[where], rec.inputs[where], o)
-            elif not pass_saved:
-                result[i] = _copied(o, where, copies)
-            elif where in copies:
+            elif where in copies and pass_saved:
                 ref, copy = copies[where]
                 result[i] = _view(copy, ref, o)
+            elif not pass_saved or hooked:
+                result[i] = _copied(o, where, copies)
             else:
                 result[i] = over(o.untyped_storage(), o)
                 pool.handed.append((rec.order, weakref.ref(result[i])))
