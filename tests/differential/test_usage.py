@@ -25,10 +25,14 @@ def aotgrad_compile(fn, args, kwargs, compiler):
     return aotgrad.capture(fn, *args, **kwargs).compile(fw_compiler=compiler)
 
 
-# Not the cudagraphs backend's: aotgrad's own gradient layout, seen on every backend.
+# Not the cudagraphs backend's: aotgrad's own, seen on every backend (the eager one included).
 KNOWN = {("aliases_input", "autograd_grad_kept_across_steps"):
          "the input's gradient, summed from x.view(-1), x.t() and x * w, comes back with x.t()'s strides "
-         "(1, 4) where eager's is contiguous (3, 1); values are eager's"}
+         "(1, 4) where eager's is contiguous (3, 1); values are eager's",
+         ("mutated_input_returned", "input_written_before_backward"):
+         "an input written in place inside the program is saved as the functional value of that write, "
+         "not as the input: writing the input again before the backward goes unnoticed (eager raises its "
+         "version-counter error); the gradient is the one of the values the forward saw"}
 
 
 def _params():

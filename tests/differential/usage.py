@@ -5,7 +5,7 @@ write the same memory every call, but valid for any entry point.
 ``KINDS``: programs, one per kind of output (plain; intermediates only the backward reads;
 saved by the backward as well: ``exp``,
 ``sigmoid``, ``tanh``, ``softmax``; a view of an intermediate; aliasing an input; integer; an
-input returned; a module's state updated in place). ``USAGES``: patterns, each
+input returned, or written in place and returned; a module's state updated in place). ``USAGES``: patterns, each
 ``usage(call, fn, args, kwargs) -> kept`` returning what the user kept, uncopied: outputs kept
 across calls, writes to an input, a parameter or an output between forward and backward, two
 forwards before one backward (also under a saved-tensor pack hook), ``retain_graph=True`` twice (and across a later call), gradients
@@ -58,7 +58,15 @@ for _name, _out in {"exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.ta
 
 @kind("plain")
 def _():
-    return (lambda x, w: (x @ w + 1, (x * 2).sum()), (_rg(4, 3), _rg(3, 3)), {})
+    return (lambda x, w: (x @ w + 1, x.t() * 2, (x * 2).sum(0).expand(5, 3)), (_rg(4, 3), _rg(3, 3)), {})
+
+
+@kind("mutated_input_returned")
+def _():
+    def f(x, w):
+        x.mul_(2)
+        return x, (x * w).exp()
+    return f, (torch.randn(4, 3), _rg(3)), {}
 
 
 @kind("saved_intermediates_only")
