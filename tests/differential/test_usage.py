@@ -7,22 +7,20 @@ import zlib
 
 import pytest
 
+import aotgrad
 from aotgrad.backends import cudagraphs as cg
 from tests.eager_check import check_usage
 
 from .entries import ENTRIES
 from .usage import KINDS, USAGES
 
-COMPILERS = {
-    "cudagraphs": ENTRIES["capture_cudagraphs"].compile,
-    "cudagraphs_warm": lambda fn, args, kwargs: aotgrad_compile(fn, args, kwargs, cg.configure(warmup=1)),
-    "capture": ENTRIES["capture"].compile,
-}
+
+def _warm(fn, args, kwargs):
+    return aotgrad.capture(fn, *args, **kwargs).compile(fw_compiler=cg.configure(warmup=1))
 
 
-def aotgrad_compile(fn, args, kwargs, compiler):
-    import aotgrad
-    return aotgrad.capture(fn, *args, **kwargs).compile(fw_compiler=compiler)
+COMPILERS = {"cudagraphs": ENTRIES["capture_cudagraphs"].compile, "cudagraphs_warm": _warm,
+             "capture": ENTRIES["capture"].compile}
 
 
 # Not the cudagraphs backend's: aotgrad's own, seen on every backend (the eager one included).
