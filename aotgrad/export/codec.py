@@ -211,7 +211,12 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
             elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
                 node = graph.get_attr(target)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
-                node = graph.call_function(resolve_target(target), a, k)
+                fn = resolve_target(target)
+                if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int
+                                                   and not k):
+                    raise ExportFormatError(f"graph node {name} takes an element of something other than a node's "
+                                            "result")
+                node = graph.call_function(fn, a, k)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":

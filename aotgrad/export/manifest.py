@@ -66,8 +66,8 @@ def check_manifest(m) -> dict:
     if missing:
         raise ExportFormatError(f"the artifact's manifest lacks {', '.join(missing)}")
     # The two tables read before any other check (the tensor bytes, the graph members).
-    if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) or "joint" not in m["graphs"] \
-            or len(set(m["graphs"])) != len(m["graphs"]) \
-            or not all(g in ("joint", "forward", "backward") for g in m["graphs"]):
+    if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) \
+            or not all(type(g) is str and g in ("joint", "forward", "backward") for g in m["graphs"]) \
+            or "joint" not in m["graphs"] or len(set(m["graphs"])) != len(m["graphs"]):
         raise ExportFormatError("the artifact's manifest has a malformed tensor or graph table")
     return m

@@ -49,7 +49,7 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     part = _partition(m, graphs, tensors)
     _check_tensor_names(m, graphs, tensors)
     decoded = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
-    verify.check_graphs(m["ops"], decoded, specs, lay, part)
+    verify.check_graphs(m["ops"], decoded, specs, lay, part, analysis)
     compiled = captured.compile("eager", None, lambda joint, lay: part)
     return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
 

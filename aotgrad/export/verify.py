@@ -10,20 +10,23 @@ an ``ExportFormatError`` here, never an error inside a running graph.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import types
 
 import torch
 import torch.fx as fx
 
 from .._torch import data_dependent_errors
 from ..errors import ExportFormatError
+from ..ir.records import layout
 from ..ir.values import STORED, FakeValues, TensorMeta
 from . import codec, sandbox
 
 _UNKNOWN = object()     # a value only the data decides (``item()``): its dependents are not checked
 
 
-def check_graphs(ops: dict, graphs: dict, specs, lay, part) -> None:
+def check_graphs(ops: dict, graphs: dict, specs, lay, part, analysis) -> None:
     """``graphs``: name -> decoded GraphModule (``joint``, and ``forward``/``backward`` for training)."""
     for name, gm in graphs.items():
         _check_nodes(name, gm)
@@ -33,6 +36,7 @@ def check_graphs(ops: dict, graphs: dict, specs, lay, part) -> None:
         raise ExportFormatError(f"the artifact's operator table does not list exactly the operators its graphs call "
                                 f"(called but not listed: {extra[:5]}; listed but not called: {missing[:5]})")
     _check_wiring(graphs, specs, lay, part)
+    _check_analysis(analysis, lay, specs, [n.meta.get(STORED) for n in _outputs(graphs["joint"])[:lay.n_fw]])
     # The forward's saved symbols (sizes or numbers only the data decides) are the backward's only
     # inputs that need not be tensors.
     symbols = set(part.saved[part.n_saved_tensors:]) if part is not None else set()
@@ -49,12 +53,20 @@ def _check_nodes(name: str, gm: fx.GraphModule) -> None:
     for n in nodes:
         if n.op == "call_function":
             ok = n.target in sandbox.PY_FUNCTIONS or sandbox.refusal(n.target) is None
+            if _name(n) == "aotgrad::set_rng_state.default":    # restores only a state this graph read
+                state = n.args[0] if n.args else None
+                ok = isinstance(state, fx.Node) and _name(state) == "aotgrad::rng_state.default" \
+                    and state.args == n.args[1:] and not n.kwargs
         else:
             ok = n.op in ("placeholder", "output") or (n.op == "get_attr" and isinstance(
                 getattr(gm, n.target, None), torch.Tensor))
         if not ok:
             raise ExportFormatError(f"node {n.name} of the artifact's {name} graph is a {n.op} of {n.target!r:.60}, "
                                     "which the format does not allow")
+
+
+def _name(n: fx.Node) -> str | None:
+    return sandbox.qualified_name(n.target) if n.op == "call_function" and n.target not in sandbox.PY_FUNCTIONS else None
 
 
 def _placeholders(gm) -> list:
@@ -95,6 +107,33 @@ def _check_wiring(graphs: dict, specs, lay, part) -> None:
         for n in gm.graph.nodes:
             if n.op != "output" and n.name in recorded and not _same(n.meta.get(STORED), recorded[n.name]):
                 raise ExportFormatError(f"node {n.name} has one value in the joint graph and another in the {name} graph")
+
+
+def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
+    """The analysis the runtime's epilogue is generated from agrees with the layout and the graph: it
+    writes each mutated input a value of its own size and dtype, takes each output from a position
+    that exists, and the layout is the one ``records.layout`` derives from it."""
+    infos, n_mut = analysis.outputs, len(analysis.mutated())
+    plain = [o for o in infos if o.kind == "plain"]
+    bounds = {"input": lay.n_primals, "input_view": lay.n_primals, "input_detached": lay.n_primals,
+              "intermediate_view": analysis.base_count}
+    dtypes = tuple(types.SimpleNamespace(dtype=getattr(v, "dtype", torch.int64)) for v in fw_values)
+    expected = layout(dataclasses.replace(analysis, fake_outputs=dtypes)) \
+        if len(analysis.fw_requires_grad) == lay.n_fw == n_mut + len(plain) + analysis.base_count else None
+    if expected != lay or not all(
+            0 <= o.index < bounds[o.kind] if o.kind in bounds else
+            0 <= o.index < len(infos) and infos[o.index].kind == "plain" if o.kind in ("output", "output_view") else
+            True for o in infos):
+        raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
+    for k, i in enumerate(analysis.mutated()):
+        info, v, spec = analysis.inputs[i], fw_values[k], specs[i]
+        size = info.new_meta.size if info.mutates_metadata and info.new_meta is not None else tuple(spec.size)
+        if not isinstance(v, TensorMeta) or v.shape != size or v.dtype != spec.dtype:
+            raise ExportFormatError(f"the artifact's graph writes input {i} a value {v} that is not of its size "
+                                    f"{size} and dtype {spec.dtype}")
+    for k, o in analysis.plain():
+        if k in lay.tangent_of and not o.requires_grad:     # the epilogue would detach what autograd must reach
+            raise ExportFormatError(f"the artifact's output {k} has a tangent but is recorded with requires_grad=False")
 
 
 def _same(a, b) -> bool:

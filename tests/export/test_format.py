@@ -322,6 +322,7 @@ def test_graph_writing_a_file_is_refused(artifact, tmp_path, graph, table):
     ("aten::save.default", [{"node": "input_0"}, "x.pt"], "TorchScript builtin"),
     ("aten::_unsafe_index.Tensor", [{"node": "input_0"}, [None]], "skips its index checks"),
     ("aotgrad::block_fw.default", [[{"node": "input_0"}], 0, 0], "only while capturing"),
+    ("aotgrad::set_rng_state.default", [{"node": "input_0"}, {"device": "cpu"}], "does not allow"),   # a chosen state
 ])
 def test_operators_outside_the_allowlist_are_refused_at_load(artifact, tmp_path, op, args, why):
     path, _, x = artifact
