@@ -50,8 +50,25 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     _check_tensor_names(m, graphs, tensors)
     decoded = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
     verify.check_graphs(m["ops"], decoded, specs, lay, part, analysis)
-    compiled = captured.compile("eager", None, lambda joint, lay: part)
+    compiled = captured.compile(_checked_eager, None, lambda joint, lay: part)
     return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
+
+
+def _checked_eager(gm, example_inputs):
+    """The eager backend, where an operator's own check of a value (``bernoulli``'s ``p`` in [0, 1], an
+    index in range: what no fake tensor sees at load) raises an ``ExportFormatError`` chained to ATen's."""
+    from ..backends import eager
+    run, kind = eager(gm, example_inputs), getattr(gm.meta.get("aotgrad"), "kind", "joint")
+
+    def checked(*args):
+        try:
+            return run(*args)
+        except (RuntimeError, IndexError, ValueError) as e:
+            raise errors.ExportFormatError(f"the loaded step's {kind} graph failed as it ran: {str(e)[:300]} (the "
+                                           "artifact's graph asks an operator for a value it refuses, or an input's "
+                                           "values are out of its range)") from e
+    checked._boxed_call = getattr(run, "_boxed_call", False)
+    return checked
 
 
 def _check_tensor_names(m: dict, graphs: dict, tensors: dict) -> None:

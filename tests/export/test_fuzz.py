@@ -432,6 +432,23 @@ def test_unmutated_artifact_trains_like_eager(artifacts, name, tmp_path):
     _train_like_eager(aotgrad.load(path), *MODELS[name])
 
 
+def test_value_an_operator_refuses_is_typed_when_it_runs(artifacts, tmp_path):
+    """dropout's ``bernoulli(p=1e9)``: only the real kernel checks p, so the running step raises an
+    ExportFormatError chained to ATen's error, and leaves the BatchNorm statistics as they were."""
+    docs = _json_members(artifacts["bn"])
+    node = next(n for n in docs["graphs/forward.json"]["nodes"] if n[2] == {"op": "aten::bernoulli.p"})
+    node[3]["tuple"][1] = 1e9
+    path = str(tmp_path / "p.aotgrad")
+    _write(path, _with_json(artifacts["bn"], docs))
+    step = aotgrad.load(path)
+    before = {k: v.clone() for k, v in step.state_dict().items()}
+    with pytest.raises(ExportFormatError, match="forward graph failed as it ran.*bernoulli") as info:
+        step(*MODELS["bn"][1](torch.Generator().manual_seed(2)))
+    assert isinstance(info.value.__cause__, RuntimeError)
+    for k, v in step.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fuzz_fast(artifacts, name, tmp_path, monkeypatch):
     counts = sweep(artifacts, name, 40, tmp_path, monkeypatch)
