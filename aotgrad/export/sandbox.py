@@ -55,8 +55,10 @@ def refusal(op) -> str | None:
         return None
     if op._schema.name in CAPTURE_ONLY:
         return "it exists only while capturing (the capture inlines it)"
+    if ns == "aotgrad":
+        return "it calls live Python code (a tensor hook, retain_grad)"
     if ns not in ("aten", "prims"):
-        return f"namespace {ns} is neither aten, prims nor the runtime's own ops"
+        return f"namespace {ns} is neither aten, prims nor the runtime's own RNG ops"
     if not dispatcher_has_kernel(op._schema.name if op._overloadname == "default" else name):
         return "it is a TorchScript builtin, not a dispatcher operator a trace records"
     schema = op._schema

@@ -125,6 +125,8 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
             0 <= o.index < len(infos) and infos[o.index].kind == "plain" if o.kind in ("output", "output_view") else
             True for o in infos):
         raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
+    if any(info.mutates_metadata != (info.new_meta is not None) for info in analysis.inputs):
+        raise ExportFormatError("the artifact's analysis has a metadata mutation without its new metadata")
     for k, i in enumerate(analysis.mutated()):
         info, v, spec = analysis.inputs[i], fw_values[k], specs[i]
         size = info.new_meta.size if info.mutates_metadata and info.new_meta is not None else tuple(spec.size)
