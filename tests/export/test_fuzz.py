@@ -23,6 +23,7 @@ import os
 import pickle
 import random
 import stat
+import warnings
 import zipfile
 
 import pytest
@@ -323,7 +324,8 @@ def _write(path, members):
             info = zipfile.ZipInfo(name)
             if attr is not None:
                 info.external_attr = attr
-            with contextlib.suppress(UserWarning):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)     # a duplicated member is the point
                 z.writestr(info, data)
 
 
