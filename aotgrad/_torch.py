@@ -343,3 +343,16 @@ def inductor_api():
 def backed_symbols(shape_env) -> dict:
     """Symbols bound to input sizes, with their values (torch 2.13 renamed ``var_to_val``)."""
     return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+
+
+def dispatcher_has_kernel(qualified_name: str) -> bool:
+    """Whether ``ns::name`` / ``ns::name.overload`` is a dispatcher operator with a kernel (a
+    TorchScript-only builtin such as ``aten::save`` or ``aten::grad`` is not, and no trace records one)."""
+    return torch._C._dispatch_has_kernel(qualified_name)
+
+
+def data_dependent_errors() -> tuple:
+    """What a fake tensor raises where an op's result depends on the data (``item()``, ``nonzero``)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    return DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode

@@ -182,7 +182,12 @@ class Exported:
         if why is not None:
             raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs it was captured "
                                             "for: export one per input shape")
-        return self.compiled.path.run(flat)
+        try:
+            return self.compiled.path.run(flat)
+        except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make
+            raise errors.ExportFormatError(f"the loaded step failed as it ran: {str(e)[:300]} (the artifact asks "
+                                           "an operator or an input write for a value it refuses, or an input's "
+                                           "values are out of its range)") from e
 
     def named_parameters(self):
         return self.state.named_parameters()

@@ -9,7 +9,6 @@ Anything else raises :class:`~aotgrad.errors.ExportFormatError` before a graph i
 """
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import math
 import operator
@@ -21,21 +20,12 @@ import torch.fx as fx
 from .._torch import OpOverload
 from ..errors import ExportFormatError
 from ..ir.graphs import Ref, Unserializable, dump_graph
+from . import sandbox
 
 OP_NAMESPACES = ("aten", "prims", "aotgrad")
-_REFUSED_OPS = ("aotgrad::tensor_hook", "aotgrad::retain_grad")   # call live Python hooks
-_OPERATOR = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
-             "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "getitem", "index",
-             "truth")
-# Pure functions of numbers and of values the graph computed: no attribute access, no calls of
-# arbitrary objects (operator.attrgetter/methodcaller/call and builtins.getattr/eval are absent).
-PY_TARGETS = {
-    **{("_operator", n): getattr(operator, n) for n in _OPERATOR},
-    **{("math", n): getattr(math, n) for n in ("ceil", "floor", "sqrt", "trunc", "exp", "log")},
-    **{("builtins", n): getattr(builtins, n) for n in ("abs", "min", "max", "round", "int", "float", "bool", "pow")},
-    **{("torch", n): getattr(torch, n) for n in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not",
-                                                   "sym_ite", "sym_sqrt", "sym_sum") if hasattr(torch, n)},
-}
+# The one Python function a static graph calls (sandbox.PY_FUNCTIONS): a multi-output op's element.
+# Size arithmetic (``operator.mul``, ``math.ceil``) appears only in symbolic graphs, which export refuses.
+PY_TARGETS = {("_operator", "getitem"): operator.getitem}
 DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 _LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
@@ -182,8 +172,10 @@ def _static_value(v, meta_cls) -> bool:
 def _encode_target(spec) -> dict:
     kind, a, b = spec
     if kind == "op":
-        if a in _REFUSED_OPS:
-            raise Unserializable(f"a graph that calls {a} (a live Python hook)")
+        op = _overload(a, b)
+        why = sandbox.refusal(op) if op is not None else "it is not an operator overload"
+        if why is not None:
+            raise Unserializable(f"a graph that calls {a}.{b}: {why} (docs/export-format.md, the operator allowlist)")
         return {"op": f"{a}.{b}"}
     module = "_operator" if a == "operator" else a
     if (module, b) not in PY_TARGETS:
@@ -219,7 +211,12 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
             elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
                 node = graph.get_attr(target)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
-                node = graph.call_function(resolve_target(target), a, k)
+                fn = resolve_target(target)
+                if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int
+                                                   and not k):
+                    raise ExportFormatError(f"graph node {name} takes an element of something other than a node's "
+                                            "result")
+                node = graph.call_function(fn, a, k)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":
@@ -264,18 +261,31 @@ def _attr_root(attrs, tensors: dict, prefix: str) -> torch.nn.Module:
     return root
 
 
+def _overload(qualified: str, overload: str):
+    """The ``OpOverload`` ``ns::name`` + ``overload`` names, or None: exactly one overload, looked up
+    only in :data:`OP_NAMESPACES`, never through a dunder or a packet's default."""
+    ns, _, name = qualified.partition("::")
+    if ns not in OP_NAMESPACES or not all(_IDENT.match(p) and not p.startswith("__") for p in (name, overload)):
+        return None
+    op = getattr(getattr(getattr(torch.ops, ns), name, None), overload, None)
+    return op if isinstance(op, OpOverload) and f"{op._schema.name}.{op._overloadname}" == f"{qualified}.{overload}" \
+        else None
+
+
 def resolve_target(spec):
-    """An ATen/prims/aotgrad operator overload or a whitelisted Python function, by name."""
+    """An operator overload the allowlist admits (``sandbox.refusal``) or ``operator.getitem``, by name."""
     if isinstance(spec, dict) and set(spec) == {"op"} and isinstance(spec["op"], str):
-        ns, _, rest = spec["op"].partition("::")
-        name, _, overload = rest.partition(".")
-        if ns in OP_NAMESPACES and all(_IDENT.match(p) and not p.startswith("__") for p in (name, overload)) \
-                and f"{ns}::{name}" not in _REFUSED_OPS:
-            op = getattr(getattr(getattr(torch.ops, ns), name, None), overload, None)
-            if isinstance(op, OpOverload):
-                return op
-            raise ExportFormatError(f"operator {spec['op']} does not exist in this torch {torch.__version__}; "
-                                    "export the step again with this torch")
+        qualified, _, overload = spec["op"].partition(".")
+        op = _overload(qualified, overload)
+        if op is None:
+            raise ExportFormatError(f"operator {_short(spec['op'])} does not exist in this torch {torch.__version__} "
+                                    "or is not one the format allows; export the step again with this torch; nothing "
+                                    "was run")
+        why = sandbox.refusal(op)
+        if why is not None:
+            raise ExportFormatError(f"the artifact's graphs call {spec['op']}, which a loaded step may not run: {why} "
+                                    "(docs/export-format.md, the operator allowlist); nothing was run")
+        return op
     if isinstance(spec, dict) and set(spec) == {"py"} and isinstance(spec["py"], str):
         module, _, name = spec["py"].partition(".")
         if (module, name) in PY_TARGETS:

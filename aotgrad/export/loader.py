@@ -12,7 +12,7 @@ import torch
 from .. import errors
 from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from . import tensors as tensor_io
-from .manifest import check_manifest, read_entry
+from .manifest import check_manifest, check_members, read_entry
 
 
 def load(path: str, *, state: dict | None = None, placeholders: bool = False):
@@ -23,7 +23,10 @@ def load(path: str, *, state: dict | None = None, placeholders: bool = False):
     start = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as z:
+            check_members(z)
             manifest = check_manifest(read_entry(z, "manifest.json", json=True))
+            check_members(z, manifest["graphs"])
+            tensor_io.check_extent(manifest["tensors"], z.getinfo("tensors.bin").file_size)   # before reading it
             tensors = tensor_io.unpack(read_entry(z, "tensors.bin"), manifest["tensors"])
             graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}
     except (zipfile.BadZipFile, EOFError, zlib.error, RecursionError) as e:

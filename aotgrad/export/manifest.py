@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json as json_module
+import stat
 import zipfile
 
 import torch
@@ -12,6 +13,23 @@ FORMAT = "aotgrad-export"
 VERSION = 2       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...})
 REQUIRED = ("name", "kind", "grad_enabled", "values", "state", "signature", "out_spec", "input_descs",
             "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors")
+
+
+MEMBERS = ("manifest.json", "tensors.bin", "graphs/joint.json", "graphs/forward.json", "graphs/backward.json")
+
+
+def check_members(z: zipfile.ZipFile, graphs=None) -> None:
+    """Each member once, a plain file among :data:`MEMBERS` (no other name, no ``../x``, no link or
+    folder); with ``graphs`` (the manifest's list), exactly the members the manifest names."""
+    infos = z.infolist()
+    names = [i.filename for i in infos]
+    odd = [n for n in names if n not in MEMBERS] + sorted({n for n in names if names.count(n) > 1})
+    odd += [i.filename for i in infos if i.is_dir() or stat.S_IFMT(i.external_attr >> 16) not in (0, stat.S_IFREG)]
+    if odd:
+        raise ExportFormatError(f"the artifact has members the format does not define, twice, or not as plain "
+                                f"files: {sorted(set(odd))[:5]}")
+    if graphs is not None and set(names) != {"manifest.json", "tensors.bin", *(f"graphs/{g}.json" for g in graphs)}:
+        raise ExportFormatError(f"the artifact's members {sorted(names)} are not the ones its manifest names")
 
 
 def read_entry(z: zipfile.ZipFile, name: str, json: bool = False):
@@ -49,6 +67,7 @@ def check_manifest(m) -> dict:
         raise ExportFormatError(f"the artifact's manifest lacks {', '.join(missing)}")
     # The two tables read before any other check (the tensor bytes, the graph members).
     if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) \
-            or not all(g in ("joint", "forward", "backward") for g in m["graphs"]):
+            or not all(type(g) is str and g in ("joint", "forward", "backward") for g in m["graphs"]) \
+            or "joint" not in m["graphs"] or len(set(m["graphs"])) != len(m["graphs"]):
         raise ExportFormatError("the artifact's manifest has a malformed tensor or graph table")
     return m

@@ -17,7 +17,7 @@ from ..guards.inputs import TensorSpec
 from ..observe import Step
 from ..partition import Partition
 from ..stages import Captured, Exported, Modes, Setup
-from . import codec
+from . import codec, verify
 
 _ExportFormatError = errors.ExportFormatError
 
@@ -47,8 +47,36 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
                      out_spec=out_spec, input_descs=tuple(in_descs), output_descs=tuple(out_descs),
                      history=(step,))
     part = _partition(m, graphs, tensors)
-    compiled = captured.compile("eager", None, lambda joint, lay: part)
+    _check_tensor_names(m, graphs, tensors)
+    decoded = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
+    verify.check_graphs(m["ops"], decoded, specs, lay, part, analysis)
+    compiled = captured.compile(_checked_eager, None, lambda joint, lay: part)
     return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
+
+
+def _checked_eager(gm, example_inputs):
+    """The eager backend, where an operator's own check of a value (``bernoulli``'s ``p`` in [0, 1], an
+    index in range: what no fake tensor sees at load) raises an ``ExportFormatError`` chained to ATen's."""
+    from ..backends import eager
+    run, kind = eager(gm, example_inputs), getattr(gm.meta.get("aotgrad"), "kind", "joint")
+
+    def checked(*args):
+        try:
+            return run(*args)
+        except (RuntimeError, IndexError, ValueError) as e:
+            raise errors.ExportFormatError(f"the loaded step's {kind} graph failed as it ran: {str(e)[:300]} (the "
+                                           "artifact's graph asks an operator for a value it refuses, or an input's "
+                                           "values are out of its range)") from e
+    checked._boxed_call = getattr(run, "_boxed_call", False)
+    return checked
+
+
+def _check_tensor_names(m: dict, graphs: dict, tensors: dict) -> None:
+    """The tensor table holds the parameters' and buffers' values and the graphs' constants, nothing else."""
+    used = {f"graph/{g}/{a}" for g in m["graphs"] for a in graphs[g]["attrs"]}
+    used |= {f"state/{e['name']}" for e in m["state"]}
+    if not set(tensors) <= used:
+        raise _ExportFormatError(f"the artifact stores tensors no graph or parameter uses: {sorted(set(tensors) - used)[:5]}")
 
 
 def _check_ops(ops) -> None:
@@ -107,6 +135,11 @@ def _state_module(entries, tensors: dict, given: dict, specs) -> torch.nn.Module
         name = e.get("name") if isinstance(e, dict) else None
         if not isinstance(name, str) or not codec._DOTTED.match(name) or e.get("kind") not in ("param", "buffer"):
             raise _ExportFormatError(f"the artifact's parameter and buffer table has a malformed entry {e!r:.60}")
+        if (e.get("dtype"), e.get("shape"), e.get("requires_grad")) != (
+                str(spec.dtype).removeprefix("torch."), list(spec.size), spec.requires_grad) \
+                or type(e["requires_grad"]) is not bool or not isinstance(e.get("aliases", []), list):
+            raise _ExportFormatError(f"the artifact's entry for {name!r} disagrees with its input guard "
+                                     f"({spec.dtype}, size {tuple(spec.size)}, requires_grad={spec.requires_grad})")
         t = _value(name, tensors, given, spec)
         if e["kind"] == "param" and not isinstance(t, torch.nn.Parameter):
             t = torch.nn.Parameter(t, requires_grad=bool(e["requires_grad"]))
@@ -127,6 +160,9 @@ def _value(name: str, tensors: dict, given: dict, spec) -> torch.Tensor:
         raise errors.ExportFormatError(f"the value for {name!r} is not a {spec.dtype} tensor of size "
                                        f"{tuple(spec.size)} on {spec.device}, as exported")
     if name not in given:
+        if value.stride() != tuple(spec.layout[:-1]) or spec.layout[-1] != 0:
+            raise errors.ExportFormatError(f"the stored value of {name!r} has strides {value.stride()}, its input guard "
+                                           f"says {tuple(spec.layout[:-1])} at offset {spec.layout[-1]}")
         return value
     if value.stride() != tuple(spec.layout[:-1]):     # the graph assumed the exported layout
         return torch.empty_strided(spec.size, spec.layout[:-1], dtype=spec.dtype, device=spec.device).copy_(value)
@@ -148,16 +184,18 @@ def _place(root: torch.nn.Module, name: str, t, is_param: bool) -> None:
 
 def _signature(m: dict, module: torch.nn.Module) -> Signature:
     sig = m["signature"]
-    leaves, pos = codec.decode(sig["leaves"]), sig["tensor_pos"]
-    if not isinstance(leaves, list) or not isinstance(pos, list) or not all(
-            isinstance(p, int) and 0 <= p < len(leaves) and leaves[p] is None for p in pos):
+    leaves, pos, in_spec = codec.decode(sig["leaves"]), sig["tensor_pos"], _treespec(sig["in_spec"])
+    if not isinstance(leaves, list) or not isinstance(pos, list) or len(leaves) != in_spec.num_leaves \
+            or pos != sorted(set(pos)) or not all(type(p) is int and 0 <= p < len(leaves) and leaves[p] is None
+                                                  for p in pos) \
+            or not all(type(v) in (bool, int, float, str, torch.dtype, torch.device, type(None)) for v in leaves):
         raise _ExportFormatError("the artifact's call signature is malformed")
     names = tuple(e["name"] for e in m["state"])
     slots = []
     for name, e in zip(names, m["state"]):
         owner_name, _, attr = name.rpartition(".")
         slots.append(Slot(module.get_submodule(owner_name) if owner_name else module, attr, e["kind"] == "param"))
-    return Signature(_treespec(sig["in_spec"]), tuple(leaves), tuple(pos), names, tuple(slots))
+    return Signature(in_spec, tuple(leaves), tuple(pos), names, tuple(slots))
 
 
 def _partition(m: dict, graphs: dict, tensors: dict):

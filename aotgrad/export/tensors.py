@@ -43,10 +43,28 @@ def unpack(blob: bytes, table: dict) -> dict:
     return {name: _tensor(name, blob, entry) for name, entry in table.items()}
 
 
+def check_extent(table: dict, size: int) -> None:
+    """The table's byte ranges lie one after another from 0 and end at ``size`` (as ``pack`` writes
+    them): no byte is read twice or left over, and a member larger than its table is never read."""
+    end = 0
+    try:
+        ranges = sorted((e["start"], e["nbytes"], name) for name, e in table.items())
+    except (KeyError, TypeError) as err:
+        raise ExportFormatError(f"the artifact's tensor table is malformed ({err})") from None
+    for start, nbytes, name in ranges:
+        if type(start) is not int or type(nbytes) is not int or start != end or nbytes < 0:
+            raise ExportFormatError(f"tensor {name!r} does not start where the one before it ends (the file is "
+                                    "corrupted or truncated)")
+        end += nbytes
+    if end != size:
+        raise ExportFormatError(f"the artifact's tensors.bin holds {size} bytes, its tensor table {end} (the file is "
+                                "corrupted or truncated)")
+
+
 def _tensor(name: str, blob: bytes, e: dict) -> torch.Tensor:
     try:
-        dtype, shape, stride = DTYPES[e["dtype"]], [int(s) for s in e["shape"]], [int(s) for s in e["stride"]]
-        start, nbytes, device = int(e["start"]), int(e["nbytes"]), torch.device(e["device"])
+        dtype, shape, stride = DTYPES[e["dtype"]], _ints(e["shape"]), _ints(e["stride"])
+        start, nbytes, device = e["start"], e["nbytes"], torch.device(e["device"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise ExportFormatError(f"tensor {name!r} has a malformed entry ({err})") from None
     numel = math.prod(shape)
@@ -63,6 +81,12 @@ def _tensor(name: str, blob: bytes, e: dict) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(values)
     except RuntimeError as err:     # strides that overlap or do not fit the shape
         raise ExportFormatError(f"tensor {name!r} has a layout no tensor can have ({err})") from None
+
+
+def _ints(v) -> list:
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        raise TypeError(f"{str(v)[:40]} is not a list of integers")
+    return v
 
 
 def _available(device: torch.device) -> bool:

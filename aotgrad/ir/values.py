@@ -79,17 +79,18 @@ def value_out(v, hints: dict):
 class FakeValues:
     """Fake tensors for stored values, in one fake mode made on first use."""
 
-    def __init__(self, hints: dict):
+    def __init__(self, hints: dict, unbacked: bool = False):
         self.hints = dict(hints)
+        self.unbacked = unbacked    # a shape environment even without symbols: item() gives an unbacked number
         self._mode = None
         self._symbols: dict = {}
 
     def mode(self):
         if self._mode is None:
             from .._torch import FakeTensorMode
-            shape_env = self._shape_env() if self.hints else None
+            shape_env = self._shape_env() if self.hints or self.unbacked else None
             self._mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True,
-                                        static_shapes=shape_env is None)
+                                        static_shapes=not self.hints)
         return self._mode
 
     def _shape_env(self):

@@ -276,3 +276,134 @@ def test_output_class_pytree_cannot_name_is_refused_at_export(tmp_path):
     captured = aotgrad.capture(lambda x: pair(x.sin().sum(), x.cos()), torch.randn(3, requires_grad=True))
     with pytest.raises(UnsupportedError, match="output structure .*Pair"):
         captured.export(str(tmp_path / "p.aotgrad"))
+
+
+def _insert_call(path, dst, graph, nodes, table=True):
+    """``path`` with ``nodes`` (``[name, op, args, kwargs]``) inserted before ``graph``'s output, and
+    (``table``) the manifest's operator table made to list them with this torch's schemas."""
+    def edit(name, data):
+        if name == f"graphs/{graph}.json":
+            g = json.loads(data)
+            g["nodes"][-1:-1] = [["call_function", n, {"op": op}, {"tuple": args}, {"dict": kwargs}]
+                                 for n, op, args, kwargs in nodes]
+            return json.dumps(g).encode()
+        if name == "manifest.json" and table:
+            m = json.loads(data)
+            for _, op, _, _ in nodes:
+                ns, _, rest = op.partition("::")
+                base, _, overload = rest.partition(".")
+                m["ops"][op] = str(getattr(getattr(getattr(torch.ops, ns), base), overload)._schema)
+            return json.dumps(m).encode()
+        return data
+    return _rewrite(path, dst, edit)
+
+
+@pytest.mark.parametrize("graph", ["forward", "joint"])
+@pytest.mark.parametrize("table", [True, False])
+def test_graph_writing_a_file_is_refused(artifact, tmp_path, graph, table):
+    """``from_file(path, shared=True)`` maps a file; copying a value into it writes the file."""
+    path, _, x = artifact
+    victim, existing = tmp_path / "pwned", tmp_path / "existing"
+    existing.write_bytes(b"keep")
+    for target in (victim, existing):
+        crafted = _insert_call(path, str(tmp_path / "ff.aotgrad"), graph, [
+            ("ff", "aten::from_file.default", [str(target), True, 4], {"dtype": {"dtype": "float32"}}),
+            ("cp", "aten::copy_.default", [{"node": "ff"}, {"node": "ff"}], {})], table)
+        with pytest.raises(ExportFormatError, match="from_file.*(file name|not one the format allows)"
+                           if table else "operator table|from_file"):
+            aotgrad.load(crafted)(x, 3.0)
+    assert not victim.exists() and existing.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("op, args, why", [
+    ("aten::_print.default", ["hi"], "returns nothing"),
+    ("aten::set_.source_Tensor", [{"node": "input_0"}, {"node": "input_0"}], "writes one of its arguments"),
+    ("aten::resize_.default", [{"node": "input_0"}, [100]], "writes one of its arguments"),
+    ("aten::save.default", [{"node": "input_0"}, "x.pt"], "TorchScript builtin"),
+    ("aten::_unsafe_index.Tensor", [{"node": "input_0"}, [None]], "skips its index checks"),
+    ("aotgrad::block_fw.default", [[{"node": "input_0"}], 0, 0], "only while capturing"),
+    ("aotgrad::set_rng_state.default", [{"node": "input_0"}, {"device": "cpu"}], "does not allow"),   # a chosen state
+])
+def test_operators_outside_the_allowlist_are_refused_at_load(artifact, tmp_path, op, args, why):
+    path, _, x = artifact
+    crafted = _insert_call(path, str(tmp_path / "op.aotgrad"), "forward", [("bad", op, args, {})])
+    with pytest.raises(ExportFormatError, match=why):
+        aotgrad.load(crafted)
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_allowlist_rule():
+    from aotgrad.export.sandbox import refusal
+    aten = torch.ops.aten
+    for op in (aten.mm.default, aten.addmm.default, aten.div.Tensor_mode, aten.gelu.default, aten.bernoulli.p,
+               aten._local_scalar_dense.default, aten._unsafe_view.default, aten.empty_like.default,
+               torch.ops.prims.convert_element_type.default, torch.ops.aotgrad.rng_state.default):
+        assert refusal(op) is None, op
+    for op in (aten.from_file.default, aten.copy_.default, aten.add_.Tensor, aten.mm.out, aten.set.source_Storage,
+               aten._functional_assert_async.msg, aten._assert_async.default, aten.grad.default,
+               aten.get_gradients.default, aten._sparse_coo_tensor_with_dims_and_tensors.default,
+               torch.ops.aotgrad.tensor_hook.default, torch.ops.aotgrad.block_bw.default, operator_getattr()):
+        assert refusal(op) is not None, op
+
+
+def operator_getattr():
+    import operator
+    return operator.attrgetter
+
+
+def test_operator_table_must_list_exactly_the_graphs_operators(artifact, tmp_path):
+    path, _, _ = artifact
+    extra = _rewrite(path, str(tmp_path / "t.aotgrad"), _edit_json(
+        "manifest.json", lambda m: m["ops"].update({"aten::sin.default": str(torch.ops.aten.sin.default._schema)})))
+    with pytest.raises(ExportFormatError, match="operator table"):
+        aotgrad.load(extra)
+    crafted = _insert_call(path, str(tmp_path / "u.aotgrad"), "forward",
+                           [("s", "aten::sin.default", [{"node": "input_0"}], {})], table=False)
+    with pytest.raises(ExportFormatError, match="operator table"):
+        aotgrad.load(crafted)
+
+
+def test_consistently_edited_parameter_shape_is_refused_at_load(artifact, tmp_path):
+    """lin.weight (3, 4) -> (4, 4) in the state and guard tables, the tensor table and bytes and the
+    graphs' recorded inputs: the graphs' own values no longer follow, so loading refuses it."""
+    path, _, x = artifact
+
+    def edit(name, data):
+        if name == "tensors.bin":
+            return data[:48] + bytes(16) + data[48:]
+        doc = json.loads(data)
+        if name == "manifest.json":
+            doc["state"][0]["shape"] = [4, 4]
+            doc["guards"][0]["size"] = {"tuple": [4, 4]}
+            for k, e in doc["tensors"].items():
+                if k == "state/lin.weight":
+                    e.update(shape=[4, 4], nbytes=64)
+                elif e["start"] > 0:
+                    e["start"] += 16
+        elif "p_lin_weight" in doc["values"]:
+            doc["values"]["p_lin_weight"]["shape"] = {"tuple": [4, 4]}
+        return json.dumps(doc).encode()
+    crafted = _rewrite(path, str(tmp_path / "s.aotgrad"), edit)
+    with pytest.raises(ExportFormatError, match="p_lin_weight|recorded as|cannot run"):
+        aotgrad.load(crafted)
+
+
+@pytest.mark.parametrize("entry", ["../x", "extra.txt", "duplicate", "symlink"])
+def test_zip_members_outside_the_format_are_refused(artifact, tmp_path, entry):
+    import stat
+    path, _, _ = artifact
+    dst = str(tmp_path / "z.aotgrad")
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(dst, "w") as out:
+        for name in z.namelist():
+            info = zipfile.ZipInfo(name)
+            if entry == "symlink" and name == "tensors.bin":
+                info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            out.writestr(info, z.read(name))
+        if entry in ("../x", "extra.txt"):
+            out.writestr(entry, b"x")
+        elif entry == "duplicate":
+            with pytest.warns(UserWarning):
+                out.writestr("manifest.json", b"{}")
+    with pytest.raises(ExportFormatError, match="members"):
+        aotgrad.load(dst)
+    assert not (tmp_path.parent / "x").exists()

@@ -1,0 +1,94 @@
+"""What a graph in an export artifact may call: the format's operator allowlist.
+
+A file anyone can hand you must not touch the file system, the network or the process, so a
+loaded step runs only operators that compute tensors from tensors. :func:`refusal` is the rule,
+derived from what capture can emit (a functionalized trace at the dispatcher) and checked for
+every node of every graph when a step is exported and when one is loaded
+(docs/export-format.md, "The operator allowlist"):
+
+1. a dispatcher operator of ``aten`` or ``prims`` (not a TorchScript-only builtin such as
+   ``aten::save``, ``aten::grad``, ``aten::warn``: a trace never records one), or one of the
+   runtime's own ops in :data:`RUNTIME_OPS`;
+2. functional: its schema writes no argument (no in-place, ``out=``, ``set_``, ``resize_``,
+   ``copy_``; a functionalized trace has none) and returns a value (an op that returns nothing,
+   ``_print``, ``_assert_async``, exists for its side effect);
+3. every argument is data the format writes (tensors, numbers, dtypes, devices, layouts, memory
+   formats, lists and optionals of them), and a string only as a mode word
+   (:data:`MODE_WORDS`: ``rounding_mode``, ``approximate``...), never a file name, message or
+   text (``from_file(filename)``, ``_functional_assert_async(assert_msg)``): no ``Storage``,
+   ``Stream``, future, dict or class argument;
+4. it returns tensors or numbers;
+5. it checks its indices (not ``_unsafe_index*``, ``*_unsafe`` sparse constructors) and makes
+   dense tensors (not ``sparse``/``nested`` ones, whose indices nothing checks), and it is not a
+   ``_test_`` operator.
+"""
+from __future__ import annotations
+
+import operator
+
+from .._torch import OpOverload, dispatcher_has_kernel
+
+RUNTIME_OPS = frozenset({"aotgrad::rng_state.default", "aotgrad::set_rng_state.default"})   # passes.rng_rewind
+CAPTURE_ONLY = frozenset({"aotgrad::block_fw", "aotgrad::block_bw"})       # capture inlines them
+MODE_WORDS = frozenset({"approximate", "rounding_mode", "reduce", "padding", "mode", "equation", "indexing", "side",
+                        "interpolation", "driver", "UPLO", "norm", "pad_mode", "ord"})
+_DATA = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType",
+                   "NumberType", "ComplexType", "DeviceObjType", "ScalarTypeType", "LayoutType",
+                   "MemoryFormatType", "GeneratorType"})
+_RESULTS = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType",
+                      "NumberType"})
+_CHECKED_UNSAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk"})  # views
+PY_FUNCTIONS = (operator.getitem,)      # the one Python call a static graph holds: a tuple result's element
+
+
+def qualified_name(op: OpOverload) -> str:
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def refusal(op) -> str | None:
+    """Why a loaded step may not run ``op`` (a sentence), or None when the allowlist admits it."""
+    if not isinstance(op, OpOverload):
+        return "it is not an operator overload"
+    name = qualified_name(op)
+    ns, _, base = op._schema.name.partition("::")
+    if name in RUNTIME_OPS:
+        return None
+    if op._schema.name in CAPTURE_ONLY:
+        return "it exists only while capturing (the capture inlines it)"
+    if ns == "aotgrad":
+        return "it calls live Python code (a tensor hook, retain_grad)"
+    if ns not in ("aten", "prims"):
+        return f"namespace {ns} is neither aten, prims nor the runtime's own RNG ops"
+    if not dispatcher_has_kernel(op._schema.name if op._overloadname == "default" else name):
+        return "it is a TorchScript builtin, not a dispatcher operator a trace records"
+    schema = op._schema
+    if schema.is_mutable:
+        return "it writes one of its arguments (a traced step is functional)"
+    if not schema.returns:
+        return "it returns nothing: it runs only for a side effect"
+    for arg in schema.arguments:
+        why = _argument(arg.name, arg.type)
+        if why:
+            return why
+    if not all(_result(r.type) for r in schema.returns):
+        return "it returns something other than tensors and numbers"
+    if ("unsafe" in base and base not in _CHECKED_UNSAFE) or "sparse" in base or "nested" in base \
+            or base.startswith("_test_"):
+        return "it skips its index checks, builds a non-dense tensor or is a test operator"
+    return None
+
+
+def _argument(name: str, t) -> str | None:
+    kind = t.kind()
+    if kind in ("OptionalType", "ListType"):
+        return next(filter(None, (_argument(name, c) for c in t.containedTypes())), None)
+    if kind == "StringType":
+        return None if name in MODE_WORDS else f"its argument {name!r} is text (a file name or message), not a mode word"
+    return None if kind in _DATA else f"its argument {name!r} is a {t} (not data the format writes)"
+
+
+def _result(t) -> bool:
+    kind = t.kind()
+    if kind in ("OptionalType", "ListType"):
+        return all(_result(c) for c in t.containedTypes())
+    return kind in _RESULTS
