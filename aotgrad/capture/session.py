@@ -154,6 +154,12 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             device = _device(args[0])
             if device is not None:
                 return device
+        if func is _RESIZE_STORAGE:
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                "resizing a traced tensor's storage (untyped_storage().resize_(), resize_storage_bytes_: "
+                "FSDP-style freeing and re-allocating) cannot be captured: the graph holds values, not storages; "
+                "do it outside the captured function", user_line=caller_line())
         for cls in types:
             if has_own_dispatch(cls):
                 from ..errors import UnsupportedError, caller_line
@@ -179,6 +185,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
 
 
 _DEVICE = torch.ops.prim.device.default
+_RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 
 
 def _device(t):

@@ -1,8 +1,9 @@
 """Programs of PyTorch's own AOTAutograd tests (test/functorch/test_aotdispatch.py: ``TestAOTAutograd``,
 ``TestAOTDispatch`` and the subclass, storage-resize and nested-tensor programs), as eager programs.
 
-Programs that took the process down before (storage growth, nested tensors, tensor subclasses)
-are tagged ``isolate``: they run in a child process, so a crash is a FAIL, not a dead suite.
+Programs that took the process down (growing or freeing an input's storage: reading it kills the
+process; nested tensors under Dynamo) are tagged ``isolate``: they run in a child process, so a
+crash is a FAIL, not a dead suite. Tensor-subclass programs (TwoTensor...) raised untyped errors.
 Programs already ported under their behaviour class (p_alias, p_mutation...) carry the
 ``aotdispatch`` tag there and are not repeated here.
 """
@@ -468,7 +469,7 @@ def _():
 
 # --- TestAOTDispatch: tensor subclasses ----------------------------------------------------------
 
-@program("aotd_dispatch_simple", D, ISO)
+@program("aotd_dispatch_simple", D)
 def _(n=3):
     def f(a, b):
         aa = torch.mul(a, 6)
@@ -477,19 +478,19 @@ def _(n=3):
     return fn(f, _two(n, 3, rg=True), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_inference", D, ISO)
+@program("aotd_dispatch_inference", D)
 def _(n=3):
     def f(a, b):
         return torch.mul(a, 6) + torch.div(b, 2)
     return fn(f, _two(n, 3), r(n, 3))
 
 
-@program("aotd_dispatch_two_subclasses", D, ISO)
+@program("aotd_dispatch_two_subclasses", D)
 def _(n=3):
     return fn(lambda a, b: (a * b).sin(), _two(n, 3, rg=True), _two(n, 3, rg=True))
 
 
-@program("aotd_dispatch_incorrect_backward", D, ISO)
+@program("aotd_dispatch_incorrect_backward", D)
 def _(n=3):
     def f(a, b):
         aa = torch.mul(a, 2)
@@ -498,14 +499,14 @@ def _(n=3):
     return fn(f, _two(n, 3, rg=True), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_output_alias", D, ISO)
+@program("aotd_dispatch_output_alias", D)
 def _(n=3):
     def f(a, b):
         return b.view(b.shape), a * b
     return fn(f, r(n, 3, rg=True), _two(n, 3, rg=True))
 
 
-@program("aotd_dispatch_input_mutation", D, ISO)
+@program("aotd_dispatch_input_mutation", D)
 def _(n=3):
     def f(a, b):
         a.mul_(2)
@@ -514,7 +515,7 @@ def _(n=3):
     return fn(f, r(n, 3, rg=True).add(1), _two(n, 3, rg=True).add(1))
 
 
-@program("aotd_dispatch_input_metadata_mutation", D, ISO)
+@program("aotd_dispatch_input_metadata_mutation", D)
 def _(n=3):
     def f(a, b):
         a.t_()
@@ -523,7 +524,7 @@ def _(n=3):
     return fn(f, r(n, n, rg=True).add(1), _two(n, n, rg=True).add(1))
 
 
-@program("aotd_dispatch_subclass_parameter", D, ISO)
+@program("aotd_dispatch_subclass_parameter", D)
 def _(n=3):
     class M(nn.Module):
         def __init__(self):
@@ -535,7 +536,7 @@ def _(n=3):
     return fn(M(), r(n, 3))
 
 
-@program("aotd_dispatch_subclass_made_inside", D, ISO)
+@program("aotd_dispatch_subclass_made_inside", D)
 def _(n=3):
     from torch.testing._internal.two_tensor import TwoTensor
 
@@ -545,13 +546,13 @@ def _(n=3):
     return fn(f, r(n, 3, rg=True), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_wrapper_subclass", D, ISO)
+@program("aotd_dispatch_wrapper_subclass", D)
 def _(n=3):
     from torch.testing._internal.subclasses import WrapperSubclass
     return fn(lambda a, b: (a * b).cos(), WrapperSubclass(r(n, 3, rg=True)), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_constant_metadata_tensor", D, ISO)
+@program("aotd_dispatch_constant_metadata_tensor", D)
 def _(n=3):
     from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
     t = ConstantExtraMetadataTensor(r(n, 3))
@@ -559,20 +560,22 @@ def _(n=3):
     return fn(lambda a, b: a * b + 1, t, r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_logging_tensor", D, ISO)
+@program("aotd_dispatch_logging_tensor", D)
 def _(n=3):
     from torch.testing._internal.logging_tensor import LoggingTensor
     return fn(lambda a, b: a.mul(b).sum(), LoggingTensor(r(n, 3)), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_torch_function_subclass", D, ISO)
+class Tagged(torch.Tensor):
+    """A ``__torch_function__`` subclass: every op's result is a Tagged again."""
+
+
+@program("aotd_dispatch_torch_function_subclass", D)
 def _(n=3):
-    class Tagged(torch.Tensor):
-        pass
     return fn(lambda a, b: (a * b).sin(), r(n, 3, rg=True).as_subclass(Tagged), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_subclass_output_made_inside", D, ISO)
+@program("aotd_dispatch_subclass_output_made_inside", D)
 def _(n=3):
     from torch.testing._internal.two_tensor import TwoTensor
 
@@ -581,7 +584,7 @@ def _(n=3):
     return fn(f, r(n, 3, rg=True), r(n, 3, rg=True))
 
 
-@program("aotd_dispatch_subclass_grad_made_inside", D, ISO)
+@program("aotd_dispatch_subclass_grad_made_inside", D)
 def _(n=3):
     from torch.testing._internal.two_tensor import TwoTensor
 
@@ -589,3 +592,36 @@ def _(n=3):
         t = TwoTensor(x * w, x + w)
         return (t.sin() * 2).sum()
     return fn(f, r(n, 3, rg=True), r(n, 3, rg=True))
+
+
+@program("aotd_input_view_then_inplace_view", D)
+def _(n=3):
+    def f(a):
+        v = a.unsqueeze(0)
+        a.t_()
+        return v, a.unsqueeze(0)
+    return fn(f, r(n, 2))
+
+
+@program("aotd_intermediate_view_then_inplace_view", D)
+def _(n=3):
+    def f(a):
+        out = a * 3
+        v = out[1:]
+        out.unsqueeze_(0)
+        return v * 1, v, out.sum()
+    return fn(f, r(n, 2, rg=True))
+
+
+@program("aotd_resize_storage_bytes_up_down", D, ISO)
+def _(n=8):
+    def f(a):
+        torch.ops.inductor.resize_storage_bytes_(a, 4 * n)
+        with torch.no_grad():
+            a.copy_(torch.ones(n))
+        out = a.sin()
+        torch.ops.inductor.resize_storage_bytes_(a, 0)
+        return out
+    inp = torch.zeros(n)
+    inp.untyped_storage().resize_(0)
+    return fn(f, inp)
