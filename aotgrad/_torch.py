@@ -164,6 +164,47 @@ def plain_fake(mode, t):
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter))
 
 
+def storage_key(t):
+    """A key equal for tensors that share one real storage; None where ``t`` has no storage of its own
+    to compare (a tensor subclass or a nested tensor, whose storage is a Python placeholder that
+    raises when read, sparse and other layouts) or an empty one (a storage resized to 0 bytes, as
+    FSDP frees parameters: every empty storage reads the same address)."""
+    if type(t) not in _PLAIN_TYPES or t.layout is not torch.strided or t.is_nested:
+        return None
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+_OWN_DISPATCH_EXEMPT = (FakeTensor, FunctionalTensor)
+
+
+def has_own_dispatch(cls) -> bool:
+    """Whether tensor class ``cls`` runs its own ``__torch_dispatch__`` (fake and functional
+    tensors, aotgrad's own tracing tensors, do not count)."""
+    return not issubclass(cls, _OWN_DISPATCH_EXEMPT) and \
+        _unbound(cls.__torch_dispatch__) is not _unbound(torch.Tensor.__torch_dispatch__)
+
+
+def _unbound(method):
+    return getattr(method, "__func__", method)
+
+
+def subclass_kind(t) -> str | None:
+    """Why tensor ``t``'s class changes what ops do, or None where it does not: a class with its own
+    ``__torch_dispatch__`` (a wrapper subclass such as TwoTensor, a jagged nested tensor; fake and
+    functional tensors are aotgrad's own), or a ``__torch_function__`` subclass that keeps its class
+    on every op's result (``torch.Tensor``'s default for subclasses; ``nn.Parameter`` and classes
+    derived from it disable it). Traced through fake tensors, neither would run."""
+    cls = type(t)
+    if cls in _PLAIN_TYPES or issubclass(cls, _OWN_DISPATCH_EXEMPT):
+        return None
+    if has_own_dispatch(cls):
+        return "has its own __torch_dispatch__"
+    if _unbound(cls.__torch_function__) is not torch._C._disabled_torch_function_impl:
+        return "runs its own __torch_function__ on every op"
+    return None
+
+
 @contextlib.contextmanager
 def fake_cache_off():
     """The active fake mode, if any, skips its dispatch cache: for ops whose arguments never repeat

@@ -74,7 +74,10 @@ def _state(fn, args, kwargs):
 
 
 def _storage_ptr(t):
-    return t.untyped_storage().data_ptr() if t.layout == torch.strided else None
+    """Its storage's address; None for what has no storage to read (nested tensors and wrapper
+    subclasses hold a placeholder that raises when read)."""
+    plain = type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided and not t.is_nested
+    return t.untyped_storage().data_ptr() if plain else None
 
 
 def _alias_signature(out, inputs):
@@ -85,7 +88,7 @@ def _alias_signature(out, inputs):
             sig.append(((), ()))
             continue
         same = [i for i, t in enumerate(inputs) if o is t]
-        shares = [i for i, p in enumerate(ptrs) if p == o.untyped_storage().data_ptr() and p]
+        shares = [i for i, p in enumerate(ptrs) if p == _storage_ptr(o) and p]
         sig.append((tuple(same), tuple(shares)))
     return sig
 
@@ -125,7 +128,7 @@ def _compare_outputs(out_e, out_c, ins_e, ins_c, rtol, atol):
         if isinstance(a, torch.Tensor):
             assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs {b.requires_grad}"
             assert a.is_leaf == b.is_leaf, f"output {i}: is_leaf {a.is_leaf} vs {b.is_leaf}"
-            if a.layout == torch.strided and a.numel() > 1:
+            if a.layout == torch.strided and not a.is_nested and a.numel() > 1:
                 assert _strides(a) == _strides(b), f"output {i}: strides {a.stride()} vs {b.stride()}"
     assert _alias_signature(out_e, ins_e) == _alias_signature(out_c, ins_c), \
         f"outputs alias inputs differently: {_alias_signature(out_e, ins_e)} vs {_alias_signature(out_c, ins_c)}"
@@ -137,19 +140,52 @@ def _compare_outputs(out_e, out_c, ins_e, ins_c, rtol, atol):
 def _compare_state(state_e, state_c, rtol, atol):
     for name, t in state_e.items():
         c = state_c[name]
-        assert _strides(t) == _strides(c) or t.numel() <= 1, f"{name} strides after call: {t.stride()} vs {c.stride()}"
+        assert t.is_nested or _strides(t) == _strides(c) or t.numel() <= 1, \
+            f"{name} strides after call: {t.stride()} vs {c.stride()}"
         assert_close(t, c, f"{name} after call", rtol, atol)
         assert (t.requires_grad, t.is_leaf) == (c.requires_grad, c.is_leaf), \
             f"{name} after call: (requires_grad, is_leaf) {(t.requires_grad, t.is_leaf)} vs " \
             f"{(c.requires_grad, c.is_leaf)}"
 
 
+def unreadable(t) -> bool:
+    """A dense tensor whose storage no longer covers its elements (freed with
+    ``untyped_storage().resize_(0)``, as FSDP frees parameters): reading its values would read
+    memory it does not own, which can kill the process; only its metadata can be compared."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_nested \
+            or t.numel() == 0 or t.device.type == "meta":
+        return False
+    extent = t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() < extent * t.element_size()
+
+
+def _placement(t) -> tuple:
+    """Strides and storage offset (none for a nested tensor, which has neither)."""
+    return (None, None) if t.is_nested else (t.stride(), t.storage_offset())
+
+
+def _nbytes(t) -> int:
+    return t.untyped_storage().nbytes()
+
+
 def assert_close(a, b, what, rtol, atol):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{what}: eager gave a tensor, compiled {type(b)}"
+        if a.is_nested or b.is_nested:     # compared component by component (jagged sizes are symbolic)
+            assert (a.is_nested, a.layout) == (b.is_nested, b.layout), f"{what}: layout {a.layout} vs {b.layout}"
+            parts = a.unbind(), b.unbind()
+            assert len(parts[0]) == len(parts[1]), f"{what}: {len(parts[0])} vs {len(parts[1])} components"
+            for i, (x, y) in enumerate(zip(*parts)):
+                assert_close(x, y, f"{what}[{i}]", rtol, atol)
+            return
         assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
         assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} vs {b.dtype}"
         assert a.device == b.device, f"{what}: device {a.device} vs {b.device}"
+        if unreadable(a) or unreadable(b):
+            sizes = [_nbytes(t) if t.layout == torch.strided else None for t in (a, b)]
+            assert unreadable(a) and unreadable(b) and sizes[0] == sizes[1], \
+                f"{what}: storage of {sizes[0]} vs {sizes[1]} bytes for {a.numel()} elements"
+            return
         if a.dtype.itemsize == 1 and a.dtype.is_floating_point:   # float8: compare in float32
             a, b = a.float(), b.float()
         torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, equal_nan=True,
@@ -369,7 +405,8 @@ class Snapshot:
         # A lazy module's uninitialized parameters hold no values yet: only their identity is kept.
         self.named = {n: t for n, t in self.named.items()
                       if not isinstance(t, torch.nn.parameter.UninitializedTensorMixin)}
-        self.saved = {n: (id(t), t.detach().clone(), t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf)
+        self.saved = {n: (id(t), _nbytes(t) if unreadable(t) else t.detach().clone(), *_placement(t),
+                          t.requires_grad, t.is_leaf)
                       for n, t in self.named.items()}
         self.rng = rng_state()
 
@@ -381,9 +418,12 @@ class Snapshot:
         for name, (ident, value, stride, offset, rg, leaf) in self.saved.items():
             t = now.get(name, self.named[name])
             assert id(t) == ident, f"{name} was replaced {what}"
-            assert (t.stride(), t.storage_offset(), t.requires_grad, t.is_leaf) == (stride, offset, rg, leaf), \
+            assert (*_placement(t), t.requires_grad, t.is_leaf) == (stride, offset, rg, leaf), \
                 f"{name} metadata changed {what}"
-            assert_close(value, t.detach(), f"{name} {what}", 0, 0)
+            if isinstance(value, int):      # a freed storage: its size is all there is to compare
+                assert unreadable(t) and _nbytes(t) == value, f"{name}'s freed storage changed {what}"
+            else:
+                assert_close(value, t.detach(), f"{name} {what}", 0, 0)
 
 
 def refusal_guard(compile: Callable) -> Callable:

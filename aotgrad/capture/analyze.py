@@ -11,7 +11,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .._torch import (
     apply_view_meta_sequence, backed_symbols, functionalize_has_data_mutation, functionalize_was_storage_changed,
-    sync, view_meta_sequence,
+    FunctionalTensor, sync, view_meta_sequence,
 )
 from ..errors import MutationError, UnsupportedError
 from ..guards import reads
@@ -114,6 +114,13 @@ def replay_of(view, base) -> Replay | None:
     return Replay(sequence, required=base is None or not _replayable(view, base))
 
 
+def _reshaped_in_place(base) -> bool:
+    """Whether ``base`` went through an in-place view op (``t_()``, ``unsqueeze_()``) itself: a view
+    taken before it replays its ops on the base as it was then, not as it is returned."""
+    sequence = view_meta_sequence(base.elem) if isinstance(base, FunctionalTensor) else None
+    return bool(sequence)
+
+
 def _replayable(view, base) -> bool:
     """Whether ``base.as_strided(...)`` regenerates ``view`` at run time: same dtype (not
     ``view_as_real``), same conjugate/negative bits (not ``conj()``), and sizes computable
@@ -161,7 +168,7 @@ def _output_infos(f_outs, f_ins):
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
         base = f_ins[in_storages[storage]] if storage in in_storages else (o._base if o._is_view() else None)
-        replay = replay_of(o, base) if base is not None else None
+        replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) else None
         if same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:

@@ -229,6 +229,11 @@ def _traced(thunk):
                 "cannot capture a Python branch, int()/float()/bool() or a size that depends on tensor values "
                 "(.item(), nonzero(), a data-dependent size); compute it outside the captured function or "
                 "use torch.where/torch.cond", user_line=line) from e
+        if "invalid python storage" in str(e):
+            raise errors.UnsupportedError(
+                "a traced tensor's storage cannot be read or resized (untyped_storage().resize_(), data_ptr(): "
+                "FSDP-style freeing and re-allocating of storage); the graph holds values, not storages: do it "
+                "outside the captured function", user_line=line) from e
         if kind in _UNSUPPORTED or "numpy" in str(e).lower():
             raise errors.UnsupportedError(f"cannot capture this operation: {_first_line(e)}", user_line=line) from e
         raise errors.TraceError(f"tracing failed with {kind}: {_first_line(e)}", user_line=line) from e

@@ -17,7 +17,8 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from .._torch import (
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
-    is_compiling_flag, is_functional_tensor, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry, sync,
+    has_own_dispatch, is_compiling_flag, is_functional_tensor, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry,
+    storage_key, sync,
 )
 from ..scoped import Shared, Stack
 from .block_graph import DIRECT, UnseenUsed
@@ -45,8 +46,7 @@ class Session:
     def fakeify_all(self, tensors, dynamic_dims: dict) -> list:
         """Fake copies of ``tensors`` (``dynamic_dims``: flat index -> dimensions to make symbolic).
         Tensors that share a storage go through ``from_tensor``, whose fakes share one too."""
-        keys = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.layout is torch.strided
-                else None for t in tensors]
+        keys = [storage_key(t) if isinstance(t, torch.Tensor) else None for t in tensors]
         shared = Counter(k for k in keys if k is not None)
         return [self.fakeify(t, dynamic_dims.get(i, ()), alone=k is not None and shared[k] == 1)
                 for i, (t, k) in enumerate(zip(tensors, keys))]
@@ -154,6 +154,20 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             device = _device(args[0])
             if device is not None:
                 return device
+        if func is _RESIZE_STORAGE:
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                "resizing a traced tensor's storage (untyped_storage().resize_(), resize_storage_bytes_: "
+                "FSDP-style freeing and re-allocating) cannot be captured: the graph holds values, not storages; "
+                "do it outside the captured function", user_line=caller_line())
+        for cls in types:
+            if has_own_dispatch(cls):
+                from ..errors import UnsupportedError, caller_line
+                raise UnsupportedError(
+                    f"{func.__name__} on a {cls.__name__}, a tensor subclass with its own __torch_dispatch__, "
+                    "inside the captured function: aotgrad traces plain tensors only (the subclass's autograd "
+                    "and outputs would not be kept); build it outside, on the compiled function's outputs",
+                    user_line=caller_line())
         direct = DIRECT[-1] if DIRECT else None
         if direct is not None and direct.unseen and direct.touches(args, kwargs or {}):
             raise UnseenUsed(f"{func} reads an input only repeated blocks were to read")
@@ -171,6 +185,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
 
 
 _DEVICE = torch.ops.prim.device.default
+_RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 
 
 def _device(t):

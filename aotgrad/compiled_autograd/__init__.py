@@ -59,10 +59,22 @@ def compiled_autograd(compiler="eager"):
             yield state
     except RuntimeError as e:
         ddp.refuse_cpp_reducer(e)     # a DDP configuration only its C++ reducer implements: typed
+        _refuse_uncollectable(e)
         raise
     finally:
         ACTIVE.pop()
         _engine.set_autograd_compiler(*prior)
+
+
+def _refuse_uncollectable(error: RuntimeError) -> None:
+    """The engine's refusal to collect a backward (a nested tensor's gradient, say), raised while
+    it walks the graph, before any of it ran: a typed error naming the ``.backward()`` line."""
+    text = str(error)
+    if not isinstance(error, NotImplementedError) or "compiled_autograd" not in text:
+        return
+    from ..errors import UnsupportedError, user_frame
+    raise UnsupportedError(f"compiled autograd cannot capture this backward: {text.splitlines()[0]}",
+                           user_line=user_frame(error.__traceback__)) from error
 
 
 def reset() -> None:

@@ -19,7 +19,7 @@ from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
 from ..capture.session import Session
-from ..frontend.flatten import Signature, outputs
+from ..frontend.flatten import Signature, outputs, refuse_tensor
 from ..observe import timed
 from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
@@ -48,12 +48,15 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     session = Session(dynamic=None, grad_enabled=torch.is_grad_enabled(),
                       shape_env=fake_mode.shape_env, fake_mode=fake_mode)
+    ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    descs = tuple(_desc(node, i) for i, node in enumerate(ph))
+    for desc, t in zip(descs, example_inputs):
+        if isinstance(t, torch.Tensor):
+            refuse_tensor(str(desc), t)
     fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
         t, FakeTensor) else t for t in example_inputs]
     n = len(fakes)
     sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
-    ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    descs = tuple(_desc(node, i) for i, node in enumerate(ph))
     body = untag_checkpoints(gm)
 
     def flat_fn(*flat):

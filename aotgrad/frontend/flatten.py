@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import pytree
+from .._torch import pytree, subclass_kind
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from ..scoped import Shared
 
@@ -64,6 +64,7 @@ def signature(fn, args: tuple, kwargs: dict):
             from ..errors import UnsupportedError
             raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
                                    "as LazyLinear); call the module once eagerly before capturing it")
+        refuse_tensor(f"'{name}' of {type(fn).__name__}", t)
         tensors.append(t)
         descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
     for i, (path, leaf) in enumerate(with_path):
@@ -121,9 +122,7 @@ def _refuse_argument(name: str, leaf) -> None:
     """Arguments whose contents a baked constant would freeze: tensors pytree cannot see, arrays."""
     from ..errors import UnsupportedError
     if isinstance(leaf, torch.Tensor):
-        if leaf.layout != torch.strided or leaf.is_nested:
-            raise UnsupportedError(f"{name} is {'a nested tensor' if leaf.is_nested else f'of layout {leaf.layout}'}; "
-                                   "only strided (dense) tensors can be captured")
+        refuse_tensor(name, leaf)
         return
     if type(leaf).__module__ == "numpy" and hasattr(leaf, "shape"):
         raise UnsupportedError(f"{name} is a numpy array; its values would be baked into the graph: "
@@ -132,6 +131,22 @@ def _refuse_argument(name: str, leaf) -> None:
         raise UnsupportedError(f"{name} is an object of class {type(leaf).__name__} holding tensors, which is not "
                                "a pytree, so its tensors would be baked into the graph; register the class with "
                                "torch.utils._pytree.register_pytree_node (dataclasses: register_dataclass)")
+
+
+def refuse_tensor(name: str, t: torch.Tensor) -> None:
+    """Tensors a trace through plain fake tensors cannot stand for, refused before anything runs:
+    nested tensors, layouts other than strided, and tensor subclasses whose class changes what ops
+    do (TwoTensor and other wrapper subclasses, ``__torch_function__`` subclasses)."""
+    from ..errors import UnsupportedError, caller_line
+    why = subclass_kind(t)
+    if t.is_nested or t.layout != torch.strided:
+        raise UnsupportedError(f"{name} is {'a nested tensor' if t.is_nested else f'of layout {t.layout}'}; "
+                               "only strided (dense) tensors can be captured", user_line=caller_line())
+    if why is not None:
+        raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why}; aotgrad traces "
+                               "plain tensors only (the graph would not run the subclass's code): pass plain "
+                               "tensors, or compile this function with another torch.compile backend",
+                               user_line=caller_line())
 
 
 def _holds_tensors(obj) -> bool:

@@ -40,7 +40,16 @@ def _jit(fn, args, kwargs):
 
 
 def _dynamo(fn, args, kwargs):
-    return torch.compile(fn, backend="aotgrad")
+    compiled = torch.compile(fn, backend="aotgrad")
+
+    def call(*a, **k):      # Dynamo wraps a backend's refusal: the typed error is its inner exception
+        try:
+            return compiled(*a, **k)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            if isinstance(e.inner_exception, aotgrad.errors.AotgradError):
+                raise e.inner_exception from e
+            raise
+    return call
 
 
 def _as_is(fn, args, kwargs):

@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import aotgrad
-from tests.eager_check import _backward, _leaked, _tensors, _weights, check, refusal_guard
+from tests.eager_check import _backward, _leaked, _tensors, _weights, check, refusal_guard, unreadable
 
 from .entries import ENTRIES, Entry
 from .programs import PROGRAMS, Program, leaf_with
@@ -73,7 +73,7 @@ def _variant_args(prog, variant):
 
     def change(x):
         if not isinstance(x, torch.Tensor) or type(x) is not torch.Tensor or not x.is_leaf or \
-                x.layout != torch.strided or x._is_view():
+                x.layout != torch.strided or x.is_nested or x._is_view() or unreadable(x):
             return x
         y = _TRANSFORMS[variant](x)
         changed.append(y is not None)

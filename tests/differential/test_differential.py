@@ -17,6 +17,10 @@ KNOWN = {
     ("checkpoint_deterministic", "compiled_autograd"):
         "an eager forward's checkpoint under compiled autograd needs saved-tensor hooks, refused with a typed "
         "error; compiling the forward works",
+    ("aotd_dispatch_input_metadata_mutation", "dynamo"):
+        "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
+        "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
+        "them changed",
     ("checkpoint_selective_policy", "dynamo"):
         "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
         "(torch.compile with aot_eager fails the same way)",

@@ -33,13 +33,22 @@ def input_key(args, in_place) -> tuple:
 def _span(t: torch.Tensor) -> torch.Tensor:
     """The stretch of storage ``t`` reads, as one flat tensor: copying it copies ``t`` whatever
     its strides, including an expanded (stride-0) input that ``copy_`` cannot write into."""
-    n = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-    return t.as_strided((n,), (1,), t.storage_offset())
+    return t.as_strided((_span_length(t),), (1,), t.storage_offset())
+
+
+def _span_length(t: torch.Tensor) -> int:
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
 
 
 def _static_copy(t):
     if not isinstance(t, torch.Tensor):
         return t
+    if t.numel() and t.untyped_storage().nbytes() < (t.storage_offset() + _span_length(t)) * t.element_size():
+        from ...errors import UnsupportedError, caller_line
+        raise UnsupportedError(f"an input of shape {tuple(t.shape)} whose storage was freed (resized to "
+                               f"{t.untyped_storage().nbytes()} bytes, as FSDP frees parameters) cannot be copied "
+                               "into a CUDA graph's static input: use another compiler for this function",
+                               user_line=caller_line())
     span = _span(t)
     return torch.empty_like(span).copy_(span).as_strided(t.shape, t.stride(), 0)
 
