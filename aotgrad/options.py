@@ -26,7 +26,7 @@ def _key(doc: str) -> dict:
     return {"cache_key": True, "doc": doc}
 
 
-def _refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), meant_by=None) -> None:
+def refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), meant_by=None) -> None:
     """An ``OptionError`` for the first name not in ``known``, naming the closest known one."""
     for key, value in options.items():
         if key not in known:
@@ -66,7 +66,7 @@ class CudaGraphsOptions:
 
     @classmethod
     def of(cls, api: str = "the cudagraphs compiler", /, **options) -> "CudaGraphsOptions":
-        _refuse_unknown(api, options, [f.name for f in fields(cls)])
+        refuse_unknown(api, options, [f.name for f in fields(cls)])
         return cls(**options)
 
     def __repr__(self) -> str:
@@ -130,7 +130,7 @@ class CompileOptions:
     def of(cls, api: str = "compile", extra: tuple = (), **options) -> "CompileOptions":
         """Build from keyword options, refusing unknown names with the closest known one.
         ``extra``: names the calling API takes besides these (named in the message)."""
-        _refuse_unknown(api, options, names(), extra, MEANT)
+        refuse_unknown(api, options, names(), extra, MEANT)
         return cls(**options)
 
     def compiles_with(self, name: str) -> bool:
@@ -162,6 +162,27 @@ class CompileOptions:
 
 def names() -> list:
     return [f.name for f in fields(CompileOptions)]
+
+
+def _checked_init(cls, meant_by=None):
+    """Give ``cls`` (a dataclass) an ``__init__`` that refuses a misspelt keyword with an ``OptionError``
+    naming the closest field, as every keyword entry point does, instead of Python's ``TypeError``."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        known = [f.name for f in fields(cls)]
+        refuse_unknown(cls.__name__, kwargs, known, (), meant_by)
+        if len(args) > len(known):
+            raise OptionError(f"{cls.__name__} takes at most {len(known)} positional options "
+                              f"({', '.join(known)}); got {len(args)}", user_line=caller_line())
+        init(self, *args, **kwargs)
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    cls.__init__ = __init__
+    return cls
+
+
+_checked_init(CudaGraphsOptions)
+_checked_init(CompileOptions, MEANT)
 
 
 def as_options(options, api: str = "compile") -> CompileOptions:

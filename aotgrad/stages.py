@@ -12,7 +12,9 @@ import torch.fx as fx
 from ._torch import pytree
 from . import errors
 from .observe import Step
-from .options import CompileOptions
+from .errors import OptionError, caller_line
+from .options import CompileOptions, refuse_unknown
+from .runtime.modes import BAKED_NAMES, baked, describe
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
@@ -30,6 +32,7 @@ class Modes:
     """The modes a trace ran under: all that a captured stage keeps of its tracing session."""
     dynamic: bool | None
     grad_enabled: bool
+    baked: tuple | None = None     # runtime.modes.baked() when traced; None: not known (a loaded step)
 
 
 @dataclass(frozen=True, repr=False)
@@ -53,7 +56,8 @@ class Setup:
     def traced(self) -> "Setup":
         """What a ``Captured`` keeps: no example batch, no fake inputs, no live session (its fake
         mode and shape environment live on only in the graph's node values)."""
-        return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled),
+        return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled,
+                                                 getattr(self.session, "baked", None)),
                        fake_inputs=(), real_inputs=())
 
     def __repr__(self) -> str:
@@ -84,23 +88,29 @@ class Captured:
         return self.layout.is_inference
 
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="auto",
-                memory_budget=None, *, options: CompileOptions | None = None) -> "Compiled":
+                memory_budget=None, *, options: CompileOptions | None = None, **more) -> "Compiled":
         """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,
-        which documents each). ``memory_budget``: a fraction (float, 0..1] of the default partitioner's
-        saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted min cut (and the
-        min cut for the Inductor compiler).
+        which documents each; ``cudagraphs={...}`` too). ``memory_budget``: a fraction (float, 0..1] of the
+        default partitioner's saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted
+        min cut (and the min cut for the Inductor compiler). A misspelt option is an ``OptionError``.
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
         from .ir.values import with_values
         if options is None:
-            options = CompileOptions(fw_compiler, bw_compiler, partitioner, memory_budget)
+            options = CompileOptions.of("compile", fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                                        partitioner=partitioner, memory_budget=memory_budget, **more)
+        elif more:
+            raise OptionError(f"compile got options= and keyword options {sorted(more)}: give one or the other",
+                              user_line=caller_line())
         with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 
-    def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None) -> str:
+    def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None, **more) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
         runs it in another process without the model's code. ``values=False`` leaves out parameter values."""
         from .export.artifact import export
+        if more:    # export compiles nothing: only the partition options apply
+            refuse_unknown("export", more, ["values", "partitioner", "memory_budget"])
         opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
         return export(self, path, values=values, partitioner=opts.resolved_partitioner(), memory_budget=memory_budget)
 
@@ -131,14 +141,20 @@ class Compiled:
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
+        was = self.captured.setup.session.baked
+        if was is not None and was != (now := baked()):
+            raise errors.InputMismatchError(f"called under other modes than captured ({describe(BAKED_NAMES, was, now)}): "
+                                            "the graph has the casts of the captured modes baked in; capture again "
+                                            "under these modes (aotgrad.jit recompiles for you)", user_line=caller_line())
         state = self.captured.state
         failed = state.check() if state is not None else None
         if failed is not None:
             raise errors.InputMismatchError(f"{state.explain(failed)}; capture again "
-                                            "(aotgrad.jit recompiles for you)")
+                                            "(aotgrad.jit recompiles for you)", user_line=caller_line())
         flat, why = self.path.match(args, kwargs)
         if why is not None:
-            raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)")
+            raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)",
+                                            user_line=caller_line())
         return self.path.run(flat)
 
     @property

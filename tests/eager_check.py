@@ -108,15 +108,22 @@ def _view_signature(out, inputs):
     return sig
 
 
-def rng_state():
-    """The global RNG streams a program can draw from (CPU, and every CUDA device when present)."""
-    cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
-    return (torch.get_rng_state(), *cuda)
+def rng_state() -> dict:
+    """The global RNG streams a program can draw from, by device: the CPU's, and each CUDA
+    device's once CUDA is initialised (reading them never initialises CUDA)."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.update({f"cuda:{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return states
 
 
 def assert_same_rng(a, b, what):
-    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), \
-        f"global RNG state differs {what}: the compiled program drew a different amount of randomness"
+    """Every stream both states hold is equal. CUDA initialised between the two reads (compiling
+    may initialise it; the eager run of a CPU program does not) adds streams only one side has:
+    a CUDA program initialises CUDA before its eager run, so its streams are on both sides."""
+    differ = [d for d in a.keys() & b.keys() if not torch.equal(a[d], b[d])]
+    assert not differ, (f"global RNG state of {', '.join(sorted(differ))} differs {what}: the compiled "
+                        "program drew a different amount of randomness")
 
 
 def _compare_outputs(out_e, out_c, ins_e, ins_c, rtol, atol):

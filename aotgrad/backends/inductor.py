@@ -32,12 +32,22 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
 
 
 def _compile(gm: fx.GraphModule, example_inputs: list):
-    from .._torch import TracingContext, detect_fake_mode, inductor_api, tracing
-    config, compile_fx_inner, _ = inductor_api()
-
+    from .._torch import detect_fake_mode
     fake_mode = detect_fake_mode(example_inputs)
     # A graph handed to this backend directly may give two placeholders one example object.
     example_inputs = distinct_examples(example_inputs)
+    if _is_backward(gm):
+        return _lazy_backward(gm, example_inputs, fake_mode)
+    compiled = _compile_inner(gm, example_inputs, fake_mode)
+
+    def run(*args):
+        return tuple(compiled(list(args)))
+    return run
+
+
+def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
+    from .._torch import TracingContext, inductor_api, tracing
+    config, compile_fx_inner, _ = inductor_api()
     decomposed = _decompose(gm, example_inputs, fake_mode)
     # fallback_random: random ops draw from the eager RNG, so dropout masks
     # match eager's for the same seed (Inductor's own RNG would not).
@@ -45,19 +55,63 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
     # strides other than those the backward graph was traced with.
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True,
                                                           layout_optimization=False):
-        compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+        return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
 
-    # Inductor's convention is one boxed list it clears as it frees inputs; a backward
-    # is handed its list directly (``_boxed_call``) so saved activations die early.
-    if _is_backward(gm):
-        def run_boxed(args):
+
+def _lazy_backward(gm: fx.GraphModule, example_inputs: list, fake_mode):
+    """The backward, compiled when it first runs for the layouts its inputs really have.
+
+    Inductor's forward chooses the layouts of what it returns (padding, a dense copy of an
+    ``expand``), and the backward's generated code asserts the sizes and strides it was compiled
+    for: so its saved inputs are described by what the forward gave this first call (as PyTorch's
+    own AOT autograd compiles the backward lazily). The forward gives the same layouts for the same
+    input layouts, which the guards pin; one that still differs is a typed error, never a crash in
+    generated code. Inductor's convention is one boxed list it clears as it frees inputs: a backward
+    is handed its list directly (``_boxed_call``) so saved activations die early."""
+    compiled = None
+
+    def run_boxed(args):
+        nonlocal compiled
+        if compiled is None:
+            try:
+                compiled = _compile_inner(gm, _as_laid_out(example_inputs, args, fake_mode), fake_mode)
+            except Exception as e:  # noqa: BLE001 - as in ``inductor``: this graph runs eagerly
+                warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because "
+                              f"Inductor failed on it: {type(e).__name__}: {e}", stacklevel=2)
+                compiled = lambda args: gm.forward(*args)   # noqa: E731
+        try:
             return tuple(compiled(args))
-        run_boxed._boxed_call = True
-        return run_boxed
+        except AssertionError as e:
+            if "stride" not in str(e) and "size" not in str(e):
+                raise
+            from ..errors import UnsupportedError
+            raise UnsupportedError(f"the Inductor-compiled backward got a saved tensor or gradient with another "
+                                   f"layout than on its first call ({e}); compile with fw_compiler='eager' for "
+                                   "this program") from e
+    run_boxed._boxed_call = True
+    return run_boxed
 
-    def run(*args):
-        return tuple(compiled(list(args)))
-    return run
+
+def _as_laid_out(examples: list, args: list, fake_mode) -> list:
+    """``examples`` with the strides and storage offsets of the real ``args`` where those differ
+    (static sizes only: a symbolic layout is what the graph was traced for)."""
+    import torch
+
+    out = []
+    for ex, a in zip(examples, args):
+        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor) and tuple(ex.shape) == tuple(a.shape) \
+                and all(type(v) is int for v in (*ex.stride(), ex.storage_offset())) \
+                and (ex.stride() != a.stride() or ex.storage_offset() != a.storage_offset()):
+            with fake_mode:
+                flat = torch.empty(a.storage_offset() + _extent(a), dtype=ex.dtype, device=ex.device)
+                ex = flat.as_strided(a.shape, a.stride(), a.storage_offset())
+        out.append(ex)
+    return out
+
+
+def _extent(t) -> int:
+    """Elements from ``t``'s storage offset to one past its last element."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
 
 
 def inductor(gm: fx.GraphModule, example_inputs: list):

@@ -20,6 +20,7 @@ from .._torch import (
     has_own_dispatch, is_compiling_flag, is_functional_tensor, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry,
     storage_key, sync,
 )
+from ..runtime.modes import baked
 from ..scoped import Shared, Stack
 from .block_graph import DIRECT, UnseenUsed
 
@@ -31,6 +32,7 @@ class Session:
     grad_enabled: bool
     shape_env: ShapeEnv = field(default_factory=ShapeEnv)
     fake_mode: FakeTensorMode | None = None
+    baked: tuple = field(default_factory=baked)   # autocast and default dtype when captured (runtime.modes)
 
     def __post_init__(self):
         if self.fake_mode is None:

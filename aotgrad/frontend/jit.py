@@ -34,25 +34,18 @@ from .flatten import signature
 from .distributed import split_for_jit
 from .jit_options import bound_method, check_options, root_name, tracing
 from ..options import CompileOptions
+from ..runtime.modes import BAKED_NAMES, baked, describe
 
 log = logging.getLogger("aotgrad.jit")
 
 
 def _modes() -> tuple:
-    """The process-wide modes a trace bakes in; an entry runs only under the ones it was captured in."""
-    cpu, cuda = torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
-    return (torch.is_grad_enabled(), cpu, cuda, torch.get_autocast_dtype("cpu") if cpu else None,
-            torch.get_autocast_dtype("cuda") if cuda else None, torch.get_default_dtype())
-
-
-_MODE_NAMES = ("grad mode", "CPU autocast", "CUDA autocast", "CPU autocast dtype", "CUDA autocast dtype",
-               "the default dtype")
+    """The modes a trace bakes in; an entry runs only under the ones it was captured in."""
+    return (torch.is_grad_enabled(), *baked())
 
 
 def _describe_modes(was, now) -> str:
-    def text(v):
-        return ("on" if v else "off") if isinstance(v, bool) else str(v)
-    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(_MODE_NAMES, was, now) if a != b)
+    return describe(("grad mode", *BAKED_NAMES), was, now)
 
 
 @dataclass(repr=False)

@@ -38,7 +38,7 @@ def make_call(captured, run_graph) -> CallPath:
     needs_symbols = _needs_symbols(analysis)
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
-    grad_guard = captured.is_inference and not setup.session.grad_enabled
+    grad_was = setup.session.grad_enabled
     rebase, aliasing = setup.rebase, alias_check(setup, analysis)
     n_leaves = len(sig.leaves)
     positional = in_spec == pytree.tree_structure(((0,) * n_leaves, {}))
@@ -65,8 +65,9 @@ def make_call(captured, run_graph) -> CallPath:
         failed = guards.check(flat)
         if failed is not None:
             return None, guards.explain(flat, failed)
-        if grad_guard and torch.is_grad_enabled() and any(t.requires_grad for t in flat):
-            return None, "grad mode was disabled when captured (an inference graph), now it is enabled"
+        if torch.is_grad_enabled() != grad_was:   # which outputs require grad, and any branch on it, were traced
+            return None, (f"grad mode was {'enabled' if grad_was else 'disabled'} when captured, now it is "
+                          f"{'disabled (torch.no_grad())' if grad_was else 'enabled'}")
         return flat, None
 
     unflatten = _unflattener(out_spec)

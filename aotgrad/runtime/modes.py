@@ -32,6 +32,24 @@ def _enabled(dev: str) -> bool:
         return False
 
 
+def baked() -> tuple:
+    """The thread-local modes a trace bakes into its graph (inference mode, autocast per device and its
+    dtype, the default dtype): a graph runs only under the ones it was traced under (``BAKED_NAMES``)."""
+    cpu, cuda = torch.is_autocast_enabled("cpu"), _enabled("cuda")
+    return (torch.is_inference_mode_enabled(), cpu, cuda, torch.get_autocast_dtype("cpu") if cpu else None,
+            torch.get_autocast_dtype("cuda") if cuda else None, torch.get_default_dtype())
+
+
+BAKED_NAMES = ("inference mode", "CPU autocast", "CUDA autocast", "CPU autocast dtype", "CUDA autocast dtype", "the default dtype")
+
+
+def describe(names, was, now) -> str:
+    """``'CPU autocast was off, now on; ...'`` for the modes that differ."""
+    def text(v):
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(names, was, now) if a != b)
+
+
 def without_autocast(graph_fn, backward: bool = False):
     """``graph_fn`` run with autocast off; free when autocast is off already.
 

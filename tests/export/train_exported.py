@@ -32,11 +32,22 @@ def train(path, batches, seeds, lr):
             "state_names": list(step.state_dict())}
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
+
+def _ours(name: str) -> bool:
+    """Whether ``name`` imports this repository's code (a package of that name installed on the
+    machine, an unrelated ``examples`` say, is not the model code)."""
+    spec = importlib.util.find_spec(name)
+    places = [*(spec.submodule_search_locations or []), spec.origin or ""] if spec is not None else []
+    return any(p and os.path.realpath(p).startswith(REPO + os.sep) for p in places)
+
+
 def main(job_path, out_path):
     job = torch.load(job_path, weights_only=True)
     results = {name: train(**spec) for name, spec in job.items()}
     results["imported"] = [m for m in sys.modules if m in ("models", "examples.models") or m.startswith("tests")]
-    results["importable"] = [m for m in ("examples", "models", "tests") if importlib.util.find_spec(m) is not None]
+    results["importable"] = [m for m in ("examples", "models", "tests") if _ours(m)]
     results["aotgrad"] = os.path.realpath(os.path.dirname(aotgrad.__file__))
     torch.save(results, out_path)
 
