@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 import torch.fx as fx
 
 from ..partition.graphs import distinct_examples
@@ -45,16 +46,56 @@ def _compile(gm: fx.GraphModule, example_inputs: list):
     return run
 
 
+_OPAQUE = torch.library.Library("aotgrad", "FRAGMENT")
+_opaque_ops: dict = {}
+
+
+def _opaque(op):
+    """``aotgrad::eager_<op>``: ``op`` itself as an operator Inductor only calls (its fallback path)
+    and never lowers, fuses or reorders; None for an op with an aliasing schema."""
+    if op in _opaque_ops:
+        return _opaque_ops[op]
+    schema = op._schema
+    made = None
+    if not any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
+        name = "eager_" + "_".join(p for p in (op.namespace, op._schema.name.split("::")[-1],
+                                               op._overloadname) if p).replace(".", "_")
+        _OPAQUE.define(name + str(schema)[str(schema).index("("):])
+        _OPAQUE.impl(name, op, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"aotgrad::{name}", op, lib=_OPAQUE)
+        made = getattr(torch.ops.aotgrad, name).default
+    _opaque_ops[op] = made
+    return made
+
+
+def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose random ops (``nondeterministic_seeded``) run as eager runs them: neither
+    decomposed (``native_dropout`` into ``rand_like``, which draws other numbers on CUDA) nor lowered
+    by Inductor (whose fused kernels have read an in-place ``bernoulli_`` buffer before its fallback
+    filled it), so every mask and random value is eager's, drawn in eager's order."""
+    from ..analysis.ops import is_random
+    from ..passes.cleanup import copy_module
+    if not any(is_random(n) for n in gm.graph.nodes):
+        return gm
+    gm = copy_module(gm)
+    for n in gm.graph.nodes:
+        if is_random(n) and (op := _opaque(n.target)) is not None:
+            n.target = op
+    gm.recompile()
+    return gm
+
+
 def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     from .._torch import TracingContext, inductor_api, tracing
     config, compile_fx_inner, _ = inductor_api()
-    decomposed = _decompose(gm, example_inputs, fake_mode)
-    # fallback_random: random ops draw from the eager RNG, so dropout masks
-    # match eager's for the same seed (Inductor's own RNG would not).
+    # fallback_random: random ops draw from the eager RNG with eager's kernels, so random values
+    # match eager's for the same seed (Inductor's own RNG would not); it also selects the
+    # decomposition table that keeps random ops whole, so the retrace runs under it too.
     # layout_optimization off: it would give saved tensors (channels-last)
     # strides other than those the backward graph was traced with.
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True,
                                                           layout_optimization=False):
+        decomposed = _decompose(_random_ops_opaque(gm), example_inputs, fake_mode)
         return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
 
 
