@@ -25,8 +25,20 @@ class CallPath:
 
 
 # Constants compared by value (and exact type) on every call; any other object must be the same object.
-_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
-                torch.layout)
+VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
+               torch.layout)
+
+
+def same_value(a, b) -> bool:
+    """Type-exact, and bit-exact for floats and complex numbers: ``-0.0`` is not ``0.0`` (``x / eps``
+    differs), a NaN is the same as a NaN. ``a`` and ``b`` are of the ``VALUE_TYPES``."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return a.hex() == b.hex()
+    if type(a) is complex:
+        return a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()
+    return a == b
 
 
 def make_call(captured, run_graph) -> CallPath:
@@ -52,7 +64,7 @@ def make_call(captured, run_graph) -> CallPath:
                 return None, tree_difference(in_spec, spec)
         for i, v in const:
             x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
-            if x is not v and (type(x) is not type(v) or type(v) not in _VALUE_TYPES or x != v):
+            if x is not v and (type(v) not in VALUE_TYPES or not same_value(x, v)):
                 kinds = type(x) is not type(v)
                 return None, (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
                               f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")

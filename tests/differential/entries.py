@@ -25,6 +25,7 @@ class Entry:
     variants: tuple = ("base",)
     backward_context: Callable = contextlib.nullcontext
     reset: Callable = lambda: None
+    tol: tuple = (0.0, 0.0)     # the least (rtol, atol) float values are compared with (a fusing compiler's)
 
 
 def _capture(**compile_options):
@@ -68,6 +69,9 @@ def _reset_compiled_autograd():
 ENTRIES = {e.name: e for e in (
     Entry("capture", _capture()),
     Entry("capture_cudagraphs", _capture(fw_compiler=cg.configure(warmup=0))),
+    # Inductor fuses and reorders float arithmetic: values within a tolerance; masks, integers,
+    # metadata and the RNG stay exact.
+    Entry("inductor", _capture(fw_compiler="inductor"), tol=(1e-4, 1e-4)),
     Entry("min_cut", _capture(partitioner="min_cut")),
     Entry("budget", _capture(memory_budget=0.5)),
     Entry("jit", _jit, ("base", "stride", "offset", "size")),
