@@ -186,6 +186,8 @@ def _value_fp(v):
         return _program_fp(v) + (_value_fp(v.__defaults__),)
     if isinstance(v, types.MethodType):
         return ("method", _value_fp(v.__func__), type(v.__self__).__qualname__)
+    if isinstance(v, types.CodeType):
+        return ("code", hashlib.sha256(marshal.dumps(v)).hexdigest())
     if isinstance(v, (tuple, list, frozenset, set, dict)):
         items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
         return (type(v).__name__, tuple(_value_fp(x) for x in items))

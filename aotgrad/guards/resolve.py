@@ -32,7 +32,7 @@ def locate(obj, kind, key):
             return None
         return obj.__closure__[code.co_freevars.index(key)], None
     if isinstance(obj, types.FunctionType):
-        return (obj, key) if key in ("__defaults__", "__kwdefaults__") else None
+        return (obj, key) if key in ("__defaults__", "__kwdefaults__", "__code__") else None
     if isinstance(obj, types.ModuleType):
         return None if is_library(obj) or key not in vars(obj) else (vars(obj), key)
     d = getattr(obj, "__dict__", None)
@@ -212,6 +212,10 @@ class Resolver:
                 self._add_value(fn, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         if fn.__code__ not in self.executed:
             return
+        # The code that ran, by identity: a helper whose ``__code__`` is replaced (hot reload, a
+        # monkeypatch) is another program under the same function object.
+        self._add(Read(f"{source}.__code__", path + (("attr", "__code__"),) if path else None, fn, "__code__",
+                       fn.__code__, "id"))
         for c in chains(fn.__code__)[0]:
             if c.root == "deref":
                 where, _ = locate(fn, "cell", c.name)

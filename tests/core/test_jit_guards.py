@@ -310,6 +310,31 @@ def test_floats_are_guarded_bit_exactly(was, now):
         captured(x)
 
 
+def _triple(x):
+    return x * 3
+
+
+def test_code_replaced_in_place_recompiles():
+    """Hot reload and monkeypatching in tests swap a function's ``__code__``: the same function
+    object runs another program, so the code objects the trace ran are guarded by identity."""
+    def helper(x):
+        return x * 2
+
+    def f(x):
+        return helper(x) + 1
+    x = torch.ones(2)
+    g, step = aotgrad.jit(f), aotgrad.capture(f, x).compile()
+    g(x)
+    original = helper.__code__
+    helper.__code__ = _triple.__code__
+    assert torch.equal(g(x), f(x)) and len(g.entries) == 2
+    assert "helper.__code__" in _reasons(g)[1]
+    with pytest.raises(errors.InputMismatchError, match="helper.__code__"):
+        step(x)
+    helper.__code__ = original       # the first program again: its entry is used
+    assert torch.equal(g(x), f(x)) and len(g.entries) == 2
+
+
 def test_nan_constant_reuses_its_entry():
     g = aotgrad.jit(lambda x, k: x * k)
     x = torch.ones(2)
