@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from ..partition.graphs import distinct_examples
+from ..runtime.modes import autocast_off
 from .graph_info import info_of
 
 
@@ -51,36 +52,51 @@ _opaque_ops: dict = {}
 
 
 def _opaque(op):
-    """``aotgrad::eager_<op>``: ``op`` itself as an operator Inductor only calls (its fallback path)
-    and never lowers, fuses or reorders; None for an op with an aliasing schema."""
+    """``aotgrad::eager_<op>(Tensor[] after, ...)``: ``op`` itself as an operator Inductor only calls
+    (its fallback path) and never lowers or fuses, ordered after the tensors ``after`` (the previous
+    draw: Inductor schedules independent calls in any order, eager draws in program order); None
+    for an op with an aliasing schema."""
     if op in _opaque_ops:
         return _opaque_ops[op]
     schema = op._schema
     made = None
     if not any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
-        name = "eager_" + "_".join(p for p in (op.namespace, op._schema.name.split("::")[-1],
-                                               op._overloadname) if p).replace(".", "_")
-        _OPAQUE.define(name + str(schema)[str(schema).index("("):])
-        _OPAQUE.impl(name, op, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"aotgrad::{name}", op, lib=_OPAQUE)
+        name = "eager_" + "_".join(p for p in (op.namespace, schema.name.split("::")[-1], op._overloadname)
+                                   if p).replace(".", "_")
+        text = str(schema)[str(schema).index("(") + 1:]
+        _OPAQUE.define(f"{name}(Tensor[] after{', ' if not text.startswith(')') else ''}{text}")
+
+        def run(after, *args, **kwargs):
+            return op(*args, **kwargs)
+        _OPAQUE.impl(name, run, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"aotgrad::{name}", run, lib=_OPAQUE)
         made = getattr(torch.ops.aotgrad, name).default
     _opaque_ops[op] = made
     return made
 
 
 def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose random ops (``nondeterministic_seeded``) run as eager runs them: neither
-    decomposed (``native_dropout`` into ``rand_like``, which draws other numbers on CUDA) nor lowered
-    by Inductor (whose fused kernels have read an in-place ``bernoulli_`` buffer before its fallback
-    filled it), so every mask and random value is eager's, drawn in eager's order."""
+    """A copy of ``gm`` whose random ops (``nondeterministic_seeded``) run as eager runs them, in
+    eager's order: neither decomposed (``native_dropout`` into ``rand_like``, which draws other
+    numbers on CUDA) nor lowered by Inductor (whose fused kernels have read an in-place
+    ``bernoulli_`` buffer before its fallback filled it), each after the one before it."""
+    import operator
+
     from ..analysis.ops import is_random
     from ..passes.cleanup import copy_module
     if not any(is_random(n) for n in gm.graph.nodes):
         return gm
     gm = copy_module(gm)
-    for n in gm.graph.nodes:
-        if is_random(n) and (op := _opaque(n.target)) is not None:
-            n.target = op
+    prev = None
+    for n in list(gm.graph.nodes):
+        if not is_random(n) or (op := _opaque(n.target)) is None:
+            continue
+        n.target, n.args = op, ([] if prev is None else [prev], *n.args)
+        prev = n
+        if isinstance(n.meta.get("val"), (tuple, list)):
+            with gm.graph.inserting_after(n):
+                prev = gm.graph.call_function(operator.getitem, (n, 0))
+                prev.meta["val"] = n.meta["val"][0]
     gm.recompile()
     return gm
 
@@ -93,8 +109,10 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     # decomposition table that keeps random ops whole, so the retrace runs under it too.
     # layout_optimization off: it would give saved tensors (channels-last)
     # strides other than those the backward graph was traced with.
-    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True,
-                                                          layout_optimization=False):
+    # autocast off: the graph holds the casts its trace chose; a compile that happens under the
+    # caller's autocast (jit, an outer autocast) must not cast the retrace again.
+    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False), \
+            autocast_off():
         decomposed = _decompose(_random_ops_opaque(gm), example_inputs, fake_mode)
         return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
 

@@ -27,7 +27,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import copy_node
-from ..analysis.ops import RUNS_IN_FORWARD
+from ..analysis.ops import RUNS_IN_FORWARD, draws_at_backward
 from ..partition.graphs import descendants
 from .cleanup import copy_module
 
@@ -138,7 +138,8 @@ def _masks(joint: fx.GraphModule, n_primals: int) -> list:
     found = []
     for draw in joint.graph.find_nodes(op="call_function", target=_BERNOULLI):
         val = draw.meta.get("val")
-        if not isinstance(val, torch.Tensor) or not val.is_floating_point() or draw in backward:
+        if not isinstance(val, torch.Tensor) or not val.is_floating_point() or draw in backward \
+                or draws_at_backward(draw):     # it draws when backward() runs: never in the forward
             continue
         for mask in draw.users:
             if mask.target is _DIV and mask.args[0] is draw and mask.args[1] == draw.args[1] and mask not in backward:
