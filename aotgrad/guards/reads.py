@@ -121,7 +121,10 @@ class Recording:
                 self._snapshot(self_obj)
             self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
             return
-        args = {n: v for n, v in ((n, f_locals.get(n)) for n in names[1 if self_obj is not None else 0:])
+        # Objects it reads from: its arguments, and the free variables of nested code (a generator
+        # expression's or comprehension's ``self``, a lambda's captured object), read through as they are.
+        names = (*names[1 if self_obj is not None else 0:], *code.co_freevars)
+        args = {n: v for n, v in ((n, f_locals.get(n)) for n in names)
                 if not isinstance(v, _PLAIN) and hasattr(v, "__dict__") and not is_library(type(v))}
         if code.co_name not in _CONSTRUCTORS:   # an object being built is not state from before the call
             for obj in (self_obj, *args.values()):

@@ -124,7 +124,7 @@ class Resolver:
         for c in found:
             if c.root == "fast" and c.name == "self" and f.self_obj is not None:
                 self._follow(f.self_obj, path, source or _anon(f.self_obj), c.steps)
-            elif c.root == "fast" and c.name in f.args:
+            elif c.root in ("fast", "deref") and c.name in f.args:     # deref: nested code's free variable
                 obj = f.args[c.name]
                 p, s = self.paths.get(id(obj), (None, _anon(obj)))
                 self._follow(obj, p, s, c.steps)
