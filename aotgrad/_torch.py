@@ -353,14 +353,15 @@ def ddp_bucket_assignment(params: list, limits: list) -> list:
     return indices
 
 
-def replace_checkpoint_is_compiling(fn) -> "Callable[[], None]":
-    """Make ``torch.utils.checkpoint`` ask ``fn`` whether it is compiling (its selective
-    checkpoint contexts act eagerly when told no); return the undo (nothing where torch has no such hook)."""
+def replace_checkpoint_is_compiling(make) -> "Callable[[], None]":
+    """Make ``torch.utils.checkpoint`` ask ``make(its own check)`` whether it is compiling (its
+    selective checkpoint contexts act eagerly when told no); return the undo (nothing where torch
+    has no such hook)."""
     from torch.utils import checkpoint
     real = getattr(checkpoint, "_is_compiling", None)
     if real is None:
         return lambda: None
-    checkpoint._is_compiling = fn
+    checkpoint._is_compiling = make(real)
 
     def restore():
         checkpoint._is_compiling = real
