@@ -313,15 +313,6 @@ MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_ca
                                                    getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
 
 
-def is_compiling_flag() -> bool:
-    return getattr(torch.compiler, "_is_compiling_flag", False)
-
-
-def set_compiling_flag(value: bool) -> None:
-    """What ``torch.compiler.is_compiling()`` answers (as under torch.export's tracing)."""
-    torch.compiler._is_compiling_flag = value
-
-
 def queue_engine_callback(callback) -> None:
     """Run ``callback`` when the autograd engine finishes the current backward."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
