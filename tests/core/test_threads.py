@@ -102,23 +102,48 @@ def _assert_same(expected, got, what):
         assert_close(bufs_e[n], bufs_c[n], f"{what}: buffer {n}", 1.3e-6, 1e-5)
 
 
+class Blocks(torch.nn.Module):
+    """Repeated blocks (traced once, as templates), a tied weight and a buffer the forward rebinds."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 8)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8)) for _ in range(3))
+        self.out = torch.nn.Linear(8, 4)
+        self.head = torch.nn.Linear(8, 4)
+        self.head.weight = self.out.weight      # tied
+        self.register_buffer("calls", torch.zeros(()))
+        self.pause = None
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        if self.pause is not None:
+            self.pause(self)
+        self.calls = self.calls + 1
+        return (self.out(h) + self.head(h).sin()) * self.calls
+
+
 def _traced(t) -> bool:
     return not (type(t) in (torch.Tensor, torch.nn.Parameter))
 
 
-def test_eager_use_in_another_thread_while_a_capture_holds_the_model():
+@pytest.mark.parametrize("make", [Net, Blocks])
+def test_eager_use_in_another_thread_while_a_capture_holds_the_model(make):
     """While thread A's trace is inside the model's forward (holding its traced parameters),
     the main thread calls the same model eagerly, reads its parameters and runs a backward: it
     sees the real tensors and gets eager's numbers bit for bit (before: FakeTensors or an error)."""
     torch.manual_seed(0)
-    model, x = Net(), torch.randn(5, 4)
+    model, x = make(), torch.randn(5, 4)
     expected, reference = _eager(model, x), copy.deepcopy(model)
     params = [(model, [id(p) for p in model.parameters()])]
     inside, release, capturer = threading.Event(), threading.Event(), []
 
     def pause(net):
         if threading.get_ident() in capturer and not inside.is_set():
-            assert _traced(net.fc1.weight) and _traced(dict(net.named_parameters())["fc2.bias"])
+            assert all(_traced(p) for p in net.parameters()) and _traced(next(iter(net.buffers())))
             inside.set()
             assert release.wait(WAIT)
 
@@ -129,8 +154,9 @@ def test_eager_use_in_another_thread_while_a_capture_holds_the_model():
     join = _start(capture)
     try:
         assert inside.wait(WAIT), "the capture never reached the forward"
-        assert not any(_traced(t) for t in [*model.parameters(), *model.buffers(), model.fc1.weight,
-                                            *model.fc1._parameters.values(), *dict(model.bn._buffers).values()])
+        assert not any(_traced(t) for m in model.modules() for t in [
+            *m.parameters(), *m.buffers(), *m._parameters.values(), *dict(m._buffers).values(),
+            *(getattr(m, n) for n in [*m._parameters, *m._buffers])])
         got = _step(model, model, x)        # eager, in this thread, mid-capture (its pause() does nothing)
         for a, b in zip(expected[0], got[0]):
             assert torch.equal(a, b)
@@ -140,10 +166,12 @@ def test_eager_use_in_another_thread_while_a_capture_holds_the_model():
         release.set()
         compiled = join()
     _assert_nothing_left(model, params=params)
+    for n, t in model.named_buffers():      # the capture wrote none of them: they are the eager step's
+        assert torch.equal(t, got[2][n]), n
     # The compiled step equals eager from the same state (the eager step above moved BN's statistics).
     model.zero_grad()
     _assert_same(_eager(model, x), _step(compiled, model, x), "compiled")
-    assert torch.equal(reference.fc1.weight, model.fc1.weight)
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
 
 
 def test_concurrent_captures_of_one_model():
