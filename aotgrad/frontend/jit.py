@@ -90,6 +90,13 @@ class Jit:
         if self.name is None:
             self.name = root_name(self.fn)
 
+    def __getstate__(self):     # copied or pickled without its lock; the copy gets its own
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def __repr__(self) -> str:
         from ..observe.printing import repr_jit
         return repr_jit(self)
