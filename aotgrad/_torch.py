@@ -313,15 +313,6 @@ MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_ca
                                                    getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
 
 
-def is_compiling_flag() -> bool:
-    return getattr(torch.compiler, "_is_compiling_flag", False)
-
-
-def set_compiling_flag(value: bool) -> None:
-    """What ``torch.compiler.is_compiling()`` answers (as under torch.export's tracing)."""
-    torch.compiler._is_compiling_flag = value
-
-
 def queue_engine_callback(callback) -> None:
     """Run ``callback`` when the autograd engine finishes the current backward."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
@@ -353,14 +344,15 @@ def ddp_bucket_assignment(params: list, limits: list) -> list:
     return indices
 
 
-def replace_checkpoint_is_compiling(fn) -> "Callable[[], None]":
-    """Make ``torch.utils.checkpoint`` ask ``fn`` whether it is compiling (its selective
-    checkpoint contexts act eagerly when told no); return the undo (nothing where torch has no such hook)."""
+def replace_checkpoint_is_compiling(make) -> "Callable[[], None]":
+    """Make ``torch.utils.checkpoint`` ask ``make(its own check)`` whether it is compiling (its
+    selective checkpoint contexts act eagerly when told no); return the undo (nothing where torch
+    has no such hook)."""
     from torch.utils import checkpoint
     real = getattr(checkpoint, "_is_compiling", None)
     if real is None:
         return lambda: None
-    checkpoint._is_compiling = fn
+    checkpoint._is_compiling = make(real)
 
     def restore():
         checkpoint._is_compiling = real
