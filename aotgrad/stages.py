@@ -13,7 +13,7 @@ from ._torch import pytree
 from . import errors
 from .observe import Step
 from .errors import OptionError, caller_line
-from .options import CompileOptions, refuse_unknown
+from .options import CompileOptions, keywords_checked, refuse_unknown
 from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
@@ -114,6 +114,7 @@ class Captured:
         opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
         return export(self, path, values=values, partitioner=opts.resolved_partitioner(), memory_budget=memory_budget)
 
+    @keywords_checked("with_joint")
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
         from .analysis.verify import verify_joint
