@@ -297,6 +297,8 @@ top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
 
 
 def set_version_counter(t: torch.Tensor, version: int) -> None:
+    if t.is_inference():        # an inference tensor (made under inference_mode) has no version counter
+        return
     try:
         C_autograd._unsafe_set_version_counter((t,), (version,))
     except TypeError:           # torch < 2.12 takes one tensor

@@ -10,8 +10,8 @@ import torch
 from ..errors import ExportFormatError
 
 FORMAT = "aotgrad-export"
-VERSION = 2       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...})
-REQUIRED = ("name", "kind", "grad_enabled", "values", "state", "signature", "out_spec", "input_descs",
+VERSION = 3       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...}); 3: "modes"
+REQUIRED = ("name", "kind", "grad_enabled", "modes", "values", "state", "signature", "out_spec", "input_descs",
             "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors")
 
 

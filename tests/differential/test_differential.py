@@ -21,6 +21,10 @@ KNOWN = {
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
         "them changed",
+    **{("param_views_under_inference_mode", e):
+       "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
+       "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
+       for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit")},
     ("checkpoint_selective_policy", "dynamo"):
         "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
         "(torch.compile with aot_eager fails the same way)",
