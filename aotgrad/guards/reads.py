@@ -107,10 +107,10 @@ class Recording:
         if kind is None:
             kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
         if kind:
-            self._add(frame, code, kind)
             if self.root_frame is None and (code is self.root or kind == MODULE_CALL
                                             and frame.f_locals.get("self") is self.root):
                 self.root_frame = frame
+            self._add(frame, code, kind)
 
     def _add(self, frame, code, kind):
         f_locals = frame.f_locals
@@ -144,6 +144,12 @@ class Recording:
         """Copy the state this code could write that may outlive the call (see :mod:`.writes`)."""
         w = self.writes
         w.module_dict(g)
+        root = self.root_frame
+        if frame is root or root is not None and root.f_code in _CALL_IMPL and frame.f_back is root:
+            # The traced function's own arguments: a list or dict there stands for the caller's,
+            # which the compiled function never changes (it gets the tensors, not the containers).
+            for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                w.argument(f_locals.get(n), n)
         found, stores = chains(code)
         for c in found:
             v = g.get(c.name, _GONE) if c.root == "global" else f_locals.get(c.name, _GONE)
@@ -276,8 +282,8 @@ def _scan(code):
         if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
             cur, pending = Chain(cur.root, cur.name, cur.steps + (("item", pending),), cur.line), None
             continue
-        if cur is not None and op in ("STORE_ATTR", "DELETE_ATTR"):
-            stores.append(Store(_text(cur) + "." + ins.argval, line))
+        if op in ("STORE_ATTR", "DELETE_ATTR"):     # ``self.n += 1`` leaves no chain before its store
+            stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
         if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             stores.append(Store(_text(cur) + "[...]", line))
         if cur is not None:
@@ -317,4 +323,8 @@ def store_line(rec: Recording, key) -> str | None:
             t, k = s.target, str(key)
             if t == k or t.endswith("." + k) or t.startswith((k + ".", k + "[")):
                 return f"{f.code.co_filename}:{s.line} in {f.code.co_name}"
+    for f in rec.frames.values():       # a container changed through a local name: where it was loaded
+        for c in chains(f.code)[0]:
+            if _text(c) == str(key) or c.name == str(key):
+                return f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
     return None

@@ -37,7 +37,8 @@ class Snap:
     obj: object         # the dict, class, list, set or cell that may be written
     before: object      # its shallow copy when the trace first reached it
     owner: object       # what a message names: the object whose __dict__ it is, a module name, a chain's text
-    kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "cell"
+    kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
+                        # (a container the traced function was called with), "cell"
 
 
 class Writes:
@@ -88,6 +89,12 @@ class Writes:
             return True
         return False
 
+    def argument(self, v, name):
+        """A container the traced function was called with: pytree rebuilt it for the trace, so a
+        change to it is a change to the caller's container, whoever holds the rebuilt one."""
+        if isinstance(v, _CONTAINERS) and id(v) not in self.snaps:
+            self.snaps[id(v)] = Snap(v, v.copy(), name, "argument")
+
     def known(self, obj) -> bool:
         return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps
 
@@ -119,7 +126,7 @@ class Writes:
         """Put back everything the traced code changed; ``(text, key)`` for each change it made."""
         done = []
         for s in self.snaps.values():
-            done += _UNDO[s.kind](s, self.snaps if s.kind == "items" else self.is_library)
+            done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
         return done
 
 
@@ -203,7 +210,7 @@ def _undo_class(s, is_library):
 
 
 def _undo_items(s, snaps):
-    if not _changed(s) or not _outlives(s, snaps):
+    if not _changed(s) or s.kind == "items" and not _outlives(s, snaps):
         return []
     obj, before = s.obj, s.before
     if isinstance(obj, (dict, set)):
@@ -253,4 +260,5 @@ def _count(before, obj) -> int:
     return sum(1 for v in values if v is obj)
 
 
-_UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "cell": _undo_cell}
+_UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
+         "cell": _undo_cell}
