@@ -120,10 +120,10 @@ def compare(eager: list, loaded: list, rtol, atol) -> str:
         _same_tree(e["inputs"], c["inputs"], f"step {step}: input after the call", rtol, atol)
         assert_same_rng(e["rng_call"], c["rng_call"], f"after the call at step {step}")
         assert_same_rng(e["rng_backward"], c["rng_backward"], f"after the backward at step {step}")
-        for kind, scale in (("grads", 10), ("state", 10)):
+        for kind, what in (("grads", "grad of"), ("state", "after the update:")):
             assert e[kind].keys() == c[kind].keys(), f"step {step}: {kind} of {sorted(e[kind])} vs {sorted(c[kind])}"
             for n in e[kind]:
-                _same(e[kind][n], c[kind][n], f"step {step}: {kind[:-1]} of {n}", rtol * scale, atol * scale)
+                _same(e[kind][n], c[kind][n], f"step {step}: {what} {n}", rtol * 10, atol * 10)
     assert len(eager) == len(loaded), f"eager ran {len(eager)} steps, the loaded step {len(loaded)}"
     return f"{len(eager)} steps trained like eager"
 
