@@ -37,7 +37,8 @@ def _record(t):
         return t if t is None or isinstance(t, (bool, int, float, str, torch.dtype)) else repr(t)
     plain = t.layout == torch.strided and not t.is_nested and t.numel() > 1
     meta = (_strides(t) if plain else None, t.requires_grad, t.is_leaf, t._is_view())
-    return {"meta": meta, "value": t.detach() if unreadable(t) else t.detach().clone()}
+    # A freed storage (FSDP-style) has no values to read or save: its size is what is compared.
+    return {"meta": meta, "value": t.untyped_storage().nbytes() if unreadable(t) else t.detach().clone()}
 
 
 def _snapshot(tree):
@@ -98,7 +99,8 @@ def _same(a, b, what, rtol, atol):
     if isinstance(a, dict) and "meta" in a:
         assert isinstance(b, dict) and "meta" in b, f"{what}: eager gave a tensor, the loaded step {b!r}"
         assert a["meta"] == b["meta"], f"{what}: (strides, requires_grad, is_leaf, is view) {a['meta']} vs {b['meta']}"
-        assert_close(a["value"], b["value"], what, rtol, atol)
+        _same(a["value"], b["value"], what, rtol, atol) if type(a["value"]) is int else \
+            assert_close(a["value"], b["value"], what, rtol, atol)
     else:
         assert type(a) is type(b) and a == b, f"{what}: {a!r} vs {b!r}"
 
@@ -173,7 +175,7 @@ def _judge(prog, eager, loaded, device) -> Result:
     if isinstance(loaded, str):
         return Result(prog.name, "export", "fail", loaded)
     last, step = (loaded[-1], len(loaded) - 1) if loaded else ({}, 0)
-    if last.get("typed") and "error" not in eager[min(step, len(eager) - 1)]:
+    if last.get("typed"):       # a clean typed refusal (say, of inputs eager's own step changed) at any step
         return Result(prog.name, "export", "typed", f"the loaded step refused its call at step {step}: "
                       f"{last['message']}")
     return Result(prog.name, "export", "pass", compare(eager, loaded, *tolerance(prog, ENTRIES["export"], device)))
