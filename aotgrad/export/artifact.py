@@ -33,6 +33,7 @@ def export(captured, path: str, *, values: bool = True, partitioner="default", m
     except Unserializable as e:
         raise errors.UnsupportedError(f"cannot export this capture: the export format does not define {e}") from None
     blob, manifest["tensors"] = tensor_io.pack(named)
+    manifest["tensors_sha256"] = tensor_io.digest(blob)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1))
         for name, graph in graphs.items():
