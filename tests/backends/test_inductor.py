@@ -83,3 +83,16 @@ def test_dynamic_shapes():
     for n in (3, 6):
         check(lambda x, w: (x @ w).relu().sum(), (torch.randn(n, 4), w), dynamic=True,
               fw_compiler="inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["parameter_stepped_before_backward", "parameter_view_written_before_backward",
+                                     "input_written_before_backward", "two_forwards_then_one_backward"])
+def test_writes_between_forward_and_backward_raise_as_in_eager(pattern):
+    """Inductor returns a saved ``weight.t()`` as its own tensor over the weight's memory
+    (``reinterpret_tensor``), without the weight's version counter: stepping the weight before the
+    backward must still raise eager's error, not run the backward on the new weights."""
+    from tests.differential.usage import KINDS, USAGES
+    from tests.eager_check import check_usage
+    check_usage(KINDS["saved_tanh"], USAGES[pattern],
+                compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args).compile(fw_compiler="inductor"))

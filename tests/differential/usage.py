@@ -453,20 +453,20 @@ def _(call, fn, args, kwargs):
 # --- patterns calling with other batch sizes (entries that accept new shapes) ---------
 
 def _resized(args, k, n):
-    """``_fresh(args, k)`` with every non-parameter input of two or more dimensions ``n`` rows long."""
-    def new(a):
-        if isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter) and a.dim() >= 2:
-            shape = (n, *a.shape[1:])
-            v = (torch.randn(shape, dtype=a.dtype, device=a.device) + k if a.is_floating_point()
-                 else a[:1].expand(shape).clone())
-            return v.requires_grad_(a.requires_grad)
-        return a
-    return tuple(new(a) for a in _fresh(args, k))
+    """``_fresh(args, k)`` with the batch (the first input, of two or more dimensions) ``n`` rows long."""
+    a = list(_fresh(args, k))
+    x = a[0]
+    if isinstance(x, torch.Tensor) and not isinstance(x, nn.Parameter) and x.dim() >= 2:
+        shape = (n, *x.shape[1:])
+        v = (torch.randn(shape, dtype=x.dtype, device=x.device) + k if x.is_floating_point()
+             else x[:1].expand(shape).clone())
+        a[0] = v.requires_grad_(x.requires_grad)
+    return tuple(a)
 
 
 @usage("other_batch_sizes_interleaved", reshapes=True)
 def _(call, fn, args, kwargs):
-    sizes, kept = (4, 6, 4, 2, 6), []
+    sizes, kept = (4, 6, 4, 5, 6), []
     calls = [_resized(args, k, n) for k, n in enumerate(sizes)]
     outs = []
     for a in calls:             # each replay of an earlier shape's recording may reuse later ones' memory
