@@ -17,7 +17,7 @@ from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
 from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
-from .runtime.function import autograd_function, fast_apply, retaining
+from .runtime.function import autograd_function, fast_apply, retaining, saved_input_views
 from .scoped import GC_PAUSED
 
 
@@ -77,7 +77,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      bw_graph=None if retained else bw_gm,   # needs its ctx: not inlined
                                      double_backward=differentiable_backward(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
-                                     returned=returned_inputs(captured))
+                                     returned=returned_inputs(captured),
+                                     saved_views=saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors))
         run = fast_apply(fn_class)
         if retained:
             run = retaining(run, [k for _, k in retained])

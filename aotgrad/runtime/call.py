@@ -84,7 +84,7 @@ def make_call(captured, run_graph) -> CallPath:
         return flat, None
 
     unflatten = _unflattener(out_spec)
-    finish = None if simple else epilogue(analysis)
+    finish = None if simple else epilogue(analysis, setup.session.grad_enabled)
 
     def run(flat):
         values = run_graph(flat)

@@ -40,12 +40,13 @@ def as_view(base: torch.Tensor, info, symbols):
     return base.as_strided(*view_args(info.view, symbols, base))
 
 
-def epilogue(analysis: Analysis):
+def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     """``(flat, values, symbols) -> outputs``: after the graph ran, write its new values into
     the real inputs as eager's in-place ops would, then build the user's flat outputs from the
     graph's forward values. Generated as straight-line code for this analysis (one line per
-    mutated input and per output, no per-call dispatch on kinds), shown in tracebacks."""
-    lines, scope = ["def epilogue(flat, values, symbols):"], {
+    mutated input and per output, no per-call dispatch on kinds), shown in tracebacks.
+    ``traced_with_grad``: grad mode was enabled when the function was traced."""
+    lines, scope = ["def epilogue(flat, values, symbols):"], {"_with_grad": traced_with_grad,
         "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
         "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map}
     k = 0
@@ -86,7 +87,7 @@ def _output_lines(analysis: Analysis, scope: dict) -> list:
             rg, leaf = bool(info.requires_grad), bool(info.is_leaf)
             lines.append(f"    if isinstance(o{j}, Tensor) and (o{j}.requires_grad != {rg}"
                          f"{f' or o{j}.grad_fn is not None' if rg and leaf else ''}):")
-            lines.append(f"        o{j} = _as_traced(o{j}, i{j})")
+            lines.append(f"        o{j} = _as_traced(o{j}, i{j}, _with_grad)")
     return lines + [f"    return [{''.join(f'o{j}, ' for j in range(len(infos)))}]"]
 
 
@@ -147,16 +148,20 @@ def _is_view_op(node) -> bool:
     return bool(schema and schema.returns and schema.returns[0].alias_info is not None)
 
 
-def _as_traced(t: torch.Tensor, info) -> torch.Tensor:
+def _as_traced(t: torch.Tensor, info, traced_with_grad: bool) -> torch.Tensor:
     """``requires_grad`` as the trace saw it, where the graph's autograd cannot give it:
     a non-differentiable output that shares storage with a differentiable one (``y.detach()``
     next to ``y``) is detached; an output that requires grad but reaches no input that does
     (``requires_grad_()`` inside, ``torch.ones(3, requires_grad=True)``) becomes a leaf that
     requires grad, or a non-leaf computed from one, as in eager. (A leaf made inside and returned
-    gets no ``.grad`` from the other outputs' backward: the graph differentiates its inputs only.)"""
+    gets no ``.grad`` from the other outputs' backward: the graph differentiates its inputs only.)
+    A function traced with grad and called under ``no_grad`` keeps the graph's non-leaf outputs
+    as they are, without history, as eager's are."""
     if not info.requires_grad:
         return t.detach()
     if info.is_leaf:
         return t.detach().requires_grad_() if t._base is None else t.requires_grad_()
+    if traced_with_grad and not torch.is_grad_enabled():
+        return t
     with torch.enable_grad():       # called under no_grad with an enable_grad region inside
         return t.detach().requires_grad_().clone()

@@ -8,6 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._torch import are_functorch_transforms_active
+from .epilogue import _is_view_op
 from .hooks import RUNNING, install_input_hooks
 from .double_backward import keep_inputs, rng_states
 
@@ -22,7 +23,8 @@ class BackwardGraph(NamedTuple):
 
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
-                      bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=()):
+                      bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=(),
+                      saved_views=()):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -35,7 +37,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     ``(slot, k)``: forward value ``k`` called retain_grad inside the program, and the
     backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``; ``returned``
     ``(k, i)``: forward value ``k`` is input ``i`` returned by a custom Function, returned
-    as the input itself so autograd makes it a view of it, as eager does.
+    as the input itself so autograd makes it a view of it, as eager does. ``saved_views``
+    ``(k, i)``: saved tensor ``k`` is a view of primal ``i`` (``saved_input_views``).
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -51,7 +54,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         if input_hooks:
             install_input_hooks(input_hooks, primals)
         outs = fw(*primals)
-        ctx.save_for_backward(*outs[n_fw:n_saved_end])
+        ctx.save_for_backward(*_saved(outs[n_fw:n_saved_end], primals, saved_views))
         ctx.symbols = outs[n_saved_end:]
         fw_values = outs[:n_fw]
         if returned:
@@ -126,6 +129,34 @@ def fast_apply(fn_class):
     def apply(flat):
         return full(*flat) if active() else c_apply(*flat)
     return apply
+
+
+def saved_input_views(fw_gm, n_fw: int, n_saved: int) -> tuple:
+    """``(k, i)`` for each saved tensor ``k`` the forward graph makes by view ops from its input
+    ``i`` (a weight's ``t()``). A backend may hand it back as a tensor of its own over the input's
+    memory (Inductor's ``reinterpret_tensor``), without the input's version counter."""
+    phs = list(fw_gm.graph.find_nodes(op="placeholder"))
+    found = []
+    for k, node in enumerate(fw_gm.graph.find_nodes(op="output")[0].args[0][n_fw:n_fw + n_saved]):
+        view = node
+        while getattr(view, "op", None) == "call_function" and _is_view_op(view):
+            view = view.args[0]
+        if view is not node and view in phs:
+            found.append((k, phs.index(view)))
+    return tuple(found)
+
+
+def _saved(tensors, primals, saved_views) -> list:
+    """What the backward reads, made to share eager's version counters: a saved view of an input is
+    an alias of the caller's tensor, and no saved tensor is a view made under ``no_grad`` (this
+    forward runs without grad), whose base written in place would raise another error than eager's
+    version-counter one ("one of the variables needed for gradient computation has been modified")."""
+    tensors = list(tensors)
+    for k, i in saved_views:
+        t, p = tensors[k], primals[i]
+        if t.dtype == p.dtype and t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+            tensors[k] = p.detach().as_strided(t.shape, t.stride(), t.storage_offset())
+    return [t.detach() if isinstance(t, torch.Tensor) and t._base is not None else t for t in tensors]
 
 
 def _contiguous(g):

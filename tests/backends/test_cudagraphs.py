@@ -361,3 +361,20 @@ def test_cudagraphs_options_are_part_of_the_cache_key():
     assert cache._options(base) != cache._options(small)
     assert cache._options(small) == cache._options(CompileOptions(fw_compiler="cudagraphs",
                                                                    cudagraphs=cg.Config(max_recordings=2)))
+
+
+def test_null_runner_replay_writes_over_later_recordings_in_its_pool():
+    """As a GPU replay may through its temporaries, so the CPU tests see a saved tensor or output
+    left in recorded memory that a replay of an earlier recording reuses."""
+    from aotgrad.backends.cudagraphs.runners import Pool
+    pool = Pool()
+    first, second, other = NullRunner(pool), NullRunner(pool), NullRunner(Pool())
+    first.record(lambda x: (x * 2,), [torch.ones(2)])
+    later = second.record(lambda x: (x + 1, x > 0, x.long()), [torch.ones(3)])
+    elsewhere = other.record(lambda x: (x + 1,), [torch.ones(3)])
+    second.replay()                             # its own outputs are recomputed, nothing else
+    torch.testing.assert_close(first.outputs[0], torch.full((2,), 2.))
+    first.replay()
+    assert later[0].isnan().all() and not later[1].any() and (later[2] != 1).all()
+    torch.testing.assert_close(elsewhere[0], torch.full((3,), 2.))      # another pool: untouched
+    torch.testing.assert_close(first.outputs[0], torch.full((2,), 2.))

@@ -121,3 +121,15 @@ def test_hf_llama_gqa_saved_layouts(entry):
     compile = (lambda fn, a, k: aotgrad.jit(fn, fw_compiler="inductor")) if entry == "jit" else \
         (lambda fn, a, k: torch.compile(fn, backend=aotgrad.backend(fw_compiler="inductor")))
     check(model, (), {"input_ids": ids, "labels": ids, "use_cache": False}, compile=compile, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["parameter_stepped_before_backward", "parameter_view_written_before_backward",
+                                     "input_written_before_backward", "two_forwards_then_one_backward"])
+def test_writes_between_forward_and_backward_raise_as_in_eager(pattern):
+    """Inductor returns a saved ``weight.t()`` as its own tensor over the weight's memory
+    (``reinterpret_tensor``), without the weight's version counter: stepping the weight before the
+    backward must still raise eager's error, not run the backward on the new weights."""
+    from tests.differential.usage import KINDS, USAGES
+    from tests.eager_check import check_usage
+    check_usage(KINDS["saved_tanh"], USAGES[pattern],
+                compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args).compile(fw_compiler="inductor"))

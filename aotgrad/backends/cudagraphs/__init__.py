@@ -75,7 +75,7 @@ class CudaGraphs:
         info = info_of(gm)
         backward = info.kind == "backward"
         pool, forward = self._pair(gm, info, use_cuda) if backward else (Pool(use_cuda), None)
-        runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool.handle))
+        runner = (lambda: CudaRunner(pool.handle)) if use_cuda else (lambda: NullRunner(pool))
         compiled = _wrap(gm, self.config, runner, "cuda" if use_cuda else "cpu", pool)
         compiled.forward = forward
         self._forward = None if backward else (pool, weakref.ref(compiled), _output_vals(gm), info)

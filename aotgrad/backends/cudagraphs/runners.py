@@ -7,11 +7,16 @@ backend is built around.
 
 * :class:`NullRunner` records by calling ``fn`` and replays by calling it
   again and copying the results into the recorded outputs; it runs anywhere
-  and lets the whole state machine be tested on CPU.
+  and lets the whole state machine be tested on CPU. Given its :class:`Pool`,
+  a replay also overwrites (NaN, flipped bits) the recorded outputs of every
+  recording captured after it in that pool, as a GPU replay may write over
+  them through its temporaries: what survives it on CPU survives a GPU.
 * :class:`CudaRunner` captures a ``torch.cuda.CUDAGraph`` on a side stream
   into the memory pool shared by one compiled function's graphs.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -26,6 +31,7 @@ class Pool:
         self.handle = torch.cuda.graph_pool_handle() if cuda else object()
         self.captures = 0
         self.handed: list = []
+        self.null_runners: list = []    # weak references to the NullRunners recorded here, in order
 
     def next_order(self) -> int:
         self.captures += 1
@@ -36,11 +42,28 @@ def _storage_ptr(t) -> int | None:
     return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
 
 
+def _overwrite(outputs) -> None:
+    """Write over the memory of ``outputs``, each storage once: NaN bytes under a floating-point
+    tensor, every value changed (bits flipped, ``False`` <-> ``True``) under any other."""
+    done = set()
+    with torch.no_grad():
+        for o in outputs:
+            storage = o.untyped_storage()
+            if storage.data_ptr() in done or not storage.nbytes():
+                continue
+            done.add(storage.data_ptr())
+            raw = torch.empty((0,), dtype=torch.uint8, device=o.device).set_(storage)
+            if o.is_floating_point() or o.is_complex():
+                raw.fill_(0xFF)
+            else:
+                raw.bitwise_xor_(1 if o.dtype == torch.bool else 0x5A)
+
+
 class NullRunner:
     device_type = "cpu"
 
     def __init__(self, pool=None):
-        self.pool = pool
+        self.pool = pool if isinstance(pool, Pool) else None
 
     def warmup(self, fn, args):
         return fn(*args)
@@ -52,13 +75,23 @@ class NullRunner:
         # Outputs that view an input's memory are recomputed by the writes to that input.
         self._copy = [i for i, o in enumerate(self.outputs)
                       if isinstance(o, torch.Tensor) and _storage_ptr(o) not in in_ptrs]
+        if self.pool is not None:
+            self.pool.null_runners.append(weakref.ref(self))
         return self.outputs
 
     def replay(self):
+        if self.pool is not None:
+            self._overwrite_later()
         fresh = self.fn(*self.inputs)
         with torch.no_grad():
             for i in self._copy:
                 self.outputs[i].copy_(fresh[i])
+
+
+    def _overwrite_later(self) -> None:
+        runners = [r() for r in self.pool.null_runners]
+        later = runners[next(i for i, r in enumerate(runners) if r is self) + 1:]
+        _overwrite([r.outputs[i] for r in later if r is not None for i in r._copy])
 
 
 class CudaRunner:
