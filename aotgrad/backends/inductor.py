@@ -7,6 +7,8 @@ warning says why; the other graph of the pair is unaffected.
 """
 from __future__ import annotations
 
+import keyword
+import re
 import warnings
 
 import torch
@@ -33,9 +35,17 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
                        _allow_non_fake_inputs=True)(*example_inputs)
 
 
+def _fake_mode_of(gm: fx.GraphModule, example_inputs: list):
+    """The examples' fake mode; for a graph without tensor inputs (``torch.randn(3)`` alone) the
+    one its traced values hold, else a fresh one (no mode would send it back to eager)."""
+    from .._torch import FakeTensorMode, detect_fake_mode
+    vals = [n.meta.get("val") for n in gm.graph.nodes]
+    return detect_fake_mode(example_inputs) or next(
+        (v.fake_mode for v in vals if hasattr(v, "fake_mode")), None) or FakeTensorMode()
+
+
 def _compile(gm: fx.GraphModule, example_inputs: list):
-    from .._torch import detect_fake_mode
-    fake_mode = detect_fake_mode(example_inputs)
+    fake_mode = _fake_mode_of(gm, example_inputs)
     # A graph handed to this backend directly may give two placeholders one example object.
     example_inputs = distinct_examples(example_inputs)
     if _is_backward(gm):
@@ -63,11 +73,13 @@ def _opaque(op):
     if not any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
         name = "eager_" + "_".join(p for p in (op.namespace, schema.name.split("::")[-1], op._overloadname)
                                    if p).replace(".", "_")
-        text = str(schema)[str(schema).index("(") + 1:]
+        # An argument named by a Python keyword (``uniform``'s ``from``) is renamed ``from_``: fx cannot
+        # normalize a call to it, and Inductor normalizes every fallback's call.
+        text = re.sub(rf" ({'|'.join(keyword.kwlist)})(?=[=,)])", r" \1_", str(schema)[str(schema).index("(") + 1:])
         _OPAQUE.define(f"{name}(Tensor[] after{', ' if not text.startswith(')') else ''}{text}")
 
         def run(after, *args, **kwargs):
-            return op(*args, **kwargs)
+            return op(*args, **{k[:-1] if keyword.iskeyword(k[:-1]) else k: v for k, v in kwargs.items()})
         _OPAQUE.impl(name, run, "CompositeExplicitAutograd")
         torch.library.register_fake(f"aotgrad::{name}", run, lib=_OPAQUE)
         made = getattr(torch.ops.aotgrad, name).default
