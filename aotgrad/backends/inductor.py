@@ -187,8 +187,10 @@ def _extent(t) -> int:
 
 def inductor(gm: fx.GraphModule, example_inputs: list):
     """Compile ``gm`` with Inductor; fall back to running it eagerly on failure."""
-    if any(n.op == "call_function" and getattr(n.target, "namespace", None) == "aotgrad" for n in gm.graph.nodes):
-        # aotgrad::rng_state/set_rng_state order RNG effects that Inductor drops or reorders.
+    if any(n.op == "call_function" and getattr(n.target, "namespace", None) == "aotgrad"
+           and torch.Tag.nondeterministic_seeded not in n.target.tags for n in gm.graph.nodes):
+        # aotgrad::rng_state/set_rng_state order RNG effects that Inductor drops or reorders (its
+        # random ops, passes.rng_layout's fills, run as the other random ops do).
         warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because it saves and "
                       "restores the RNG state (torch.random.fork_rng inside the function)", stacklevel=2)
         return gm.forward

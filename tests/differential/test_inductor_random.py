@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.differential.p_functions import _fill_gapped_views
 from tests.eager_check import check
 
 # Inductor failing on a graph runs it eagerly with this warning: here that is a failure, not a pass.
@@ -54,7 +55,15 @@ FAMILY = {
     "fill_views": (_fill_view, (_rg(4, 5),)),
     "bernoulli_rand_like": (lambda x: torch.bernoulli(torch.sigmoid(x)) * x + torch.rand_like(x), (_rg(6, 3),)),
     "dropout_twice": (lambda x: F.dropout(F.dropout(x, 0.5) * x, 0.3), (_rg(7, 5),)),
+    "fills_gapped_views": (_fill_gapped_views, (_rg(4, 8),)),
+    "random_from_to": (lambda x: (x * 1).random_(0, 10) * x + (x * 1).random_(5), (_rg(4, 8),)),
 }
+
+
+def test_graph_without_tensor_inputs_is_compiled():
+    """No tensor input gives no fake mode to find: the graph's own values give it (it used to run eagerly)."""
+    check(lambda: (torch.randn(5), torch.randint(0, 9, (3,)), torch.rand(2) * 2), (), fw_compiler="inductor",
+          backward=False, **TOL)
 
 
 @pytest.mark.parametrize("name", list(FAMILY))
@@ -132,11 +141,12 @@ def seeded_opinfos() -> tuple:
     return tuple(found)
 
 
-def _check_opinfo(info, index):
-    """The sample's op compiled with Inductor against eager, every tensor of the sample (weights
-    passed as keywords too) an input of the compiled function."""
-    s = _samples(info)[index]
+def check_sample(info, s, device="cpu"):
+    """The sample's op compiled with Inductor against eager on ``device``, every tensor of the
+    sample (weights passed as keywords too) an input of the compiled function."""
     leaves, spec = pytree.tree_flatten(((s.input, *s.args), s.kwargs))
+    leaves = [a.detach().to(device).requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+              for a in leaves]
     at = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
 
     def fn(*tensors):
@@ -158,7 +168,7 @@ def test_every_seeded_opinfo_under_inductor():
     for info, index in found:
         try:
             with _unseeded():
-                _check_opinfo(info, index)
+                check_sample(info, _samples(info)[index])
         except Exception as e:  # noqa: BLE001 - collected: every failing op is reported at once
             failed.append(f"{info.name}.{info.variant_test_name} [sample {index}]: {type(e).__name__}: "
                           f"{' '.join(str(e).split())[:300]}")
