@@ -11,6 +11,8 @@ registry by the layers that know it (``frontend.jit_options``, ``backends.get``)
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 from dataclasses import dataclass, field, fields
 
 from .errors import OptionError, caller_line
@@ -35,6 +37,25 @@ def refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), mean
             hint = f"; did you mean {meant}={value!r}?" if meant else ""
             raise OptionError(f"{api} got an unknown option {key}={value!r} (it takes "
                               f"{', '.join(list(extra) + known)}){hint}", user_line=caller_line())
+
+
+def keywords_checked(api: str):
+    """Decorate a public function or method so that a keyword it does not take is an ``OptionError``
+    naming the closest one it does (as ``refuse_unknown``), not Python's ``TypeError``: one rule for every
+    keyword entry point. A function taking ``**kwargs`` (they are the user's) is left as it is."""
+    def wrap(fn):
+        params = inspect.signature(fn).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return fn
+        known = [n for n, p in params.items() if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            if kwargs.keys() - params.keys():
+                refuse_unknown(api, {k: v for k, v in kwargs.items() if k not in params}, known, (), MEANT)
+            return fn(*args, **kwargs)
+        return checked
+    return wrap
 
 
 def _count(v, least: int) -> bool:

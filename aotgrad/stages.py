@@ -13,8 +13,8 @@ from ._torch import pytree
 from . import errors
 from .observe import Step
 from .errors import OptionError, caller_line
-from .options import CompileOptions, refuse_unknown
-from .runtime.modes import BAKED_NAMES, baked, describe
+from .options import CompileOptions, keywords_checked, refuse_unknown
+from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
@@ -32,7 +32,7 @@ class Modes:
     """The modes a trace ran under: all that a captured stage keeps of its tracing session."""
     dynamic: bool | None
     grad_enabled: bool
-    baked: tuple | None = None     # runtime.modes.baked() when traced; None: not known (a loaded step)
+    baked: tuple | None = None     # runtime.modes.baked() when traced; None: not known (a jit disk-cache entry: jit keys its entries by modes)
 
 
 @dataclass(frozen=True, repr=False)
@@ -114,6 +114,7 @@ class Captured:
         opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
         return export(self, path, values=values, partitioner=opts.resolved_partitioner(), memory_budget=memory_budget)
 
+    @keywords_checked("with_joint")
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
         from .analysis.verify import verify_joint
@@ -142,10 +143,10 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         was = self.captured.setup.session.baked
-        if was is not None and was != (now := baked()):
-            raise errors.InputMismatchError(f"called under other modes than captured ({describe(BAKED_NAMES, was, now)}): "
-                                            "the graph has the casts of the captured modes baked in; capture again "
-                                            "under these modes (aotgrad.jit recompiles for you)", user_line=caller_line())
+        why = mismatch(was) if was is not None else None
+        if why is not None:
+            raise errors.InputMismatchError(f"{why}; capture again under these modes (aotgrad.jit recompiles "
+                                            "for you)", user_line=caller_line())
         state = self.captured.state
         failed = state.check() if state is not None else None
         if failed is not None:
@@ -194,10 +195,15 @@ class Exported:
     compiled: Compiled
 
     def __call__(self, *args, **kwargs):
+        why = mismatch(self.compiled.captured.setup.session.baked)
+        if why is not None:
+            raise errors.InputMismatchError(f"{why}; export the step again under these modes",
+                                            user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
-            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs it was captured "
-                                            "for: export one per input shape")
+            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs and grad mode it "
+                                            "was captured for: export one per input shape and mode",
+                                            user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ..partition.graphs import distinct_examples
 from ..runtime.modes import autocast_off
+from ..scoped import FX_TRACING
 from .graph_info import info_of
 
 
@@ -30,7 +31,7 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
     from .._torch import inductor_api
     select_decomp_table = inductor_api()[2]
 
-    with fake_mode:
+    with FX_TRACING, fake_mode:
         return make_fx(gm, decomposition_table=select_decomp_table(),
                        _allow_non_fake_inputs=True)(*example_inputs)
 

@@ -44,7 +44,8 @@ def same_value(a, b) -> bool:
 def make_call(captured, run_graph) -> CallPath:
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     sig = setup.signature
-    slots = tuple((s.module._parameters if s.is_param else s.module._buffers, s.attr) for s in sig.slots)
+    # A module's dict by name, read each call: a capture in another thread may stand a view in for it.
+    slots = tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr) for s in sig.slots)
     const = tuple((i, v) for i, v in enumerate(sig.leaves) if i not in set(sig.tensor_pos))
     tensor_pos, in_spec, out_spec = sig.tensor_pos, sig.in_spec, captured.out_spec
     needs_symbols = _needs_symbols(analysis)
@@ -68,7 +69,7 @@ def make_call(captured, run_graph) -> CallPath:
                 kinds = type(x) is not type(v)
                 return None, (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
                               f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
-        flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
+        flat = [md[k][a] for md, k, a in slots] + [leaves[p] for p in tensor_pos]
         why = aliasing(flat) if aliasing is not None else None
         if why:
             return None, why

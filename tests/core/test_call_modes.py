@@ -5,7 +5,8 @@ Which outputs require grad, the casts autocast chose and any branch on those mod
 the graph, so ``jit`` and ``torch.compile`` compile again and match eager exactly (outputs,
 ``requires_grad``/``grad_fn``, buffers written in place, what a later backward does), while a
 ``capture().compile()`` step refuses the call with an ``InputMismatchError`` naming the mode before
-anything runs (nothing written, no RNG drawn)."""
+anything runs (nothing written, no RNG drawn); so does a step loaded from an export (its artifact
+records the modes)."""
 import contextlib
 
 import pytest
@@ -176,3 +177,60 @@ def test_an_operator_refusing_its_inputs_is_a_typed_error_naming_the_line():
     with pytest.raises(IndexError):         # a typed error of torch's own keeps its type
         aotgrad.capture(lambda x, i: x[i] * 2, torch.randn(4), torch.tensor([1])).compile()(
             torch.randn(4), torch.tensor([9]))
+
+
+def _exported(fn, args, kwargs, tmp_path, name="step.aotgrad"):
+    path = str(tmp_path / name)
+    aotgrad.capture(fn, *args, **kwargs).export(path)
+    return aotgrad.load(path)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_loaded_step_refuses_another_mode_before_anything_runs(mode, tmp_path):
+    """An exported step keeps the modes its graphs were traced under (the artifact's ``modes``): under
+    autocast it ran in float32 before, silently."""
+    fn, args, kwargs = _bn()
+    step = _exported(fn, args, kwargs, tmp_path)
+    step(*args)
+    before = {k: v.clone() for k, v in step.state_dict().items()}
+    rng = rng_state()
+    with pytest.raises(errors.InputMismatchError, match="grad mode|inference mode|autocast|default dtype") as e:
+        with MODES[mode]():
+            step(*args)
+    assert "test_call_modes.py" in str(e.value)
+    for k, v in step.state_dict().items():
+        assert torch.equal(before[k], v), f"{k} changed by a refused call"
+    assert_same_rng(rng, rng_state(), "after a refused call")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_loaded_step_exported_under_autocast_runs_under_it(dtype, tmp_path):
+    fn, args, kwargs = _bn()
+    with torch.autocast("cpu", dtype=dtype):
+        step = _exported(fn, args, kwargs, tmp_path)
+        out, want = step(*args), fn(*args)
+    assert out.dtype == want.dtype == dtype
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    assert step.manifest["modes"][1] is True
+    with pytest.raises(errors.InputMismatchError, match="CPU autocast was on, now off"):
+        step(*args)
+
+
+def test_loaded_step_with_malformed_modes_is_refused_at_load(tmp_path):
+    import json
+    import zipfile
+    fn, args, kwargs = _bn()
+    path = str(tmp_path / "a.aotgrad")
+    aotgrad.capture(fn, *args).export(path)
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    for bad in ([True], [False, False, False, None, None, {"dtype": "nonsense"}], "off",
+                [1, False, False, None, None, {"dtype": "float32"}]):
+        m = json.loads(members["manifest.json"])
+        m["modes"] = bad
+        out = str(tmp_path / "b.aotgrad")
+        with zipfile.ZipFile(out, "w") as z:
+            for n, data in members.items():
+                z.writestr(n, json.dumps(m) if n == "manifest.json" else data)
+        with pytest.raises(errors.ExportFormatError):
+            aotgrad.load(out)
