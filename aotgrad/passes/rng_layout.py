@@ -18,7 +18,7 @@ fill runs eager's in-place op on a tensor with the view's own sizes and strides
 (``aotgrad::fill_strided_<op>``, tagged ``nondeterministic_seeded`` like the op it runs).
 
     n = normal_functional(v)         # v: (4, 7) with strides (8, 1)
-    ->  n = clone(aotgrad.fill_strided_normal_default(v), contiguous_format)
+    ->  n = clone(aotgrad.fill_strided_normal___default(v))      # dense, as the functional op returns
 """
 from __future__ import annotations
 
@@ -31,13 +31,14 @@ from ..analysis.ops import FILLS_CONTIGUOUS, inplace_twin, is_random
 aten = torch.ops.aten
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")
 _strided: dict = {}
+FILL_PREFIX = "fill_strided_"   # aotgrad::fill_strided_<in-place op>__<overload>; export refuses it
 
 
 def _strided_fill(twin):
     """``aotgrad::fill_strided_<op>(self, ...)``: in-place ``twin`` run on a fresh tensor with
     ``self``'s sizes, strides and values, returned in that layout."""
     if twin not in _strided:
-        name = "fill_strided_" + f"{twin._schema.name.split('::')[-1]}_{twin._overloadname}".replace(".", "_")
+        name = f"{FILL_PREFIX}{twin._schema.name.split('::')[-1]}__{twin._overloadname}"
         schema = str(twin._schema)
         _LIB.define(name + schema[schema.index("("):schema.rindex("->")].replace("Tensor(a!) self", "Tensor self")
                     + "-> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
@@ -97,11 +98,11 @@ def _fill_in_layout(gm: fx.GraphModule, n: fx.Node, twin) -> None:
     g = gm.graph
     with g.inserting_before(n):
         drawn = g.call_function(_strided_fill(twin), n.args, dict(n.kwargs))
-        out = g.call_function(aten.clone.default, (drawn,), {"memory_format": torch.contiguous_format})
+        out = g.call_function(aten.clone.default, (drawn,))
     drawn.meta.update(n.meta)
     val = n.args[0].meta["val"]
     drawn.meta["val"] = val.new_empty_strided(val.size(), val.stride())
-    out.meta["val"], out.meta["stack_trace"] = n.meta["val"], n.meta.get("stack_trace")
+    out.meta["val"], out.meta["stack_trace"] = drawn.meta["val"].clone(), n.meta.get("stack_trace")
     n.replace_all_uses_with(out)
     g.erase_node(n)
 

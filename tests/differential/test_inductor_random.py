@@ -60,6 +60,7 @@ FAMILY = {
 }
 
 
+@pytest.mark.slow      # ~7 s: three Inductor compiles
 def test_graph_without_tensor_inputs_is_compiled():
     """No tensor input gives no fake mode to find: the graph's own values give it (it used to run eagerly)."""
     check(lambda: (torch.randn(5), torch.randint(0, 9, (3,)), torch.rand(2) * 2), (), fw_compiler="inductor",
