@@ -124,7 +124,10 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     # strides other than those the backward graph was traced with.
     # autocast off: the graph holds the casts its trace chose; a compile that happens under the
     # caller's autocast (jit, an outer autocast) must not cast the retrace again.
-    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False), \
+    # emulate_precision_casts: a cast to bf16/fp16 inside a fused kernel rounds as eager's does
+    # (dropout of x.bfloat16() gave x * 2 unrounded); torch versions without it keep the default.
+    exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
         decomposed = _decompose(_random_ops_opaque(gm), example_inputs, fake_mode)
         return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
