@@ -391,3 +391,26 @@ def data_dependent_errors() -> tuple:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
     return DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode
+
+
+def _spell_keyword_overloads() -> None:
+    """fx writes a call to ``aten.random.from`` (``x.random_(0, 10)``) as
+    ``torch.ops.aten.random.from(...)``, a SyntaxError whenever a graph holding it is compiled to
+    Python (pytorch#151432; fixed in fx by pytorch#185456): spell an overload named by a Python
+    keyword ``getattr(torch.ops.aten.random, 'from')``. Installed once, where this torch needs it."""
+    import keyword
+
+    import torch.fx.graph as fx_graph
+    real = fx_graph._get_qualified_name
+    if not keyword.iskeyword(real(getattr(torch.ops.aten.random, "from")).rsplit(".", 1)[-1]):
+        return
+
+    def qualified_name(func) -> str:
+        head, *parts = real(func).split(".")
+        for part in parts:
+            head = f"getattr({head}, {part!r})" if keyword.iskeyword(part) else f"{head}.{part}"
+        return head
+    fx_graph._get_qualified_name = qualified_name
+
+
+_spell_keyword_overloads()

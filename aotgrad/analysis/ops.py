@@ -69,6 +69,21 @@ SHAPE_ONLY = _overloads("empty_like", "zeros_like", "ones_like", "full_like", "r
 # (``empty_like(x).bernoulli_(p)`` in dropout) fills its input's own layout, in memory order.
 FILLS_CONTIGUOUS = _overloads("bernoulli.p")
 
+def inplace_twin(op) -> OpOverload | None:
+    """The in-place op a functionalized random op stands for (``normal_functional`` ->
+    ``normal_``, ``uniform`` -> ``uniform_``, ``bernoulli.p`` -> ``bernoulli_.float``): the
+    ``<name>_`` overload with the same arguments, which fills ``self`` in ``self``'s own layout."""
+    if not isinstance(op, OpOverload) or op.namespace != "aten":
+        return None
+    packet = getattr(aten, op._schema.name.split("::")[-1].removesuffix("_functional") + "_", None)
+    sig = [(a.name, str(a.type)) for a in op._schema.arguments]
+    for name in packet.overloads() if packet is not None else ():
+        twin = getattr(packet, name)
+        if [(a.name, str(a.type)) for a in twin._schema.arguments] == sig and len(op._schema.returns) == 1:
+            return twin
+    return None
+
+
 # Cheap ops that carry neither the pointwise tag nor an aliasing schema.
 CHEAP_EXTRA = frozenset(getattr(aten, name) for name in (
     "_to_copy", "clone", "_unsafe_view", "expand_copy", "view_copy", "permute_copy", "t_copy",

@@ -7,6 +7,8 @@ warning says why; the other graph of the pair is unaffected.
 """
 from __future__ import annotations
 
+import keyword
+import re
 import warnings
 
 import torch
@@ -34,9 +36,17 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
                        _allow_non_fake_inputs=True)(*example_inputs)
 
 
+def _fake_mode_of(gm: fx.GraphModule, example_inputs: list):
+    """The examples' fake mode; for a graph without tensor inputs (``torch.randn(3)`` alone) the
+    one its traced values hold, else a fresh one (no mode would send it back to eager)."""
+    from .._torch import FakeTensorMode, detect_fake_mode
+    vals = [n.meta.get("val") for n in gm.graph.nodes]
+    return detect_fake_mode(example_inputs) or next(
+        (v.fake_mode for v in vals if hasattr(v, "fake_mode")), None) or FakeTensorMode()
+
+
 def _compile(gm: fx.GraphModule, example_inputs: list):
-    from .._torch import detect_fake_mode
-    fake_mode = detect_fake_mode(example_inputs)
+    fake_mode = _fake_mode_of(gm, example_inputs)
     # A graph handed to this backend directly may give two placeholders one example object.
     example_inputs = distinct_examples(example_inputs)
     if _is_backward(gm):
@@ -64,11 +74,13 @@ def _opaque(op):
     if not any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
         name = "eager_" + "_".join(p for p in (op.namespace, schema.name.split("::")[-1], op._overloadname)
                                    if p).replace(".", "_")
-        text = str(schema)[str(schema).index("(") + 1:]
+        # An argument named by a Python keyword (``uniform``'s ``from``) is renamed ``from_``: fx cannot
+        # normalize a call to it, and Inductor normalizes every fallback's call.
+        text = re.sub(rf" ({'|'.join(keyword.kwlist)})(?=[=,)])", r" \1_", str(schema)[str(schema).index("(") + 1:])
         _OPAQUE.define(f"{name}(Tensor[] after{', ' if not text.startswith(')') else ''}{text}")
 
         def run(after, *args, **kwargs):
-            return op(*args, **kwargs)
+            return op(*args, **{k[:-1] if keyword.iskeyword(k[:-1]) else k: v for k, v in kwargs.items()})
         _OPAQUE.impl(name, run, "CompositeExplicitAutograd")
         torch.library.register_fake(f"aotgrad::{name}", run, lib=_OPAQUE)
         made = getattr(torch.ops.aotgrad, name).default
@@ -112,7 +124,10 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     # strides other than those the backward graph was traced with.
     # autocast off: the graph holds the casts its trace chose; a compile that happens under the
     # caller's autocast (jit, an outer autocast) must not cast the retrace again.
-    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False), \
+    # emulate_precision_casts: a cast to bf16/fp16 inside a fused kernel rounds as eager's does
+    # (dropout of x.bfloat16() gave x * 2 unrounded); torch versions without it keep the default.
+    exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+    with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
         decomposed = _decompose(_random_ops_opaque(gm), example_inputs, fake_mode)
         return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
@@ -176,8 +191,10 @@ def _extent(t) -> int:
 
 def inductor(gm: fx.GraphModule, example_inputs: list):
     """Compile ``gm`` with Inductor; fall back to running it eagerly on failure."""
-    if any(n.op == "call_function" and getattr(n.target, "namespace", None) == "aotgrad" for n in gm.graph.nodes):
-        # aotgrad::rng_state/set_rng_state order RNG effects that Inductor drops or reorders.
+    if any(n.op == "call_function" and getattr(n.target, "namespace", None) == "aotgrad"
+           and torch.Tag.nondeterministic_seeded not in n.target.tags for n in gm.graph.nodes):
+        # aotgrad::rng_state/set_rng_state order RNG effects that Inductor drops or reorders (its
+        # random ops, passes.rng_layout's fills, run as the other random ops do).
         warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because it saves and "
                       "restores the RNG state (torch.random.fork_rng inside the function)", stacklevel=2)
         return gm.forward

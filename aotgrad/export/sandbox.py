@@ -56,7 +56,8 @@ def refusal(op) -> str | None:
     if op._schema.name in CAPTURE_ONLY:
         return "it exists only while capturing (the capture inlines it)"
     if ns == "aotgrad":
-        return "it calls live Python code (a tensor hook, retain_grad)"
+        return ("it is one of aotgrad's own run-time operators, which calls Python code (a tensor hook, retain_grad, "
+                "a random fill of a view with gaps: passes.rng_layout)")
     if ns not in ("aten", "prims"):
         return f"namespace {ns} is neither aten, prims nor the runtime's own RNG ops"
     if not dispatcher_has_kernel(op._schema.name if op._overloadname == "default" else name):

@@ -38,6 +38,30 @@ def _(n=4):
     return fn(lambda x: (x[torch.randperm(n)], torch.multinomial(x.softmax(0), 2)), r(n, rg=True))
 
 
+@program("random_from_to", R, must_match=True)
+def _(n=4):
+    # aten.random.from: an overload named by a Python keyword, which fx's generated code must spell
+    return fn(lambda x: (x * 1).random_(0, 10) * x + (x * 1).random_(5), r(n, 8, rg=True))
+
+
+def _fill_gapped_views(x):
+    y = x * 1
+    y[:, 1:].normal_()                  # a view with gaps: eager's kernel fills it element by element
+    y.t()[1:, ::2].uniform_(-2, 2)
+    z = (x * 1)[:, :5]
+    z.exponential_()
+    z.bernoulli_(0.3)
+    (x * 1).t()[2:].random_(0, 7)       # drawn and thrown away: the stream still moves
+    w = x.new_zeros(x.shape)[:, 1:]
+    w.cauchy_()
+    return y * x, z, w
+
+
+@program("random_fills_gapped_views", R)     # export refuses aotgrad::fill_strided_* (typed)
+def _(n=4):
+    return fn(_fill_gapped_views, r(n, 8, rg=True))
+
+
 @program("fork_rng_inside", R)
 def _(n=4):
     def f(x):
