@@ -30,9 +30,9 @@ KNOWN = {
        "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
        "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
        for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit")},
-    ("checkpoint_selective_policy", "dynamo"):
-        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
-        "(torch.compile with aot_eager fails the same way)",
+    **{("checkpoint_selective_policy", e):
+       "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
+       "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
     ("aot_input_mutation_and_output_view", "export"):
         "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
         "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
