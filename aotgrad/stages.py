@@ -94,7 +94,8 @@ class Captured:
         from .ir.values import with_values
         if options is None:
             options = CompileOptions(fw_compiler, bw_compiler, partitioner, memory_budget)
-        with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
+        if options.compiles_with("inductor") or getattr(options.resolved_partitioner(), "reads_values", True):
+            with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 
     def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None) -> str:

@@ -83,7 +83,16 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     captured = Captured(setup, load_graph(record["joint"], values), record["analysis"], record["layout"], guards,
                         record["out_spec"], in_descs, out_descs, (step,))
     part = None if record["partition"] is None else load_partition(record["partition"], values)
-    return captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
+    return captured.compile(fw_compiler, bw_compiler, stored(part))
+
+
+def stored(part: Partition):
+    """A partitioner that returns ``part``: it reads no node values, so a loaded joint's fake
+    values are never rebuilt (that would make a fake mode and shape environment per load)."""
+    def stored_partition(joint, layout):
+        return part
+    stored_partition.reads_values = False
+    return stored_partition
 
 
 def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner="default", memory_budget=None):
@@ -96,7 +105,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         if data is not None:
             part = load_partition(data)
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
-            compiled = captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
+            compiled = captured.compile(fw_compiler, bw_compiler, stored(part))
             return replace(compiled, history=compiled.history + (step,))
     compiled = captured.compile(fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and compiled.partition is not None:

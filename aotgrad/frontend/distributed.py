@@ -20,6 +20,7 @@ not inside an inner one runs eagerly.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -35,7 +36,15 @@ def _ddp_class():
     return DistributedDataParallel
 
 
+def _fsdp_imported() -> bool:
+    """No module is FSDP-wrapped before ``torch.distributed.fsdp`` is imported; importing it only to
+    find that out costs a second, which every first call (a disk cache hit included) would pay."""
+    return "torch.distributed.fsdp" in sys.modules
+
+
 def _fsdp_classes() -> tuple:
+    if not _fsdp_imported():
+        return ()
     found = []
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -51,6 +60,8 @@ def _fsdp_classes() -> tuple:
 
 
 def _fsdp2_class():
+    if not _fsdp_imported():
+        return None
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:

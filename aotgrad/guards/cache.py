@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import marshal
 import os
 import pickle
 import sys
@@ -172,8 +171,32 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> str |
 def _program_fp(fn):
     """The jitted function itself; what it reads (globals, cells, defaults) is in the entry's record."""
     if isinstance(fn, types.FunctionType):
-        return ("function", fn.__module__, fn.__qualname__, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest())
+        return ("function", fn.__module__, fn.__qualname__, code_hash(fn.__code__))
     return _value_fp(fn)
+
+
+def code_hash(code: types.CodeType) -> str:
+    """A code object's bytecode, constants, names and line table as data. Not ``marshal.dumps``:
+    marshal writes an object referenced more than once as a back-reference, so its bytes depend
+    on reference counts and differ between processes (and within one, once a trace ran)."""
+    return hashlib.sha256(repr(_code_data(code)).encode()).hexdigest()
+
+
+def _code_data(code) -> tuple:
+    return (code.co_code, tuple(map(_const_data, code.co_consts)), code.co_names, code.co_varnames,
+            code.co_freevars, code.co_cellvars, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+            code.co_flags, code.co_name, getattr(code, "co_qualname", ""), code.co_firstlineno, code.co_linetable,
+            getattr(code, "co_exceptiontable", b""))
+
+
+def _const_data(c):
+    if isinstance(c, types.CodeType):
+        return ("code", _code_data(c))
+    if isinstance(c, tuple):
+        return ("tuple", tuple(map(_const_data, c)))
+    if isinstance(c, frozenset):        # iteration order follows string hashing, which is per process
+        return ("frozenset", tuple(sorted(repr(_const_data(x)) for x in c)))
+    return (type(c).__name__, repr(c))
 
 
 def _value_fp(v):
@@ -329,7 +352,7 @@ def _function_fp(fn, seen):
     g = fn.__globals__
     refs = tuple((n, _fp(g[n], seen)) for n in sorted(_names(code)) if n in g)
     cells = tuple(_fp(c.cell_contents, seen) for c in (fn.__closure__ or ()))
-    return ("function", fn.__module__, fn.__qualname__, hashlib.sha256(marshal.dumps(code)).hexdigest(),
+    return ("function", fn.__module__, fn.__qualname__, code_hash(code),
             refs, cells, _fp(fn.__defaults__, seen), _fp(fn.__kwdefaults__, seen))
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload
+from .._torch import OpOverload, lazy_graph_module
 from .values import STORED, FakeValues, keep, value_out
 
 FORMAT = 1
@@ -124,7 +124,7 @@ def load_graph(data: dict, values: FakeValues | None = None) -> fx.GraphModule:
                 owner.add_module(p, torch.nn.Module())
             owner = getattr(owner, p)
         setattr(owner, last, value) if isinstance(value, torch.nn.Parameter) else owner.register_buffer(last, value)
-    gm = fx.GraphModule(root, graph, class_name=data["class"])
+    gm = lazy_graph_module(root, graph, data["class"])     # backends write their own code
     _restore_meta(gm, data, values)
     return gm
 
