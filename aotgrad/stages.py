@@ -94,7 +94,7 @@ class Captured:
         from .ir.values import with_values
         if options is None:
             options = CompileOptions(fw_compiler, bw_compiler, partitioner, memory_budget)
-        if options.compiles_with("inductor") or getattr(options.resolved_partitioner(), "reads_values", True):
+        if options.compiles_with("inductor") or not getattr(options.resolved_partitioner(), "stored", False):
             with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 

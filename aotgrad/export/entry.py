@@ -70,12 +70,19 @@ def _record_values(record: dict) -> FakeValues:
 def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
     """A ``Compiled`` for ``fn(*args, **kwargs)`` from ``record``, or None when the call
     does not flatten to the inputs the record was captured with."""
-    start = time.perf_counter()
     sig, tensors, descs = signature(fn, args, kwargs)
-    if tuple(map(str, descs)) != record["setup_descs"]:
-        return None
     dynamic, grad_enabled = record["session"]
     setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig), Modes(dynamic, grad_enabled), (), ())
+    return compile_record(record, setup, fw_compiler, bw_compiler)
+
+
+def compile_record(record: dict, setup: Setup, fw_compiler="eager", bw_compiler=None):
+    """A ``Compiled`` of ``setup``'s call from ``record`` (its stored joint and partition: nothing is
+    traced or partitioned), or None when ``setup``'s inputs are not those the record was captured with."""
+    start = time.perf_counter()
+    if tuple(map(str, setup.input_descs)) != record["setup_descs"]:
+        return None
+    setup = replace(setup, session=Modes(*record["session"]), fake_inputs=(), real_inputs=())
     guards = input_guards.build(*record["guards"])
     in_descs, out_descs = record["descs"]
     step = Step("load from disk cache", time.perf_counter() - start, {})
@@ -91,7 +98,7 @@ def stored(part: Partition):
     values are never rebuilt (that would make a fake mode and shape environment per load)."""
     def stored_partition(joint, layout):
         return part
-    stored_partition.reads_values = False
+    stored_partition.stored = True
     return stored_partition
 
 
