@@ -56,11 +56,11 @@ def _dynamo(fn, args, kwargs):
 def _stored_first(compile, fn, args, kwargs):
     """Compile and call a copy of the program once (its disk-cache entry is stored), leaving the
     RNG as it was: what a first process does before the one under test starts."""
-    fn2, args2, kwargs2 = copy.deepcopy((fn, args, kwargs))
     state = torch.random.get_rng_state()
     try:
+        fn2, args2, kwargs2 = copy.deepcopy((fn, args, kwargs))
         compile(fn2, args2, kwargs2)(*args2, **kwargs2)
-    except Exception:       # a refusal: the entry under test gives its own
+    except Exception:       # inputs that cannot be copied, or a refusal: the entry under test gives its own
         pass
     finally:
         torch.random.set_rng_state(state)

@@ -26,6 +26,9 @@ KNOWN = {
         "(torch.compile with aot_eager fails the same way)",
 }
 
+# A warm entry is its cold one served from the disk cache: the same programs fail the same way.
+KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
+
 
 def _param(program, entry):
     # The rest is "slow": make test (-m "not slow") leaves it to make test-differential.

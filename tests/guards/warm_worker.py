@@ -26,6 +26,7 @@ COMPILERS = {"jit": lambda fn, args, kwargs: aotgrad.jit(fn),
 def _program(path):
     spec = importlib.util.spec_from_file_location("warm_program", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # as an import does: the stored entry's reads name its globals by module
     spec.loader.exec_module(module)
     return lambda: (module.Net(), module.INPUTS())
 
