@@ -12,6 +12,7 @@ from .compiled_autograd import compiled_autograd
 from .frontend.jit import Jit, jit
 from .observe import trace
 from .stages import Captured, Compiled, Exported, Setup
+from .options import keywords_checked as _keywords_checked
 
 
 def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile_options):
@@ -20,6 +21,7 @@ def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile
     return make(fw_compiler, bw_compiler, partitioner, **compile_options)
 
 
+@_keywords_checked("aotgrad.load")
 def load(path: str, *, state: dict | None = None) -> "Exported":
     """The training step ``captured.export(path)`` wrote, runnable without the model's code
     (``state``: parameter and buffer values by name, for an artifact exported without them)."""
@@ -27,6 +29,7 @@ def load(path: str, *, state: dict | None = None) -> "Exported":
     return load_artifact(path, state=state)
 
 
+@_keywords_checked("aotgrad.explain")
 def explain(obj) -> str:
     """Plain-text account of a ``jit`` function (entries, recompile reasons), a ``Compiled`` or a ``Captured``:
     stages with durations, graph sizes, saved activations, guards."""

@@ -306,6 +306,8 @@ top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
 
 
 def set_version_counter(t: torch.Tensor, version: int) -> None:
+    if t.is_inference():        # an inference tensor (made under inference_mode) has no version counter
+        return
     try:
         C_autograd._unsafe_set_version_counter((t,), (version,))
     except TypeError:           # torch < 2.12 takes one tensor
@@ -320,15 +322,6 @@ def functorch_interpreter_active() -> bool:
 # nn.Module's call path (the frames a read recording skips): _wrapped_call_impl is torch >= 2.1.
 MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_call_impl"),
                                                    getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
-
-
-def is_compiling_flag() -> bool:
-    return getattr(torch.compiler, "_is_compiling_flag", False)
-
-
-def set_compiling_flag(value: bool) -> None:
-    """What ``torch.compiler.is_compiling()`` answers (as under torch.export's tracing)."""
-    torch.compiler._is_compiling_flag = value
 
 
 def queue_engine_callback(callback) -> None:
@@ -362,14 +355,15 @@ def ddp_bucket_assignment(params: list, limits: list) -> list:
     return indices
 
 
-def replace_checkpoint_is_compiling(fn) -> "Callable[[], None]":
-    """Make ``torch.utils.checkpoint`` ask ``fn`` whether it is compiling (its selective
-    checkpoint contexts act eagerly when told no); return the undo (nothing where torch has no such hook)."""
+def replace_checkpoint_is_compiling(make) -> "Callable[[], None]":
+    """Make ``torch.utils.checkpoint`` ask ``make(its own check)`` whether it is compiling (its
+    selective checkpoint contexts act eagerly when told no); return the undo (nothing where torch
+    has no such hook)."""
     from torch.utils import checkpoint
     real = getattr(checkpoint, "_is_compiling", None)
     if real is None:
         return lambda: None
-    checkpoint._is_compiling = fn
+    checkpoint._is_compiling = make(real)
 
     def restore():
         checkpoint._is_compiling = real

@@ -7,6 +7,7 @@ Internal invariants are plain ``assert``s, never these.
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 _PKG_DIRS = (
@@ -83,8 +84,28 @@ def _innermost_user(frames) -> str | None:
     return module_line
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def traced_line(stack_trace: str | None) -> str | None:
+    """The user's innermost frame (as :func:`user_line` picks it) of a graph node's recorded ``stack_trace``."""
+    lines = (stack_trace or "").strip().splitlines()
+    frames = []
+    for i, ln in enumerate(lines):
+        m = _FRAME.search(ln)
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
+            frames.append(traceback.FrameSummary(m.group(1), int(m.group(2)), m.group(3), line=code))
+    return _innermost_user(frames)
+
+
 def _frame_text(fr) -> str:
     return f"{fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}"
+
+
+class OpError(AotgradError, RuntimeError):
+    """An operator of a compiled graph refused its inputs as it ran (a check of dtypes, devices or
+    values that fake tensors do not make while tracing); eager raises the same ``RuntimeError``."""
 
 
 class TraceError(AotgradError):

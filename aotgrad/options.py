@@ -11,6 +11,8 @@ registry by the layers that know it (``frontend.jit_options``, ``backends.get``)
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 from dataclasses import dataclass, field, fields
 
 from .errors import OptionError, caller_line
@@ -26,7 +28,7 @@ def _key(doc: str) -> dict:
     return {"cache_key": True, "doc": doc}
 
 
-def _refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), meant_by=None) -> None:
+def refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), meant_by=None) -> None:
     """An ``OptionError`` for the first name not in ``known``, naming the closest known one."""
     for key, value in options.items():
         if key not in known:
@@ -35,6 +37,25 @@ def _refuse_unknown(api: str, options: dict, known: list, extra: tuple = (), mea
             hint = f"; did you mean {meant}={value!r}?" if meant else ""
             raise OptionError(f"{api} got an unknown option {key}={value!r} (it takes "
                               f"{', '.join(list(extra) + known)}){hint}", user_line=caller_line())
+
+
+def keywords_checked(api: str):
+    """Decorate a public function or method so that a keyword it does not take is an ``OptionError``
+    naming the closest one it does (as ``refuse_unknown``), not Python's ``TypeError``: one rule for every
+    keyword entry point. A function taking ``**kwargs`` (they are the user's) is left as it is."""
+    def wrap(fn):
+        params = inspect.signature(fn).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return fn
+        known = [n for n, p in params.items() if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            if kwargs.keys() - params.keys():
+                refuse_unknown(api, {k: v for k, v in kwargs.items() if k not in params}, known, (), MEANT)
+            return fn(*args, **kwargs)
+        return checked
+    return wrap
 
 
 def _count(v, least: int) -> bool:
@@ -66,7 +87,7 @@ class CudaGraphsOptions:
 
     @classmethod
     def of(cls, api: str = "the cudagraphs compiler", /, **options) -> "CudaGraphsOptions":
-        _refuse_unknown(api, options, [f.name for f in fields(cls)])
+        refuse_unknown(api, options, [f.name for f in fields(cls)])
         return cls(**options)
 
     def __repr__(self) -> str:
@@ -130,7 +151,7 @@ class CompileOptions:
     def of(cls, api: str = "compile", extra: tuple = (), **options) -> "CompileOptions":
         """Build from keyword options, refusing unknown names with the closest known one.
         ``extra``: names the calling API takes besides these (named in the message)."""
-        _refuse_unknown(api, options, names(), extra, MEANT)
+        refuse_unknown(api, options, names(), extra, MEANT)
         return cls(**options)
 
     def compiles_with(self, name: str) -> bool:
@@ -162,6 +183,27 @@ class CompileOptions:
 
 def names() -> list:
     return [f.name for f in fields(CompileOptions)]
+
+
+def _checked_init(cls, meant_by=None):
+    """Give ``cls`` (a dataclass) an ``__init__`` that refuses a misspelt keyword with an ``OptionError``
+    naming the closest field, as every keyword entry point does, instead of Python's ``TypeError``."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        known = [f.name for f in fields(cls)]
+        refuse_unknown(cls.__name__, kwargs, known, (), meant_by)
+        if len(args) > len(known):
+            raise OptionError(f"{cls.__name__} takes at most {len(known)} positional options "
+                              f"({', '.join(known)}); got {len(args)}", user_line=caller_line())
+        init(self, *args, **kwargs)
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    cls.__init__ = __init__
+    return cls
+
+
+_checked_init(CudaGraphsOptions)
+_checked_init(CompileOptions, MEANT)
 
 
 def as_options(options, api: str = "compile") -> CompileOptions:

@@ -106,3 +106,10 @@ def _pause_gc():
 
 GC_PAUSED = Shared(_pause_gc)
 """Held while a capture traces or a compile partitions and compiles (in any thread)."""
+
+
+FX_TRACING = threading.RLock()
+"""Held around every ``make_fx`` trace: fx's tracer patches ``Module.__call__`` and ``__getattr__``
+through one process-wide patcher (``torch.fx._symbolic_trace.CURRENT_PATCHER``), which two traces
+in two threads at once undo for each other (an AssertionError, or its patches left installed for
+good). Captures in several threads trace their forwards side by side and take turns here."""

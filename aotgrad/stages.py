@@ -12,7 +12,9 @@ import torch.fx as fx
 from ._torch import pytree
 from . import errors
 from .observe import Step
-from .options import CompileOptions
+from .errors import OptionError, caller_line
+from .options import CompileOptions, keywords_checked, refuse_unknown
+from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
@@ -30,6 +32,7 @@ class Modes:
     """The modes a trace ran under: all that a captured stage keeps of its tracing session."""
     dynamic: bool | None
     grad_enabled: bool
+    baked: tuple | None = None     # runtime.modes.baked() when traced; None: not known (a jit disk-cache entry: jit keys its entries by modes)
 
 
 @dataclass(frozen=True, repr=False)
@@ -53,7 +56,8 @@ class Setup:
     def traced(self) -> "Setup":
         """What a ``Captured`` keeps: no example batch, no fake inputs, no live session (its fake
         mode and shape environment live on only in the graph's node values)."""
-        return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled),
+        return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled,
+                                                 getattr(self.session, "baked", None)),
                        fake_inputs=(), real_inputs=())
 
     def __repr__(self) -> str:
@@ -84,27 +88,34 @@ class Captured:
         return self.layout.is_inference
 
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="auto",
-                memory_budget=None, *, options: CompileOptions | None = None) -> "Compiled":
+                memory_budget=None, *, options: CompileOptions | None = None, **more) -> "Compiled":
         """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,
-        which documents each). ``memory_budget``: a fraction (float, 0..1] of the default partitioner's
-        saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted min cut (and the
-        min cut for the Inductor compiler).
+        which documents each; ``cudagraphs={...}`` too). ``memory_budget``: a fraction (float, 0..1] of the
+        default partitioner's saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted
+        min cut (and the min cut for the Inductor compiler). A misspelt option is an ``OptionError``.
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
         from .ir.values import with_values
         if options is None:
-            options = CompileOptions(fw_compiler, bw_compiler, partitioner, memory_budget)
+            options = CompileOptions.of("compile", fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                                        partitioner=partitioner, memory_budget=memory_budget, **more)
+        elif more:
+            raise OptionError(f"compile got options= and keyword options {sorted(more)}: give one or the other",
+                              user_line=caller_line())
         if options.compiles_with("inductor") or not getattr(options.resolved_partitioner(), "stored", False):
             with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 
-    def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None) -> str:
+    def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None, **more) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
         runs it in another process without the model's code. ``values=False`` leaves out parameter values."""
         from .export.artifact import export
+        if more:    # export compiles nothing: only the partition options apply
+            refuse_unknown("export", more, ["values", "partitioner", "memory_budget"])
         opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
         return export(self, path, values=values, partitioner=opts.resolved_partitioner(), memory_budget=memory_budget)
 
+    @keywords_checked("with_joint")
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
         from .analysis.verify import verify_joint
@@ -132,14 +143,20 @@ class Compiled:
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
+        was = self.captured.setup.session.baked
+        why = mismatch(was) if was is not None else None
+        if why is not None:
+            raise errors.InputMismatchError(f"{why}; capture again under these modes (aotgrad.jit recompiles "
+                                            "for you)", user_line=caller_line())
         state = self.captured.state
         failed = state.check() if state is not None else None
         if failed is not None:
             raise errors.InputMismatchError(f"{state.explain(failed)}; capture again "
-                                            "(aotgrad.jit recompiles for you)")
+                                            "(aotgrad.jit recompiles for you)", user_line=caller_line())
         flat, why = self.path.match(args, kwargs)
         if why is not None:
-            raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)")
+            raise errors.InputMismatchError(why + "; capture again for these inputs (aotgrad.jit does it for you)",
+                                            user_line=caller_line())
         return self.path.run(flat)
 
     @property
@@ -179,10 +196,15 @@ class Exported:
     compiled: Compiled
 
     def __call__(self, *args, **kwargs):
+        why = mismatch(self.compiled.captured.setup.session.baked)
+        if why is not None:
+            raise errors.InputMismatchError(f"{why}; export the step again under these modes",
+                                            user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
-            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs it was captured "
-                                            "for: export one per input shape")
+            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs and grad mode it "
+                                            "was captured for: export one per input shape and mode",
+                                            user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make

@@ -96,9 +96,10 @@ def test_autocast_disabled_inside_an_outer_bf16_autocast():
 def test_backward_inside_an_autocast_region_is_refused():
     # Eager autocasts the backward's ops when backward() runs inside autocast; the compiled backward
     # was traced for the usual backward() outside it, so inside it must refuse, not differ.
+    # (A step captured outside autocast refuses to be called inside it: tests/core/test_call_modes.py.)
     w = torch.randn(3, 2, requires_grad=True)
-    step = aotgrad.capture(lambda x, w: (x @ w).pow(2).sum(), torch.randn(4, 3), w).compile()
     with torch.autocast("cpu", dtype=torch.bfloat16):
+        step = aotgrad.capture(lambda x, w: (x @ w).pow(2).sum(), torch.randn(4, 3), w).compile()
         loss = step(torch.randn(4, 3), w)
         with pytest.raises(aotgrad.errors.UnsupportedError, match="autocast") as e:
             loss.backward()

@@ -7,6 +7,7 @@ import torch.fx as fx
 from .._torch import OpOverload
 from ..errors import GraphContractError
 from .ops import mutated_args
+from ..options import keywords_checked
 
 
 def _vals(nodes):
@@ -50,6 +51,7 @@ def verify_joint(gm: fx.GraphModule, captured) -> None:
                 raise GraphContractError(f"{kind} '{d}' changed from {_show(x)} to {_show(y)}")
 
 
+@keywords_checked("aotgrad.verify")
 def verify(captured) -> None:
     """Check a Captured's joint graph against its own contract (run after every pass in tests)."""
     verify_joint(captured.joint, captured)

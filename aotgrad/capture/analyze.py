@@ -104,8 +104,8 @@ class Replay:
 
 def replay_of(view, base) -> Replay | None:
     """``view``'s view ops, when this torch records them and none has a symbolic argument."""
-    sequence = view_meta_sequence(view.elem)
-    if sequence is None:
+    sequence = view_meta_sequence(view.elem) if isinstance(view, FunctionalTensor) else None
+    if sequence is None:     # (a view of a constant the function reached, not of a traced value)
         return None
     # In-place view ops (x.t_()) are replayed on the input by the mutation epilogue first.
     if not sequence or any(getattr(vm, "has_symbolic_inputs", True) or type(vm).__name__.endswith("__ViewMeta")
@@ -121,14 +121,20 @@ def _reshaped_in_place(base) -> bool:
     return bool(sequence)
 
 
+def _same_elements(view, base) -> bool:
+    """Same dtype, layout and conjugate/negative bits: ``as_strided`` of ``base`` can be ``view``
+    (a dtype view ``x.view(torch.int32)`` is not: the graph returns it)."""
+    return view.dtype == base.dtype and view.layout == base.layout == torch.strided and \
+        view.is_conj() == base.is_conj() and view.is_neg() == base.is_neg()
+
+
 def _replayable(view, base) -> bool:
     """Whether ``base.as_strided(...)`` regenerates ``view`` at run time: same dtype (not
     ``view_as_real``), same conjugate/negative bits (not ``conj()``), and sizes computable
     from the inputs (no data-dependent symbols).
     Other aliasing outputs are returned by the graph as fresh values: right numbers,
     without the view relationship."""
-    if view.dtype != base.dtype or view.layout != torch.strided or \
-            view.is_conj() != base.is_conj() or view.is_neg() != base.is_neg():
+    if not _same_elements(view, base):
         return False
     free = set()
     for v in (*view.shape, *view.stride(), view.storage_offset()):
@@ -173,7 +179,8 @@ def _output_infos(f_outs, f_ins):
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
-        elif not custom and storage in in_storages and not o._is_view() and not rg:
+        elif not custom and storage in in_storages and not o._is_view() and not rg \
+                and _same_elements(o, f_ins[in_storages[storage]]):
             infos.append(OutputInfo("input_detached", in_storages[storage], ViewMeta.relative(
                 o, f_ins[in_storages[storage]])))
         elif not custom and storage in in_storages and (replay or _replayable(o, f_ins[in_storages[storage]])):

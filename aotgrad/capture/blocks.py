@@ -100,31 +100,32 @@ def _ties(m: torch.nn.Module) -> tuple:
 
 
 def _state(m: torch.nn.Module):
-    """``((dict, attr), tensor)`` of every parameter and buffer of ``m``, duplicates included, in a fixed order."""
+    """``((module __dict__, kind, attr), tensor)`` of every parameter and buffer of ``m``, duplicates
+    included, in a fixed order (the dict by name: see :func:`..frontend.flatten.state_homes`)."""
     for _, sub in m.named_modules(remove_duplicate=False):
-        for d in (sub._parameters, sub._buffers):
-            for attr, t in d.items():
+        for kind in ("_parameters", "_buffers"):
+            for attr, t in sub.__dict__[kind].items():
                 if t is not None:
-                    yield (d, attr), t
+                    yield (sub.__dict__, kind, attr), t
 
 
 @dataclass
 class Member:
     """One block: its group, where its distinct state tensors live, its submodules by path."""
     group: int
-    firsts: tuple       # (dict, attr) of each distinct state tensor, in template order
-    homes: tuple        # (dict, attr, index into firsts) of every state entry
+    firsts: tuple       # (module __dict__, kind, attr) of each distinct state tensor, in template order
+    homes: tuple        # (module __dict__, kind, attr, index into firsts) of every state entry
     paths: dict         # path -> submodule
 
 
 def _member(gid: int, m: torch.nn.Module) -> Member:
     index: dict = {}
     firsts, homes = [], []
-    for (d, attr), t in _state(m):
+    for home, t in _state(m):
         if id(t) not in index:
             index[id(t)] = len(firsts)
-            firsts.append((d, attr))
-        homes.append((d, attr, index[id(t)]))
+            firsts.append(home)
+        homes.append((*home, index[id(t)]))
     return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)))
 
 
@@ -182,7 +183,7 @@ class Reuse:
         m = self.members.get(id(module))
         if m is None or self.off:
             return _FLAT["call"](module, *args, **kwargs)
-        state = [d[attr] for d, attr in m.firsts]
+        state = [md[kind][attr] for md, kind, attr in m.firsts]
         call = _Call.of(args, kwargs)
         key = _call_key(m, state, call)
         hit = self.traced.get(key, _MISSING) if key is not None else None
@@ -331,8 +332,8 @@ def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
         index[id(t)] = None if id(t) in index else i
     owners: dict = {}       # tensor id -> how many members hold it (None: one that ran flat does)
     for k, m in reuse.members.items():
-        for d, attr in m.firsts:
-            tid = id(d[attr])
+        for md, kind, attr in m.firsts:
+            tid = id(md[kind][attr])
             owners[tid] = None if k in reuse.ran_flat or tid in owners else 1
     returned = {o.index for o in analysis.outputs if o.kind in ("input", "input_view", "input_detached")}
     unseen = set()

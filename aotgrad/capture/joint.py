@@ -14,6 +14,7 @@ from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
+from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
 from .block_graph import DIRECT, Direct, UnseenUsed
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
@@ -54,7 +55,10 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
                     # (autocast regions are for the forward): its casts are the forward's alone.
-                    with module_state(flat_fn, call_ins), autocast_off():
+                    # On this thread (not the engine's device threads): the per-thread state the
+                    # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
+                    with module_state(flat_fn, call_ins), autocast_off(), \
+                            torch.autograd.set_multithreading_enabled(False):
                         got = torch.autograd.grad(
                             [fw[i] for i in lay.tangent_of], [f_ins[lay.grad_of[k]] for k in wrt],
                             [to_functional(t) for t in tangents], allow_unused=True)
@@ -95,7 +99,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
     try:
-        with session.fake_mode, traceable_ops(), lazy_graph_modules():
+        with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules():
             gm = make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                          _allow_non_fake_inputs=True)(*seen, *tangents)
     except Exception:

@@ -17,9 +17,10 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from .._torch import (
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
-    has_own_dispatch, is_compiling_flag, is_functional_tensor, plain_fake, set_compiling_flag, set_mkldnn_enabled, simple_registry,
+    has_own_dispatch, is_functional_tensor, plain_fake, set_mkldnn_enabled, simple_registry,
     storage_key, sync,
 )
+from ..runtime.modes import baked
 from ..scoped import Shared, Stack
 from .block_graph import DIRECT, UnseenUsed
 
@@ -31,6 +32,7 @@ class Session:
     grad_enabled: bool
     shape_env: ShapeEnv = field(default_factory=ShapeEnv)
     fake_mode: FakeTensorMode | None = None
+    baked: tuple = field(default_factory=baked)   # autocast and default dtype when captured (runtime.modes)
 
     def __post_init__(self):
         if self.fake_mode is None:
@@ -86,29 +88,42 @@ SEEDED = Stack("aotgrad.seeded")
 
 def _record_seed(seeder):
     def manual_seed(seed):
-        SEEDED.append(seed)
+        if _TRACING:        # another thread's seeding is its own business
+            SEEDED.append(seed)
         return seeder(seed)
     return manual_seed
 
 
+@contextlib.contextmanager
 def traceable_ops():
-    """Settings under which traced graphs run correctly outside the trace.
+    """Settings under which traced graphs run correctly outside the trace, in this thread.
 
     * effect-only checks become plain nodes (above);
     * seeding the global RNG is recorded (``SEEDED``): the graph would not
       repeat it, so capture refuses it when the graph draws random numbers;
     * oneDNN is off, so RNNs trace into plain ATen ops: the fused
       ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
-      that Python cannot pass back to its backward;
+      that Python cannot pass back to its backward (a process-wide flag: an
+      eager RNN in another thread meanwhile runs PyTorch's plain kernels);
     * ``torch.compiler.is_compiling()`` is True, as under ``torch.export``'s
       tracing, so libraries take their trace-friendly paths (HuggingFace's
-      mask helpers skip data-dependent shortcuts when they see it).
+      mask helpers skip data-dependent shortcuts when they see it); other
+      threads get PyTorch's own answer.
     """
-    return _TRACEABLE()
+    with _TRACEABLE():
+        _TRACING.append(True)
+        try:
+            yield
+        finally:
+            _TRACING.pop()
+
+
+_TRACING = Stack("aotgrad.traceable")     # this thread's traces under traceable_ops (innermost last)
 
 
 def _set_traceable():
-    """Apply traceable_ops' settings; return the function that restores the previous ones."""
+    """Apply traceable_ops' settings (process-wide; the patched functions read this thread's
+    state); return the function that restores the previous ones."""
     holders = [simple_registry.find(name).effect for name in _PLAIN_EFFECTS]
     saved = [h.effect for h in holders]
     mkldnn = get_mkldnn_enabled()
@@ -117,11 +132,11 @@ def _set_traceable():
         h.register(None)
     set_mkldnn_enabled(False)
     torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
-    compiling = is_compiling_flag()
-    set_compiling_flag(True)
+    is_compiling = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: bool(_TRACING) or is_compiling()
 
     def restore():
-        set_compiling_flag(compiling)
+        torch.compiler.is_compiling = is_compiling
         torch.manual_seed, torch.random.manual_seed = seeders
         set_mkldnn_enabled(mkldnn)
         for h, effect in zip(holders, saved):

@@ -26,6 +26,7 @@ from . import ddp
 from .capture import CaptureInstance
 from .explain import ACTIVE, CompiledAutograd
 from .tape import Tape
+from ..options import keywords_checked
 
 __all__ = ["compiled_autograd", "CompiledAutograd"]
 
@@ -35,6 +36,7 @@ _engine = compiled_autograd_engine
 _last_compiler = [None]
 
 
+@keywords_checked("aotgrad.compiled_autograd")
 @contextlib.contextmanager
 def compiled_autograd(compiler="eager"):
     """Run every backward inside the block through a captured, compiled graph.

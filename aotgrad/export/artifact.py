@@ -33,6 +33,7 @@ def export(captured, path: str, *, values: bool = True, partitioner="default", m
     except Unserializable as e:
         raise errors.UnsupportedError(f"cannot export this capture: the export format does not define {e}") from None
     blob, manifest["tensors"] = tensor_io.pack(named)
+    manifest["tensors_sha256"] = tensor_io.digest(blob)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1))
         for name, graph in graphs.items():
@@ -55,7 +56,8 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
     manifest = {
         "format": FORMAT, "version": VERSION, "torch": torch.__version__, "aotgrad": _aotgrad_version(),
         "name": captured.setup.flat_fn.__name__, "kind": "inference" if part is None else "training",
-        "grad_enabled": bool(captured.setup.session.grad_enabled), "values": values, "state": state,
+        "grad_enabled": bool(captured.setup.session.grad_enabled),
+        "modes": codec.encode(list(_modes(captured))), "values": values, "state": state,
         "signature": {"in_spec": _spec_text(sig.in_spec, "argument"), "leaves": codec.encode(list(sig.leaves)),
                       "tensor_pos": list(sig.tensor_pos)},
         "out_spec": _spec_text(captured.out_spec, "output"),
@@ -69,6 +71,15 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
         "graphs": sorted(graphs), "ops": codec.op_schemas(gms.values()),
     }
     return manifest, graphs, named
+
+
+def _modes(captured) -> tuple:
+    baked = captured.setup.session.baked
+    if baked is None:
+        raise errors.UnsupportedError("cannot export this capture: the modes it was traced under (autocast, inference "
+                               "mode, the default dtype) are not known (it was loaded from the disk cache); "
+                               "capture it again")
+    return baked
 
 
 def _spec_text(spec, what: str) -> str:

@@ -24,6 +24,7 @@ from ..stages import Captured, Modes, Setup
 from ..ir.graphs import Unserializable, dump_graph, load_graph
 from ..ir.values import FakeValues
 from ..runtime.hooks import has_opaque_calls
+from ..options import keywords_checked
 
 # Backends that compile a graph without the fake example values a loaded graph lacks.
 LOADABLE_BACKENDS = ("eager", None)
@@ -102,6 +103,7 @@ def stored(part: Partition):
     return stored_partition
 
 
+@keywords_checked("compile_cached")
 def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner="default", memory_budget=None):
     """``captured.compile(...)`` that reuses a partition stored on disk for the same
     (possibly user-edited) joint graph, layout and options: the staged path's cache."""

@@ -27,7 +27,9 @@ def load(path: str, *, state: dict | None = None, placeholders: bool = False):
             manifest = check_manifest(read_entry(z, "manifest.json", json=True))
             check_members(z, manifest["graphs"])
             tensor_io.check_extent(manifest["tensors"], z.getinfo("tensors.bin").file_size)   # before reading it
-            tensors = tensor_io.unpack(read_entry(z, "tensors.bin"), manifest["tensors"])
+            blob = read_entry(z, "tensors.bin")
+            tensor_io.check_digest(blob, manifest["tensors_sha256"])
+            tensors = tensor_io.unpack(blob, manifest["tensors"])
             graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}
     except (zipfile.BadZipFile, EOFError, zlib.error, RecursionError) as e:
         raise errors.ExportFormatError(f"{path} is not a readable aotgrad artifact: it is corrupted or "

@@ -10,9 +10,9 @@ import torch
 from ..errors import ExportFormatError
 
 FORMAT = "aotgrad-export"
-VERSION = 2       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...})
-REQUIRED = ("name", "kind", "grad_enabled", "values", "state", "signature", "out_spec", "input_descs",
-            "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors")
+VERSION = 3       # 2: descriptors are typed and nested ({"@": "ParamDesc", "name": ...}); 3: "modes", tensors_sha256
+REQUIRED = ("name", "kind", "grad_enabled", "modes", "values", "state", "signature", "out_spec", "input_descs",
+            "output_descs", "analysis", "layout", "guards", "partition", "graphs", "ops", "tensors", "tensors_sha256")
 
 
 MEMBERS = ("manifest.json", "tensors.bin", "graphs/joint.json", "graphs/forward.json", "graphs/backward.json")
@@ -66,7 +66,7 @@ def check_manifest(m) -> dict:
     if missing:
         raise ExportFormatError(f"the artifact's manifest lacks {', '.join(missing)}")
     # The two tables read before any other check (the tensor bytes, the graph members).
-    if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) \
+    if not isinstance(m["tensors"], dict) or not isinstance(m["graphs"], list) or type(m["tensors_sha256"]) is not str \
             or not all(type(g) is str and g in ("joint", "forward", "backward") for g in m["graphs"]) \
             or "joint" not in m["graphs"] or len(set(m["graphs"])) != len(m["graphs"]):
         raise ExportFormatError("the artifact's manifest has a malformed tensor or graph table")

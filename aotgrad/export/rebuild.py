@@ -16,6 +16,7 @@ from ..guards import inputs as input_guards
 from ..guards.inputs import TensorSpec
 from ..observe import Step
 from ..partition import Partition
+from ..runtime.modes import is_baked
 from ..stages import Captured, Exported, Modes, Setup
 from . import codec, verify
 
@@ -40,7 +41,8 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
         analysis = dataclasses.replace(analysis, out_spec=out_spec)
     setup = _make(Setup, fn=module, signature=sig, input_descs=tuple(in_descs[:lay.n_primals]),
                   flat_fn=_no_code(m["name"]),
-                  session=Modes(False, bool(m["grad_enabled"])), fake_inputs=(), real_inputs=())
+                  session=Modes(False, bool(m["grad_enabled"]), _modes(m["modes"])), fake_inputs=(),
+                  real_inputs=())
     guards = input_guards.build(specs, in_descs[:lay.n_primals], ())
     step = Step("load export", time.perf_counter() - start, {"path": path})
     captured = _make(Captured, setup=setup, joint=joint, analysis=analysis, layout=lay, guards=guards,
@@ -88,6 +90,16 @@ def _check_ops(ops) -> None:
         if str(op._schema) != schema:
             raise _ExportFormatError(f"operator {name} has schema {op._schema} in this torch, the artifact was "
                                      f"exported with {schema}; export it again with this torch")
+
+
+def _modes(data) -> tuple:
+    """The modes the step was traced under (``runtime.modes.baked``): it runs only under them."""
+    value = codec.decode(data)
+    if type(value) is list:
+        value = tuple(value)
+    if not is_baked(value):
+        raise _ExportFormatError(f"the artifact's modes are malformed: {str(data)[:100]}")
+    return value
 
 
 def _typed(data, cls):

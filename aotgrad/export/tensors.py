@@ -7,6 +7,7 @@ bytes and a table ``{name: {dtype, shape, stride, offset, start, nbytes, device,
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import sys
 
@@ -41,6 +42,18 @@ def unpack(blob: bytes, table: dict) -> dict:
     if sys.byteorder != "little":
         raise ExportFormatError("the artifact's tensors are little-endian; this machine is not")
     return {name: _tensor(name, blob, entry) for name, entry in table.items()}
+
+
+def digest(blob: bytes) -> str:
+    """The SHA-256 of ``tensors.bin``, kept in the manifest: bytes of the right size that are not
+    the ones written (a crafted member, a payload that happens to fill the table) are refused."""
+    return hashlib.sha256(blob).hexdigest()
+
+
+def check_digest(blob: bytes, expected: str) -> None:
+    if digest(blob) != expected:
+        raise ExportFormatError("the artifact's tensors.bin is not the one its manifest was written with (its "
+                                "SHA-256 differs: the file is corrupted or was altered)")
 
 
 def check_extent(table: dict, size: int) -> None:

@@ -19,8 +19,9 @@ not inside an inner one runs eagerly.
 """
 from __future__ import annotations
 
-import functools
 import sys
+
+import functools
 
 import torch
 
@@ -36,37 +37,16 @@ def _ddp_class():
     return DistributedDataParallel
 
 
-def _fsdp_imported() -> bool:
-    """No module is FSDP-wrapped before ``torch.distributed.fsdp`` is imported; importing it only to
-    find that out costs a second, which every first call (a disk cache hit included) would pay."""
-    return "torch.distributed.fsdp" in sys.modules
-
-
 def _fsdp_classes() -> tuple:
-    if not _fsdp_imported():
-        return ()
-    found = []
-    try:
-        from torch.distributed.fsdp import FSDPModule
-        found.append(FSDPModule)
-    except ImportError:
-        pass
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        found.append(FullyShardedDataParallel)
-    except ImportError:
-        pass
-    return tuple(found)
+    """FSDP's module classes, if the program imported FSDP (a model holding FSDP modules did: importing
+    it here for nothing would cost a second and a half of every first call)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return tuple(c for c in (getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None))
+                 if c is not None)
 
 
 def _fsdp2_class():
-    if not _fsdp_imported():
-        return None
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return None
-    return FSDPModule
+    return getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
 
 
 def is_ddp(fn) -> bool:

@@ -29,7 +29,7 @@ from ..stages import Setup
 from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
 from ..ir.graphs import Unserializable
-from .jit import current_modes
+from ..runtime.modes import baked
 
 log = logging.getLogger("aotgrad.dynamo")
 
@@ -72,11 +72,20 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     return Setup(gm, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
 
+def _keywords(options: dict) -> dict:
+    """``torch.compile(..., options={...})`` hands its dict to the backend as ``options=``: the same
+    keyword options as given one by one."""
+    inner = options.get("options")
+    return {**inner, **{k: v for k, v in options.items() if k != "options"}} if isinstance(inner, dict) else options
+
+
 def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, **compile_options):
     """The backend entry: capture and compile now (or load both from the disk cache); return
     ``(*args) -> outputs``. ``compile_options``: the fields of ``CompileOptions``, checked before
-    anything is traced (or one ``options``)."""
-    options = options if options is not None else as_options(compile_options, "aotgrad's torch.compile backend")
+    anything is traced (or one ``options``, or ``torch.compile``'s ``options`` dict of them)."""
+    if not isinstance(options, CompileOptions):
+        given = _keywords({**compile_options, "options": options}) if options is not None else compile_options
+        options = as_options(given, "aotgrad's torch.compile backend")
     history: list = []
     with timed(history, "setup (dynamo)") as info:
         setup = _setup(gm, example_inputs)
@@ -95,7 +104,8 @@ def _key(gm, setup, example_inputs, options) -> str | None:
     if not cache.enabled() or options.fw_compiler not in LOADABLE_BACKENDS \
             or options.bw_compiler not in LOADABLE_BACKENDS:
         return None
-    return cache.dynamo_key(gm, setup.input_descs, example_inputs, current_modes(), options)
+    return cache.dynamo_key(gm, setup.input_descs, example_inputs,
+                            (torch.is_grad_enabled(), *baked()), options)
 
 
 def _load(key, setup, options):
@@ -151,7 +161,7 @@ def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile
     fixed = as_options(given, "aotgrad.backend")
 
     def aotgrad_backend(gm, example_inputs, **options):
-        opts = fixed if not options else as_options({**given, **options}, "aotgrad.backend")
+        opts = fixed if not options else as_options({**given, **_keywords(options)}, "aotgrad.backend")
         return compile_graph(gm, example_inputs, options=opts)
     return aotgrad_backend
 

@@ -8,6 +8,7 @@ are baked into the graph and checked on every call.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,7 +16,7 @@ import torch
 
 from .._torch import pytree, subclass_kind
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
-from ..scoped import Shared
+from ..scoped import Shared, Stack
 
 
 @dataclass(frozen=True)
@@ -81,19 +82,36 @@ def signature(fn, args: tuple, kwargs: dict):
     return sig, tensors, descs
 
 
+@contextlib.contextmanager
 def forward_only():
-    """While the user's forward is traced: ``backward()`` and reading an input's ``.grad`` are
-    refused with the user's line (the trace would differentiate fake values, or read a
-    ``.grad`` that eager has and the trace does not)."""
-    return _FORWARD_ONLY()
+    """While the user's forward is traced in this thread: ``backward()`` and reading an input's
+    ``.grad`` are refused with the user's line (the trace would differentiate fake values, or read
+    a ``.grad`` that eager has and the trace does not). Other threads' backwards run as usual."""
+    with _FORWARD_ONLY():
+        _TRACING_FORWARD.append(True)
+        try:
+            yield
+        finally:
+            _TRACING_FORWARD.pop()
 
 
 def _refuse_forward_only():
-    """Apply forward_only's patches (process-wide); return the function that removes them."""
+    """Apply forward_only's patches (process-wide, each reading this thread's state); return the
+    function that removes them."""
     from .._torch import FunctionalTensor
     backward = torch.autograd.backward
-    torch.autograd.backward = _refuse_backward
-    FunctionalTensor.grad = property(_refuse_grad_read, _refuse_grad_read)
+
+    def checked_backward(*args, **kwargs):
+        if _TRACING_FORWARD:
+            _refuse_backward()
+        return backward(*args, **kwargs)
+
+    def grad(self, *value):
+        if _TRACING_FORWARD:
+            _refuse_grad_read()
+        return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
+    torch.autograd.backward = checked_backward
+    FunctionalTensor.grad = property(grad, grad)
 
     def restore():
         torch.autograd.backward = backward
@@ -102,16 +120,17 @@ def _refuse_forward_only():
 
 
 _FORWARD_ONLY = Shared(_refuse_forward_only)     # applied once for captures tracing at the same time
+_TRACING_FORWARD = Stack("aotgrad.forward_only")   # this thread's traces of a user forward (innermost last)
 
 
-def _refuse_backward(*args, **kwargs):
+def _refuse_backward():
     from ..errors import UnsupportedError, caller_line
     raise UnsupportedError("backward() inside the captured function: aotgrad captures the backward itself; "
                            "return the loss and call .backward() on the compiled function's result",
                            user_line=caller_line())
 
 
-def _refuse_grad_read(*args):
+def _refuse_grad_read():
     from ..errors import UnsupportedError, caller_line
     raise UnsupportedError("reading or setting .grad of a traced tensor inside the captured function: the graph "
                            "cannot see eager's accumulated gradients; read .grad outside it",
@@ -200,37 +219,106 @@ def module_state(flat_fn, flat):
 
 
 def state_homes(module: torch.nn.Module, sig: Signature) -> tuple:
-    """Every ``(dict, attr, flat index)`` holding a lifted tensor: a tied parameter or a submodule
-    registered under two names is one flat input with several homes, each swapped exactly once."""
-    index = {(id(s.module._parameters if s.is_param else s.module._buffers), s.attr): i
-             for i, s in enumerate(sig.slots)}
-    first = {id(s.module._parameters[s.attr] if s.is_param else s.module._buffers[s.attr]): i
+    """Every ``(module __dict__, "_parameters" or "_buffers", attr, flat index)`` holding a lifted
+    tensor: a tied parameter or a submodule registered under two names is one flat input with several
+    homes, each swapped exactly once. A home names its module's dict by attribute, not the dict
+    object: a capture in another thread may stand a per-thread view in for it (:func:`holding`)."""
+    index = {(id(s.module), s.is_param, s.attr): i for i, s in enumerate(sig.slots)}
+    first = {id((s.module._parameters if s.is_param else s.module._buffers)[s.attr]): i
              for i, s in reversed(list(enumerate(sig.slots)))}
     homes, seen = [], set()
     for sub in module.modules():
-        for d in (sub._parameters, sub._buffers):
-            for attr, t in d.items():
-                key = (id(d), attr)
+        for kind in ("_parameters", "_buffers"):
+            for attr, t in sub.__dict__[kind].items():
+                key = (id(sub), kind == "_parameters", attr)
                 if t is None or key in seen:
                     continue
                 seen.add(key)
                 i = index.get(key, first.get(id(t)))
                 if i is not None:
-                    homes.append((d, attr, i))
+                    homes.append((sub.__dict__, kind, attr, i))
     return tuple(homes)
+
+
+class _PerThread(dict):
+    """A module's ``_parameters`` or ``_buffers`` once a capture has held traced values in it: the
+    real entries, as every thread reads and writes them, with each capturing thread's own values
+    (a stack of layers, innermost last) on top for that thread alone. It stays the module's dict
+    after the capture (no thread holding anything, it is the plain dict it stands for): swapped
+    back, a dict another capture or the read recording (``guards.reads``) holds would go stale."""
+
+    def __init__(self, real):
+        super().__init__(real)
+        self.layers = {}        # thread id -> [{attr: value}], innermost last
+
+    def _mine(self):
+        layers = self.layers.get(threading.get_ident())
+        return layers[-1] if layers else None
+
+    def __getitem__(self, key):
+        mine = self._mine()
+        return mine[key] if mine is not None and key in mine else dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        mine = self._mine()
+        return mine[key] if mine is not None and key in mine else dict.get(self, key, default)
+
+    def __setitem__(self, key, value):
+        mine = self._mine()
+        if mine is not None and key in mine:
+            mine[key] = value
+        else:
+            dict.__setitem__(self, key, value)
+
+    def items(self):
+        mine = self._mine()
+        return dict.items(self) if mine is None else [(k, mine.get(k, v)) for k, v in dict.items(self)]
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+    def __iter__(self):     # a Python __iter__ makes dict(view) and {**view} read through __getitem__
+        return iter(dict.keys(self))
+
+    def copy(self):
+        return dict(self.items())
+
+    def __reduce__(self):   # pickled and deep-copied as the plain dict it stands for
+        return dict, (dict(self.items()),)
+
+
+_INSTALLING = threading.Lock()
+
+
+def _layered(md: dict, kind: str) -> _PerThread:
+    with _INSTALLING:
+        view = md[kind]
+        if not isinstance(view, _PerThread):
+            view = md[kind] = _PerThread(view)
+    return view
 
 
 @contextlib.contextmanager
 def holding(homes, state):
-    """The module holds ``state`` in place of its parameters and buffers, restored whatever happens."""
-    saved = [d[attr] for d, attr, _ in homes]
+    """The module holds ``state`` in place of its parameters and buffers, for this thread alone
+    (another thread calling the module meanwhile reads the real ones), restored whatever happens."""
+    grouped: dict = {}
+    for md, kind, attr, i in homes:
+        grouped.setdefault((id(md), kind), (md, kind, {}))[2][attr] = state[i]
+    tid, held = threading.get_ident(), []
     try:
-        for d, attr, i in homes:
-            d[attr] = state[i]
+        for md, kind, values in grouped.values():
+            view = _layered(md, kind)
+            layers = view.layers.setdefault(tid, [])
+            layers.append({**(layers[-1] if layers else {}), **values})
+            held.append(view)
         yield
     finally:
-        for (d, attr, _), t in zip(homes, saved):
-            d[attr] = t
+        for view in held:
+            layers = view.layers[tid]
+            layers.pop()
+            if not layers:
+                del view.layers[tid]
 
 
 def call_with_state(module, homes, state, args, kwargs):
@@ -239,9 +327,9 @@ def call_with_state(module, homes, state, args, kwargs):
     runtime replays on the real one."""
     with holding(homes, state):
         out = module(*args, **kwargs)
-        for d, attr, i in homes:
-            if d[attr] is not state[i]:
-                _rebound(attr, state[i], d[attr])
+        for md, kind, attr, i in homes:
+            if md[kind][attr] is not state[i]:
+                _rebound(attr, state[i], md[kind][attr])
     return out
 
 

@@ -17,6 +17,7 @@ every call like a fresh compile.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -34,25 +35,18 @@ from .flatten import signature
 from .distributed import split_for_jit
 from .jit_options import bound_method, check_options, root_name, tracing
 from ..options import CompileOptions
+from ..runtime.modes import BAKED_NAMES, baked, describe
 
 log = logging.getLogger("aotgrad.jit")
 
 
-def current_modes() -> tuple:
-    """The process-wide modes a trace bakes in; an entry runs only under the ones it was captured in."""
-    cpu, cuda = torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
-    return (torch.is_grad_enabled(), cpu, cuda, torch.get_autocast_dtype("cpu") if cpu else None,
-            torch.get_autocast_dtype("cuda") if cuda else None, torch.get_default_dtype())
-
-
-_MODE_NAMES = ("grad mode", "CPU autocast", "CUDA autocast", "CPU autocast dtype", "CUDA autocast dtype",
-               "the default dtype")
+def _modes() -> tuple:
+    """The modes a trace bakes in; an entry runs only under the ones it was captured in."""
+    return (torch.is_grad_enabled(), *baked())
 
 
 def _describe_modes(was, now) -> str:
-    def text(v):
-        return ("on" if v else "off") if isinstance(v, bool) else str(v)
-    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(_MODE_NAMES, was, now) if a != b)
+    return describe(("grad mode", *BAKED_NAMES), was, now)
 
 
 @dataclass(repr=False)
@@ -81,12 +75,21 @@ class Jit:
     name: str | None = None     # what messages call a jitted module: the caller's variable name
     around: object = None       # ``around(call, args, kwargs)``: a DDP's or FSDP's eager bookkeeping around ``fn``
     options: CompileOptions = field(init=False, repr=False)    # ``compile_options`` checked, as one object
+    # Held while compiling: a call from another thread that fits no entry waits, then uses the new one.
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
 
     def __post_init__(self):
         self.options = check_options(self.compile_options)
         split_for_jit(self)     # DDP and FSDP wrappers (frontend/distributed.py)
         if self.name is None:
             self.name = root_name(self.fn)
+
+    def __getstate__(self):     # copied or pickled without its lock; the copy gets its own
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         from ..observe.printing import repr_jit
@@ -104,15 +107,27 @@ class Jit:
     def _call(self, *args, **kwargs):
         if tracing():       # called inside another capture: trace through, the outer graph holds it
             return self.fn(*args, **kwargs)
-        modes = current_modes()
-        for e in self.entries:
+        modes = _modes()
+        found = self._find(self.entries, modes, args, kwargs)
+        if found is not None:
+            return found[0].path.run(found[1])
+        with self._lock:        # one compile at a time; the entries another thread added meanwhile first
+            found = self._find(self.entries, modes, args, kwargs)
+            run = self._miss(modes, args, kwargs) if found is None else lambda: found[0].path.run(found[1])
+        return run()
+
+    @staticmethod
+    def _find(entries, modes, args, kwargs):
+        """``(compiled, flat inputs)`` of the first entry that fits the call, or None."""
+        for e in entries:
             if e.modes == modes and e.state.check() is None:
                 flat, why = e.compiled.path.match(args, kwargs)
                 if why is None:
-                    return e.compiled.path.run(flat)
-        return self._miss(modes, args, kwargs)
+                    return e.compiled, flat
+        return None
 
     def _miss(self, modes, args, kwargs):
+        """Compile an entry for the call (the lock held); returns what runs the call (without it)."""
         reason = self._why(modes, args, kwargs)
         if len(self.entries) >= self.recompile_limit:
             if not self.fallbacks:
@@ -120,7 +135,7 @@ class Jit:
                               f"(last reason: {reason}); running eagerly for inputs that fit no compiled entry",
                               stacklevel=3)
             self.fallbacks += 1
-            return self.fn(*args, **kwargs)
+            return lambda: self.fn(*args, **kwargs)
         if reason is not None:
             log.info("recompiling %s: %s", _name(self.fn), reason)
         with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
@@ -132,7 +147,7 @@ class Jit:
         assert failed is None, f"a fresh compile rejected its own state: {state.explain(failed)}"
         flat, why = compiled.path.match(args, kwargs)
         assert why is None, f"a fresh compile rejected its own inputs: {why}"
-        return compiled.path.run(flat)
+        return lambda: compiled.path.run(flat)
 
     def _compile(self, modes, args, kwargs):
         """``(compiled, state guards, loaded, why not loaded)``: from the disk cache when it has this

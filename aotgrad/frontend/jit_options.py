@@ -3,6 +3,7 @@ its options, its use as a method decorator, calls from inside another trace."""
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 import torch
@@ -61,15 +62,18 @@ class _Method(torch.nn.Module):
 
 
 _bound: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BINDING = threading.Lock()
 
 
 def bound_method(jit, obj):
     """The jitted method for ``obj``: one ``Jit`` per (instance, method), kept while the instance lives."""
     from functools import partial
-    per_obj = _bound.setdefault(obj, {})
-    found = per_obj.get(id(jit))
-    if found is None:
-        target = _Method(jit.fn, obj) if isinstance(obj, torch.nn.Module) else partial(jit.fn, obj)
-        name = f"{type(obj).__name__}.{getattr(jit.fn, '__name__', 'method')}"
-        found = per_obj[id(jit)] = type(jit)(target, jit.dynamic, jit.compile_options, jit.recompile_limit, name=name)
+    with _BINDING:      # two threads' first calls get one Jit, so one compile
+        per_obj = _bound.setdefault(obj, {})
+        found = per_obj.get(id(jit))
+        if found is None:
+            target = _Method(jit.fn, obj) if isinstance(obj, torch.nn.Module) else partial(jit.fn, obj)
+            name = f"{type(obj).__name__}.{getattr(jit.fn, '__name__', 'method')}"
+            found = per_obj[id(jit)] = type(jit)(target, jit.dynamic, jit.compile_options, jit.recompile_limit,
+                                                 name=name)
     return found

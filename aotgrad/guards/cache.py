@@ -205,35 +205,34 @@ def _key_miss(key: JitKey) -> str:
             f"{'s' if len(differ) == 1 else ''} from the newest entry stored for {key.name}")
 
 
+def code_fp(code: types.CodeType) -> str:
+    """A digest of what ``code`` does, equal in every process: its bytecode, names, flags and
+    constants (nested code by its own digest, sets in sorted order), not its line numbers.
+    (``marshal.dumps`` is not: it flags objects by their reference counts, which differ between
+    processes, so a second process missed every entry whose code built a generator or a set.)"""
+    return hashlib.sha256(repr(_code_parts(code)).encode()).hexdigest()
+
+
+def _code_parts(code):
+    return (code.co_code, tuple(_const(c) for c in code.co_consts), code.co_names, code.co_varnames,
+            code.co_freevars, code.co_cellvars, code.co_argcount, code.co_posonlyargcount,
+            code.co_kwonlyargcount, code.co_flags, getattr(code, "co_qualname", code.co_name))
+
+
+def _const(c):
+    if isinstance(c, types.CodeType):
+        return ("code", _code_parts(c))
+    if isinstance(c, (tuple, frozenset)):
+        items = tuple(_const(x) for x in c)
+        return (type(c).__name__, tuple(sorted(items, key=repr)) if isinstance(c, frozenset) else items)
+    return (type(c).__name__, c.hex() if isinstance(c, float) else repr(c))
+
+
 def _program_fp(fn):
     """The jitted function itself; what it reads (globals, cells, defaults) is in the entry's record."""
     if isinstance(fn, types.FunctionType):
-        return ("function", fn.__module__, fn.__qualname__, code_hash(fn.__code__))
+        return ("function", fn.__module__, fn.__qualname__, code_fp(fn.__code__))
     return _value_fp(fn)
-
-
-def code_hash(code: types.CodeType) -> str:
-    """A code object's bytecode, constants, names and line table as data. Not ``marshal.dumps``:
-    marshal writes an object referenced more than once as a back-reference, so its bytes depend
-    on reference counts and differ between processes (and within one, once a trace ran)."""
-    return hashlib.sha256(repr(_code_data(code)).encode()).hexdigest()
-
-
-def _code_data(code) -> tuple:
-    return (code.co_code, tuple(map(_const_data, code.co_consts)), code.co_names, code.co_varnames,
-            code.co_freevars, code.co_cellvars, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
-            code.co_flags, code.co_name, getattr(code, "co_qualname", ""), code.co_firstlineno, code.co_linetable,
-            getattr(code, "co_exceptiontable", b""))
-
-
-def _const_data(c):
-    if isinstance(c, types.CodeType):
-        return ("code", _code_data(c))
-    if isinstance(c, tuple):
-        return ("tuple", tuple(map(_const_data, c)))
-    if isinstance(c, frozenset):        # iteration order follows string hashing, which is per process
-        return ("frozenset", tuple(sorted(repr(_const_data(x)) for x in c)))
-    return (type(c).__name__, repr(c))
 
 
 def _value_fp(v):
@@ -246,6 +245,8 @@ def _value_fp(v):
         return _program_fp(v) + (_value_fp(v.__defaults__),)
     if isinstance(v, types.MethodType):
         return ("method", _value_fp(v.__func__), type(v.__self__).__qualname__)
+    if isinstance(v, types.CodeType):
+        return ("code", code_fp(v))
     if isinstance(v, (tuple, list, frozenset, set, dict)):
         items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
         return (type(v).__name__, tuple(_value_fp(x) for x in items))
@@ -497,7 +498,7 @@ def _function_fp(fn, seen):
     g = fn.__globals__
     refs = tuple((n, _fp(g[n], seen)) for n in sorted(_names(code)) if n in g)
     cells = tuple(_fp(c.cell_contents, seen) for c in (fn.__closure__ or ()))
-    return ("function", fn.__module__, fn.__qualname__, code_hash(code),
+    return ("function", fn.__module__, fn.__qualname__, code_fp(code),
             refs, cells, _fp(fn.__defaults__, seen), _fp(fn.__kwdefaults__, seen))
 
 

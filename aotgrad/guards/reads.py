@@ -6,9 +6,10 @@ bytecode loads.
 ``record()`` watches the trace with ``sys.setprofile`` (call events only);
 ``chains(code)`` reads a code object's loads once and caches them. What the
 chains resolve to, and the guards on it, is :mod:`aotgrad.guards.state`.
-It also snapshots the instance dicts and globals the traced code ran with, so
-a trace that assigned Python state (``self.calls += 1``) is found, undone and
-refused: the compiled graph would not repeat the assignment.
+It also copies the Python state the traced code could write (:mod:`.writes`), so
+a trace that assigned or changed state outliving the call (``self.calls += 1``,
+``HISTORY.append(loss)``) is found, undone and refused: the compiled graph would
+not repeat it.
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import dis
 import os
 import sys
 import sysconfig
+import types
 from dataclasses import dataclass, field
 
 import torch
 
 from .._torch import MODULE_CALL_CODES
+from .writes import Writes
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _NN = os.path.join(_TORCH, "nn", "modules") + os.sep
@@ -88,7 +91,7 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.Tensor, torch
 class Recording:
     frames: dict = field(default_factory=dict)      # (code, id(globals), id(self), ids of args) -> Frame
     kinds: dict = field(default_factory=dict)       # code -> kind
-    snapshots: dict = field(default_factory=dict)   # id(dict) -> (dict, shallow copy, what it belongs to)
+    writes: Writes = field(default_factory=lambda: Writes(is_library))   # state a write could change
 
     root: object = None         # the traced function's code, or its module: recording stops when it returns
     root_frame: object = None
@@ -104,10 +107,10 @@ class Recording:
         if kind is None:
             kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
         if kind:
-            self._add(frame, code, kind)
             if self.root_frame is None and (code is self.root or kind == MODULE_CALL
                                             and frame.f_locals.get("self") is self.root):
                 self.root_frame = frame
+            self._add(frame, code, kind)
 
     def _add(self, frame, code, kind):
         f_locals = frame.f_locals
@@ -118,50 +121,66 @@ class Recording:
             if not isinstance(self_obj, torch.nn.Module):
                 return
             if kind == MODULE_CALL:     # a module being called is the user's (methods may build new ones)
-                self._snapshot(self_obj)
+                self.writes.attrs(self_obj)
             self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
             return
-        args = {n: v for n, v in ((n, f_locals.get(n)) for n in names[1 if self_obj is not None else 0:])
-                if not isinstance(v, _PLAIN) and hasattr(v, "__dict__") and not is_library(type(v))}
-        if code.co_name not in _CONSTRUCTORS:   # an object being built is not state from before the call
-            for obj in (self_obj, *args.values()):
-                if obj is not None and hasattr(obj, "__dict__"):
-                    self._snapshot(obj)
+        # Arguments and the free variables nested code (a comprehension, a generator expression, a
+        # lambda, an inner function) sees: loads from them are followed like loads from ``self``.
+        seen = [(n, f_locals.get(n, _GONE)) for n in (*names[1 if self_obj is not None else 0:], *code.co_freevars)]
+        args = {n: v for n, v in seen if not isinstance(v, _PLAIN) and hasattr(v, "__dict__")
+                and not is_library(type(v))}
         g = frame.f_globals
-        self.snapshots.setdefault(id(g), (g, dict(g), g.get("__name__")))
-        key = (code, id(g), id(self_obj), tuple(sorted((n, id(v)) for n, v in args.items())))
-        self.frames.setdefault(key, Frame(code, kind, g, self_obj, args))
+        key = (code, id(g), id(self_obj), tuple((n, id(v)) for n, v in seen if not isinstance(v, _PLAIN)))
+        if key in self.frames:
+            return
+        self.frames[key] = Frame(code, kind, g, self_obj, args)
+        if code.co_name in _CONSTRUCTORS:   # an object being built is not state from before the call
+            if self_obj is not None:
+                self.writes.built.add(id(self_obj))
+            return
+        self._writable(frame, code, f_locals, g)
+
+    def _writable(self, frame, code, f_locals, g):
+        """Copy the state this code could write that may outlive the call (see :mod:`.writes`)."""
+        w = self.writes
+        w.module_dict(g)
+        root = self.root_frame
+        if frame is root or root is not None and root.f_code in _CALL_IMPL and frame.f_back is root:
+            # The traced function's own arguments: a list or dict there stands for the caller's,
+            # which the compiled function never changes (it gets the tensors, not the containers).
+            for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                w.argument(f_locals.get(n), n)
+        found, stores = chains(code)
+        for c in found:
+            v = g.get(c.name, _GONE) if c.root == "global" else f_locals.get(c.name, _GONE)
+            if v is not _GONE:
+                w.chain(v, c.steps, c.name)
+        assigned = [s.target for s in stores if s.target in code.co_freevars]
+        outer = [n for n in assigned if not _defined_in_trace(frame, n)]
+        if outer:
+            w.cells(code, outer)
 
     def undo_writes(self) -> list:
-        """Put back every entry the traced code assigned in a recorded dict; ``(owner, key)`` of each."""
-        done = []
-        for d, before, owner in self.snapshots.values():
-            # A library object's private attributes are its caches (nn.LSTM's _flat_weight_refs):
-            # put back, not refused.
-            caches = not isinstance(owner, str) and is_library(type(owner))
-            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))
-                        and k not in _BOOKKEEPING]:
-                if key in before:
-                    d[key] = before[key]
-                else:
-                    del d[key]
-                if not (caches and str(key).startswith("_")):
-                    done.append((owner, key))
-        return done
+        """Put back every change the traced code made to state that outlives the call; ``(text, key)`` each."""
+        self.root_frame = None      # its locals are the call's own state, not the user's
+        return self.writes.undo()
 
-    def _snapshot(self, obj):
-        d = getattr(obj, "__dict__", None)
-        if isinstance(d, dict) and id(d) not in self.snapshots:
-            self.snapshots[id(d)] = (d, dict(d), obj)
+
+def _defined_in_trace(frame, name) -> bool:
+    """Whether the cell ``name`` that ``frame``'s code assigns belongs to a running frame (made in the call)."""
+    code, f = frame.f_code, frame.f_back
+    while f is not None:
+        if name in f.f_code.co_cellvars and _encloses(f.f_code, code):
+            return True
+        f = f.f_back
+    return False
+
+
+def _encloses(outer, inner) -> bool:
+    return any(c is inner or isinstance(c, types.CodeType) and _encloses(c, inner) for c in outer.co_consts)
 
 
 _GONE = object()
-# Entries Python itself writes while code runs: the warnings module's once-per-location registry.
-_BOOKKEEPING = frozenset({"__warningregistry__"})
-
-
-def _same(a, b) -> bool:
-    return a is b or type(a) is type(b) and type(a) in (bool, int, float, str, bytes) and a == b
 
 
 @contextlib.contextmanager
@@ -231,6 +250,11 @@ class Store:
 
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
 _ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+# Methods that change a list, dict or set in place: ``HISTORY.append(x)`` writes to ``HISTORY``.
+_MUTATORS = frozenset(("attr", m) for m in (
+    "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add", "discard",
+    "sort", "reverse", "__setitem__", "__delitem__", "__iadd__", "__ior__", "difference_update",
+    "intersection_update", "symmetric_difference_update"))
 _cache: dict = {}      # a true cache: code objects are immutable, so their chains never change
 
 
@@ -258,10 +282,14 @@ def _scan(code):
         if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
             cur, pending = Chain(cur.root, cur.name, cur.steps + (("item", pending),), cur.line), None
             continue
-        if cur is not None and op == "STORE_ATTR":
-            stores.append(Store(_text(cur) + "." + ins.argval, line))
+        if op in ("STORE_ATTR", "DELETE_ATTR"):     # ``self.n += 1`` leaves no chain before its store
+            stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
+        if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+            stores.append(Store(_text(cur) + "[...]", line))
         if cur is not None:
             found.append(cur)
+            if cur.steps and cur.steps[-1] in _MUTATORS:
+                stores.append(Store(_text(cur), line))
         cur, pending = None, None
         root = _ROOTS.get(op)
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
@@ -292,6 +320,11 @@ def store_line(rec: Recording, key) -> str | None:
     """``file:line`` of a recorded code object's assignment to ``key``, for the error message."""
     for f in rec.frames.values():
         for s in chains(f.code)[1]:
-            if s.target == key or s.target.endswith("." + str(key)):
+            t, k = s.target, str(key)
+            if t == k or t.endswith("." + k) or t.startswith((k + ".", k + "[")):
                 return f"{f.code.co_filename}:{s.line} in {f.code.co_name}"
+    for f in rec.frames.values():       # a container changed through a local name: where it was loaded
+        for c in chains(f.code)[0]:
+            if _text(c) == str(key) or c.name == str(key):
+                return f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
     return None

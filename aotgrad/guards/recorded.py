@@ -29,10 +29,9 @@ def recorded(fn, trace, leaves, name):
     finally:
         written = rec.undo_writes() if rec is not None else []
     if written:
-        owner, key = written[0]
-        where = owner if isinstance(owner, str) else type(owner).__name__
+        what, key = written[0]
         raise errors.UnsupportedError(
-            f"the traced code assigns `{key}` of {where} (Python state outside the tensors); the compiled "
-            "graph would not repeat the assignment, so later calls would differ from eager. Keep that state "
+            f"the traced code {what} (Python state outside the tensors that outlives the call); the compiled "
+            "graph would not repeat the write, so later calls would differ from eager. Keep that state "
             "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
     return captured, resolve.assumed(fn, leaves, name, rec)

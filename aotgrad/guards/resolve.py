@@ -11,6 +11,7 @@ code loads by name.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -32,7 +33,9 @@ def locate(obj, kind, key):
             return None
         return obj.__closure__[code.co_freevars.index(key)], None
     if isinstance(obj, types.FunctionType):
-        return (obj, key) if key in ("__defaults__", "__kwdefaults__") else None
+        return (obj, key) if key in ("__defaults__", "__kwdefaults__", "__code__") else None
+    if isinstance(obj, functools.partial):
+        return (obj, key) if key in ("func", "args", "keywords") else None
     if isinstance(obj, types.ModuleType):
         return None if is_library(obj) or key not in vars(obj) else (vars(obj), key)
     d = getattr(obj, "__dict__", None)
@@ -47,6 +50,9 @@ def locate(obj, kind, key):
             if key in d[store]:
                 return d[store], key
     return None
+
+
+_CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
 
 
 def _stops(obj) -> bool:
@@ -124,7 +130,8 @@ class Resolver:
         for c in found:
             if c.root == "fast" and c.name == "self" and f.self_obj is not None:
                 self._follow(f.self_obj, path, source or _anon(f.self_obj), c.steps)
-            elif c.root == "fast" and c.name in f.args:
+            elif c.root in ("fast", "deref") and c.name in f.args:     # an argument, or a free variable
+                # of nested code (a comprehension, a lambda, an inner function): followed from its value
                 obj = f.args[c.name]
                 p, s = self.paths.get(id(obj), (None, _anon(obj)))
                 self._follow(obj, p, s, c.steps)
@@ -190,7 +197,7 @@ class Resolver:
     def _value(self, v, path, source):
         """Something reached by value: remember its path; a function that ran adds its cells and
         defaults; an object adds the attributes the traced code loads by name."""
-        if id(v) in self.done or _stops(v) and not isinstance(v, types.FunctionType):
+        if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES):
             return
         self.done.add(id(v))
         if path is not None:
@@ -200,6 +207,9 @@ class Resolver:
             return
         if isinstance(v, types.FunctionType):
             self._function(v, path, source)
+        elif isinstance(v, functools.partial):     # what it calls with: its function, arguments, keywords
+            for key in ("func", "args", "keywords"):
+                self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict):
             for name in sorted(self.names & set(vars(v))):
                 self._follow(v, path, source, (("attr", name),))
@@ -212,6 +222,10 @@ class Resolver:
                 self._add_value(fn, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         if fn.__code__ not in self.executed:
             return
+        # The code that ran, by identity: a helper whose ``__code__`` is replaced (hot reload, a
+        # monkeypatch) is another program under the same function object.
+        self._add(Read(f"{source}.__code__", path + (("attr", "__code__"),) if path else None, fn, "__code__",
+                       fn.__code__, "id"))
         for c in chains(fn.__code__)[0]:
             if c.root == "deref":
                 where, _ = locate(fn, "cell", c.name)
@@ -271,7 +285,7 @@ def _resolve_path(fn, leaves, path):
 
 
 def _step(obj, kind, key):
-    if _stops(obj) and kind == "attr" and not isinstance(obj, types.FunctionType):
+    if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES):
         return None
     return locate(obj, kind, key)
 

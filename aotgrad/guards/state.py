@@ -32,10 +32,10 @@ import torch
 
 from .. import errors
 from ..generated import compile_source
+from ..runtime.call import VALUE_TYPES, same_value
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
 
-_EQ_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
-             torch.memory_format, torch.layout)
+_EQ_TYPES = VALUE_TYPES
 _MISSING = object()
 _FROZEN_LIMIT = 256
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -66,13 +66,26 @@ def _get(where, key):
 def freeze(v, depth=0):
     """A type-exact, comparable description of a guarded container value."""
     if type(v) in _EQ_TYPES:
-        return (type(v), v)
+        return (type(v), _bits(v))
     if isinstance(v, (list, tuple, set, frozenset, dict)) and depth < 4 and len(v) <= _FROZEN_LIMIT:
         if isinstance(v, dict):
             return (type(v), tuple((freeze(k, depth + 1), freeze(x, depth + 1)) for k, x in v.items()))
         items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
         return (type(v), tuple(freeze(x, depth + 1) for x in items))
     return _Same(v)
+
+
+def _bits(v):
+    """A float or complex number as its exact bits (``-0.0`` apart from ``0.0``); others as they are."""
+    if type(v) is float:
+        return v.hex()
+    return (v.real.hex(), v.imag.hex()) if type(v) is complex else v
+
+
+def _unbits(t, body):
+    if t is float:
+        return float.fromhex(body)
+    return complex(float.fromhex(body[0]), float.fromhex(body[1])) if t is complex else body
 
 
 class _Same:
@@ -109,7 +122,7 @@ def holds(read: Read, now) -> bool:
     if k == "eq":
         if type(v) in (tuple, frozenset):
             return type(now) is type(v) and freeze(now) == freeze(v)
-        return type(now) is type(v) and (now == v or v != v and now != now)
+        return same_value(now, v)
     if k == "frozen":
         return freeze(now) == v
     if k == "len":
@@ -165,7 +178,7 @@ def _thaw(f):
     t, body = f
     if t is dict:
         return {_thaw(k): _thaw(x) for k, x in body}
-    return body if t in _EQ_TYPES else t(_thaw(x) for x in body)
+    return _unbits(t, body) if t in _EQ_TYPES else t(_thaw(x) for x in body)
 
 
 def _short(v) -> str:

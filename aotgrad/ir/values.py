@@ -114,6 +114,10 @@ class FakeValues:
         if isinstance(data, TensorMeta):
             shape, stride = [self._int(s) for s in data.shape], [self._int(s) for s in data.stride]
             offset = self._int(data.offset)
+            if offset == 0 and all(type(v) is int for v in (*shape, *stride)):     # no dispatch: a warm start
+                from .._torch import fresh_fakes                                    # rebuilds hundreds of these
+                t = fresh_fakes(self.mode(), [(shape, stride, data.dtype, torch.device(data.device))])[0]
+                return t.requires_grad_(data.requires_grad) if data.requires_grad else t
             with self.mode():
                 t = torch.empty_strided(shape, stride, dtype=data.dtype, device=data.device)
                 if data.offset != 0:

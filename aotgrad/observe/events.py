@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from ..options import keywords_checked
 
 _lock = threading.Lock()
 # Process-wide on purpose, not scoped: a trace (and AOTGRAD_TRACE) records every thread, each
@@ -116,6 +117,7 @@ def _detach(sink: TraceSink) -> None:
             _ROOT.setLevel(_saved_level.pop())
 
 
+@keywords_checked("aotgrad.trace")
 @contextlib.contextmanager
 def trace(path: str | os.PathLike | None = None):
     """Record every aotgrad stage inside the block; write ``path`` (Chrome trace JSON) at the end.

@@ -7,10 +7,12 @@ from .budget import budget_partition, min_cut
 from .default import Partition, default_partition
 from .memory import MemoryEstimate, SavedTensor, estimate, measure_peak
 from .min_cut import min_cut_partition
+from ..options import keywords_checked
 
 PARTITIONERS = {"default": default_partition, "min_cut": min_cut_partition}
 
 
+@keywords_checked("partition.get")
 def get(name_or_fn, memory_budget=None):
     """The partitioner named (``"default"``, ``"min_cut"``: ``CompileOptions.resolved_partitioner``
     makes ``"auto"`` one of them) or given. A ``memory_budget`` is honoured by ``"min_cut"`` only;

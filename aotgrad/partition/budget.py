@@ -21,6 +21,7 @@ from .costs import flops, may_recompute, never_recompute, node_bytes
 from .default import Partition, default_partition, forward_nodes
 from .memory import estimate
 from .min_cut import cut_partition, min_cut_partition
+from ..options import keywords_checked
 
 
 def target_bytes(budget, default_saved: int) -> int:
@@ -93,6 +94,7 @@ def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="ch
     return pick(chain(joint, lay, policy), target_bytes(budget, default_saved), default_saved)
 
 
+@keywords_checked("partition.min_cut")
 def min_cut(budget=None, policy="cheap"):
     """A partitioner ``(joint, layout) -> Partition`` for ``captured.compile(partitioner=...)``.
 

@@ -9,8 +9,6 @@ outputs stay alive; gradients stay alive after the backward (in ``.grad``).
 from __future__ import annotations
 
 import operator
-import os
-import re
 import weakref
 from dataclasses import dataclass
 
@@ -18,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import TorchDispatchMode, pytree
-from ..errors import _PKG_DIRS
+from ..errors import traced_line
 from ..analysis.ops import aliases_input
 from .costs import flops, tensor_bytes
 from .graphs import is_sym, output_values, placeholders
@@ -49,19 +47,9 @@ class MemoryEstimate:
         return "\n".join(rows)
 
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
 def user_line(node: fx.Node) -> str | None:
     """The innermost frame of the node's stack trace outside torch and aotgrad."""
-    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    found = None
-    for i, ln in enumerate(lines):
-        m = _FRAME.search(ln)
-        if m and not os.path.abspath(m.group(1)).startswith(_PKG_DIRS):
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
-            found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}: {code}"
-    return found
+    return traced_line(node.meta.get("stack_trace"))
 
 
 def _is_tuple(n: fx.Node) -> bool:

@@ -27,8 +27,9 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import copy_node
-from ..analysis.ops import RUNS_IN_FORWARD
+from ..analysis.ops import RUNS_IN_FORWARD, draws_at_backward
 from ..partition.graphs import descendants
+from ..scoped import FX_TRACING
 from .cleanup import copy_module
 
 _POOL = torch.ops.aten.max_pool2d_with_indices.default
@@ -79,7 +80,7 @@ def _helpers(x_val, idx_val, geo):
 def _inline(graph: fx.Graph, fn, args: list, before: fx.Node) -> fx.Node:
     """``fn(*args)`` traced (on the args' values) and copied into ``graph`` before ``before``."""
     vals = [a.meta["val"] for a in args]
-    with vals[0].fake_mode:
+    with FX_TRACING, vals[0].fake_mode:
         sub = make_fx(fn, decomposition_table={})(*vals)
     env = dict(zip(sub.graph.find_nodes(op="placeholder"), args))
     with graph.inserting_before(before):
@@ -138,7 +139,8 @@ def _masks(joint: fx.GraphModule, n_primals: int) -> list:
     found = []
     for draw in joint.graph.find_nodes(op="call_function", target=_BERNOULLI):
         val = draw.meta.get("val")
-        if not isinstance(val, torch.Tensor) or not val.is_floating_point() or draw in backward:
+        if not isinstance(val, torch.Tensor) or not val.is_floating_point() or draw in backward \
+                or draws_at_backward(draw):     # it draws when backward() runs: never in the forward
             continue
         for mask in draw.users:
             if mask.target is _DIV and mask.args[0] is draw and mask.args[1] == draw.args[1] and mask not in backward:

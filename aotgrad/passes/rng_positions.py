@@ -144,7 +144,8 @@ def _watch():
     originals = [getattr(m, name) for m, name, _, _ in targets]
     for (m, name, make, default), real in zip(targets, originals):
         setattr(m, name, make(real, default))
-    undo_checkpoint = replace_checkpoint_is_compiling(lambda *a, **k: False)
+    undo_checkpoint = replace_checkpoint_is_compiling(
+        lambda real: lambda *a, **k: False if _ACTIVE else real(*a, **k))
 
     def restore():
         undo_checkpoint()

@@ -25,20 +25,33 @@ class CallPath:
 
 
 # Constants compared by value (and exact type) on every call; any other object must be the same object.
-_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
-                torch.layout)
+VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format,
+               torch.layout)
+
+
+def same_value(a, b) -> bool:
+    """Type-exact, and bit-exact for floats and complex numbers: ``-0.0`` is not ``0.0`` (``x / eps``
+    differs), a NaN is the same as a NaN. ``a`` and ``b`` are of the ``VALUE_TYPES``."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return a.hex() == b.hex()
+    if type(a) is complex:
+        return a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()
+    return a == b
 
 
 def make_call(captured, run_graph) -> CallPath:
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     sig = setup.signature
-    slots = tuple((s.module._parameters if s.is_param else s.module._buffers, s.attr) for s in sig.slots)
+    # A module's dict by name, read each call: a capture in another thread may stand a view in for it.
+    slots = tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr) for s in sig.slots)
     const = tuple((i, v) for i, v in enumerate(sig.leaves) if i not in set(sig.tensor_pos))
     tensor_pos, in_spec, out_spec = sig.tensor_pos, sig.in_spec, captured.out_spec
     needs_symbols = _needs_symbols(analysis)
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
-    grad_guard = captured.is_inference and not setup.session.grad_enabled
+    grad_was = setup.session.grad_enabled
     rebase, aliasing = setup.rebase, alias_check(setup, analysis)
     n_leaves = len(sig.leaves)
     positional = in_spec == pytree.tree_structure(((0,) * n_leaves, {}))
@@ -52,11 +65,11 @@ def make_call(captured, run_graph) -> CallPath:
                 return None, tree_difference(in_spec, spec)
         for i, v in const:
             x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
-            if x is not v and (type(x) is not type(v) or type(v) not in _VALUE_TYPES or x != v):
+            if x is not v and (type(v) not in VALUE_TYPES or not same_value(x, v)):
                 kinds = type(x) is not type(v)
                 return None, (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
                               f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
-        flat = [d[a] for d, a in slots] + [leaves[p] for p in tensor_pos]
+        flat = [md[k][a] for md, k, a in slots] + [leaves[p] for p in tensor_pos]
         why = aliasing(flat) if aliasing is not None else None
         if why:
             return None, why
@@ -65,8 +78,9 @@ def make_call(captured, run_graph) -> CallPath:
         failed = guards.check(flat)
         if failed is not None:
             return None, guards.explain(flat, failed)
-        if grad_guard and torch.is_grad_enabled() and any(t.requires_grad for t in flat):
-            return None, "grad mode was disabled when captured (an inference graph), now it is enabled"
+        if torch.is_grad_enabled() != grad_was:   # which outputs require grad, and any branch on it, were traced
+            return None, (f"grad mode was {'enabled' if grad_was else 'disabled'} when captured, now it is "
+                          f"{'disabled (torch.no_grad())' if grad_was else 'enabled'}")
         return flat, None
 
     unflatten = _unflattener(out_spec)

@@ -13,6 +13,7 @@ import re
 import torch
 import torch.fx as fx
 
+from .. import errors
 from .._torch import OpOverload
 from ..generated import compile_source
 
@@ -51,6 +52,38 @@ class _Emitter:
         return f"{self.bind(fn, 'f')}({', '.join(parts)})"
 
 
+class _OpFailure:
+    """Raised into by a generated graph whose operator refused its inputs (a dtype, device or value
+    check that fake tensors skip while tracing): an ``OpError`` naming the operator, its inputs and
+    the user's line. An exception from deeper Python code (a hook the graph calls) passes unchanged."""
+
+    def __init__(self, name: str, first: int, at: list):
+        self.name, self.first, self.at = name, first, at
+
+    def __call__(self, e: BaseException):
+        tb = e.__traceback__
+        while tb.tb_next is not None and tb.tb_next.tb_frame.f_code.co_name == self.name:
+            tb = tb.tb_next
+        i = tb.tb_lineno - self.first
+        node = self.at[i] if tb.tb_next is None and 0 <= i < len(self.at) else None
+        if node is None or type(e) is not RuntimeError:     # a typed error of torch's (LinAlgError) stays
+            raise e
+        raise errors.OpError(f"{node.target} refused its inputs ({_describe(node)}) as the compiled {self.name} "
+                             f"graph ran: {str(e).strip().splitlines()[0][:300]}",
+                             user_line=errors.traced_line(node.meta.get("stack_trace"))) from e
+
+
+def _describe(node: fx.Node) -> str:
+    def one(a):
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in a) + "]"
+        v = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if isinstance(v, torch.Tensor):
+            return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)} on {v.device.type}"
+        return type(a).__name__ if isinstance(a, fx.Node) else repr(a)[:20]
+    return ", ".join(one(a) for a in node.args)
+
+
 def _fetch(gm, target: str):
     obj = gm
     for part in target.split("."):
@@ -73,8 +106,8 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
     for n in nodes:
         for a in n.all_input_nodes:
             last_use[a] = n
-    params, body = [], []
-    for i, n in enumerate(nodes):
+    params, body, at = [], [], []     # at[i]: the node body line i computes
+    for n in nodes:
         var = n.name
         em.names[n] = var
         if n.op == "placeholder":
@@ -85,17 +118,22 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
             continue
         if n.op == "output":
             body.append(f"return {em.arg(tuple(n.args[0]))}")
+            at.append(None)
             continue
         assert n.op == "call_function", f"cannot generate code for {n.op} node {n}"
         body.append(f"{var} = {em.call(n)}")
+        at.append(n)
         dead = [em.names[a] for a in n.all_input_nodes if last_use.get(a) is n and a.op != "get_attr"]
         if dead:
             body.append(f"del {', '.join(dead)}")
+            at.append(None)
+    head = []
     if boxed:
-        unpack = f"{', '.join(params)}{',' if len(params) == 1 else ''} = args" if params else "pass"
-        body = [unpack, "args.clear()", *body]
+        head = [f"{', '.join(params)}{',' if len(params) == 1 else ''} = args" if params else "pass", "args.clear()"]
         params = ["args"]
-    src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    fail = em.bind(_OpFailure(name, 2 + len(head) + 1, at), "fail")
+    lines = [*head, "try:", *(f"    {b}" for b in body), "except RuntimeError as e:", f"    {fail}(e)"]
+    src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile_source(src, name), em.globals)
     fn = em.globals[name]
     fn.source = src

@@ -83,3 +83,41 @@ def test_dynamic_shapes():
     for n in (3, 6):
         check(lambda x, w: (x @ w).relu().sum(), (torch.randn(n, 4), w), dynamic=True,
               fw_compiler="inductor")
+
+
+def _relaid_forward(gm, example_inputs):
+    """A forward compiler that returns what it computes in other layouts than the graph traced
+    (as Inductor may: padding, a dense copy of an ``expand``): each 2-d output transposed in memory."""
+    run = aotgrad.backends.get("eager")(gm, example_inputs)
+
+    def relaid(*args):
+        outs = run(*args)
+        return tuple(o.t().contiguous().t() if isinstance(o, torch.Tensor) and o.dim() == 2 else o
+                     for o in outs)
+    return relaid
+
+
+def test_backward_compiled_for_the_layouts_the_forward_gives():
+    """Inductor's backward asserts the strides it was compiled for: it is compiled on its first
+    call for the layouts of the saved tensors it really gets."""
+    f = lambda x, w: ((x @ w).exp() * (x @ w).t().sum(0)).sum()  # noqa: E731
+    args = (torch.randn(4, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True))
+    for _ in range(2):      # the second call reuses the backward compiled on the first
+        check(f, args, fw_compiler=_relaid_forward, bw_compiler="inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["jit", "dynamo"])
+def test_hf_llama_gqa_saved_layouts(entry):
+    """Grouped-query attention saves an ``expand`` (repeat_kv): the Inductor forward returns it dense."""
+    from tests.models.zoo import import_torchvision
+    import_torchvision()
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model, ids = LlamaForCausalLM(cfg), torch.randint(0, 64, (2, 16))
+    compile = (lambda fn, a, k: aotgrad.jit(fn, fw_compiler="inductor")) if entry == "jit" else \
+        (lambda fn, a, k: torch.compile(fn, backend=aotgrad.backend(fw_compiler="inductor")))
+    check(model, (), {"input_ids": ids, "labels": ids, "use_cache": False}, compile=compile, rtol=1e-4, atol=1e-4)

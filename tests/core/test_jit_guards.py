@@ -1,6 +1,7 @@
 """aotgrad.jit guards the Python state its trace read: each case changes some state
 after the first call and expects eager's result (a recompile, named in explain) or
 a typed error. Programs differ from the issue's repros on purpose."""
+import math
 import sys
 import types
 from dataclasses import dataclass
@@ -272,6 +273,74 @@ def test_list_of_ints_and_list_of_floats_differ():
         out = g(x, ks)
         assert out.dtype == f(x, ks).dtype
     assert len(g.entries) == 2
+
+
+class _Scaled(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale, self.pair = scale, (1.0, scale)
+
+    def forward(self, x):
+        return x / self.scale + x / self.pair[1]
+
+
+FLOAT_TWINS = [(0.0, -0.0), (-0.0, 0.0), (complex(0.0, 1.0), complex(-0.0, 1.0)), (1e-300, math.nextafter(1e-300, 1.0))]
+
+
+@pytest.mark.parametrize("was,now", FLOAT_TWINS, ids=lambda v: repr(v))
+def test_floats_are_guarded_bit_exactly(was, now):
+    """``0.0`` and ``-0.0`` compare equal but divide differently: constants, attributes and floats
+    inside containers are guarded by their bits (a NaN is the same as a NaN)."""
+    x = torch.tensor([1.0, -2.0, 3.0])
+    f = lambda x, eps: x / eps  # noqa: E731
+    g = aotgrad.jit(f)
+    assert torch.equal(g(x, was), f(x, was)) and torch.equal(g(x, now), f(x, now))
+    step = aotgrad.capture(f, x, was).compile()
+    if was.__repr__() != now.__repr__():
+        with pytest.raises(errors.InputMismatchError, match="non-tensor argument 1"):
+            step(x, now)
+    m = _Scaled(was)
+    gm = aotgrad.jit(m)
+    gm(x)
+    m.scale, m.pair = now, (1.0, now)
+    assert torch.equal(gm(x), m(x)), "a module's float attribute changed sign without a recompile"
+    captured = aotgrad.capture(m, x).compile()
+    m.scale = was
+    with pytest.raises(errors.InputMismatchError, match="scale"):
+        captured(x)
+
+
+def _triple(x):
+    return x * 3
+
+
+def test_code_replaced_in_place_recompiles():
+    """Hot reload and monkeypatching in tests swap a function's ``__code__``: the same function
+    object runs another program, so the code objects the trace ran are guarded by identity."""
+    def helper(x):
+        return x * 2
+
+    def f(x):
+        return helper(x) + 1
+    x = torch.ones(2)
+    g, step = aotgrad.jit(f), aotgrad.capture(f, x).compile()
+    g(x)
+    original = helper.__code__
+    helper.__code__ = _triple.__code__
+    assert torch.equal(g(x), f(x)) and len(g.entries) == 2
+    assert "helper.__code__" in _reasons(g)[1]
+    with pytest.raises(errors.InputMismatchError, match="helper.__code__"):
+        step(x)
+    helper.__code__ = original       # the first program again: its entry is used
+    assert torch.equal(g(x), f(x)) and len(g.entries) == 2
+
+
+def test_nan_constant_reuses_its_entry():
+    g = aotgrad.jit(lambda x, k: x * k)
+    x = torch.ones(2)
+    for _ in range(3):
+        g(x, float("nan"))
+    assert len(g.entries) == 1
 
 
 def test_number_replaced_by_a_tensor_gets_its_gradient():

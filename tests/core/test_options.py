@@ -132,3 +132,53 @@ def test_auto_with_a_budget_saves_what_the_budgeted_min_cut_saves():
     direct = partition.min_cut(budget=0.3)(captured.joint, captured.layout)
     assert captured.compile(partitioner="auto", memory_budget=0.3).saved == by_get.saved == direct.saved
     assert by_get.saved != partition.get("default")(captured.joint, captured.layout).saved
+
+
+def _step(x):
+    return (x * 2).sum()
+
+
+def _captured():
+    return aotgrad.capture(_step, torch.randn(3, requires_grad=True))
+
+
+# Every public entry taking keywords: a misspelt one is an OptionError naming the close match and the
+# user's line (one mechanism: options.refuse_unknown, through keywords_checked for plain signatures).
+MISSPELT = {
+    "compile": (lambda: _captured().compile(partitionr="min_cut"), "partitioner"),
+    "CompileOptions": (lambda: CompileOptions(partitionr="min_cut"), "partitioner"),
+    "export": (lambda: _captured().export("unused.aotgrad", memory_budjet=0.5), "memory_budget"),
+    "jit": (lambda: aotgrad.jit(_step, recompile_limt=2), "recompile_limit"),
+    "backend": (lambda: aotgrad.backend(memory_budgt=0.5), "memory_budget"),
+    "cudagraphs options": (lambda: _captured().compile(fw_compiler="cudagraphs", cudagraphs={"warmpu": 0}), "warmup"),
+    "load": (lambda: aotgrad.load("unused.aotgrad", stat={}), "state"),
+    "compiled_autograd": (lambda: aotgrad.compiled_autograd(compilr="eager"), "compiler"),
+    "trace": (lambda: aotgrad.trace(pth="t.json"), "path"),
+    "with_joint": (lambda: (lambda c: c.with_joint(gmm=c.joint))(_captured()), "gm"),
+    "partition.min_cut": (lambda: aotgrad.partition.min_cut(polcy="save_nothing"), "policy"),
+    "partition.get": (lambda: aotgrad.partition.get("min_cut", memory_budgett=0.5), "memory_budget"),
+}
+
+
+@pytest.mark.parametrize("entry", list(MISSPELT))
+def test_every_public_entry_refuses_a_misspelt_keyword_with_the_close_match(entry):
+    make, meant = MISSPELT[entry]
+    with pytest.raises(OptionError, match=f"unknown option .*did you mean {meant}=") as e:
+        make()
+    assert isinstance(e.value, TypeError)           # Python's own signature error type, still
+    assert "test_options.py" in str(e.value)        # the user's line
+
+
+@pytest.mark.parametrize("how", ["string", "configured"])
+def test_torch_compile_options_dict_is_checked_and_used(how):
+    backend = "aotgrad" if how == "string" else aotgrad.backend()
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as e:     # Dynamo wraps a backend's error; the typed one is inside
+        torch.compile(_step, backend=backend, options={"partitionr": "min_cut"})(torch.randn(3))
+    inner = getattr(e.value, "inner_exception", e.value)
+    assert isinstance(inner, OptionError) and "did you mean partitioner='min_cut'" in str(inner)
+    torch._dynamo.reset()
+    x = torch.randn(3, requires_grad=True)
+    check(lambda x: _step(x), (x,),
+          compile=lambda f, a, k: torch.compile(f, backend=backend, options={"partitioner": "min_cut"}))
+    torch._dynamo.reset()

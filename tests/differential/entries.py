@@ -5,6 +5,13 @@ the way ``tests.eager_check.check`` takes it, plus the input variants it is call
 eager: ``base`` (the program's own inputs), ``stride`` (every leaf input of two or more
 dimensions stored transposed), ``offset`` (every leaf input at a storage offset), ``size``
 (the program rebuilt with ``n + 2``). A variant that changes nothing for a program is left out.
+
+``backend`` names the compiler the table reports (``cudagraphs`` runs the null runner on CPU and
+records real CUDA graphs on CUDA); ``tol`` is the float tolerance ``(rtol, atol)`` a backend that
+reorders arithmetic (Inductor's fused kernels) needs at least. Only floating values take it:
+integer and bool outputs, the RNG state and all metadata stay exact (``tests.eager_check``).
+``export`` is not a ``compile``: its cases run through ``exported.run`` (a fresh process loads
+the artifacts and trains them).
 """
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ class Entry:
     variants: tuple = ("base",)
     backward_context: Callable = contextlib.nullcontext
     reset: Callable = lambda: None
+    backend: str = "eager"
+    tol: tuple = (0.0, 0.0)
 
 
 def _capture(**compile_options):
@@ -36,13 +45,16 @@ def _capture(**compile_options):
     return compile
 
 
-def _jit(fn, args, kwargs):
-    return aotgrad.jit(fn)
+def _jit(**compile_options):
+    return lambda fn, args, kwargs: aotgrad.jit(fn, **compile_options)
 
 
-def _dynamo(fn, args, kwargs):
-    compiled = torch.compile(fn, backend="aotgrad")
+def _dynamo(**compile_options):
+    backend = aotgrad.backend(**compile_options) if compile_options else "aotgrad"
+    return lambda fn, args, kwargs: _unwrapped(torch.compile(fn, backend=backend))
 
+
+def _unwrapped(compiled):
     def call(*a, **k):      # Dynamo wraps a backend's refusal: the typed error is its inner exception
         try:
             return compiled(*a, **k)
@@ -69,15 +81,15 @@ def _stored_first(compile, fn, args, kwargs):
 def _jit_warm(fn, args, kwargs):
     """``jit`` served from the disk cache: a new ``jit`` of the program, as a second process makes,
     finds the entry a first one stored and loads it instead of capturing."""
-    _stored_first(_jit, fn, args, kwargs)
+    _stored_first(_jit(), fn, args, kwargs)
     return aotgrad.jit(fn)
 
 
 def _dynamo_warm(fn, args, kwargs):
     """``torch.compile(backend="aotgrad")`` served from the disk cache after Dynamo traces again."""
-    _stored_first(_dynamo, fn, args, kwargs)
+    _stored_first(_dynamo(), fn, args, kwargs)
     torch._dynamo.reset()
-    return _dynamo(fn, args, kwargs)
+    return _dynamo()(fn, args, kwargs)
 
 
 def _as_is(fn, args, kwargs):
@@ -93,15 +105,28 @@ def _reset_compiled_autograd():
     reset()
 
 
+def _exported(fn, args, kwargs):
+    raise AssertionError("the export entry runs through tests.differential.exported.run, not a compile")
+
+
+# Inductor reorders float arithmetic (fused reductions, vectorised loops): values within this, grads x10.
+INDUCTOR_TOL = (1e-4, 1e-4)
+ALL_VARIANTS = ("base", "stride", "offset", "size")
+
 ENTRIES = {e.name: e for e in (
     Entry("capture", _capture()),
-    Entry("capture_cudagraphs", _capture(fw_compiler=cg.configure(warmup=0))),
+    Entry("capture_cudagraphs", _capture(fw_compiler=cg.configure(warmup=0)), backend="cudagraphs"),
     Entry("min_cut", _capture(partitioner="min_cut")),
     Entry("budget", _capture(memory_budget=0.5)),
-    Entry("jit", _jit, ("base", "stride", "offset", "size")),
-    Entry("dynamo", _dynamo, ("base", "offset"), reset=_reset_dynamo),
+    Entry("jit", _jit(), ALL_VARIANTS),
+    Entry("dynamo", _dynamo(), ("base", "offset"), reset=_reset_dynamo),
     Entry("jit_warm", _jit_warm, ("base", "stride", "size")),
     Entry("dynamo_warm", _dynamo_warm, ("base",), reset=_reset_dynamo),
     Entry("compiled_autograd", _as_is, backward_context=lambda: aotgrad.compiled_autograd("eager"),
           reset=_reset_compiled_autograd),
+    Entry("inductor", _capture(fw_compiler="inductor"), backend="inductor", tol=INDUCTOR_TOL),
+    Entry("jit_inductor", _jit(fw_compiler="inductor"), ALL_VARIANTS, backend="inductor", tol=INDUCTOR_TOL),
+    Entry("dynamo_inductor", _dynamo(fw_compiler="inductor"), ("base", "offset"), reset=_reset_dynamo,
+          backend="inductor", tol=INDUCTOR_TOL),
+    Entry("export", _exported),
 )}

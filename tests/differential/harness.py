@@ -4,9 +4,15 @@ PASS: every call matches eager through ``tests.eager_check.check``. TYPED: aotgr
 with an ``aotgrad.errors.AotgradError`` that left the user's module, inputs and RNG as they
 were (a failure for a ``must_match`` program). FAIL: any mismatch, untyped exception, or
 unclean refusal. SKIP: the combination tests nothing (say why).
+
+Every case runs on a ``device``: ``cpu``, or ``cuda`` where ``torch.cuda.is_available()``: the
+program is built under ``torch.device(device)`` (its modules, inputs and closures live there),
+and a program eager itself cannot run there (a CPU tensor made inside the function) is skipped.
+Floats compare within the program's tolerance, raised to the entry's and the device's.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import subprocess
@@ -24,6 +30,13 @@ from .entries import ENTRIES, Entry
 from .programs import PROGRAMS, Program, leaf_with
 
 SEED = 1234
+# Floors per device: CUDA's atomics (index_add_, scatter_add_, many backwards) sum in any order.
+DEVICE_TOL = {"cpu": (0.0, 0.0), "cuda": (1e-5, 1e-5)}
+
+
+def devices() -> list[str]:
+    """The devices cases run on here (never initialises CUDA)."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 @dataclass
@@ -33,11 +46,20 @@ class Result:
     outcome: str            # pass / typed / fail / skip
     detail: str = ""
     user_line: bool = True  # for typed: whether the error names the user's line
+    device: str = "cpu"
+
+
+_DEVICE = ["cpu"]           # the device of the case running now (set by run_case)
 
 
 def _made(prog: Program, **kw):
     torch.manual_seed(SEED)
-    return prog.make(**kw)
+    with torch.device(_DEVICE[0]) if _DEVICE[0] != "cpu" else contextlib.nullcontext():
+        return prog.make(**kw)
+
+
+def tolerance(prog: Program, entry: Entry, device: str) -> tuple:
+    return tuple(max(t) for t in zip(prog.tol, entry.tol, DEVICE_TOL[device]))
 
 
 def _bigger(prog: Program):
@@ -101,6 +123,7 @@ def _compare(prog, entry, fns, compiled_box, variant):
     if first is None or (variant != "base" and not _eager_runs(prog, variant)):
         return False
     pair = iter([(fns[0], *first), (fns[1], *second)])
+    rtol, atol = tolerance(prog, entry, _DEVICE[0])
 
     def compile_once(fn, args, kwargs):
         if compiled_box[0] is None:
@@ -108,7 +131,7 @@ def _compare(prog, entry, fns, compiled_box, variant):
         return compiled_box[0]
     run = check(None, make=lambda: next(pair), compile=compile_once, backward=prog.backward,
                 backward_context=entry.backward_context, call_context=prog.outer,
-                double_backward=prog.double_backward, rtol=prog.tol[0], atol=prog.tol[1], seed=0, calls=prog.calls)
+                double_backward=prog.double_backward, rtol=rtol, atol=atol, seed=0, calls=prog.calls)
     return any(o.requires_grad for o in _tensors(run.out))
 
 
@@ -154,11 +177,36 @@ def _classify(prog, entry, body) -> Result:
         return Result(prog.name, entry.name, "fail", f"untyped {_one_line(e)}{_where(e)}"[:400])
 
 
-def run_case(prog: Program, entry: Entry, isolate: bool = True) -> Result:
-    """Run ``prog`` through ``entry`` for every input variant; the first non-pass decides.
+@contextlib.contextmanager
+def on_device(device: str):
+    """Build and run the programs of the cases inside on ``device``."""
+    before, _DEVICE[0] = _DEVICE[0], device
+    try:
+        yield
+    finally:
+        _DEVICE[0] = before
+
+
+def run_case(prog: Program, entry: Entry, isolate: bool = True, device: str = "cpu") -> Result:
+    """Run ``prog`` through ``entry`` on ``device`` for every input variant; the first non-pass decides.
     Programs tagged ``isolate`` run in a child process unless ``isolate=False``."""
+    if device not in devices():
+        return Result(prog.name, entry.name, "skip", f"no {device} on this machine", device=device)
     if isolate and "isolate" in prog.tags:
-        return run_isolated(prog.name, entry.name)
+        return run_isolated(prog.name, entry.name, device=device)
+    with on_device(device):
+        if device != "cpu" and not _eager_runs(prog, "base"):
+            result = Result(prog.name, entry.name, "skip", f"eager itself does not run this program on {device}")
+        elif entry.name == "export":
+            from .exported import run as run_exported
+            result = run_exported([prog])[prog.name]
+        else:
+            result = _run_entry(prog, entry)
+    result.device = device
+    return result
+
+
+def _run_entry(prog: Program, entry: Entry) -> Result:
     entry.reset()
     if prog.eager_raises:
         return _classify(prog, entry, lambda: _expect_raise(prog, entry))
@@ -189,21 +237,22 @@ def run_case(prog: Program, entry: Entry, isolate: bool = True) -> Result:
     return result
 
 
-def run_isolated(program: str, entry: str, timeout: float = 300) -> Result:
+def run_isolated(program: str, entry: str, timeout: float = 300, device: str = "cpu") -> Result:
     """Run one case in a child process: a program that may kill its process (a crash is a FAIL)."""
     code = ("import json; from tests.differential.harness import *; "
-            f"r = run_case(PROGRAMS[{program!r}], ENTRIES[{entry!r}], isolate=False); "
+            f"r = run_case(PROGRAMS[{program!r}], ENTRIES[{entry!r}], isolate=False, device={device!r}); "
             "print('RESULT' + json.dumps(asdict(r)))")
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return Result(program, entry, "fail", f"timed out after {timeout:.0f} s")
+        return Result(program, entry, "fail", f"timed out after {timeout:.0f} s", device=device)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT"):
             return Result(**json.loads(line[len("RESULT"):]))
-    return Result(program, entry, "fail", f"process died (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+    return Result(program, entry, "fail", f"process died (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+                  device=device)
 
 
 def cases():
-    """Every (program, entry) pair, in table order."""
-    return [(p, e) for p in PROGRAMS for e in ENTRIES]
+    """Every (program, entry, device) of the table, in table order (CUDA ones skip without CUDA)."""
+    return [(p, e, d) for p in PROGRAMS for e in ENTRIES for d in ("cpu", "cuda")]

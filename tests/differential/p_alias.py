@@ -300,3 +300,41 @@ def _(n=4):
     def f(a, b):
         return a.view(-1), b.t(), (a + b).view(-1)
     return fn(f, r(2, n, rg=True), r(2, n))
+
+
+# Dtype views (``x.view(torch.int32)``) change the element size: not an as_strided of the base.
+@program("dtype_view_of_input", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: (x.view(torch.int32), x.view(torch.uint8), x * 2), r(n, 4, rg=True))
+
+
+@program("dtype_view_of_input_no_grad", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: (x.view(torch.int16).t(), x[1:].view(torch.uint8)), r(n, 4))
+
+
+@program("dtype_view_of_intermediate", A, must_match=True)
+def _(n=4):
+    return fn(lambda x: ((x * 2).view(torch.int32), (x + 1).view(torch.bfloat16)), r(n, 4, rg=True))
+
+
+@program("dtype_view_chained", A)
+def _(n=4):
+    return fn(lambda x: x.view(torch.int32)[1:].view(torch.float32), r(n, 4))
+
+
+@program("dtype_view_complex", A)
+def _(n=4):
+    return fn(lambda x: (x * 1).view(torch.complex64), r(n, 4, rg=True))
+
+
+@program("dtype_view_of_parameter", A, must_match=True)
+def _(n=4):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 4))
+
+        def forward(self, x):
+            return self.w.view(torch.int32), x @ self.w.t()
+    return fn(M(), r(n, 4))

@@ -1,8 +1,9 @@
-"""``python -m tests.differential.run``: every program through every entry point; prints a table of
-counts (entries x pass / typed / fail / skip) and writes per-case results to JSON.
+"""``python -m tests.differential.run``: every program through every entry point on every device here;
+prints a table of counts (entry x backend x device: pass / typed / fail / skip) and writes per-case
+results to JSON. The export cases of a device run first, in one loading process.
 
     python -m tests.differential.run [--json results.json] [--programs SUBSTR,...] [--entries a,b]
-                                     [--fast] [--failures notes.md]
+                                     [--devices cpu,cuda] [--fast] [--failures notes.md]
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import time
 import warnings
 from dataclasses import asdict
 
-from .harness import ENTRIES, PROGRAMS, run_case
+from . import exported
+from .harness import ENTRIES, PROGRAMS, devices, run_case
 from .selection import is_fast
 
 OUTCOMES = ("pass", "typed", "fail", "skip")
@@ -25,19 +27,21 @@ OUTCOMES = ("pass", "typed", "fail", "skip")
 def _select(args):
     progs = [p for p in PROGRAMS if not args.programs or any(s in p for s in args.programs.split(","))]
     entries = args.entries.split(",") if args.entries else list(ENTRIES)
-    return [(p, e) for p in progs for e in entries if not args.fast or is_fast(p, e)]
+    devs = args.devices.split(",") if args.devices else devices()
+    return [(p, e, d) for d in devs for p in progs for e in entries if not args.fast or is_fast(p, e, d)]
 
 
 def table(results) -> str:
     counts = collections.defaultdict(collections.Counter)
     for r in results:
-        counts[r["entry"]][r["outcome"]] += 1
-        counts["all"][r["outcome"]] += 1
+        counts[r["entry"], ENTRIES[r["entry"]].backend, r.get("device", "cpu")][r["outcome"]] += 1
+        counts["all", "", ""][r["outcome"]] += 1
     programs = len({r["program"] for r in results})
-    lines = [f"{programs} programs x {len(counts) - 1} entry points = {len(results)} cases",
-             f"{'entry':20}" + "".join(f"{o:>7}" for o in OUTCOMES)]
-    for entry, c in counts.items():
-        lines.append(f"{entry:20}" + "".join(f"{c[o]:7d}" for o in OUTCOMES))
+    rows = len({k[0] for k in counts}) - 1
+    lines = [f"{programs} programs x {rows} entry points x backends x devices = {len(results)} cases",
+             f"{'entry':20}{'backend':12}{'device':8}" + "".join(f"{o:>7}" for o in OUTCOMES)]
+    for (entry, backend, device), c in counts.items():
+        lines.append(f"{entry:20}{backend:12}{device:8}" + "".join(f"{c[o]:7d}" for o in OUTCOMES))
     return "\n".join(lines)
 
 
@@ -58,7 +62,8 @@ def _grouped(results, width):
     """One line per program and symptom, naming every entry point that shows it."""
     groups = collections.defaultdict(list)
     for r in results:
-        groups[(r["program"], r["detail"][:width])].append(r["entry"])
+        where = r["entry"] if r.get("device", "cpu") == "cpu" else f"{r['entry']} ({r['device']})"
+        groups[(r["program"], r["detail"][:width])].append(where)
     return [f"- `{p}` × {', '.join(entries)}: {detail}" for (p, detail), entries in groups.items()]
 
 
@@ -67,18 +72,22 @@ def main(argv=None):
     ap.add_argument("--json", default="differential-results.json")
     ap.add_argument("--programs", default="")
     ap.add_argument("--entries", default="")
+    ap.add_argument("--devices", default="", help="cpu,cuda (default: cpu, and cuda where available)")
     ap.add_argument("--fast", action="store_true", help="only the slice make test runs")
     ap.add_argument("--failures", default="", help="also write the failing cases as markdown here")
     args = ap.parse_args(argv)
     os.environ.setdefault("AOTGRAD_CACHE_DIR", tempfile.mkdtemp(prefix="aotgrad-diff-cache-"))
     warnings.simplefilter("ignore")
-    results, start = [], time.time()
-    for i, (p, e) in enumerate(_select(args)):
+    results, start, selected = [], time.time(), _select(args)
+    for d in {d for _, e, d in selected if e == "export"}:
+        exported.run([PROGRAMS[p] for p, e, dev in selected if (e, dev) == ("export", d)
+                      and "isolate" not in PROGRAMS[p].tags], d)
+    for i, (p, e, d) in enumerate(selected):
         t = time.time()
-        r = asdict(run_case(PROGRAMS[p], ENTRIES[e]))
+        r = asdict(run_case(PROGRAMS[p], ENTRIES[e], device=d))
         r["seconds"] = round(time.time() - t, 2)
         results.append(r)
-        print(f"[{i + 1}] {r['outcome']:5} {p} x {e} ({r['seconds']} s) {r['detail'][:160]}", flush=True)
+        print(f"[{i + 1}] {r['outcome']:5} {p} x {e} on {d} ({r['seconds']} s) {r['detail'][:160]}", flush=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print(table(results))

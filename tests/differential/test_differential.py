@@ -1,12 +1,17 @@
-"""Every program x every entry point, compared with eager (see ``harness`` for the outcome rules).
+"""Every program x every entry point x device, compared with eager (see ``harness`` for the outcome
+rules; the CUDA cases skip without CUDA).
 
 The few known failures are listed in ``KNOWN`` with their cause, as strict xfails: fixing one
-turns its case into an error until it is taken off the list. Nothing else may fail
-(``python -m tests.differential.run --failures FILE`` lists the failing cases).
-``make test`` runs the ``fast`` slice (``selection.is_fast``); ``make test-differential`` runs all.
+turns its case into an error until it is taken off the list. A ``(program, entry)`` key holds on
+every device (strict on CPU, where it was seen; on CUDA strict only when keyed with the device).
+Nothing else may fail (``python -m tests.differential.run --failures FILE`` lists the failing cases).
+``make test`` runs the CPU ``fast`` slice (``selection.is_fast``), tests/gpu the same slice on
+CUDA; ``make test-differential`` runs all.
 """
 import pytest
+import torch
 
+from . import exported
 from .harness import ENTRIES, PROGRAMS, cases, run_case
 from .selection import is_fast
 
@@ -21,26 +26,67 @@ KNOWN = {
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
         "them changed",
+    **{("param_views_under_inference_mode", e):
+       "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
+       "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
+       for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit")},
     ("checkpoint_selective_policy", "dynamo"):
         "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
         "(torch.compile with aot_eager fails the same way)",
+    ("aot_input_mutation_and_output_view", "export"):
+        "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
+        "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
+        "second time' in the second backward; eager trains",
+    ("aotd_input_mutation_and_output_view", "export"):
+        "as aot_input_mutation_and_output_view: the second step's backward reaches the first call's freed graph",
+    ("aotd_parameter_storage_freed", "export"):
+        "the loading process segfaults (exit -11) training the artifact of a module whose parameter storage was "
+        "freed (FSDP-style): export should refuse the freed parameter with a typed error",
 }
 
 # A warm entry is its cold one served from the disk cache: the same programs fail the same way.
 KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
 
 
-def _param(program, entry):
-    # The rest is "slow": make test (-m "not slow") leaves it to make test-differential.
-    marks = [pytest.mark.fast] if is_fast(program, entry) else [pytest.mark.slow]
+def known(program, entry, device):
+    """``(reason, strict)`` of a known failure of this case, or None."""
+    if (program, entry, device) in KNOWN:
+        return KNOWN[program, entry, device], True
     if (program, entry) in KNOWN:
-        marks.append(pytest.mark.xfail(reason=KNOWN[program, entry], strict=True))
-    return pytest.param(program, entry, marks=marks, id=f"{program}-{entry}")
+        return KNOWN[program, entry], device == "cpu"
+    return None
 
 
-@pytest.mark.parametrize("program,entry", [_param(p, e) for p, e in cases()])
-def test_matches_eager_or_refuses_cleanly(program, entry):
-    result = run_case(PROGRAMS[program], ENTRIES[entry])
+def param(program, entry, device, fast: bool):
+    """One case; not ``fast``: marked slow, which make test (-m "not slow") leaves to make test-differential."""
+    marks = [pytest.mark.fast] if fast else [pytest.mark.slow]
+    if device != "cpu":
+        marks.append(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+    if known(program, entry, device):
+        reason, strict = known(program, entry, device)
+        marks.append(pytest.mark.xfail(reason=reason, strict=strict))
+    suffix = "" if device == "cpu" else f"-{device}"
+    return pytest.param(program, entry, device, marks=marks, id=f"{program}-{entry}{suffix}")
+
+
+def run_checked(request, program, entry, device):
+    """Run one case (export cases: the whole session's export cases on this device in one batch)."""
+    if entry == "export" and "isolate" not in PROGRAMS[program].tags and (program, device) not in exported._DONE:
+        batch = {p for p, e, d in _session_cases(request) if e == "export" and d == device}
+        exported.run([PROGRAMS[p] for p in sorted(batch | {program}) if "isolate" not in PROGRAMS[p].tags], device)
+    result = run_case(PROGRAMS[program], ENTRIES[entry], device=device)
     if result.outcome == "skip":
         pytest.skip(result.detail)
     assert result.outcome != "fail", result.detail
+
+
+def _session_cases(request):
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if {"program", "entry", "device"} <= params.keys():
+            yield params["program"], params["entry"], params["device"]
+
+
+@pytest.mark.parametrize("program,entry,device", [param(p, e, d, d == "cpu" and is_fast(p, e)) for p, e, d in cases()])
+def test_matches_eager_or_refuses_cleanly(request, program, entry, device):
+    run_checked(request, program, entry, device)

@@ -1,5 +1,6 @@
 """The artifact as a file: what loading refuses (crafted, mismatched, truncated, corrupted files)
 and what it keeps (values, guards, refusals at export time)."""
+import hashlib
 import json
 import os
 import pickle
@@ -110,16 +111,24 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.parametrize("member", ["manifest.json", "graphs/joint.json", "tensors.bin"])
-def test_pickle_payload_is_never_unpickled(artifact, tmp_path, member):
+@pytest.mark.parametrize("member, same_size", [("manifest.json", False), ("graphs/joint.json", False),
+                                               ("tensors.bin", False), ("tensors.bin", True)])
+def test_pickle_payload_is_never_unpickled(artifact, tmp_path, monkeypatch, member, same_size):
+    """``same_size``: the payload padded to the member's own size, so only the manifest's digest tells
+    it apart (the marker is a short relative path, so the payload fits on every machine)."""
     path, _, _ = artifact
+    monkeypatch.chdir(tmp_path)
     payload = _Payload()
-    payload.marker = tmp_path / "pwned"
+    payload.marker = "pwned"
     data = pickle.dumps(payload)
+    if same_size:
+        size = zipfile.ZipFile(path).getinfo(member).file_size
+        assert len(data) <= size, "the payload must fit the member to test the same-size case"
+        data = data + b"." * (size - len(data))     # pickle stops at its STOP opcode: the padding is inert
     crafted = _rewrite(path, str(tmp_path / "crafted.aotgrad"), lambda name, d: data if name == member else d)
     with pytest.raises(ExportFormatError):
         aotgrad.load(crafted)
-    assert not payload.marker.exists()
+    assert not (tmp_path / payload.marker).exists()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -367,12 +376,15 @@ def test_consistently_edited_parameter_shape_is_refused_at_load(artifact, tmp_pa
     """lin.weight (3, 4) -> (4, 4) in the state and guard tables, the tensor table and bytes and the
     graphs' recorded inputs: the graphs' own values no longer follow, so loading refuses it."""
     path, _, x = artifact
+    blob = zipfile.ZipFile(path).read("tensors.bin")
+    blob = blob[:48] + bytes(16) + blob[48:]
 
     def edit(name, data):
         if name == "tensors.bin":
-            return data[:48] + bytes(16) + data[48:]
+            return blob
         doc = json.loads(data)
         if name == "manifest.json":
+            doc["tensors_sha256"] = hashlib.sha256(blob).hexdigest()
             doc["state"][0]["shape"] = [4, 4]
             doc["guards"][0]["size"] = {"tuple": [4, 4]}
             for k, e in doc["tensors"].items():

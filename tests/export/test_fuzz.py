@@ -252,6 +252,7 @@ def _consistent_shape(members, rng):
             other["start"] += grow
     end = t["start"] + t["nbytes"]
     blob = blob[:end] + bytes(grow) + blob[end:]
+    m["tensors_sha256"] = hashlib.sha256(blob).hexdigest()
     t.update(shape=shape, stride=stride, nbytes=t["nbytes"] + grow)
     e["shape"] = shape
     g["size"], g["layout"] = {"tuple": shape}, {"tuple": stride + [0]}

@@ -74,7 +74,8 @@ def trained(tmp_path_factory):
     (pkgs / "aotgrad").symlink_to(os.path.dirname(aotgrad.__file__))
     env = {**os.environ, "PYTHONPATH": str(pkgs)}
     script = os.path.join(os.path.dirname(__file__), "train_exported.py")
-    run = subprocess.run([sys.executable, script, str(tmp / "job.pt"), str(tmp / "out.pt")], cwd=tmp, env=env,
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, script, str(tmp / "job.pt"), str(tmp / "out.pt"), repo], cwd=tmp, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     return torch.load(tmp / "out.pt", weights_only=True)

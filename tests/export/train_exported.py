@@ -1,10 +1,10 @@
 """Child process of the export tests: load artifacts and train them, with no model code importable.
 
-    python train_exported.py job.pt result.pt
+    python train_exported.py job.pt result.pt [REPO]
 
 ``job.pt`` (``torch.load(weights_only=True)``) holds, per artifact, its path, batches and seeds;
 ``result.pt`` gets the losses, final parameters and buffers, the last gradients, and the
-names of any model module that got imported.
+names of any model module of the repository ``REPO`` that got imported or is importable.
 """
 import importlib.util
 import os
@@ -32,11 +32,23 @@ def train(path, batches, seeds, lr):
             "state_names": list(step.state_dict())}
 
 
-def main(job_path, out_path):
+def _from(repo, module) -> bool:
+    """Whether ``module`` is (in) this repository's checkout: a package of the same name installed
+    elsewhere on the machine (an unrelated ``examples``) is not the model code."""
+    if module is None or repo is None:
+        return module is not None
+    places = [getattr(module, "origin", None), *(getattr(module, "submodule_search_locations", None) or ()),
+              getattr(module, "__file__", None), *(getattr(module, "__path__", None) or ())]
+    return any(p and os.path.realpath(p).startswith(repo + os.sep) for p in places)
+
+
+def main(job_path, out_path, repo=None):
     job = torch.load(job_path, weights_only=True)
+    repo = repo and os.path.realpath(repo)
     results = {name: train(**spec) for name, spec in job.items()}
-    results["imported"] = [m for m in sys.modules if m in ("models", "examples.models") or m.startswith("tests")]
-    results["importable"] = [m for m in ("examples", "models", "tests") if importlib.util.find_spec(m) is not None]
+    results["imported"] = [m for m, mod in list(sys.modules.items())
+                           if m.split(".")[0] in ("models", "examples", "tests") and _from(repo, mod)]
+    results["importable"] = [m for m in ("examples", "models", "tests") if _from(repo, importlib.util.find_spec(m))]
     results["aotgrad"] = os.path.realpath(os.path.dirname(aotgrad.__file__))
     torch.save(results, out_path)
 

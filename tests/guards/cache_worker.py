@@ -22,6 +22,22 @@ def loss(x, w):
     return ((x @ w).relu() ** 2).mean()
 
 
+class SdpaBlock(nn.Module):
+    """nanoGPT's attention: a generator expression over (q, k, v) (code whose marshalled bytes differ
+    between processes) and F.scaled_dot_product_attention."""
+
+    def __init__(self, d=16, h=2):
+        super().__init__()
+        self.h, self.qkv, self.ln = h, nn.Linear(d, 3 * d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(C, dim=2)
+        q, k, v = tuple(t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return nn.functional.gelu(x + y.transpose(1, 2).reshape(B, T, C))
+
+
 def main():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1))
@@ -34,6 +50,12 @@ def main():
     values = [f(torch.ones(n)).item() for n in (4, 8, 6)]
     assert values == [2.0, 4.0, 3.0], values
     loaded["dynamic"] = [e.loaded for e in f.entries]
+    run = check(nn.Sequential(SdpaBlock(), SdpaBlock()), (torch.randn(2, 5, 16),), compile=jit_compile)
+    loaded["sdpa_gpt"] = [e.loaded for e in run.compiled.entries]
+    from examples import models
+    gpt, args = models.make_gpt_tiny(batch=2)
+    run = check(gpt, args, compile=jit_compile)
+    loaded["examples_gpt"] = [e.loaded for e in run.compiled.entries]
     print(json.dumps(loaded))
 
 

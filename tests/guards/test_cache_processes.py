@@ -32,8 +32,10 @@ def test_racing_processes_then_a_second_process_hits(cache_dir):
     for r in racers:
         cold = _result(r)
         assert cold["dynamic"] in ([False, False], [True, True], [True, False], [False, True])
+        assert cold["sdpa_gpt"] in ([False], [True])
     warm = _result(_start(cache_dir))
-    assert warm == {"module": [True], "function": [True], "dynamic": [True, True]}
+    assert warm == {"module": [True], "function": [True], "dynamic": [True, True], "sdpa_gpt": [True],
+                    "examples_gpt": [True]}
 
 
 def _writer(cache_dir, wid, rounds):

@@ -1,0 +1,264 @@
+"""Python state the traced code writes: found, undone and refused.
+
+The compiled graph repeats tensor work only; an assignment or a container change the trace made to
+state that outlives the call (a global, a class attribute, an attribute of ``self`` or of an object
+reached from a global, a global list it appends to, a dict item it sets, a closure cell of a function
+defined outside the call) would happen once, at capture, and never again. So when a user code object
+first runs under :func:`aotgrad.guards.reads.record`, every place such a write could reach is copied
+(:meth:`Writes.enter`): its globals, ``self`` and object arguments, the free variables it sees, the
+objects and containers its load chains reach (``self.cache``, ``HISTORY``, ``cfg.log``) and their
+classes, and the cells it assigns with ``nonlocal``. After the trace, :meth:`Writes.undo` puts back
+whatever changed and names it. Nothing runs user code while copying: chains are followed through
+instance, class and module dicts only.
+
+State made inside the call is left out: objects the trace constructed (their ``__init__`` ran while
+recording), containers only the call's own frames hold (local lists passed to a helper), closure cells
+of a function whose defining frame is running in the trace.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime.call import VALUE_TYPES, same_value
+
+_CONTAINERS = (list, dict, set, bytearray)
+_GONE = object()
+# Entries Python itself writes while code runs: the warnings module's once-per-location registry.
+_BOOKKEEPING = frozenset({"__warningregistry__"})
+
+
+@dataclass
+class Snap:
+    obj: object         # the dict, class, list, set or cell that may be written
+    before: object      # its shallow copy when the trace first reached it
+    owner: object       # what a message names: the object whose __dict__ it is, a module name, a chain's text
+    kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
+                        # (a container the traced function was called with), "cell"
+
+
+class Writes:
+    def __init__(self, is_library):
+        self.snaps: dict = {}       # id(obj) -> Snap
+        self.built: set = set()     # ids of objects constructed while recording
+        self.is_library = is_library
+
+    # ------------------------------------------------------------ before
+
+    def attrs(self, obj):
+        """Copy ``obj.__dict__`` (and its user classes' dicts): an object from before the call."""
+        if id(obj) in self.built:
+            return
+        d = _own_dict(obj)
+        if d is not None and id(d) not in self.snaps:
+            self.snaps[id(d)] = Snap(d, dict(d), obj, "attrs")
+        for cls in type(obj).__mro__[:-1]:
+            self.klass(cls)
+
+    def klass(self, cls):
+        if isinstance(cls, type) and not self.is_library(cls) and id(cls) not in self.snaps:
+            self.snaps[id(cls)] = Snap(cls, dict(vars(cls)), cls, "class")
+
+    def module_dict(self, g):
+        if id(g) not in self.snaps:
+            self.snaps[id(g)] = Snap(g, dict(g), g.get("__name__"), "attrs")
+
+    def value(self, v, source):
+        """Copy what a write could change in ``v``; True where loads from it are followed further."""
+        if type(v) in VALUE_TYPES or isinstance(v, (torch.Tensor, types.FunctionType, types.BuiltinFunctionType,
+                                                    types.MethodType, types.CodeType)):
+            return False
+        if isinstance(v, _CONTAINERS):
+            if id(v) not in self.snaps and len(v) <= 4096:
+                self.snaps[id(v)] = Snap(v, v.copy(), source, "items")
+            return True
+        if isinstance(v, type):
+            self.klass(v)
+            return not self.is_library(v)
+        if isinstance(v, types.ModuleType):
+            if self.is_library(v):
+                return False
+            self.module_dict(vars(v))
+            return True
+        if isinstance(v, torch.nn.Module) or not self.is_library(type(v)):
+            self.attrs(v)
+            return True
+        return False
+
+    def argument(self, v, name):
+        """A container the traced function was called with: pytree rebuilt it for the trace, so a
+        change to it is a change to the caller's container, whoever holds the rebuilt one."""
+        if isinstance(v, _CONTAINERS) and id(v) not in self.snaps:
+            self.snaps[id(v)] = Snap(v, v.copy(), name, "argument")
+
+    def known(self, obj) -> bool:
+        return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps
+
+    def chain(self, root, steps, source):
+        """Copy every object a load chain reaches from ``root`` (a value from before the call)."""
+        obj = root
+        if not self.value(obj, source):
+            return
+        for kind, key in steps:
+            obj = peek(obj, kind, key, self.is_library)
+            if obj is _GONE:
+                return
+            source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
+            if not self.value(obj, source):
+                return
+
+    def cells(self, code, names):
+        """The cells ``names`` of the functions running ``code`` (assigned by ``nonlocal``)."""
+        for fn in gc.get_referrers(code):
+            if isinstance(fn, types.FunctionType) and fn.__code__ is code and fn.__closure__:
+                for name in names:
+                    cell = fn.__closure__[code.co_freevars.index(name)]
+                    if id(cell) not in self.snaps:
+                        self.snaps[id(cell)] = Snap(cell, _cell(cell), name, "cell")
+
+    # ------------------------------------------------------------ after
+
+    def undo(self) -> list:
+        """Put back everything the traced code changed; ``(text, key)`` for each change it made."""
+        done = []
+        for s in self.snaps.values():
+            done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
+        return done
+
+
+def _own_dict(obj):
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def peek(obj, kind, key, is_library):
+    """``obj.key`` or ``obj[key]`` read through dicts only (no property, ``__getattr__`` or other user
+    code runs), or ``_GONE``."""
+    if kind == "item":
+        if isinstance(obj, dict):
+            return dict.get(obj, key, _GONE)
+        if isinstance(obj, (list, tuple)) and type(key) is int and -len(obj) <= key < len(obj):
+            return obj[key]
+        return _GONE
+    d = vars(obj) if isinstance(obj, (types.ModuleType, type)) else _own_dict(obj)
+    if d is not None and key in d:
+        return d[key]
+    if isinstance(obj, torch.nn.Module) and d is not None:
+        for store in ("_parameters", "_buffers", "_modules"):
+            if key in d.get(store, ()):
+                return d[store][key]
+    for cls in (obj if isinstance(obj, type) else type(obj)).__mro__:
+        if key in vars(cls):
+            v = vars(cls)[key]
+            return _GONE if is_library(cls) or hasattr(type(v), "__get__") and not isinstance(obj, type) else v
+    return _GONE
+
+
+def _cell(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _GONE
+
+
+def _same(a, b) -> bool:
+    return a is b or type(a) is type(b) and type(a) in VALUE_TYPES and same_value(a, b)
+
+
+def _owner_text(owner) -> str:
+    if isinstance(owner, str):
+        return owner
+    if isinstance(owner, type):
+        return f"class {owner.__qualname__}"
+    return type(owner).__name__
+
+
+def _undo_attrs(s, is_library):
+    d, before = s.obj, s.before
+    # A library object's private attributes are its caches (nn.LSTM's _flat_weight_refs): put back, not refused.
+    caches = not isinstance(s.owner, str) and is_library(type(s.owner))
+    done = []
+    for key in [k for k in d.keys() | before.keys() if k not in _BOOKKEEPING
+                and not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+        if key in before:
+            d[key] = before[key]
+        else:
+            del d[key]
+        if not (caches and str(key).startswith("_")):
+            done.append((f"assigns `{key}` of {_owner_text(s.owner)}", key))
+    return done
+
+
+def _undo_class(s, is_library):
+    cls, before, now = s.obj, s.before, dict(vars(s.obj))
+    done = []
+    for key in [k for k in now.keys() | before.keys() if k not in _BOOKKEEPING
+                and not _same(now.get(k, _GONE), before.get(k, _GONE))]:
+        if key in before:
+            setattr(cls, key, before[key])
+        else:
+            delattr(cls, key)
+        done.append((f"assigns the class attribute `{key}` of {cls.__qualname__}", key))
+    return done
+
+
+def _undo_items(s, snaps):
+    if not _changed(s) or s.kind == "items" and not _outlives(s, snaps):
+        return []
+    obj, before = s.obj, s.before
+    if isinstance(obj, (dict, set)):
+        obj.clear()
+        obj.update(before)
+    else:
+        obj[:] = before
+    return [(f"changes the contents of `{s.owner}` (a {type(obj).__name__})", s.owner)]
+
+
+def _changed(s) -> bool:
+    obj, before = s.obj, s.before
+    if isinstance(obj, dict):
+        return obj.keys() != before.keys() or any(not _same(obj[k], before[k]) for k in before)
+    if isinstance(obj, set):
+        return obj != before
+    return len(obj) != len(before) or any(not _same(a, b) for a, b in zip(obj, before))
+
+
+def _undo_cell(s, _):
+    if _same(_cell(s.obj), s.before):
+        return []
+    if s.before is _GONE:
+        del s.obj.cell_contents
+    else:
+        s.obj.cell_contents = s.before
+    return [(f"assigns the closure variable `{s.owner}` (nonlocal, defined outside the call)", s.owner)]
+
+
+def _refs(snap) -> int:
+    return sys.getrefcount(snap.obj)
+
+
+_BASE = _refs(Snap([], None, None, "items"))       # what the recording's own Snap and this call hold
+
+
+def _outlives(snap, snaps) -> bool:
+    """Whether something besides the recording holds a changed container: one only the call's own
+    frames held (a local list given to a helper) went with them. Copies of other containers hold it
+    too; those references are not the user's."""
+    ours = sum(_count(o.before, snap.obj) for o in snaps.values() if o.kind in ("items", "attrs", "class"))
+    return _refs(snap) - ours > _BASE
+
+
+def _count(before, obj) -> int:
+    values = before.values() if isinstance(before, dict) else before if isinstance(before, (list, set)) else ()
+    return sum(1 for v in values if v is obj)
+
+
+_UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
+         "cell": _undo_cell}

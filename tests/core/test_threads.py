@@ -1,0 +1,357 @@
+"""Threads: a capture changes nothing another thread sees, and concurrent first calls of one
+``jit`` compile once.
+
+Each test forces the overlap it is about (a forward that waits, in the capturing thread only,
+until the other thread has done its part), compares every result with eager PyTorch, joins
+every thread with a bounded timeout, and checks afterwards that nothing was left behind: the
+modules hold their own parameters, the process-wide functions capture patches are PyTorch's.
+"""
+import copy
+import threading
+
+import pytest
+import torch
+import torch._dynamo
+
+import aotgrad
+from aotgrad.frontend import flatten
+
+from ..eager_check import _leaked, assert_close
+
+WAIT = 60       # seconds: every wait and join is bounded
+
+
+def _start(fn, *args):
+    """Run ``fn(*args)`` in a thread; return its join, which re-raises the thread's error."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:      # re-raised by the join
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join():
+        t.join(WAIT)
+        assert not t.is_alive(), "thread did not finish"
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+    return join
+
+
+def _patched_now():
+    return (torch.nn.Module.__dict__["__call__"], torch.autograd.backward, torch.compiler.is_compiling,
+            torch.manual_seed, torch.get_rng_state, torch.Tensor.__dict__.get("retain_grad"),
+            torch.autograd.Function.__dict__["apply"])
+
+
+torch._dynamo.reset()      # importing Dynamo wraps torch.manual_seed: what it leaves is the original
+ORIGINAL = _patched_now()
+
+
+def _assert_nothing_left(*models, params=None):
+    assert _patched_now() == ORIGINAL, "a process-wide patch outlived the captures"
+    for m in models:
+        assert not _leaked(m), f"tracing tensors left in {type(m).__name__}: {_leaked(m)}"
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            assert type(t) in (torch.Tensor, torch.nn.Parameter), f"{name} is a {type(t).__name__}"
+    if params is not None:
+        for m, before in params:
+            assert [id(p) for p in m.parameters()] == before, "a parameter was replaced"
+
+
+class Net(torch.nn.Module):
+    """Linear - BatchNorm - Linear; ``pause(net)`` runs inside each forward (the tests' rendezvous)."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = torch.nn.Linear(4, width), torch.nn.BatchNorm1d(width), torch.nn.Linear(width, 2)
+        self.pause = None
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.fc1(x)))
+        if self.pause is not None:
+            self.pause(self)
+        return self.fc2(h) * self.fc1.weight.sum()
+
+
+def _eager(model, x):
+    """Outputs, gradients and buffers of an eager step of a copy of ``model``."""
+    m = copy.deepcopy(model)
+    out = m(x)
+    out.square().sum().backward()
+    return out.detach(), {n: p.grad for n, p in m.named_parameters()}, {n: b.clone() for n, b in m.named_buffers()}
+
+
+def _step(fn, model, x):
+    out = fn(x)
+    out.square().sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, \
+        {n: b.clone() for n, b in model.named_buffers()}
+
+
+def _assert_same(expected, got, what):
+    (out_e, grads_e, bufs_e), (out_c, grads_c, bufs_c) = expected, got
+    assert_close(out_e, out_c, f"{what}: output", 1.3e-6, 1e-5)
+    for n in grads_e:
+        assert_close(grads_e[n], grads_c[n], f"{what}: grad of {n}", 1.3e-5, 1e-4)
+    for n in bufs_e:
+        assert_close(bufs_e[n], bufs_c[n], f"{what}: buffer {n}", 1.3e-6, 1e-5)
+
+
+class Blocks(torch.nn.Module):
+    """Repeated blocks (traced once, as templates), a tied weight and a buffer the forward rebinds."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 8)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8)) for _ in range(3))
+        self.out = torch.nn.Linear(8, 4)
+        self.head = torch.nn.Linear(8, 4)
+        self.head.weight = self.out.weight      # tied
+        self.register_buffer("calls", torch.zeros(()))
+        self.pause = None
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        if self.pause is not None:
+            self.pause(self)
+        self.calls = self.calls + 1
+        return (self.out(h) + self.head(h).sin()) * self.calls
+
+
+def _traced(t) -> bool:
+    return not (type(t) in (torch.Tensor, torch.nn.Parameter))
+
+
+@pytest.mark.parametrize("make", [Net, Blocks])
+def test_eager_use_in_another_thread_while_a_capture_holds_the_model(make):
+    """While thread A's trace is inside the model's forward (holding its traced parameters),
+    the main thread calls the same model eagerly, reads its parameters and runs a backward: it
+    sees the real tensors and gets eager's numbers bit for bit (before: FakeTensors or an error)."""
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(5, 4)
+    expected, reference = _eager(model, x), copy.deepcopy(model)
+    params = [(model, [id(p) for p in model.parameters()])]
+    inside, release, capturer = threading.Event(), threading.Event(), []
+
+    def pause(net):
+        if threading.get_ident() in capturer and not inside.is_set():
+            assert all(_traced(p) for p in net.parameters()) and _traced(next(iter(net.buffers())))
+            inside.set()
+            assert release.wait(WAIT)
+
+    def capture():
+        capturer.append(threading.get_ident())
+        return aotgrad.capture(model, x).compile()
+    model.pause = pause
+    join = _start(capture)
+    try:
+        assert inside.wait(WAIT), "the capture never reached the forward"
+        assert not any(_traced(t) for m in model.modules() for t in [
+            *m.parameters(), *m.buffers(), *m._parameters.values(), *dict(m._buffers).values(),
+            *(getattr(m, n) for n in [*m._parameters, *m._buffers])])
+        got = _step(model, model, x)        # eager, in this thread, mid-capture (its pause() does nothing)
+        for a, b in zip(expected[0], got[0]):
+            assert torch.equal(a, b)
+        for n, g in expected[1].items():
+            assert torch.equal(g, got[1][n]), f"eager grad of {n} changed while another thread captured"
+    finally:
+        release.set()
+        compiled = join()
+    _assert_nothing_left(model, params=params)
+    for n, t in model.named_buffers():      # the capture wrote none of them: they are the eager step's
+        assert torch.equal(t, got[2][n]), n
+    # The compiled step equals eager from the same state (the eager step above moved BN's statistics).
+    model.zero_grad()
+    _assert_same(_eager(model, x), _step(compiled, model, x), "compiled")
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+
+
+def test_concurrent_captures_of_one_model():
+    """Two threads capture one model at the same time (both inside its forward together)."""
+    torch.manual_seed(1)
+    model, x = Net(), torch.randn(5, 4)
+    params = [(model, [id(p) for p in model.parameters()])]
+    both = threading.Barrier(2, timeout=WAIT)
+    met, capturers = threading.local(), []
+
+    def pause(net):
+        if threading.get_ident() in capturers and not getattr(met, "done", False):
+            met.done = True
+            assert _traced(net.fc1.weight)
+            both.wait()
+
+    def capture():
+        capturers.append(threading.get_ident())
+        return aotgrad.capture(model, x).compile()
+    model.pause = pause
+    joins = [_start(capture) for _ in range(2)]
+    compiled = [j() for j in joins]
+    _assert_nothing_left(model, params=params)
+    for c in compiled:
+        model.zero_grad()
+        state = copy.deepcopy(model.state_dict())
+        expected = _eager(model, x)
+        _assert_same(expected, _step(c, model, x), "concurrent capture")
+        model.load_state_dict(state)
+
+
+def test_eager_backward_in_another_thread_while_a_jit_compiles():
+    """A backward in one thread while another thread traces a forward is that thread's own: it
+    runs (before: 'backward() inside the captured function'), and a backward inside the traced
+    forward is still refused."""
+    torch.manual_seed(2)
+    model, other, x = Net(), Net(), torch.randn(5, 4)
+    expected_other = _eager(other, x)
+    inside, release, capturer = threading.Event(), threading.Event(), []
+
+    def pause(net):
+        if threading.get_ident() in capturer and not inside.is_set():
+            inside.set()
+            assert release.wait(WAIT)
+    model.pause = pause
+    jitted = aotgrad.jit(model)
+
+    def first_call():
+        capturer.append(threading.get_ident())
+        return _step(jitted, model, x)
+    expected = _eager(_detached(model), x)
+    join = _start(first_call)
+    try:
+        assert inside.wait(WAIT)
+        got_other = _step(other, other, x)     # eager forward and backward, mid-capture
+    finally:
+        release.set()
+        got = join()
+    for a, b in zip(expected_other[0], got_other[0]):
+        assert torch.equal(a, b)
+    for n, g in expected_other[1].items():
+        assert torch.equal(g, got_other[1][n])
+    _assert_same(expected, got, "jit")
+    _assert_nothing_left(model, other)
+
+
+def _detached(model):
+    m = copy.deepcopy(model)
+    m.pause = None
+    return m
+
+
+def test_backward_inside_the_traced_forward_is_still_refused_with_other_threads_running():
+    class Bad(torch.nn.Module):
+        def forward(self, x):
+            (x * 2).sum().backward()
+            return x
+
+    stop = threading.Event()
+
+    def eager_backwards():
+        w = torch.ones(3, requires_grad=True)
+        n = 0
+        while not stop.is_set():
+            (w * 2).sum().backward()
+            n += 1
+        return n
+    join = _start(eager_backwards)
+    try:
+        with pytest.raises(aotgrad.errors.UnsupportedError, match="backward\\(\\) inside the captured function"):
+            aotgrad.capture(Bad(), torch.randn(3, requires_grad=True))
+    finally:
+        stop.set()
+        assert join() > 0
+    _assert_nothing_left()
+
+
+def test_first_calls_of_one_jit_from_eight_threads_compile_once():
+    torch.manual_seed(3)
+    model, x = Net(), torch.randn(5, 4)
+    model.bn.eval()         # every call reads the same statistics: all eight outputs are eager's
+    jitted = aotgrad.jit(model)
+    start = threading.Barrier(8, timeout=WAIT)
+    expected = _detached(model)(x).detach()
+
+    def call():
+        start.wait()
+        return jitted(x)
+    outs = [j() for j in [_start(call) for _ in range(8)]]
+    assert len(jitted.entries) == 1, jitted.explain()
+    for out in outs:
+        assert_close(expected, out.detach(), "output", 1.3e-6, 1e-5)
+    torch.stack(outs).square().sum().backward()
+    ref = _detached(model)
+    torch.stack([ref(x) for _ in range(8)]).square().sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert_close(q.grad, p.grad, f"grad of {n}", 1.3e-5, 1e-4)
+    _assert_nothing_left(model)
+
+
+def test_different_jits_with_backward_in_threads():
+    """Four models, each jitted and trained a few steps in its own thread, all at once."""
+    torch.manual_seed(4)
+    models = [Net(width=4 + i) for i in range(4)]
+    xs = [torch.randn(5, 4) for _ in models]
+    refs = [_detached(m) for m in models]
+    start = threading.Barrier(len(models), timeout=WAIT)
+
+    def train(model, x):
+        jitted, opt = aotgrad.jit(model), torch.optim.SGD(model.parameters(), lr=0.1)
+        start.wait()
+        for _ in range(3):
+            opt.zero_grad()
+            jitted(x).square().sum().backward()
+            opt.step()
+        return len(jitted.entries)
+    joins = [_start(train, m, x) for m, x in zip(models, xs)]
+    assert [j() for j in joins] == [1] * len(models)
+    for ref, x, model in zip(refs, xs, models):
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            ref(x).square().sum().backward()
+            opt.step()
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert_close(q, p.detach(), f"trained {n}", 1e-5, 1e-5)
+    _assert_nothing_left(*models)
+
+
+@pytest.mark.slow
+def test_torch_compile_with_aotgrad_from_two_threads():
+    torch.manual_seed(5)
+    models = [Net(), Net()]
+    x = torch.randn(5, 4)
+    refs = [_detached(m) for m in models]
+    start = threading.Barrier(2, timeout=WAIT)
+
+    def run(model, fn):
+        start.wait()
+        return _step(fn, model, x)      # Dynamo and aotgrad compile here, in both threads at once
+    # torch.compile itself in the main thread: PyTorch's registry loads a backend named by its entry
+    # point without a lock (two threads' first lookups of "aotgrad" race to register it).
+    compiled = [torch.compile(m, backend="aotgrad") for m in models]
+    try:
+        got = [j() for j in [_start(run, m, fn) for m, fn in zip(models, compiled)]]
+    finally:
+        torch._dynamo.reset()
+    for ref, g in zip(refs, got):
+        _assert_same(_eager(ref, x), g, "torch.compile")
+    _assert_nothing_left(*models)
+
+
+def test_per_thread_view_is_a_plain_dict_elsewhere():
+    """The view a captured module keeps for its parameters reads as the real dict in any thread
+    holding nothing, and pickles as a plain dict."""
+    import pickle
+    model = torch.nn.Linear(2, 2)
+    aotgrad.capture(model, torch.randn(3, 2))
+    d = model._parameters
+    assert isinstance(d, flatten._PerThread) and not d.layers
+    assert list(d.items()) == list(dict.items(d)) and dict(d) == dict(dict.items(d))
+    assert type(copy.deepcopy(model)._parameters) is dict
+    assert type(pickle.loads(pickle.dumps(model))._parameters) is dict

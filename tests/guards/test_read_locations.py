@@ -1,0 +1,121 @@
+"""Every kind of Python read the tracer sees, from every place code runs inside a trace: changed after
+the first call, ``jit`` recompiles (the result is eager's, ``explain`` names the read) and a
+``capture().compile()`` step raises ``InputMismatchError`` naming it, before anything runs.
+
+Kinds: an attribute of the module, a class attribute, a global, a dict item of a global, a
+module's ``training`` flag, an attribute of an object argument. Locations: the function itself, a
+list comprehension and a generator expression (their own code objects), a lambda, a nested
+function, ``functools.partial``, a property, a helper method of another object."""
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import aotgrad
+from aotgrad import errors
+
+CONFIG = {"scale": 2.0}
+SHIFT = 1.0
+
+
+class Knob:
+    def __init__(self):
+        self.k = 3.0
+
+    def apply(self, t):
+        return t * self.k
+
+
+READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_item": 'CONFIG["scale"]',
+        "training": "(1.0 if self.training else 0.5)"}
+
+# The read written out at each place (not through a helper: a helper's own frame would be recorded).
+AT = {
+    "function": "h * {r}",
+    "listcomp": "sum([t * {r} for t in (h, h)])",
+    "genexpr": "sum(t * {r} for t in (h, h))",
+    "lambda": "(lambda t: t * {r})(h)",
+    "nested": "_nested(self, h)",
+    "partial": "functools.partial(lambda mm, t: t * {rm}, self)(h)",
+    "property": "h * self.prop",
+}
+
+
+def _module(kind, where):
+    """A module class whose forward makes the read at ``where``; its code is compiled from this
+    file's globals, so it is user code of this module."""
+    r = READ[kind]
+    src = (f"class Made(nn.Module):\n"
+           f"    ck = 5.0\n"
+           f"    def __init__(self):\n"
+           f"        super().__init__()\n"
+           f"        self.k, self.fc = 2.0, nn.Linear(3, 3)\n"
+           f"    @property\n"
+           f"    def prop(self):\n"
+           f"        return {r}\n"
+           f"    def forward(self, x):\n"
+           f"        h = self.fc(x)\n"
+           f"        def _nested(self, h):\n"
+           f"            def inner(t):\n"
+           f"                return t * {r}\n"
+           f"            return inner(h)\n"
+           f"        return F.relu({AT[where].format(r=r, rm=r.replace('self.', 'mm.'))})\n")
+    exec(compile(src, __file__, "exec"), globals())      # its globals are this module's
+    return globals()["Made"]()
+
+
+def _change(m, kind):
+    global SHIFT
+    if kind == "attr":
+        m.k = -m.k
+    elif kind == "class_attr":
+        type(m).ck = -type(m).ck
+    elif kind == "global":
+        SHIFT = -SHIFT
+    elif kind == "global_item":
+        CONFIG["scale"] = -CONFIG["scale"]
+    elif kind == "training":
+        m.train(not m.training)
+
+
+KINDS = ("attr", "class_attr", "global", "global_item", "training")
+WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property")
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    global SHIFT
+    saved, shift = dict(CONFIG), SHIFT
+    yield
+    CONFIG.clear()
+    CONFIG.update(saved)
+    SHIFT = shift
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_changed_read_recompiles_or_is_refused(kind, where):
+    torch.manual_seed(0)
+    m, x = _module(kind, where), torch.randn(4, 3)
+    step, captured = aotgrad.jit(m), aotgrad.capture(m, x).compile()
+    assert torch.equal(step(x), m(x))
+    _change(m, kind)
+    assert torch.equal(step(x), m(x)), f"{kind} read in {where}: a stale graph"
+    assert len(step.entries) == 2, f"{kind} read in {where}: not guarded"
+    with pytest.raises(errors.InputMismatchError):
+        captured(x)
+
+
+def test_an_object_arguments_attribute_read_in_a_generator_is_guarded():
+    knob = Knob()
+
+    def f(x, knob):
+        return sum(knob.apply(t) for t in (x, x * 2))
+    x = torch.randn(3)
+    step = aotgrad.jit(f)
+    step(x, knob)
+    knob.k = 7.0
+    assert torch.equal(step(x, knob), f(x, knob))
+    assert "k" in str(aotgrad.explain(step))

@@ -1,0 +1,185 @@
+"""Python state the traced code writes: every kind of write to state that outlives the call, from
+every location, is refused with a typed error naming it and the user's line, before anything runs,
+and the user's state is left as it was (the compiled graph would never repeat the write: jit would
+return ``[4.35, 4.35, 4.35]`` where eager returns ``[2.17, 4.35, 6.52]``). Writes to state made and
+dropped inside the call are allowed and the results equal eager."""
+import itertools
+import sys
+import types
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad import errors
+from tests.eager_check import check
+
+# kind: (statement, the state it changes as a snapshot, the name the message shows)
+KINDS = {
+    "global": ("global COUNT; COUNT += 1", lambda ns, m: ns["COUNT"], "`COUNT`"),
+    "class attribute": ("type(self).calls += 1", lambda ns, m: type(m).calls, "`calls`"),
+    "attribute of self": ("self.n += 1", lambda ns, m: m.n, "`n`"),
+    "attribute of a global object": ("CFG.n += 1", lambda ns, m: ns["CFG"].n, "`n`"),
+    "global list append": ("HIST.append(1)", lambda ns, m: list(ns["HIST"]), "`HIST`"),
+    "global list +=": ("global HIST; HIST += [1]", lambda ns, m: list(ns["HIST"]), "`HIST`"),
+    "dict item": ("TABLE['k'] = TABLE.get('k', 0) + 1", lambda ns, m: dict(ns["TABLE"]), "`TABLE`"),
+    "dict through a local alias": ("d = self.cache; d['k'] = 1", lambda ns, m: dict(m.cache), "`self.cache`"),
+    "nonlocal cell": ("BUMP()", lambda ns, m: ns["COUNTER"](), "`c`"),
+    "module state": ("cfgmod.K += 1", lambda ns, m: ns["cfgmod"].K, "`K`"),
+}
+
+# location: the forward's body, ``{W}`` the write (one statement)
+WHERE = {
+    "function": "{W}\n        return x * 2",
+    "list comprehension": "[_w(self) for _ in range(1)]\n        return x * 2",
+    "lambda": "(lambda: _w(self))()\n        return x * 2",
+    "helper in another object": "self.o.run()\n        return x * 2",
+}
+
+SOURCE = '''
+import torch
+
+COUNT = 0
+HIST = []
+TABLE = {{}}
+
+
+class _Cfg:
+    pass
+
+
+CFG = _Cfg()
+CFG.n = 0
+
+
+def _counter():
+    c = 0
+
+    def bump():
+        nonlocal c
+        c += 1
+
+    def read():
+        return c
+    return bump, read
+
+
+BUMP, COUNTER = _counter()
+
+
+def _w(self):
+    {W}
+
+
+class Other:
+    def __init__(self, m):
+        self.m = m
+
+    def run(self):
+        _w(self.m)
+
+
+class M(torch.nn.Module):
+    calls = 0
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+        self.cache = {{}}
+        self.o = Other(self)
+
+    def forward(self, x):
+        {BODY}
+'''
+
+_counter = itertools.count()
+
+
+def _program(kind, where):
+    write = KINDS[kind][0]
+    src = SOURCE.format(W=write, BODY=WHERE[where].format(W=write))
+    name = f"_write_table_{next(_counter)}"
+    mod, cfgmod = types.ModuleType(name), types.ModuleType(name + "_cfg")
+    cfgmod.K = 0
+    sys.modules[name], sys.modules[cfgmod.__name__] = mod, cfgmod
+    mod.cfgmod = cfgmod
+    exec(compile(src, f"<{name}>", "exec"), vars(mod))
+    return vars(mod), mod.M()
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    monkeypatch.setenv("AOTGRAD_CACHE", "0")
+
+
+_FAST = {(k, w) for k, w in zip(KINDS, itertools.cycle(WHERE))}
+
+
+@pytest.mark.parametrize("kind,where", [pytest.param(k, w, marks=() if (k, w) in _FAST else pytest.mark.slow)
+                                        for k, w in itertools.product(KINDS, WHERE)])
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_write_to_lasting_state_is_refused_and_undone(kind, where, entry):
+    ns, m = _program(kind, where)
+    state = KINDS[kind][1]
+    before = state(ns, m)
+    x = torch.randn(3)
+    with pytest.raises(errors.UnsupportedError, match=KINDS[kind][2]) as info:
+        aotgrad.jit(m)(x) if entry == "jit" else aotgrad.capture(m, x)
+    assert state(ns, m) == before, "the refused capture left the state changed"
+    assert f"_write_table_" in str(info.value), "the message names the user's line"
+    m(x)
+    assert state(ns, m) != before, "the write must be real"
+
+
+def test_counter_from_the_issue_is_refused_not_baked():
+    calls = {"n": 0}
+
+    def step(x):
+        calls["n"] += 1
+        return x * calls["n"]
+    with pytest.raises(errors.UnsupportedError, match="`calls`"):
+        aotgrad.jit(step)(torch.randn(3))
+    assert calls == {"n": 0}
+
+
+def _append_to(acc, t):
+    acc.append(t * 2)
+    return acc
+
+
+class _Box:
+    def __init__(self):
+        self.items = []
+
+
+def test_state_made_and_dropped_inside_the_call_is_allowed():
+    def f(x):
+        acc = []
+        _append_to(acc, x)
+        [_append_to(acc, t) for t in (x, x + 1)]
+        box = _Box()
+        box.items.append(x.sin())
+        n = 0
+
+        def bump():
+            nonlocal n
+            n += 1
+        bump()
+        table = {}
+        table["k"] = x.cos()
+        return sum(acc) * n + box.items[0] + table["k"]
+    check(f, (torch.randn(3, requires_grad=True),))
+    g = aotgrad.jit(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(g(x), f(x))
+    torch.testing.assert_close(g(x * 2), f(x * 2))
+
+
+def test_a_list_the_caller_passes_in_is_lasting_state():
+    def f(x, log):
+        log.append(1)
+        return x * len(log)
+    log = []
+    with pytest.raises(errors.UnsupportedError, match="`log`"):
+        aotgrad.jit(f)(torch.randn(3), log)
+    assert log == []
