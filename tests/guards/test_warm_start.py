@@ -99,18 +99,18 @@ def test_changed_source_constant_or_default_misses(cache_dir, tmp_path, edit, wh
         _assert_warm(again[compiler])
 
 
-def test_code_hash_does_not_depend_on_reference_counts():
+def test_code_fp_does_not_depend_on_reference_counts():
     """marshal writes an object referenced twice as a back-reference: its bytes changed once a
     trace held a reference to a nested code object, and a second process missed its own entry."""
     def f(x):
         return tuple(z + 1.5 for z in x if z in {"a", "b"})
-    before = cache.code_hash(f.__code__)
+    before = cache.code_fp(f.__code__)
     held = [c for c in f.__code__.co_consts] * 3     # noqa: F841 - extra references, as a trace makes
-    assert cache.code_hash(f.__code__) == before
+    assert cache.code_fp(f.__code__) == before
 
     def g(x):
         return tuple(z + 2.5 for z in x if z in {"a", "b"})
-    assert cache.code_hash(g.__code__) != before
+    assert cache.code_fp(g.__code__) != before
 
 
 class Scaled(torch.nn.Module):
