@@ -42,7 +42,8 @@ def _assert_warm(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("names", [("gpt_tiny", "cnn", "mlp", "gpt_sdpa"), ("gpt_small",)], ids=["small_models", "gpt_small"])
+@pytest.mark.parametrize("names", [("gpt_tiny", "cnn", "mlp", "gpt_sdpa"), ("gpt_small",)],
+                         ids=["small_models", "gpt_small"])
 def test_second_process_loads_every_entry(cache_dir, names):
     cold, warm = _worker(cache_dir, names), _worker(cache_dir, names)
     for name in names:
