@@ -260,8 +260,18 @@ def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, transform: Callable = 
         return graph.node_copy(node, transform)
     args = torch.fx.node.map_arg(node.args, transform)
     kwargs = torch.fx.node.map_arg(node.kwargs, transform)
-    name = graph._graph_namespace.create_name(node.name, None)
-    n = torch.fx.Node(graph, name, node.op, node.target, args, kwargs, node.type)
+    n = append_node(graph, node.op, node.name, node.target, args, kwargs, node.type)
+    n.meta = copy.copy(node.meta)
+    return n
+
+
+def append_node(graph: torch.fx.Graph, op: str, name: str, target, args: tuple, kwargs: dict, type_=None):
+    """``graph.create_node(op, target, args, kwargs, name)`` for arguments already checked (a copied
+    or stored graph's), without its per-argument scan; the name is kept where it is free."""
+    if not _FAST_COPY:
+        return graph.create_node(op, target, args, kwargs, name, type_)
+    name = graph._graph_namespace.create_name(name, None)
+    n = torch.fx.Node(graph, name, op, target, args, kwargs, type_)
     owner = graph.owning_module
     for hook in (getattr(owner, "_create_node_hooks", None) or ()) if owner is not None else ():
         hook(n)
@@ -269,7 +279,6 @@ def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, transform: Callable = 
     graph._insert(n)
     graph._find_nodes_lookup_table.insert(n)
     graph._len += 1
-    n.meta = copy.copy(node.meta)
     return n
 
 

@@ -58,11 +58,12 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
             with torch.no_grad():
                 return fw(*flat)
     else:
-        with timed(history, "partition") as info:
+        partitioner = partition.get(options.resolved_partitioner(), options.memory_budget)
+        with timed(history, "stored partition" if getattr(partitioner, "stored", False) else "partition") as info:
             joint = captured.joint
             if options.compiles_with("inductor"):
                 joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
-            part = partition.get(options.resolved_partitioner(), options.memory_budget)(joint, lay)
+            part = partitioner(joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):

@@ -102,7 +102,8 @@ class Captured:
         elif more:
             raise OptionError(f"compile got options= and keyword options {sorted(more)}: give one or the other",
                               user_line=caller_line())
-        with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
+        if options.compiles_with("inductor") or not getattr(options.resolved_partitioner(), "stored", False):
+            with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 
     def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None, **more) -> str:

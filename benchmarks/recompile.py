@@ -16,7 +16,14 @@ For ``aotgrad.jit``, ``torch.compile(backend=aotgrad)`` and
 
 Every number is the median over ``--repeats`` fresh process pairs.
 
+``--warm-start`` times only the first forward+backward (and the part of it spent in aotgrad's
+stages: the rest is Dynamo's tracing and the kernels' first run), cold then warm, of each model of
+``--models`` (``examples.models``; ``gpt_sdpa`` is the 4-layer GPT with fused causal attention)
+for ``aotgrad.jit`` and ``torch.compile(backend=aotgrad)`` (Dynamo still traces bytecode in the
+warm process; aotgrad's capture, partition and graph compile are loaded).
+
     python -m benchmarks.recompile [--repeats 3]
+    python -m benchmarks.recompile --warm-start [--models gpt_tiny,gpt_sdpa,gpt_small,cnn,mlp]
 """
 from __future__ import annotations
 
@@ -92,12 +99,63 @@ def child(system: str) -> dict:
     return result
 
 
-def _spawn(system: str, cache_dir: str, attempts: int = 2) -> dict:
+def first_call(system: str, model: str) -> dict:
+    """Seconds of wrapping ``model`` and its first forward+backward, and whether the disk cache served it."""
+    import torch
+
+    import aotgrad  # noqa: F401 - imported before the clock starts
+    from examples import models
+    module, args = getattr(models, f"make_{model}")()
+    step = None
+
+    def first():
+        nonlocal step
+        step = _wrap(system, module)
+        step(*args).backward()
+    with aotgrad.trace() as sink:
+        seconds = _seconds(first)
+    loaded = [e.loaded for e in step.entries] if system == "aotgrad.jit" else None
+    return {"first_s": seconds, "aotgrad_s": _busy(sink.events), "loaded": loaded, "torch": torch.__version__}
+
+
+def _busy(events) -> float:
+    """Seconds inside aotgrad's stages (the union of their spans): the first call minus Dynamo's
+    tracing and the first run of the kernels, which a warm start cannot skip."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X")
+    total, end = 0.0, float("-inf")
+    for a, b in spans:
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total / 1e6
+
+
+def warm_start(models: list, repeats: int) -> list:
+    rows = []
+    for model in models:
+        for system in SYSTEMS[:2]:
+            cold, warm = [], []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="aotgrad-bench-cache-") as d:
+                    cold.append(_spawn(system, d, child=["--first", model]))
+                    warm.append(_spawn(system, d, child=["--first", model]))
+            rows.append((model, system, *(_median(runs, k) for runs in (cold, warm) for k in ("first_s", "aotgrad_s"))))
+    return rows
+
+
+def warm_table(rows: list) -> str:
+    lines = ["| model | system | cold first call (s) | warm first call (s) | warm / cold | aotgrad stages cold (s) "
+             "| aotgrad stages warm (s) | warm / cold |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {s} | {c:.2f} | {w:.2f} | {w / c:.2f}× | {ca:.2f} | {wa:.3f} | {wa / ca:.3f}× |"
+              for m, s, c, ca, w, wa in rows]
+    return "\n".join(lines)
+
+
+def _spawn(system: str, cache_dir: str, attempts: int = 2, child: list = ()) -> dict:
     env = {**os.environ, "AOTGRAD_CACHE_DIR": cache_dir, "AOTGRAD_CACHE": "1"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     for attempt in range(attempts):    # a shared working tree may be mid-edit: retry once
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.recompile", "--child", system],
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.recompile", "--child", system, *child],
                               capture_output=True, text=True, env=env, cwd=root, timeout=900)
         if proc.returncode == 0:
             return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -142,7 +200,17 @@ def main(argv=None) -> None:
     p.add_argument("--child", choices=SYSTEMS)
     p.add_argument("--json", help="also write the raw samples here")
     p.add_argument("--table", metavar="JSON", help="only print the table of samples written by --json")
+    p.add_argument("--warm-start", action="store_true", help="cold and warm first call per model")
+    p.add_argument("--models", default="gpt_tiny,gpt_sdpa,gpt_small,cnn,mlp")
+    p.add_argument("--first", metavar="MODEL", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child and a.first:
+        print(json.dumps(first_call(a.child, a.first)))
+        return
+    if a.warm_start:
+        print(f"first forward+backward, medians of {a.repeats} process pairs")
+        print(warm_table(warm_start(a.models.split(","), a.repeats)))
+        return
     if a.child:
         print(json.dumps(child(a.child)))
         return

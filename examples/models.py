@@ -23,10 +23,12 @@ class GPTConfig:
     vocab: int = 128
     block_size: int = 32
     dropout: float = 0.0
+    sdpa: bool = False      # attention through F.scaled_dot_product_attention(is_causal=True)
 
 
 GPT_TINY = GPTConfig(n_layer=2, n_head=2, d_model=64, vocab=128, block_size=32)
 GPT_SMALL = GPTConfig(n_layer=6, n_head=6, d_model=384, vocab=512, block_size=64)
+GPT_SDPA = GPTConfig(n_layer=4, n_head=4, d_model=64, vocab=128, block_size=32, sdpa=True)   # the benchmarks' GPT
 
 
 class CausalSelfAttention(nn.Module):
@@ -36,6 +38,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        self.sdpa = cfg.sdpa
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.attn_drop = nn.Dropout(cfg.dropout)
@@ -48,6 +51,10 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0,
+                                               is_causal=True)
+            return self.resid_drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
         att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
         att = self.attn_drop(F.softmax(att, dim=-1))
@@ -146,6 +153,11 @@ def make_gpt_tiny(batch: int = 4, seed: int = 0, dropout: float = 0.0):
 
 def make_gpt_small(batch: int = 4, seed: int = 0):
     return make_gpt(GPT_SMALL, batch, seed)
+
+
+def make_gpt_sdpa(batch: int = 4, seed: int = 0):
+    """4 layers, fused causal attention: the GPT ``benchmarks.recompile`` times warm starts on."""
+    return make_gpt(GPT_SDPA, batch, seed)
 
 
 def cnn_batch(batch: int = 8, seed: int = 0):

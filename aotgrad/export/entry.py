@@ -71,12 +71,19 @@ def _record_values(record: dict) -> FakeValues:
 def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
     """A ``Compiled`` for ``fn(*args, **kwargs)`` from ``record``, or None when the call
     does not flatten to the inputs the record was captured with."""
-    start = time.perf_counter()
     sig, tensors, descs = signature(fn, args, kwargs)
-    if tuple(map(str, descs)) != record["setup_descs"]:
-        return None
     dynamic, grad_enabled = record["session"]
     setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig), Modes(dynamic, grad_enabled), (), ())
+    return compile_record(record, setup, fw_compiler, bw_compiler)
+
+
+def compile_record(record: dict, setup: Setup, fw_compiler="eager", bw_compiler=None):
+    """A ``Compiled`` of ``setup``'s call from ``record`` (its stored joint and partition: nothing is
+    traced or partitioned), or None when ``setup``'s inputs are not those the record was captured with."""
+    start = time.perf_counter()
+    if tuple(map(str, setup.input_descs)) != record["setup_descs"]:
+        return None
+    setup = replace(setup, session=Modes(*record["session"]), fake_inputs=(), real_inputs=())
     guards = input_guards.build(*record["guards"])
     in_descs, out_descs = record["descs"]
     step = Step("load from disk cache", time.perf_counter() - start, {})
@@ -84,7 +91,16 @@ def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compil
     captured = Captured(setup, load_graph(record["joint"], values), record["analysis"], record["layout"], guards,
                         record["out_spec"], in_descs, out_descs, (step,))
     part = None if record["partition"] is None else load_partition(record["partition"], values)
-    return captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
+    return captured.compile(fw_compiler, bw_compiler, stored(part))
+
+
+def stored(part: Partition):
+    """A partitioner that returns ``part``: it reads no node values, so a loaded joint's fake
+    values are never rebuilt (that would make a fake mode and shape environment per load)."""
+    def stored_partition(joint, layout):
+        return part
+    stored_partition.stored = True
+    return stored_partition
 
 
 @keywords_checked("compile_cached")
@@ -98,7 +114,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         if data is not None:
             part = load_partition(data)
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
-            compiled = captured.compile(fw_compiler, bw_compiler, lambda joint, lay: part)
+            compiled = captured.compile(fw_compiler, bw_compiler, stored(part))
             return replace(compiled, history=compiled.history + (step,))
     compiled = captured.compile(fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and compiled.partition is not None:

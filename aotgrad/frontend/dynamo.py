@@ -10,6 +10,7 @@ input checks. Compilation happens here, at lowering time.
 """
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -25,6 +26,12 @@ from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
 from ..passes.checkpoint_regions import untag_checkpoints
 from ..stages import Setup
+from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
+from ..guards import cache
+from ..ir.graphs import Unserializable
+from ..runtime.modes import baked
+
+log = logging.getLogger("aotgrad.dynamo")
 
 
 def _desc(node: torch.fx.Node, index: int) -> Desc:
@@ -73,9 +80,9 @@ def _keywords(options: dict) -> dict:
 
 
 def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, **compile_options):
-    """The backend entry: capture and compile now; return ``(*args) -> outputs``. ``compile_options``:
-    the fields of ``CompileOptions``, checked before anything is traced (or one ``options``, or
-    ``torch.compile``'s ``options`` dict of them)."""
+    """The backend entry: capture and compile now (or load both from the disk cache); return
+    ``(*args) -> outputs``. ``compile_options``: the fields of ``CompileOptions``, checked before
+    anything is traced (or one ``options``, or ``torch.compile``'s ``options`` dict of them)."""
     if not isinstance(options, CompileOptions):
         given = _keywords({**compile_options, "options": options}) if options is not None else compile_options
         options = as_options(given, "aotgrad's torch.compile backend")
@@ -83,8 +90,49 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
     with timed(history, "setup (dynamo)") as info:
         setup = _setup(gm, example_inputs)
         info["inputs"] = len(example_inputs)
-    captured = capture_setup(setup, history)
-    compiled = captured.compile(options=options)
+    key = _key(gm, setup, example_inputs, options)
+    compiled = None if key is None else _load(key, setup, options)
+    if compiled is None:
+        captured = capture_setup(setup, history)
+        compiled = captured.compile(options=options)
+        if key is not None:
+            _store(key, compiled)
+    return _callable(compiled)
+
+
+def _key(gm, setup, example_inputs, options) -> str | None:
+    if not cache.enabled() or options.fw_compiler not in LOADABLE_BACKENDS \
+            or options.bw_compiler not in LOADABLE_BACKENDS:
+        return None
+    return cache.dynamo_key(gm, setup.input_descs, example_inputs,
+                            (torch.is_grad_enabled(), *baked()), options)
+
+
+def _load(key, setup, options):
+    """The entry stored under ``key``, compiled for ``setup``: Dynamo still traced the bytecode, but
+    nothing of aotgrad's capture, partition or graph compile runs again."""
+    with timed([], "cache lookup", key=key) as info:
+        record = cache.load("dynamo", key)
+        compiled = None
+        if record is not None:
+            try:
+                compiled = compile_record(record, setup, options.fw_compiler, options.bw_compiler)
+            except Exception as e:  # an entry this build cannot rebuild: compile instead, never fail the call
+                log.warning("cannot rebuild a cached Dynamo graph (%s: %s); compiling", type(e).__name__, e)
+        info["hit"] = compiled is not None
+    return compiled
+
+
+def _store(key, compiled) -> None:
+    try:
+        with timed([], "cache store", key=key):
+            cache.store("dynamo", key, dump_compiled(compiled))
+    except Unserializable as e:
+        log.info("not caching a Dynamo graph on disk: %s", e)
+
+
+def _callable(compiled):
+    captured = compiled.captured
     run, rebase = compiled.path.run, captured.setup.rebase
     if rebase is None:
         def call(*args):

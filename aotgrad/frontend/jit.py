@@ -56,6 +56,7 @@ class Entry:
     state: object               # guards.state.StateGuards: the Python state the trace read
     reason: str | None          # why it was compiled: None for the first entry
     loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
+    disk: str | None = None     # why the disk cache did not serve it (None: loaded, or no key)
 
     def __repr__(self) -> str:
         why = "first call" if self.reason is None else f"recompiled because {self.reason}"
@@ -139,9 +140,9 @@ class Jit:
             log.info("recompiling %s: %s", _name(self.fn), reason)
         with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
                    entry=len(self.entries), reason=reason) as info:
-            compiled, state, loaded = self._compile(modes, args, kwargs)
+            compiled, state, loaded, disk = self._compile(modes, args, kwargs)
             info["from disk cache"] = loaded
-        self.entries.append(Entry(compiled, modes, state, reason, loaded))
+        self.entries.append(Entry(compiled, modes, state, reason, loaded, disk))
         failed = state.check()
         assert failed is None, f"a fresh compile rejected its own state: {state.explain(failed)}"
         flat, why = compiled.path.match(args, kwargs)
@@ -149,26 +150,28 @@ class Jit:
         return lambda: compiled.path.run(flat)
 
     def _compile(self, modes, args, kwargs):
-        """``(compiled, state guards, loaded)``: from the disk cache when it has this call, else
-        captured and compiled here (and stored for the next process)."""
+        """``(compiled, state guards, loaded, why not loaded)``: from the disk cache when it has this
+        call, else captured and compiled here (and stored for the next process)."""
         signature(self.fn, args, kwargs)    # refuses arguments no graph can take, before keying them
         key = self._key(modes, args, kwargs)
         leaves = call_leaves(args, kwargs)
+        why: list = []
         if key is not None:
-            with timed([], "cache lookup", key=key) as info:
-                hit = self._load(key, args, kwargs, leaves)
+            with timed([], "cache lookup", key=key.digest) as info:
+                hit = self._load(key, args, kwargs, leaves, why)
                 info["hit"] = hit is not None
             if hit is not None:
-                return (*hit, True)
+                return (*hit, True, None)
+            log.info("disk cache miss for %s: %s", _name(self.fn), "; ".join(why))
         captured, assumed = self._capture(args, kwargs, leaves)
         compiled = captured.compile(options=self.options)
         if key is not None:
             try:
-                with timed([], "cache store", key=key):
+                with timed([], "cache store", key=key.digest):
                     cache.store_jit(key, assumed, dump_compiled(compiled))
             except Unserializable as e:
                 log.info("not caching %s on disk: %s", _name(self.fn), e)
-        return compiled, state_guards.build(assumed), False
+        return compiled, state_guards.build(assumed), False, "; ".join(why) or None
 
     def _capture(self, args, kwargs, leaves):
         """Capture while recording the Python state the trace reads (``guards.recorded``)."""
@@ -185,7 +188,7 @@ class Jit:
             log.info("%s does not trace with symbolic sizes (%s); capturing static sizes", self.name, e)
             return capture_call(self.fn, args, kwargs, dynamic=False)
 
-    def _key(self, modes, args, kwargs) -> str | None:
+    def _key(self, modes, args, kwargs) -> cache.JitKey | None:
         opts = self.options
         if not cache.enabled() or opts.fw_compiler not in LOADABLE_BACKENDS \
                 or opts.bw_compiler not in LOADABLE_BACKENDS:
@@ -193,9 +196,9 @@ class Jit:
         return cache.jit_key(self.fn, args, kwargs, modes=modes, dynamic=self.dynamic,
                              dynamic_dims=self.dynamic_dims, options=opts)
 
-    def _load(self, key, args, kwargs, leaves):
-        """``(compiled, state guards)`` of a stored entry whose reads all hold here, or None."""
-        found = cache.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths))
+    def _load(self, key, args, kwargs, leaves, why: list):
+        """``(compiled, state guards)`` of a stored entry whose reads all hold here, or None (and why)."""
+        found = cache.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths), why)
         if found is None:
             return None
         record, assumed = found
@@ -204,9 +207,16 @@ class Jit:
             compiled = load_compiled(record, self.fn, args, kwargs, opts.fw_compiler, opts.bw_compiler)
         except Exception as e:  # an entry this build cannot rebuild: compile instead, never fail the call
             log.warning("cannot rebuild the cached entry of %s (%s: %s); compiling", _name(self.fn), type(e).__name__, e)
+            why.append(f"the stored entry cannot be rebuilt ({type(e).__name__}: {e})")
+            return None
+        if compiled is None:
+            why.append("the call's inputs flatten to other inputs than the stored entry's")
             return None
         state = state_guards.build(assumed)
-        if compiled is None or state.check() is not None or compiled.path.match(args, kwargs)[1] is not None:
+        failed = state.check()
+        mismatch = compiled.path.match(args, kwargs)[1] if failed is None else None
+        if failed is not None or mismatch is not None:
+            why.append(state.explain(failed) if failed is not None else mismatch)
             return None
         log.info("loaded %s from the disk cache", _name(self.fn))
         return compiled, state
@@ -248,6 +258,8 @@ class Jit:
             sizes = ", ".join(f"{d}: {tuple(str(s) for s in spec.size)}" for d, spec in zip(g.descs, g.specs))
             lines.append(f"  entry {k}: " + ("first call" if e.reason is None else f"recompiled because {e.reason}")
                          + (" (loaded from the disk cache)" if e.loaded else ""))
+            if e.disk:
+                lines.append(f"    not loaded from the disk cache: {e.disk}")
             lines.append(f"    sizes {sizes}")
             for c in g.conditions:
                 lines.append(f"    assumes {c}")

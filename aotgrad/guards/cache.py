@@ -156,7 +156,22 @@ def digest(*parts) -> str:
                           .encode()).hexdigest()
 
 
-def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class JitKey:
+    """The index a ``jit`` compile is stored under, and its parts' digests: ``explain`` names the
+    parts that differ from the newest entry stored for the same program (``name``)."""
+    digest: str
+    name: str
+    parts: tuple        # ((label, fingerprint), ...)
+
+
+_KEY_LABELS = ("the code of the function or the module's classes, structure and parameter metadata",
+               "the structure and metadata of the inputs", "the grad and autocast modes",
+               "the default dtype, autocast dtypes or deterministic algorithms", "dynamic=", "the dynamic dimensions",
+               "the compile options", "the versions of Python, torch or aotgrad's source")
+
+
+def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKey | None:
     """The key of one ``jit`` compile, or None when something in it cannot be fingerprinted."""
     try:
         program = _module_fp(fn, {}) if isinstance(fn, torch.nn.Module) else _program_fp(fn)
@@ -165,7 +180,29 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> str |
     except Uncacheable as e:
         log.info("not caching %s on disk: %s", getattr(fn, "__name__", type(fn).__name__), e)
         return None
-    return digest("jit", parts)
+    kind = type(fn) if isinstance(fn, torch.nn.Module) else fn
+    name = f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', type(kind).__qualname__)}"
+    versions = (sys.version, torch.__version__, aotgrad_source_hash())
+    labelled = tuple(zip(_KEY_LABELS, (*parts, versions)))
+    return JitKey(digest("jit", parts), name, labelled)
+
+
+def _sha(v) -> str:
+    return hashlib.sha256(repr(v).encode()).hexdigest()
+
+
+def _key_miss(key: JitKey) -> str:
+    """Why no entry is stored under ``key``: the parts that differ from the newest stored for its program."""
+    newest = load("jitname", _sha(key.name))
+    if newest is None:
+        return f"nothing is stored for {key.name}"
+    differ = []
+    for (label, now), (_, was) in zip(key.parts, newest):
+        if now != was:
+            where, a, b = _difference(was, now)
+            differ.append(f"{label} ({_text(a)} when stored, now {_text(b)}{f' at {where}' if where else ''})")
+    return (f"no entry is stored under this key: {'; '.join(differ) or 'its key'} differ"
+            f"{'s' if len(differ) == 1 else ''} from the newest entry stored for {key.name}")
 
 
 def code_fp(code: types.CodeType) -> str:
@@ -231,7 +268,7 @@ def read_fp(read):
     return (read.kind, _value_fp(_thaw(read.value) if read.kind == "frozen" else read.value))
 
 
-def store_jit(key: str, reads, entry) -> bool:
+def store_jit(key: JitKey, reads, entry) -> bool:
     """Store ``entry`` under the index ``key`` with the reads it assumed (kept: the 8 newest)."""
     if any(r.path is None for r in reads):
         log.info("not caching on disk: the trace read state it reached through objects with no path from its roots")
@@ -241,27 +278,135 @@ def store_jit(key: str, reads, entry) -> bool:
     except Uncacheable as e:
         log.info("not caching on disk: %s", e)
         return False
-    entry_key = digest("jit entry", key, record)
+    entry_key = digest("jit entry", key.digest, record)
     if not store("jit", entry_key, entry):
         return False
-    index = [v for v in (load("jitidx", key) or []) if v[1] != entry_key][-7:]
-    return store("jitidx", key, index + [(record, entry_key)])
+    index = [v for v in (load("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
+    store("jitname", _sha(key.name), key.parts)
+    return store("jitidx", key.digest, index + [(record, entry_key)])
 
 
-def load_jit(key: str, reresolve):
+def load_jit(key: JitKey, reresolve, why: list):
     """``(entry, reads)`` of the newest stored entry whose reads, found again by
-    ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None."""
-    for record, entry_key in reversed(load("jitidx", key) or []):
-        reads = reresolve([(p, k, s) for p, k, s, _ in record])
-        try:
-            if reads is None or [read_fp(r) for r in reads] != [fp for *_, fp in record]:
-                continue
-        except Uncacheable:
+    ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None, with
+    the reason each stored entry was not used appended to ``why``."""
+    index = load("jitidx", key.digest)
+    if not index:
+        why.append(_key_miss(key))
+        return None
+    for record, entry_key in reversed(index):
+        stored = [(p, k, s) for p, k, s, _ in record]
+        reads = reresolve(stored)
+        if reads is None:
+            gone = next((s for p, k, s in stored if reresolve([(p, k, s)]) is None), "a read")
+            why.append(f"`{gone}`, which the stored entry read, is not found in this process")
+            continue
+        failed = _failed_read(reads, record)
+        if failed is not None:
+            why.append(failed)
             continue
         entry = load("jit", entry_key)
         if entry is not None:
             return entry, reads
+        why.append(f"the stored entry jit-{entry_key[:12]}... is missing or unreadable")
     return None
+
+
+def _failed_read(reads, record) -> str | None:
+    """The first read whose fingerprint differs from the stored one, with both values."""
+    for r, (*_, fp) in zip(reads, record):
+        try:
+            now = read_fp(r)
+        except Uncacheable as e:
+            return f"`{r.source}` cannot be fingerprinted now ({e})"
+        if now != fp:
+            where, was, new = _difference(fp, now)
+            at = f" (at {where})" if where else ""
+            return f"`{r.source}` was {_text(was)} when stored, now {_text(new)}{at}"
+    return None
+
+
+def _difference(a, b, where=""):
+    """``(name, a_part, b_part)``: the innermost parts of two fingerprints that differ, named by the
+    nearest enclosing function or class (``examples.models.Block.forward``)."""
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        if len(a) > 2 and a[:1] == b[:1] and a[0] in ("function", "class") and a[1:3] == b[1:3]:
+            where = f"{a[1]}.{a[2]}"
+        for x, y in zip(a, b):
+            if x != y:
+                return _difference(x, y, where)
+    return where, a, b
+
+
+def _text(fp) -> str:
+    text = fp[1] if isinstance(fp, tuple) and len(fp) == 2 and isinstance(fp[1], str) else repr(fp)
+    if isinstance(fp, str) and len(fp) == 64:
+        text = f"code {fp[:12]}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def dynamo_key(gm, descs, example_inputs, modes, options) -> str | None:
+    """The key of a graph Dynamo hands the backend: its nodes, targets and example values as data
+    (``graph_fp``), what the placeholders are, the modes and options; None when some part is not
+    data or a size is symbolic (a trace's shape guards go to Dynamo's shape environment, which a
+    loaded entry would not add)."""
+    if any(isinstance(s, torch.SymInt) for t in example_inputs if isinstance(t, torch.Tensor)
+           for s in (*t.shape, *t.stride(), t.storage_offset())) or any(isinstance(t, torch.SymInt) for t in example_inputs):
+        log.info("not caching a Dynamo graph on disk: it has symbolic sizes")
+        return None
+    try:
+        parts = (graph_fp(gm), tuple(map(str, descs)), _inputs(example_inputs, {}), modes, _global_state(),
+                 _options(options))
+    except Uncacheable as e:
+        log.info("not caching a Dynamo graph on disk: %s", e)
+        return None
+    return digest("dynamo", parts)
+
+
+def graph_fp(gm) -> tuple:
+    """An FX graph as data, one entry per node: op, name, target, arguments, example value."""
+    from ..ir.values import value_out
+    nodes = []
+    for n in gm.graph.nodes:
+        target = n.target
+        if n.op == "call_function":
+            target = _target_fp(target)
+        elif n.op == "get_attr":
+            target = (target, _attr_fp(gm, target))
+        elif n.op == "call_module":
+            raise Uncacheable(f"the graph calls the module {target!r}")
+        meta = n.meta.get("example_value", n.meta.get("val"))
+        nodes.append((n.op, n.name, target, _arg_fp(n.args), _arg_fp(n.kwargs), repr(value_out(meta, {})),
+                      n.meta.get("stack_trace")))      # the user's lines that messages and reports name
+    return tuple(nodes)
+
+
+def _target_fp(t):
+    if not isinstance(t, (types.FunctionType, OpOverload, OpOverloadPacket, types.BuiltinFunctionType)) \
+            and _is_lib(type(t)) and callable(getattr(t, "name", None)):
+        return ("higher-order op", type(t).__qualname__, t.name())
+    return _fp(t, {})
+
+
+def _attr_fp(gm, target):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    if isinstance(value, torch.fx.GraphModule):     # a higher-order op's body: its graph and options
+        return ("graph", graph_fp(value), _fp(value.meta.get("_checkpoint_context_fn"), {}))
+    return _fp(value, {})
+
+
+def _arg_fp(a):
+    if isinstance(a, torch.fx.Node):
+        return ("node", a.name)
+    if isinstance(a, (tuple, list)):
+        return (type(a).__name__, tuple(map(_arg_fp, a)))
+    if isinstance(a, dict):
+        return ("dict", tuple((repr(k), _arg_fp(v)) for k, v in a.items()))
+    if isinstance(a, slice):
+        return ("slice", _arg_fp(a.start), _arg_fp(a.stop), _arg_fp(a.step))
+    return _fp(a, {})
 
 
 def _global_state() -> tuple:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload
+from .._torch import OpOverload, append_node, lazy_graph_module
 from .values import STORED, FakeValues, keep, value_out
 
 FORMAT = 1
@@ -104,16 +104,10 @@ def load_graph(data: dict, values: FakeValues | None = None) -> fx.GraphModule:
     graph, env = fx.Graph(), {}
     for op, name, target, args, kwargs in data["nodes"]:
         a, k = _arg_in(args, env), _arg_in(kwargs, env)
-        if op == "placeholder":
-            node = graph.placeholder(target)
-        elif op == "output":
+        if op == "output":
             node = graph.output(a[0])
-        elif op == "get_attr":
-            node = graph.get_attr(target)
-        else:
-            node = graph.call_function(_target_in(target), a, k)
-        if op != "output":
-            node._rename(name)
+        else:       # a stored graph's nodes were checked when it was made: appended as they are
+            node = append_node(graph, op, name, _target_in(target) if op == "call_function" else target, a, k)
         env[name] = node
     root = torch.nn.Module()
     for target, value in data["attrs"].items():
@@ -124,7 +118,7 @@ def load_graph(data: dict, values: FakeValues | None = None) -> fx.GraphModule:
                 owner.add_module(p, torch.nn.Module())
             owner = getattr(owner, p)
         setattr(owner, last, value) if isinstance(value, torch.nn.Parameter) else owner.register_buffer(last, value)
-    gm = fx.GraphModule(root, graph, class_name=data["class"])
+    gm = lazy_graph_module(root, graph, data["class"])     # backends write their own code
     _restore_meta(gm, data, values)
     return gm
 

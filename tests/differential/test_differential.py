@@ -44,6 +44,9 @@ KNOWN = {
         "freed (FSDP-style): export should refuse the freed parameter with a typed error",
 }
 
+# A warm entry is its cold one served from the disk cache: the same programs fail the same way.
+KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
+
 
 def known(program, entry, device):
     """``(reason, strict)`` of a known failure of this case, or None."""
