@@ -15,3 +15,11 @@ def compile_source(src: str, what: str):
     filename = f"<aotgrad {what} #{next(_numbers)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     return compile(src, filename, "exec")
+
+
+def source_of(fn) -> str | None:
+    """The generated source ``fn`` was compiled from (by :func:`compile_source`), or None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_filename.startswith("<aotgrad "):
+        return None
+    return "".join(linecache.getlines(code.co_filename)) or None

@@ -174,6 +174,12 @@ class Compiled:
         with_values(self.forward_graph), with_values(self.backward_graph)
         return estimate(self.partition)
 
+    def program(self) -> str:
+        """The step as the Python a call runs: prologue (modes, Python state, arguments, input guards),
+        forward graph, epilogue, and the backward graph. ``print(step.program())``."""
+        from .observe.printing import format_program
+        return format_program(self)
+
     def __str__(self) -> str:
         from .observe.printing import format_compiled
         return format_compiled(self)
@@ -211,6 +217,10 @@ class Exported:
             raise errors.ExportFormatError(f"the loaded step failed as it ran: {str(e)[:300]} (the artifact asks "
                                            "an operator or an input write for a value it refuses, or an input's "
                                            "values are out of its range)") from e
+
+    def program(self) -> str:
+        """The loaded step as the Python a call runs (``Compiled.program``)."""
+        return self.compiled.program()
 
     def named_parameters(self):
         return self.state.named_parameters()

@@ -250,6 +250,13 @@ class Jit:
                 if changed:
                     self.dynamic_dims[i] = self.dynamic_dims.get(i, set()) | changed
 
+    def program(self) -> str:
+        """Each compiled entry as the Python a call runs (``Compiled.program``), with the modes and
+        Python state this frontend checks to pick it."""
+        from ..observe.printing import format_program
+        return "\n\n".join(f"# ===== entry {k}\n" + format_program(e.compiled, (("grad mode", *BAKED_NAMES), e.modes),
+                                                                   e.state) for k, e in enumerate(self.entries))
+
     def explain(self) -> str:
         lines = [f"aotgrad.jit({_name(self.fn)}): {len(self.entries)} compiled entr{'y' if len(self.entries) == 1 else 'ies'}"
                  + (f", {self.fallbacks} eager fallback call(s) past the recompile limit" if self.fallbacks else "")]

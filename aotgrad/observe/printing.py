@@ -74,3 +74,35 @@ def format_compiled(c) -> str:
     if c.backward_graph is not None:
         parts.append("backward:\n" + format_graph(c.backward_graph))
     return "\n".join(parts)
+
+
+def format_program(c, modes=None, state=None) -> str:
+    """A compiled step as the program a call runs, in order: the prologue (modes, the Python state the
+    trace read, the arguments and their input guards), the forward graph, the epilogue (input writes,
+    outputs rebuilt as views), and the backward graph that ``backward()`` runs. ``modes`` (names,
+    values) and ``state``: a ``jit`` entry's, which its frontend checks before the step's own prologue."""
+    from ..generated import source_of
+    from ..runtime.modes import BAKED_NAMES
+    setup, guards = c.captured.setup, c.captured.guards
+    state = state if state is not None else c.captured.state
+    name = setup.flat_fn.__name__
+    out = [f"# program of {name}: prologue, forward, epilogue; backward on loss.backward()", "",
+           "# --- prologue: modes (a call under others raises InputMismatchError)"]
+    if modes is None and setup.session.baked is not None:
+        modes = (BAKED_NAMES, setup.session.baked)
+    out += [f"#   {n}: {v}" for n, v in zip(*modes)] if modes else ["#   not checked"]
+    out.append("# --- prologue: Python state the trace read" + ("" if state else ": none"))
+    if state:
+        out += [f"#   {line}" for line in state.lines()]
+    out += ["# --- prologue: arguments", source_of(c.path.match) or "", "# input guards (check)", guards.source, "",
+            "# --- forward", _named(c.forward_graph, "forward"), ""]
+    epilogue = source_of(c.path.epilogue) if c.path.epilogue is not None else None
+    out += ["# --- epilogue", epilogue or "# outputs are the forward's values, as they are", ""]
+    if c.backward_graph is not None:
+        out += ["# --- backward", _named(c.backward_graph, "backward"), ""]
+    return "\n".join(out)
+
+
+def _named(gm, name: str) -> str:
+    """A graph's Python code as a plain function named ``name`` (fx writes ``def forward(self, ...)``)."""
+    return gm.code.strip().replace("def forward(self, ", f"def {name}(", 1).replace("def forward(self)", f"def {name}()", 1)

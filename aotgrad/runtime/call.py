@@ -14,14 +14,16 @@ from typing import Callable
 import torch
 
 from .._torch import pytree
+from ..generated import compile_source
 from .epilogue import epilogue
 from .trees import tree_difference
 
 
 @dataclass(frozen=True)
 class CallPath:
-    match: Callable     # (args, kwargs) -> (flat, None) | (None, reason)
+    match: Callable     # (args, kwargs) -> (flat, None) | (None, reason); generated, its source is the prologue's
     run: Callable       # flat -> user outputs
+    epilogue: Callable | None = None    # generated (flat, values, symbols) -> outputs; None when outputs are plain
 
 
 # Constants compared by value (and exact type) on every call; any other object must be the same object.
@@ -43,48 +45,12 @@ def same_value(a, b) -> bool:
 
 def make_call(captured, run_graph) -> CallPath:
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
-    sig = setup.signature
-    # A module's dict by name, read each call: a capture in another thread may stand a view in for it.
-    slots = tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr) for s in sig.slots)
-    const = tuple((i, v) for i, v in enumerate(sig.leaves) if i not in set(sig.tensor_pos))
-    tensor_pos, in_spec, out_spec = sig.tensor_pos, sig.in_spec, captured.out_spec
-    needs_symbols = _needs_symbols(analysis)
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
-    grad_was = setup.session.grad_enabled
-    rebase, aliasing = setup.rebase, alias_check(setup, analysis)
-    n_leaves = len(sig.leaves)
-    positional = in_spec == pytree.tree_structure(((0,) * n_leaves, {}))
-
-    def match(args, kwargs):
-        if positional and not kwargs and len(args) == n_leaves:
-            leaves = args   # flat positional call: a wrong nesting fails the tensor/constant checks below
-        else:
-            leaves, spec = pytree.tree_flatten((args, kwargs))
-            if spec != in_spec:
-                return None, tree_difference(in_spec, spec)
-        for i, v in const:
-            x = leaves[i]   # type-exact: 2, 2.0 and True differ; other objects must be the same one
-            if x is not v and (type(v) not in VALUE_TYPES or not same_value(x, v)):
-                kinds = type(x) is not type(v)
-                return None, (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
-                              f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
-        flat = [md[k][a] for md, k, a in slots] + [leaves[p] for p in tensor_pos]
-        why = aliasing(flat) if aliasing is not None else None
-        if why:
-            return None, why
-        if rebase is not None:
-            flat = rebase.graph_inputs(flat)
-        failed = guards.check(flat)
-        if failed is not None:
-            return None, guards.explain(flat, failed)
-        if torch.is_grad_enabled() != grad_was:   # which outputs require grad, and any branch on it, were traced
-            return None, (f"grad mode was {'enabled' if grad_was else 'disabled'} when captured, now it is "
-                          f"{'disabled (torch.no_grad())' if grad_was else 'enabled'}")
-        return flat, None
-
-    unflatten = _unflattener(out_spec)
+    match = _generated_match(captured)
+    unflatten = _unflattener(captured.out_spec)
     finish = None if simple else epilogue(analysis, setup.session.grad_enabled)
+    needs_symbols = _needs_symbols(analysis)
 
     def run(flat):
         values = run_graph(flat)
@@ -92,7 +58,66 @@ def make_call(captured, run_graph) -> CallPath:
             return unflatten(list(values))
         return unflatten(finish(flat, values, guards.bind(flat) if needs_symbols else None))
 
-    return CallPath(match, run)
+    return CallPath(match, run, finish)
+
+
+def _generated_match(captured):
+    """The argument part of a step's prologue as one generated function ``match(args, kwargs)``:
+    flatten (a flat positional call takes its arguments as they are), compare each constant the
+    graph baked in, gather parameters and buffers from their modules' dicts (read by name each
+    call: a capture in another thread may stand a per-thread view in for one) and the tensor
+    arguments, check aliasing, the input guards and the grad mode. Its source is the program's."""
+    setup, analysis, guards = captured.setup, captured.analysis, captured.guards
+    sig = setup.signature
+    tensor_pos, n_leaves = set(sig.tensor_pos), len(sig.leaves)
+    env = {"tree_flatten": pytree.tree_flatten, "tree_difference": tree_difference, "in_spec": sig.in_spec,
+           "same_value": same_value, "const_why": _const_why, "check": guards.check, "explain": guards.explain,
+           "is_grad_enabled": torch.is_grad_enabled}
+    lines = ["def match(args, kwargs):"]
+    if sig.in_spec == pytree.tree_structure(((0,) * n_leaves, {})):
+        lines += [f"    if not kwargs and len(args) == {n_leaves}:",
+                  "        leaves = args   # flat positional: a wrong nesting fails the checks below", "    else:"]
+    else:
+        lines.append("    if True:")
+    lines += ["        leaves, spec = tree_flatten((args, kwargs))",
+              "        if spec != in_spec:", "            return None, tree_difference(in_spec, spec)"]
+    for i, v in enumerate(sig.leaves):
+        if i in tensor_pos:
+            continue
+        env[f"c{i}"] = v    # type-exact and bit-exact: 2, 2.0, True and -0.0 differ; other objects: the same one
+        test = f"x is not c{i} and not same_value(x, c{i})" if type(v) in VALUE_TYPES else f"x is not c{i}"
+        lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({i}, c{i}, x)"]
+    gather = []
+    for n, s in enumerate(sig.slots):
+        env[f"m{n}"] = s.module.__dict__
+        gather.append(f"m{n}[{'_parameters' if s.is_param else '_buffers'!r}][{s.attr!r}]")
+    gather += [f"leaves[{p}]" for p in sig.tensor_pos]
+    lines.append(f"    flat = [{', '.join(gather)}]")
+    aliasing = alias_check(setup, analysis)
+    if aliasing is not None:
+        env["aliasing"] = aliasing
+        lines += ["    why = aliasing(flat)", "    if why:", "        return None, why"]
+    if setup.rebase is not None:
+        env["rebase"] = setup.rebase.graph_inputs
+        lines.append("    flat = rebase(flat)")
+    grad = bool(setup.session.grad_enabled)
+    lines += ["    failed = check(flat)   # the input guards", "    if failed is not None:",
+              "        return None, explain(flat, failed)",
+              f"    if is_grad_enabled() is not {grad}:   # which outputs require grad was traced",
+              f"        return None, {_grad_why(grad)!r}", "    return flat, None"]
+    exec(compile_source("\n".join(lines) + "\n", "prologue"), env)
+    return env["match"]
+
+
+def _const_why(i, v, x) -> str:
+    kinds = type(x) is not type(v)
+    return (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
+            f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
+
+
+def _grad_why(grad_was: bool) -> str:
+    return (f"grad mode was {'enabled' if grad_was else 'disabled'} when captured, now it is "
+            f"{'disabled (torch.no_grad())' if grad_was else 'enabled'}")
 
 
 def _unflattener(spec) -> Callable:
