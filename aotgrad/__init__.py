@@ -29,6 +29,14 @@ def load(path: str, *, state: dict | None = None) -> "Exported":
     return load_artifact(path, state=state)
 
 
+@_keywords_checked("aotgrad.compile_cached")
+def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner="default", memory_budget=None):
+    """``captured.compile(...)`` that stores its partition on disk (``AOTGRAD_CACHE_DIR``) and reuses
+    it for the same (possibly edited) joint graph, layout and options in a later process."""
+    from .export.entry import compile_cached as cached
+    return cached(captured, fw_compiler, bw_compiler, partitioner, memory_budget)
+
+
 @_keywords_checked("aotgrad.explain")
 def explain(obj) -> str:
     """Plain-text account of a ``jit`` function (entries, recompile reasons), a ``Compiled`` or a ``Captured``:
@@ -38,5 +46,6 @@ def explain(obj) -> str:
 
 
 __all__ = ["capture", "Captured", "Compiled", "Exported", "Setup", "load", "jit", "Jit", "backend", "explain", "trace",
+           "compile_cached",
            "compiled_autograd",
            "backends", "errors", "verify"]

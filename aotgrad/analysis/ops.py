@@ -10,10 +10,29 @@ from .._torch import OpOverload
 
 
 def is_random(node: fx.Node) -> bool:
-    """Ops that draw from the RNG (dropout masks, rand, bernoulli)."""
+    """Ops that draw from the RNG (dropout masks, rand, bernoulli). An attention op is tagged
+    random because it *can* drop out: with ``dropout_p`` 0 it draws nothing (eager's kernels take
+    no generator state then), so it is deterministic like any other op."""
     t = node.target
-    return node.op == "call_function" and isinstance(t, OpOverload) and \
-        torch.Tag.nondeterministic_seeded in t.tags
+    if not (node.op == "call_function" and isinstance(t, OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+        return False
+    at = _dropout_p_at(t)
+    if at is None:
+        return True
+    i, default = at
+    p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else default)
+    return not (type(p) in (int, float) and p == 0)
+
+
+_DROPOUT_P: dict = {}
+
+
+def _dropout_p_at(op: OpOverload):
+    """``(position, default)`` of an op's ``dropout_p`` argument, or None (cached per op)."""
+    if op not in _DROPOUT_P:
+        args = op._schema.arguments
+        _DROPOUT_P[op] = next(((i, a.default_value) for i, a in enumerate(args) if a.name == "dropout_p"), None)
+    return _DROPOUT_P[op]
 
 
 RNG_META = "aotgrad_rng"   # (device, epoch, index) a random node draws at; see passes.rng_positions

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import types
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -32,6 +33,8 @@ from .._torch import (
 from ..analysis.ops import is_random
 from ..frontend.flatten import holding
 from ..guards import reads
+from ..guards.resolve import locate, read_at
+from ..guards.state import bits
 from ..scoped import Shared, Stack
 from ..passes.cleanup import simplify_owned
 from . import block_graph
@@ -53,7 +56,7 @@ def _value_key(v, depth=0):
     if depth > 8:
         raise _Unlike
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
-        return (type(v), v)
+        return (type(v), bits(v))      # floats by their bits: blocks with 0.0 and -0.0 are not twins
     if isinstance(v, torch.Tensor):
         raise _Unlike
     if isinstance(v, (tuple, list)):
@@ -178,6 +181,7 @@ class Reuse:
     traced: dict = field(default_factory=dict)      # call key -> Traced or None (runs flat)
     calls: int = 0
     ran_flat: set = field(default_factory=set)      # id of each member a call of which ran flat
+    objects: frozenset | None = None                # ids of every member's modules (_block_objects)
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
@@ -219,9 +223,61 @@ class Reuse:
             return None
         block_graph.TEMPLATES[template.key] = template
         where = {id(sub): path for path, sub in m.paths.items()}
+        new = [f for k, f in rec.frames.items() if k not in before]
+        if _reaches_blocks(new, where, self._block_objects()):
+            return None     # the trace may depend on which block it is: each runs its own code
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
-                       for k, f in rec.frames.items() if k not in before)
+                       for f in new)
         return Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2]))
+
+    def _block_objects(self) -> frozenset:
+        if self.objects is None:
+            self.objects = frozenset(id(sub) for m in self.members.values() for sub in m.paths.values())
+        return self.objects
+
+
+def _reaches_blocks(frames, own: dict, objects: frozenset) -> bool:
+    """Whether the template's trace reached a block's module other than through the block itself:
+    a global, a closure cell, a class attribute or an object argument leading to one (``self is
+    REGISTRY[0]``, ``type(self).first``). Such a trace may depend on which block ran it, so no
+    other block may reuse it; reads through the block itself are replayed per block."""
+    for f in frames:
+        if any(id(v) in objects and id(v) not in own for v in f.args.values()):
+            return True
+        roots = []
+        if f.globals is not None:
+            roots += [(f.globals.get(c.name, _MISSING), c.steps) for c in reads.chains(f.code)[0] if c.root == "global"]
+        roots += [(v, ()) for v in (*f.args.values(), *f.containers) if id(v) not in own]
+        if id(f.self_obj) in objects:
+            roots += [(vars(c), ()) for c in type(f.self_obj).__mro__ if not reads.is_library(c)]
+        if any(_leads_to(v, steps, objects) for v, steps in roots if v is not _MISSING):
+            return True
+    return False
+
+
+def _leads_to(obj, steps, objects: frozenset) -> bool:
+    """Whether ``obj``, a value its access chain ``steps`` passes, or a container at its end (two
+    levels deep) is one of ``objects``."""
+    for kind, key in steps:
+        if id(obj) in objects:
+            return True
+        loc = locate(obj, kind, key)
+        if loc is None:     # not a place guards watch (a list's item): what the container holds
+            break
+        try:
+            obj = read_at(*loc)
+        except (KeyError, AttributeError, ValueError):
+            return False
+    return _holds(obj, objects, 2)
+
+
+def _holds(v, objects: frozenset, depth: int) -> bool:
+    if id(v) in objects:
+        return True
+    if depth and isinstance(v, (list, tuple, set, frozenset, dict, types.MappingProxyType)) and len(v) <= 4096:
+        items = v.values() if isinstance(v, (dict, types.MappingProxyType)) else v
+        return any(_holds(x, objects, depth - 1) for x in items)
+    return False
 
 
 _CONSTANT = (type(None), bool, int, float, str)
@@ -251,7 +307,7 @@ class _Call:
     def constants(self):
         """The other leaves by type and value, or None when one is not a plain constant."""
         rest = [x for x, t in zip(self.leaves, self.is_tensor) if not t]
-        return tuple((type(x), x) for x in rest) if all(type(x) in _CONSTANT for x in rest) else None
+        return tuple((type(x), bits(x)) for x in rest) if all(type(x) in _CONSTANT for x in rest) else None
 
 
 def _call_key(m: Member, state, call: _Call):

@@ -47,10 +47,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
                 grads = [None] * n
-                wrt = [k for k, i in enumerate(lay.grad_of) if i not in unseen]
-                if lay.grad_of and not wrt:
-                    direct.missed = True        # autograd.grad needs an input to run the backward
-                elif lay.grad_of:
+                if lay.grad_of:
                     backward_begins()
                     direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
@@ -59,11 +56,17 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
                     with module_state(flat_fn, call_ins), autocast_off(), \
                             torch.autograd.set_multithreading_enabled(False):
+                        # Every differentiated input, unseen stand-ins included: the engine runs
+                        # only the backward nodes on a path to an input it is asked for, and a
+                        # block's parameters get their gradients from its backward (written directly).
                         got = torch.autograd.grad(
-                            [fw[i] for i in lay.tangent_of], [f_ins[lay.grad_of[k]] for k in wrt],
+                            [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
                             [to_functional(t) for t in tangents], allow_unused=True)
-                    for k, g in zip(wrt, got):
-                        grads[k] = g
+                    for k, (i, g) in enumerate(zip(lay.grad_of, got)):
+                        if i in unseen and g is not None:   # a gradient the block did not write itself
+                            direct.missed = True
+                        elif i not in unseen:
+                            grads[k] = g
             finally:
                 DIRECT.pop()
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]

@@ -209,14 +209,16 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
             elif op == "output":
                 node = graph.output(a[0])
             elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
-                node = graph.get_attr(target)
+                node = graph.create_node("get_attr", target, name=name)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
                 fn = resolve_target(target)
                 if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int
                                                    and not k):
                     raise ExportFormatError(f"graph node {name} takes an element of something other than a node's "
                                             "result")
-                node = graph.call_function(fn, a, k)
+                # Named as it is made: an automatic name (``getitem_15``) taken first and renamed
+                # after would keep a later node from getting that very name.
+                node = graph.create_node("call_function", fn, a, k, name=name)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from .._torch import OpOverload, OpOverloadPacket, pytree
+from ..runtime.call import float_bits
 
 log = logging.getLogger("aotgrad.cache")
 
@@ -225,7 +226,7 @@ def _const(c):
     if isinstance(c, (tuple, frozenset)):
         items = tuple(_const(x) for x in c)
         return (type(c).__name__, tuple(sorted(items, key=repr)) if isinstance(c, frozenset) else items)
-    return (type(c).__name__, c.hex() if isinstance(c, float) else repr(c))
+    return (type(c).__name__, float_bits(c) if isinstance(c, float) else repr(c))
 
 
 def _program_fp(fn):

@@ -82,9 +82,11 @@ class Frame:
     globals: dict | None
     self_obj: object = None
     args: dict = field(default_factory=dict)
+    containers: tuple = ()      # lists, dicts, tuples, sets among its free variables (closed-over registries)
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.Tensor, torch.dtype, torch.device)
+_CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
 @dataclass
@@ -133,7 +135,9 @@ class Recording:
         key = (code, id(g), id(self_obj), tuple((n, id(v)) for n, v in seen if not isinstance(v, _PLAIN)))
         if key in self.frames:
             return
-        self.frames[key] = Frame(code, kind, g, self_obj, args)
+        held = tuple(v for n, v in seen[len(seen) - len(code.co_freevars):] if isinstance(v, _CONTAINERS)) \
+            if code.co_freevars else ()
+        self.frames[key] = Frame(code, kind, g, self_obj, args, held)
         if code.co_name in _CONSTRUCTORS:   # an object being built is not state from before the call
             if self_obj is not None:
                 self.writes.built.add(id(self_obj))
@@ -163,6 +167,8 @@ class Recording:
     def undo_writes(self) -> list:
         """Put back every change the traced code made to state that outlives the call; ``(text, key)`` each."""
         self.root_frame = None      # its locals are the call's own state, not the user's
+        for f in self.frames.values():      # a local list held here would look like lasting state
+            f.containers = ()
         return self.writes.undo()
 
 
@@ -292,6 +298,10 @@ def _scan(code):
                 stores.append(Store(_text(cur), line))
         cur, pending = None, None
         root = _ROOTS.get(op)
+        if root == "deref" and ins.argval in args:
+            # An argument nested code closes over (``self`` read in a comprehension too) is a cell
+            # of this frame, loaded with LOAD_DEREF: still the argument.
+            root = "fast"
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
         if root is not None:

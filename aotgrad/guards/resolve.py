@@ -168,10 +168,10 @@ class Resolver:
                 obj = where[k]
                 continue
             self._add_value(where, k, source, path)
-            obj = _read(where, k)
+            obj = read_at(where, k)
 
     def _add_value(self, where, key, source, path):
-        value = _read(where, key)
+        value = read_at(where, key)
         kind = guard_kind(value)
         if isinstance(value, dict) and all(isinstance(x, (torch.nn.Module, types.FunctionType)) for x in value.values()):
             kind = "dict"       # children or hooks: compared entry by entry by identity, in C
@@ -239,7 +239,7 @@ class Resolver:
                 self._follow(where.cell_contents, cpath, csource, c.steps)
 
 
-def _read(where, key):
+def read_at(where, key):
     if isinstance(where, types.CellType):
         return where.cell_contents
     return where[key] if isinstance(where, (dict, types.MappingProxyType)) else getattr(where, key)
@@ -277,7 +277,7 @@ def _resolve_path(fn, leaves, path):
         if loc is None:
             return None
         try:
-            obj = _read(*loc)
+            obj = read_at(*loc)
         except (KeyError, AttributeError, ValueError):
             return None
         loc = _step(obj, kind, key)
@@ -300,7 +300,7 @@ def reresolve(fn, leaves, root_name, stored) -> list | None:
             return None
         where, key = loc
         try:
-            now = _read(where, key)
+            now = read_at(where, key)
         except (KeyError, AttributeError, ValueError):
             if kind != "absent":
                 return None

@@ -32,7 +32,7 @@ import torch
 
 from .. import errors
 from ..generated import compile_source
-from ..runtime.call import VALUE_TYPES, same_value
+from ..runtime.call import VALUE_TYPES, float_bits, float_from_bits, same_value
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
 
 _EQ_TYPES = VALUE_TYPES
@@ -66,7 +66,7 @@ def _get(where, key):
 def freeze(v, depth=0):
     """A type-exact, comparable description of a guarded container value."""
     if type(v) in _EQ_TYPES:
-        return (type(v), _bits(v))
+        return (type(v), bits(v))
     if isinstance(v, (list, tuple, set, frozenset, dict)) and depth < 4 and len(v) <= _FROZEN_LIMIT:
         if isinstance(v, dict):
             return (type(v), tuple((freeze(k, depth + 1), freeze(x, depth + 1)) for k, x in v.items()))
@@ -75,17 +75,17 @@ def freeze(v, depth=0):
     return _Same(v)
 
 
-def _bits(v):
+def bits(v):
     """A float or complex number as its exact bits (``-0.0`` apart from ``0.0``); others as they are."""
-    if type(v) is float:
-        return v.hex()
-    return (v.real.hex(), v.imag.hex()) if type(v) is complex else v
+    if isinstance(v, float):        # float subclasses too (numpy.float64)
+        return float_bits(v)
+    return (float_bits(v.real), float_bits(v.imag)) if isinstance(v, complex) else v
 
 
 def _unbits(t, body):
     if t is float:
-        return float.fromhex(body)
-    return complex(float.fromhex(body[0]), float.fromhex(body[1])) if t is complex else body
+        return float_from_bits(body)
+    return complex(float_from_bits(body[0]), float_from_bits(body[1])) if t is complex else body
 
 
 class _Same:

@@ -8,6 +8,7 @@ recompile, and ``Compiled.__call__`` can raise a typed error.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,10 +38,22 @@ def same_value(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if type(a) is float:
-        return a.hex() == b.hex()
+        return float_bits(a) == float_bits(b)
     if type(a) is complex:
-        return a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()
+        return float_bits(a.real) == float_bits(b.real) and float_bits(a.imag) == float_bits(b.imag)
     return a == b
+
+
+def float_bits(v: float) -> str:
+    """A float's exact bits as text: ``-0.0`` apart from ``0.0``, and a NaN's sign and payload kept
+    (``float.hex`` writes every NaN as ``nan``; ``math.copysign(1, -nan)`` is -1)."""
+    return float.hex(v) if v == v else "nan:" + struct.pack(">d", v).hex()
+
+
+def float_from_bits(text: str) -> float:
+    if text.startswith("nan:"):
+        return struct.unpack(">d", bytes.fromhex(text[4:]))[0]
+    return float.fromhex(text)
 
 
 def make_call(captured, run_graph) -> CallPath:

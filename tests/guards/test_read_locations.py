@@ -5,7 +5,8 @@ the first call, ``jit`` recompiles (the result is eager's, ``explain`` names the
 Kinds: an attribute of the module, a class attribute, a global, a dict item of a global, a
 module's ``training`` flag, an attribute of an object argument. Locations: the function itself, a
 list comprehension and a generator expression (their own code objects), a lambda, a nested
-function, ``functools.partial``, a property, a helper method of another object."""
+function, ``functools.partial``, a property, a helper method of another object, and the function
+itself where nested code closes over ``self`` (then a cell of its frame)."""
 import functools
 
 import pytest
@@ -40,6 +41,8 @@ AT = {
     "nested": "_nested(self, h)",
     "partial": "functools.partial(lambda mm, t: t * {rm}, self)(h)",
     "property": "h * self.prop",
+    # ``self`` closed over by nested code is a cell of forward's frame: read there with LOAD_DEREF.
+    "beside_closure": "(lambda: self) and h * {r}",
 }
 
 
@@ -81,7 +84,7 @@ def _change(m, kind):
 
 
 KINDS = ("attr", "class_attr", "global", "global_item", "training")
-WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property")
+WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property", "beside_closure")
 
 
 @pytest.fixture(autouse=True)

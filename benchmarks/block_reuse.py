@@ -1,0 +1,51 @@
+"""How many block calls of real models a template stands for (``reused blocks``), and how many
+calls the repeated blocks make: HF GPT-2, Llama, BERT, T5 and timm ViT from ``tests.models.zoo``
+(tiny configs, random weights), in training (dropout on) and in eval (dropout off).
+
+    python -m benchmarks.block_reuse
+"""
+from __future__ import annotations
+
+import torch
+
+import aotgrad
+from aotgrad.capture import blocks
+from tests.models import zoo
+
+MODELS = ("gpt2", "llama", "bert", "t5", "vit_tiny")
+
+
+def _counted(model, args):
+    """``(reused blocks, calls of repeated blocks, groups)`` of one capture."""
+    calls = [0]
+    members = blocks.find_groups(model)
+    hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+             for m in model.modules() if id(m) in members]
+    try:
+        with torch.no_grad():
+            model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    captured = aotgrad.capture(model, *args)
+    used = next(s.info["reused blocks"] for s in captured.history if s.name == "trace joint")
+    return used, calls[0], len({m.group for m in members.values()})
+
+
+def main():
+    rows = []
+    for name in MODELS:
+        make, batch = zoo.MODELS[name]
+        for mode in ("train", "eval"):
+            model, _ = make()
+            model.train(mode == "train")
+            used, calls, groups = _counted(model, batch(0))
+            rows.append((name, mode, groups, calls, used))
+    print("| model | mode | groups of twins | repeated-block calls | reused blocks |")
+    print("|---|---|---:|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+
+
+if __name__ == "__main__":
+    main()

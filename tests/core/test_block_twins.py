@@ -1,0 +1,58 @@
+"""The twin stacks of ``tests/differential/p_blocks.py`` with block reuse on and off: the same
+outputs and gradients bit for bit (reuse stamps the flat trace's graph), and reuse where it is
+sound. The differential suite compares the same programs with eager through every entry point."""
+import pytest
+import torch
+
+import aotgrad
+from tests.differential.p_blocks import G
+from tests.differential.programs import PROGRAMS
+
+TWINS = sorted(name for name, p in PROGRAMS.items() if G in p.tags)
+
+# How many block calls a template stands for; 0 where reuse would be wrong or is not possible.
+REUSED = {
+    "blocks_input_without_grad": 3, "blocks_input_with_grad": 3,
+    "blocks_signed_zero_attribute": 2,          # the two 0.0 blocks share a template, -0.0 runs flat
+    "blocks_signed_zero_argument": 3,           # one template for 0.0, one for -0.0
+    "blocks_nan_attribute": 2,
+    "blocks_one_in_eval": 2, "blocks_one_float64": 2,
+    "blocks_one_frozen": 2, "blocks_first_frozen_input_without_grad": 2,
+    "blocks_no_grad_around_one": 3, "blocks_no_grad_around_last": 3,
+    "blocks_head_shares_weight": 3, "blocks_one_called_twice": 4, "blocks_output_unused": 3,
+    "blocks_identity_through_global": 0, "blocks_identity_through_class_attribute": 0,
+    "blocks_identity_through_closure": 0,
+    "blocks_layer_index": 0,
+    "blocks_sdpa": 3, "blocks_sdpa_dropout": 0, "blocks_sdpa_one_dropout": 2,
+    "blocks_bf16_input": 2,
+}
+
+
+def _run(name, reuse):
+    torch.manual_seed(0)
+    fn, args, kwargs = PROGRAMS[name].make()
+    captured = aotgrad.capture(fn, *args, reuse_blocks=reuse, **kwargs)
+    used = next(s.info["reused blocks"] for s in captured.history if s.name == "trace joint")
+    torch.manual_seed(1)
+    out = captured.compile()(*args, **kwargs)
+    out.float().pow(2).sum().backward()
+    grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]
+    return used, out.detach(), grads
+
+
+def test_every_twin_program_has_an_expectation():
+    assert sorted(REUSED) == TWINS
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_reuse_stamps_the_flat_graph(name):
+    used, out, grads = _run(name, True)
+    flat_used, flat_out, flat_grads = _run(name, False)
+    assert flat_used == 0
+    assert used == REUSED[name]
+    assert torch.equal(out, flat_out)
+    assert len(grads) == len(flat_grads)
+    for g, f in zip(grads, flat_grads):
+        assert (g is None) == (f is None)
+        if g is not None:
+            assert torch.equal(g, f)

@@ -1,0 +1,269 @@
+"""Repeated blocks: twin stacks that differ in one thing each.
+
+Block reuse traces one block of a stack of structurally identical blocks and stamps its graph
+out for the others. Each program here is a stack where reuse would be wrong if that one thing
+were forgotten: an input without grad (the blocks' backward must still run for their
+parameters), a float attribute or call argument ``0.0`` vs ``-0.0``, a block in ``eval()``, a
+float64 or frozen block, ``no_grad`` around one block, a head sharing a block's weight, a block
+called twice, a branch on which block is running (through a global, a class attribute or a
+closure), per-layer ints, SDPA with and without dropout. Every entry point compares them with
+eager; ``tests/core/test_block_twins.py`` also compares each with the flat trace
+(``reuse_blocks=False``) and checks which of them reuse a template at all.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .programs import fn, program, r
+
+G = "blocks"
+
+
+class Block(nn.Module):
+    """``x + tanh(fc(x)) * sign``: ``sign`` from a float attribute (``-0.0`` is negative) or argument."""
+
+    def __init__(self, eps=1.0, d=4):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.eps = eps
+
+    def forward(self, x, eps=None):
+        sign = math.copysign(1.0, self.eps if eps is None else eps)
+        return x + self.fc(x).tanh() * sign
+
+
+class Stack(nn.Module):
+    """Blocks in order, then an optional head; ``around(i)`` is the context block ``i`` runs in,
+    ``args(i)`` its extra arguments."""
+
+    def __init__(self, blocks, head=None, around=None, args=None, order=None):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+        self.around, self.args = around, args
+        self.order = order
+
+    def forward(self, x):
+        for i in self.order or range(len(self.blocks)):
+            ctx = self.around(i) if self.around is not None else _nothing()
+            with ctx:
+                x = self.blocks[i](x, *(self.args(i) if self.args is not None else ()))
+        return self.head(x) if self.head is not None else x
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _stack(n_blocks=3, head=True, **kw):
+    return Stack([Block() for _ in range(n_blocks)], nn.Linear(4, 3) if head else None, **kw)
+
+
+@program("blocks_input_without_grad", G, must_match=True)
+def _(n=4):
+    return fn(_stack(), r(n, 4))
+
+
+@program("blocks_input_with_grad", G, must_match=True)
+def _(n=4):
+    return fn(_stack(head=False), r(n, 4, rg=True))
+
+
+@program("blocks_signed_zero_attribute", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Block(0.0), Block(-0.0), Block(0.0)]), r(n, 4, rg=True))
+
+
+@program("blocks_signed_zero_argument", G, must_match=True)
+def _(n=4):
+    return fn(_stack(args=lambda i: (-0.0 if i == 1 else 0.0,)), r(n, 4))
+
+
+@program("blocks_nan_attribute", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Block(math.nan), Block(-math.nan), Block(math.nan)]), r(n, 4, rg=True))
+
+
+class Trained(Block):
+    def forward(self, x, eps=None):
+        h = self.fc(x).tanh()
+        return x + (h * 2 if self.training else h)
+
+
+@program("blocks_one_in_eval", G, must_match=True)
+def _(n=4):
+    m = Stack([Trained() for _ in range(3)], nn.Linear(4, 3))
+    m.blocks[1].eval()
+    return fn(m, r(n, 4))
+
+
+class Cast(Block):
+    def forward(self, x, eps=None):
+        return x + self.fc(x.to(self.fc.weight.dtype)).tanh().to(x.dtype)
+
+
+@program("blocks_one_float64", G, must_match=True)
+def _(n=4):
+    m = Stack([Cast() for _ in range(3)], nn.Linear(4, 3))
+    m.blocks[1].double()
+    return fn(m, r(n, 4))
+
+
+@program("blocks_one_frozen", G, must_match=True)
+def _(n=4):
+    m = _stack()
+    m.blocks[1].requires_grad_(False)
+    return fn(m, r(n, 4))
+
+
+@program("blocks_first_frozen_input_without_grad", G, must_match=True)
+def _(n=4):
+    m = _stack()
+    m.blocks[0].requires_grad_(False)
+    return fn(m, r(n, 4))
+
+
+@program("blocks_no_grad_around_one", G, must_match=True)
+def _(n=4):
+    return fn(_stack(around=lambda i: torch.no_grad() if i == 1 else _nothing()), r(n, 4, rg=True))
+
+
+@program("blocks_no_grad_around_last", G, must_match=True)
+def _(n=4):
+    return fn(_stack(around=lambda i: torch.no_grad() if i == 2 else _nothing()), r(n, 4, rg=True))
+
+
+@program("blocks_head_shares_weight", G, must_match=True)
+def _(n=4):
+    m = _stack(head=False)
+    m.head = nn.Linear(4, 4)
+    m.head.weight = m.blocks[0].fc.weight
+    return fn(m, r(n, 4))
+
+
+@program("blocks_one_called_twice", G, must_match=True)
+def _(n=4):
+    return fn(_stack(order=(0, 1, 0, 2)), r(n, 4))
+
+
+@program("blocks_output_unused", G, must_match=True)
+def _(n=4):
+    class Skip(Stack):
+        def forward(self, x):
+            _ = self.blocks[0](x)
+            return self.head(self.blocks[2](self.blocks[1](x)))
+    return fn(Skip([Block() for _ in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+REGISTRY: list = []
+
+
+class Marked(Block):
+    """Branches on which block runs: through a global, a class attribute, or a closure."""
+    first = None
+    seen = None
+
+    def forward(self, x, eps=None):
+        h = self.fc(x).tanh()
+        if self is REGISTRY[0]:
+            h = h * 2
+        if self is type(self).first:
+            h = h * 3
+        if self.seen is not None and self.seen():
+            h = h * 5
+        return x + h
+
+
+@program("blocks_identity_through_global", G, must_match=True)
+def _(n=4):
+    m = Stack([Marked() for _ in range(3)], nn.Linear(4, 3))
+    REGISTRY[:] = [m.blocks[1]]
+    return fn(m, r(n, 4))
+
+
+@program("blocks_identity_through_class_attribute", G, must_match=True)
+def _(n=4):
+    class Mine(Marked):
+        pass
+    m = Stack([Mine() for _ in range(3)], nn.Linear(4, 3))
+    REGISTRY[:] = [None]
+    Mine.first = m.blocks[2]
+    return fn(m, r(n, 4))
+
+
+@program("blocks_identity_through_closure", G, must_match=True)
+def _(n=4):
+    box: list = []
+
+    def seen(self):
+        return self is box[0]
+
+    class Mine(Marked):
+        pass
+    Mine.seen = seen
+    m = Stack([Mine() for _ in range(3)], nn.Linear(4, 3))
+    REGISTRY[:] = [None]
+    box.append(m.blocks[1])
+    return fn(m, r(n, 4))
+
+
+class Indexed(Block):
+    """A per-layer int: scales by it (the graph depends on it) and names with it (it does not)."""
+
+    def __init__(self, idx):
+        super().__init__()
+        self.layer_idx = idx
+        self.name = f"layer{idx}"
+
+    def forward(self, x, eps=None):
+        return x + self.fc(x).tanh() * (1 + self.layer_idx)
+
+
+@program("blocks_layer_index", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Indexed(i) for i in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+class Attention(nn.Module):
+    """A pre-norm attention block with SDPA (``dropout_p`` from the module, 0 in eval)."""
+
+    def __init__(self, d=8, heads=2, p=0.0):
+        super().__init__()
+        self.ln, self.qkv, self.proj, self.heads, self.p = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d), heads, p
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(C, 2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0)
+        return x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+@program("blocks_sdpa", G, must_match=True)
+def _(n=4):
+    return fn(nn.Sequential(*[Attention() for _ in range(3)]), r(2, n, 8, rg=True))
+
+
+@program("blocks_sdpa_dropout", G, "random", must_match=True)
+def _(n=4):
+    return fn(nn.Sequential(*[Attention(p=0.25) for _ in range(3)]), r(2, n, 8, rg=True))
+
+
+@program("blocks_sdpa_one_dropout", G, "random", must_match=True)
+def _(n=4):
+    m = nn.Sequential(*[Attention() for _ in range(3)])
+    m[1].p = 0.25
+    return fn(m, r(2, n, 8))
+
+
+@program("blocks_bf16_input", G, must_match=True, tol=(1e-2, 1e-2))
+def _(n=4):
+    m = Stack([Cast() for _ in range(3)])
+    m.blocks[1].bfloat16()
+    return fn(m, r(n, 4))
