@@ -86,9 +86,10 @@ class Template:
     fw_metas: tuple
     bw_metas: tuple
     graph: fx.GraphModule    # keeps the nodes alive
+    views: tuple = ()        # per block output: None (plain) or the OutputInfo of a view of a returned base
 
 
-def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of) -> Template:
+def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of, views=()) -> Template:
     """The template of a block joint ``(*ins, *tangents) -> (*outs, *grads)``."""
     ph = [n for n in joint.graph.nodes if n.op == "placeholder"]
     primals, tangents = ph[:n_in], ph[n_in:]
@@ -109,7 +110,7 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
     fw_outs = tuple(fw_vals)
     return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
                     tuple(primals) + tuple(tangents), bw_outs, grad_at,
-                    tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint)
+                    tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views)
 
 
 class Direct:
@@ -194,6 +195,7 @@ class BlockFunction(torch.autograd.Function):
     inputs bound to unseen ones stay inputs of the Function (autograd knows what the block read)
     but not of its nodes."""
     aotgrad_writes_nothing = True       # no in-place writes for runtime.hooks to watch for
+    aotgrad_returns_fresh = True        # never an input or a view of one (runtime.hooks.custom_view)
 
     @staticmethod
     def forward(ctx, key, bound, slots, direct, *ins):

@@ -39,6 +39,7 @@ from ..scoped import Shared, Stack
 from ..passes.cleanup import simplify_owned
 from . import block_graph
 from ..ir.records import layout
+from ..runtime.epilogue import as_view
 from .joint import trace_joint
 from .session import Session
 
@@ -201,7 +202,7 @@ class Reuse:
             _replay_reads(self.recording, hit.frames, m.paths)
         with reads.paused():        # our Function and kernel: no user code runs in them
             outs = block_graph.apply(hit.template, [*state, *call.tensors])
-        return pytree.tree_unflatten(outs, hit.template.out_spec)
+        return pytree.tree_unflatten(_with_views(outs, hit.template.views), hit.template.out_spec)
 
     def count(self) -> int:
         """Block calls that a template stood for in the last trace."""
@@ -359,9 +360,11 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
         return leaves
     block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
-    if analysis.mutated() or analysis.base_count or any(
-            i.mutates_metadata for i in analysis.inputs) or any(
-            o.kind != "plain" or o.is_view or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
+    # An output may be a view of the block's own intermediate (``nn.Linear`` on a 3-d input ends in
+    # a view of its matmul): the template returns the base, and each call makes the view again.
+    if analysis.mutated() or any(i.mutates_metadata for i in analysis.inputs) or any(
+            o.kind not in ("plain", "intermediate_view") or o.kind == "plain" and o.is_view
+            or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
         return None
     lay = layout(analysis)
     # The metadata pass ran the block's Python under the read recording already; watching the
@@ -373,7 +376,19 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
     # the detaches and dead nodes it would drop from every copy again.
     joint = simplify_owned(joint)
-    return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of)
+    views = tuple(None if o.kind == "plain" else o for o in analysis.outputs)
+    return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of,
+                             views if any(views) else ())
+
+
+def _with_views(values: list, views: tuple) -> list:
+    """The block's outputs from the template's forward values: the plain outputs, then the bases
+    the views among them (``views``: each output's ``OutputInfo``, None for a plain one) are made of."""
+    if not views:
+        return values
+    n_plain = sum(v is None for v in views)
+    plain = iter(values[:n_plain])
+    return [next(plain) if v is None else as_view(values[n_plain + v.index], v, None) for v in views]
 
 
 def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:

@@ -368,7 +368,8 @@ def custom_view(t: torch.Tensor) -> bool:
         if node is None:
             return False
         if isinstance(node, torch.autograd.function.BackwardCFunction):
-            return True
+            # aotgrad's own block calls return fresh tensors: the view's base is their output
+            return not getattr(node._forward_cls, "aotgrad_returns_fresh", False)
         if type(node).__name__ not in _VIEW_NODES:
             return False
         node = next((n for n, _ in node.next_functions if n is not None), None)

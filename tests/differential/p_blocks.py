@@ -267,3 +267,48 @@ def _(n=4):
     m = Stack([Cast() for _ in range(3)])
     m.blocks[1].bfloat16()
     return fn(m, r(n, 4))
+
+
+class Mlp(nn.Module):
+    """Ends in ``nn.Linear`` on a 3-d input: its output is a view of the matmul's result."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+@program("blocks_output_is_a_view", G, must_match=True)
+def _(n=4):
+    return fn(nn.Sequential(*[Mlp() for _ in range(3)]), r(2, n, 4, rg=True))
+
+
+@program("blocks_view_output_written_in_place", G, must_match=True)
+def _(n=4):
+    class Written(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlps = nn.ModuleList(Mlp() for _ in range(3))
+
+        def forward(self, x):
+            for m in self.mlps:
+                h = m(x)
+                h.mul_(2)       # in place on a view of the block's intermediate
+                x = x + h
+            return x
+    return fn(Written(), r(2, n, 4))
+
+
+@program("blocks_view_output_reshaped_and_returned", G, must_match=True)
+def _(n=4):
+    class Returned(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlps = nn.ModuleList(Mlp() for _ in range(2))
+
+        def forward(self, x):
+            a = self.mlps[0](x)
+            return a, self.mlps[1](a).transpose(0, 1)
+    return fn(Returned(), r(2, n, 4, rg=True))
