@@ -27,6 +27,8 @@ import torch
 import torch.fx as fx
 
 from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
+from ..analysis.ops import is_random
+from ..passes import rng_positions
 from ..scoped import Stack
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
@@ -87,6 +89,8 @@ class Template:
     bw_metas: tuple
     graph: fx.GraphModule    # keeps the nodes alive
     views: tuple = ()        # per block output: None (plain) or the OutputInfo of a view of a returned base
+    random: tuple = ()       # the forward's random nodes, in draw order
+    random_devices: tuple = ()
 
 
 def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of, views=()) -> Template:
@@ -108,9 +112,11 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
     grad_at = tuple(i for i, g in zip(grad_of, grads) if g is not None)
     assert all(v in fw_set or v in primals for v in fw_vals), "a block output depends on a tangent"
     fw_outs = tuple(fw_vals)
+    random = tuple(n for n in fw_nodes if is_random(n))
     return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
                     tuple(primals) + tuple(tangents), bw_outs, grad_at,
-                    tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views)
+                    tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views,
+                    random, tuple(rng_positions.node_device(n) for n in random))
 
 
 class Direct:
@@ -139,6 +145,7 @@ class Direct:
         self.backward = False
         self.missed = False
         self.calls: dict = {}       # node number -> (call, bound, direct), for the fake kernel and inline_blocks
+        self.rng: dict = {}         # forward call number -> stream positions of its random nodes
 
     def claim(self, ins) -> tuple:
         slots = tuple(self.slots.get(id(x), 0) for x in ins)
@@ -207,6 +214,8 @@ class BlockFunction(torch.autograd.Function):
             res = [FunctionalTensor.to_functional(f) for f in fresh_fakes(detect_fake_mode(), t.fw_metas)]
         else:
             direct.record(ctx.call, ctx.call, bound, (0,) * len(bound))
+            if t.random:    # the stamped copies draw here in eager's stream: take their places now
+                direct.rng[ctx.call] = rng_positions.reserve(t.random_devices)
             # The node is replaced by the template's copies, which have their stack traces.
             with no_stack_traces(), fake_cache_off():
                 res = torch.ops.aotgrad.block_fw.default(passed, key, ctx.call)
@@ -251,10 +260,11 @@ def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule, recorded: dict) -> int:
+def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict | None = None) -> int:
     """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
     and write the direct gradients into the output; returns how many. ``recorded``: the trace's
-    :attr:`Direct.calls`. Raises :class:`SharedGradient`."""
+    :attr:`Direct.calls`; ``rng``: its :attr:`Direct.rng` (each call's random nodes' stream
+    positions). Raises :class:`SharedGradient`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
     inputs = list(gm.graph.find_nodes(op="placeholder"))
@@ -267,7 +277,12 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict) -> int:
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
         passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
-            forwards[call] = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs)
+            forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs)
+            positions = (rng or {}).get(call)
+            if t.random:
+                assert positions is not None, "a block's random ops were stamped without stream positions"
+                for node, at in zip(t.random, positions):
+                    rng_positions.tag(env[node], at)
             continue
         kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
         env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept)

@@ -9,13 +9,17 @@ device, requires_grad, tying), no hooks, recursively. While the capture traces,
 given argument layout traces the block's joint on its own (a :class:`Template`,
 see :mod:`.block_graph`); every call, the first included, becomes one node holding
 that call's own parameters and arguments, inlined into a copy of the template's
-nodes afterwards. Anything the template cannot stand for (a mutation, an output
-that aliases, random ops, constants, hooks registered inside, symbolic sizes,
-autocast, saved-tensor hooks) makes the block run flat, as without reuse.
+nodes afterwards; an output that is a view of the block's own intermediate is
+viewed again per call, random ops draw at each call's own place in the stream.
+Anything the template cannot stand for (a mutation, an output that aliases an
+input, a random op in the backward, constants, hooks registered inside, symbolic
+sizes, autocast, saved-tensor hooks) makes the block run flat, as without reuse.
 
 The guards stay those of a flat trace: the Python reads the template's trace
 recorded on the first block's objects are recorded again on each block's own
 (same paths), so changing ``blocks[5].attn.n_head`` after capture recompiles.
+A template whose trace reached a block other than through the block itself
+(``self is REGISTRY[0]``) is not used at all (:func:`_reaches_blocks`).
 """
 from __future__ import annotations
 
@@ -222,11 +226,11 @@ class Reuse:
             self.off = False
         if template is None:
             return None
-        block_graph.TEMPLATES[template.key] = template
         where = {id(sub): path for path, sub in m.paths.items()}
         new = [f for k, f in rec.frames.items() if k not in before]
         if _reaches_blocks(new, where, self._block_objects()):
             return None     # the trace may depend on which block it is: each runs its own code
+        block_graph.TEMPLATES[template.key] = template
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
         return Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2]))
@@ -371,14 +375,18 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     # joint trace (make_fx's Python too) would about double its cost for nothing.
     with reads.paused():
         joint = trace_joint(sess, block_fn, fakes, analysis, lay)
-    if any(x.op == "get_attr" or is_random(x) or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
+    if any(x.op == "get_attr" or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
         return None
     # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
-    # the detaches and dead nodes it would drop from every copy again.
+    # the detaches and dead nodes it would drop from every copy again. Random ops stay: each copy
+    # draws at the place in the stream its call has (block_graph.Template.random).
     joint = simplify_owned(joint)
     views = tuple(None if o.kind == "plain" else o for o in analysis.outputs)
-    return block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of,
+    template = block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of,
                              views if any(views) else ())
+    # A random op in the backward (a custom Function's backward drawing) draws when backward() runs,
+    # from the stream as it then stands: not a place a forward call can take for it.
+    return None if any(is_random(n) for n in template.bw_nodes) else template
 
 
 def _with_views(values: list, views: tuple) -> list:

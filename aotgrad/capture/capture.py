@@ -133,7 +133,7 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
-        return joint, inline_blocks(joint, joint.meta.pop("aotgrad block calls")), len(unseen)
+        return joint, inline_blocks(joint, *joint.meta.pop("aotgrad block calls")), len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:
         unseen = unseen_inputs(reuse, setup, analysis)

@@ -168,6 +168,32 @@ def backward_begins() -> None:
         log.phase = "bw"
 
 
+def reserve(devices) -> tuple | None:
+    """Stream positions for draws made by nodes that will be stamped into the graph later (a repeated
+    block's random ops, see :mod:`aotgrad.capture.block_graph`), one per device in ``devices``, taken
+    here in the stream as if they were traced now: ``((device, epoch, index), phase)`` each, or None
+    when no graph is being traced with positions."""
+    log = _ACTIVE[-1] if _ACTIVE else None
+    if log is None or not log.sync():
+        return None
+    out = []
+    for dev in devices:
+        epoch, index = log.pos.get(dev, (log.phase, 0))
+        out.append(((dev, epoch, index), log.phase))
+        log.pos[dev] = (epoch, index + 1)
+    return tuple(out)
+
+
+def tag(node: fx.Node, position) -> None:
+    """Give a stamped random node the position :func:`reserve` took for it."""
+    node.meta[META], node.meta[PHASE] = position
+
+
+def node_device(n: fx.Node) -> str:
+    """The device a node's value lives on (its first value's, for a tuple)."""
+    return _node_device(n)
+
+
 def traced_with_positions(trace) -> fx.GraphModule:
     """``trace()`` (which returns a joint graph) with every random node tagged with its position."""
     log = _Log()

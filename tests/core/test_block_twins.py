@@ -23,10 +23,12 @@ REUSED = {
     "blocks_identity_through_global": 0, "blocks_identity_through_class_attribute": 0,
     "blocks_identity_through_closure": 0,
     "blocks_layer_index": 0,
-    "blocks_sdpa": 3, "blocks_sdpa_dropout": 0, "blocks_sdpa_one_dropout": 2,
+    "blocks_sdpa": 3, "blocks_sdpa_dropout": 3, "blocks_sdpa_one_dropout": 2,
     "blocks_bf16_input": 2,
     "blocks_output_is_a_view": 3, "blocks_view_output_written_in_place": 3,
     "blocks_view_output_reshaped_and_returned": 2,
+    "blocks_dropout": 4, "blocks_dropout_between_random_ops": 3,
+    "blocks_dropout_one_checkpointed": 2,       # the checkpointed call runs flat (saved-tensor hooks)
 }
 
 

@@ -312,3 +312,40 @@ def _(n=4):
             a = self.mlps[0](x)
             return a, self.mlps[1](a).transpose(0, 1)
     return fn(Returned(), r(2, n, 4, rg=True))
+
+
+class Dropped(Block):
+    def __init__(self, p=0.3):
+        super().__init__()
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x, eps=None):
+        return x + self.drop(self.fc(x).tanh())
+
+
+@program("blocks_dropout", G, "random", must_match=True)
+def _(n=4):
+    return fn(Stack([Dropped() for _ in range(4)], nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_dropout_between_random_ops", G, "random", must_match=True)
+def _(n=4):
+    class Noisy(Stack):
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x) + torch.rand_like(x) * 0.1       # a draw outside the blocks between calls
+            return self.head(F.dropout(x, 0.2))
+    return fn(Noisy([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+# Not must_match: compiled autograd refuses an eager checkpoint's saved-tensor hooks (typed).
+@program("blocks_dropout_one_checkpointed", G, "random")
+def _(n=4):
+    from torch.utils.checkpoint import checkpoint
+
+    class Checked(Stack):
+        def forward(self, x):
+            for i, b in enumerate(self.blocks):
+                x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
+            return self.head(x)
+    return fn(Checked([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
