@@ -13,6 +13,7 @@ The *compile* column subtracts a steady-state step (median of a few) from it.
 
     python -m benchmarks.compile_time
     python -m benchmarks.compile_time --depth     # the GPT depth table
+    python -m benchmarks.compile_time --depth --sdpa --systems aotgrad,torch_aot
 
 The depth table times capture + compile + first training step of the GPT
 of ``examples.models`` (d=64) at 2, 6, 8 and 32 layers, in this process after a
@@ -131,14 +132,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _depth_step(system: str, n_layer: int) -> float:
-    """Seconds from a built GPT of ``n_layer`` blocks to its first training step done."""
+def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
+    """Seconds from a built GPT of ``n_layer`` blocks to its first training step done (``sdpa``:
+    attention through ``F.scaled_dot_product_attention``, the benchmarks' GPT)."""
     from dataclasses import replace
 
     from benchmarks.common import SYSTEMS, train_once
     from examples import models
 
-    model, args = models.make_gpt(replace(models.GPT_TINY, n_layer=n_layer))
+    model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
     t0 = time.perf_counter()
     if system == "aot_eager":
         import torch
@@ -155,12 +157,12 @@ def _depth_step(system: str, n_layer: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS) -> dict:
+def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS, sdpa: bool = False) -> dict:
     """``{system: {layers: median seconds}}``; each system warmed up once first."""
     out: dict = {}
     for system in systems:
-        _depth_step(system, depths[0])
-        out[system] = {n: statistics.median(_depth_step(system, n) for _ in range(repeats)) for n in depths}
+        _depth_step(system, depths[0], sdpa)
+        out[system] = {n: statistics.median(_depth_step(system, n, sdpa) for _ in range(repeats)) for n in depths}
     return out
 
 
@@ -184,6 +186,8 @@ def main():
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads; one keeps timings steady on a shared machine")
     p.add_argument("--depth", action="store_true", help="the GPT depth table instead of cold/warm gpt_small")
+    p.add_argument("--sdpa", action="store_true", help="the depth table's GPT with F.scaled_dot_product_attention")
+    p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -193,8 +197,9 @@ def main():
 
     torch.set_num_threads(a.threads)
     if a.depth:
-        print(f"GPT (d=64) capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")
-        print(depth_table(run_depths(a.repeats)))
+        print(f"GPT (d=64{', SDPA' if a.sdpa else ''}) capture + compile + first step, {a.threads} thread(s), "
+              f"median of {a.repeats}")
+        print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")), sdpa=a.sdpa)))
         return
     print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))
