@@ -33,12 +33,6 @@ KNOWN = {
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
-    ("aot_input_mutation_and_output_view", "export"):
-        "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
-        "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
-        "second time' in the second backward; eager trains",
-    ("aotd_input_mutation_and_output_view", "export"):
-        "as aot_input_mutation_and_output_view: the second step's backward reaches the first call's freed graph",
     ("aotd_parameter_storage_freed", "export"):
         "the loading process segfaults (exit -11) training the artifact of a module whose parameter storage was "
         "freed (FSDP-style): export should refuse the freed parameter with a typed error",
