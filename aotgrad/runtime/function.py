@@ -73,8 +73,9 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     def first_order(ctx, *grad_outputs):
         # A backward that saved nothing runs again when autograd reaches it again, as eager's
         # (a non-leaf input written in place by two calls: the second backward passes the first's).
-        saved = ctx.saved_tensors if n_saved_tensors else ()
-        args = [*saved, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
+        # (No local name for ctx.saved_tensors: it would keep every activation alive to the end.)
+        args = [*(ctx.saved_tensors if n_saved_tensors else ()), *ctx.symbols,
+                *(_contiguous(grad_outputs[k]) for k in tangent_of)]
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
         if n_saved_tensors:
