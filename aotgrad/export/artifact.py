@@ -133,12 +133,22 @@ def _state_specs(captured, named: dict | None) -> list:
     state = []
     for name, slot in zip(sig.state_names, sig.slots):
         t = (slot.module._parameters if slot.is_param else slot.module._buffers)[slot.attr]
+        if named is not None and t.numel() and t.untyped_storage().nbytes() < _extent_bytes(t):
+            raise Unserializable(f"the {'parameter' if slot.is_param else 'buffer'} `{name}`, whose storage is freed "
+                                 "or smaller than its size (untyped_storage().resize_(0), FSDP-style): its values "
+                                 "cannot be written; export after they are allocated again, or with values=False")
         state.append({"name": name, "kind": "param" if slot.is_param else "buffer",
                       "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "requires_grad": t.requires_grad,
                       "aliases": aliases.get(name, [name])[1:]})
         if named is not None:
             named[f"state/{name}"] = t
     return state
+
+
+def _extent_bytes(t: torch.Tensor) -> int:
+    """Bytes of storage ``t`` reaches (offset and strides included)."""
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size()
 
 
 def _aotgrad_version() -> str:

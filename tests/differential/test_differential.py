@@ -33,9 +33,6 @@ KNOWN = {
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
-    ("aotd_parameter_storage_freed", "export"):
-        "the loading process segfaults (exit -11) training the artifact of a module whose parameter storage was "
-        "freed (FSDP-style): export should refuse the freed parameter with a typed error",
 }
 
 # A warm entry is its cold one served from the disk cache: the same programs fail the same way.
