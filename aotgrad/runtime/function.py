@@ -54,8 +54,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         if input_hooks:
             install_input_hooks(input_hooks, primals)
         outs = fw(*primals)
-        if n_saved_tensors:
-            ctx.save_for_backward(*_saved(outs[n_fw:n_saved_end], primals, saved_views))
+        ctx.save_for_backward(*_saved(outs[n_fw:n_saved_end], primals, saved_views))
         ctx.symbols = outs[n_saved_end:]
         fw_values = outs[:n_fw]
         if returned:
@@ -71,15 +70,10 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     boxed = getattr(bw, "_boxed_call", False)
 
     def first_order(ctx, *grad_outputs):
-        # A backward that saved nothing runs again when autograd reaches it again, as eager's
-        # (a non-leaf input written in place by two calls: the second backward passes the first's).
-        # (No local name for ctx.saved_tensors: it would keep every activation alive to the end.)
-        args = [*(ctx.saved_tensors if n_saved_tensors else ()), *ctx.symbols,
-                *(_contiguous(grad_outputs[k]) for k in tangent_of)]
+        args = [*ctx.saved_tensors, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
-        if n_saved_tensors:
-            ctx.maybe_clear_saved_tensors()
+        ctx.maybe_clear_saved_tensors()
         if retained:
             ctx.outer = {slot: grad_outputs[k] for slot, k in retained}
             RUNNING.append(ctx)

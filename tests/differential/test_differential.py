@@ -30,6 +30,15 @@ KNOWN = {
        "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
        "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
        for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit")},
+    ("aot_input_mutation_and_output_view", "export"):
+        "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
+        "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
+        "second time' in the second backward (its history passes through the first call's compiled node, whose "
+        "saved state was released); eager trains because add_ and view save nothing. Letting a node that saved "
+        "nothing run again fixes this one but makes mul_(2) (eager saves the wrapped scalar and raises) succeed "
+        "where eager raises (aotd_input_mutation_is_output, _multiple, _noncontiguous, aotd_view_detach)",
+    ("aotd_input_mutation_and_output_view", "export"):
+        "as aot_input_mutation_and_output_view: the second step's backward reaches the first call's freed graph",
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
