@@ -260,7 +260,7 @@ def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict | None = None) -> int:
+def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict) -> int:
     """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
     and write the direct gradients into the output; returns how many. ``recorded``: the trace's
     :attr:`Direct.calls`; ``rng``: its :attr:`Direct.rng` (each call's random nodes' stream
@@ -278,10 +278,9 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict | None = None) -
         passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
             forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs)
-            positions = (rng or {}).get(call)
             if t.random:
-                assert positions is not None, "a block's random ops were stamped without stream positions"
-                for node, at in zip(t.random, positions):
+                assert rng.get(call) is not None, "a block's random ops were stamped without stream positions"
+                for node, at in zip(t.random, rng[call]):
                     rng_positions.tag(env[node], at)
             continue
         kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]

@@ -38,11 +38,11 @@ from ..analysis.ops import is_random
 from ..frontend.flatten import holding
 from ..guards import reads
 from ..guards.resolve import locate, read_at
-from ..guards.state import bits
 from ..scoped import Shared, Stack
 from ..passes.cleanup import simplify_owned
 from . import block_graph
 from ..ir.records import layout
+from ..runtime.call import bits
 from ..runtime.epilogue import as_view
 from .joint import trace_joint
 from .session import Session

@@ -32,7 +32,7 @@ import torch
 
 from .. import errors
 from ..generated import compile_source
-from ..runtime.call import VALUE_TYPES, float_bits, float_from_bits, same_value
+from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
 
 _EQ_TYPES = VALUE_TYPES
@@ -73,13 +73,6 @@ def freeze(v, depth=0):
         items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
         return (type(v), tuple(freeze(x, depth + 1) for x in items))
     return _Same(v)
-
-
-def bits(v):
-    """A float or complex number as its exact bits (``-0.0`` apart from ``0.0``); others as they are."""
-    if isinstance(v, float):        # float subclasses too (numpy.float64)
-        return float_bits(v)
-    return (float_bits(v.real), float_bits(v.imag)) if isinstance(v, complex) else v
 
 
 def _unbits(t, body):

@@ -65,7 +65,7 @@ class _Log:
 
     def _tag(self, nodes) -> None:
         for n in nodes:
-            dev = _node_device(n)
+            dev = node_device(n)
             epoch, index = self.pos.get(dev, (self.phase, 0))
             n.meta[META], n.meta[PHASE] = (dev, epoch, index), self.phase
             self.pos[dev] = (epoch, index + 1)
@@ -189,11 +189,6 @@ def tag(node: fx.Node, position) -> None:
     node.meta[META], node.meta[PHASE] = position
 
 
-def node_device(n: fx.Node) -> str:
-    """The device a node's value lives on (its first value's, for a tuple)."""
-    return _node_device(n)
-
-
 def traced_with_positions(trace) -> fx.GraphModule:
     """``trace()`` (which returns a joint graph) with every random node tagged with its position."""
     log = _Log()
@@ -203,7 +198,8 @@ def traced_with_positions(trace) -> fx.GraphModule:
     return gm
 
 
-def _node_device(n: fx.Node) -> str:
+def node_device(n: fx.Node) -> str:
+    """The device a node's value lives on (its first value's, for a tuple)."""
     val = n.meta.get("val")
     val = val[0] if isinstance(val, (tuple, list)) and val else val
     return _device(getattr(val, "device", None))

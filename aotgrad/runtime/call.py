@@ -37,11 +37,14 @@ def same_value(a, b) -> bool:
     differs), a NaN is the same as a NaN. ``a`` and ``b`` are of the ``VALUE_TYPES``."""
     if type(a) is not type(b):
         return False
-    if type(a) is float:
-        return float_bits(a) == float_bits(b)
-    if type(a) is complex:
-        return float_bits(a.real) == float_bits(b.real) and float_bits(a.imag) == float_bits(b.imag)
-    return a == b
+    return bits(a) == bits(b)
+
+
+def bits(v):
+    """A float or complex number as its exact bits (``-0.0`` apart from ``0.0``); others as they are."""
+    if isinstance(v, float):        # float subclasses too (numpy.float64)
+        return float_bits(v)
+    return (float_bits(v.real), float_bits(v.imag)) if isinstance(v, complex) else v
 
 
 def float_bits(v: float) -> str:

@@ -24,6 +24,7 @@ import torch
 
 import aotgrad
 from aotgrad.backends import cudagraphs as cg
+from tests.eager_check import unreadable
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def _unwrapped(compiled):
 def _stored_first(compile, fn, args, kwargs):
     """Compile and call a copy of the program once (its disk-cache entry is stored), leaving the
     RNG as it was: what a first process does before the one under test starts."""
-    if any(_storage_freed(t) for t in _all_tensors(fn, args, kwargs)):
+    if any(unreadable(t) for t in _all_tensors(fn, args, kwargs)):
         return      # deepcopy would read the freed storage (a segfault in torch, eager too)
     state = torch.random.get_rng_state()
     try:
@@ -83,17 +84,6 @@ def _stored_first(compile, fn, args, kwargs):
 def _all_tensors(fn, args, kwargs):
     state = list(fn.parameters()) + list(fn.buffers()) if isinstance(fn, torch.nn.Module) else []
     return state + [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-
-
-def _storage_freed(t) -> bool:
-    """A dense tensor whose storage no longer covers its elements (``untyped_storage().resize_(0)``)."""
-    if t.layout is not torch.strided or t.is_nested or not t.numel():
-        return False
-    try:
-        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        return t.untyped_storage().nbytes() < (last + 1) * t.element_size()
-    except (RuntimeError, NotImplementedError, TypeError):     # a subclass or layout without one storage
-        return False
 
 
 def _jit_warm(fn, args, kwargs):

@@ -287,31 +287,23 @@ def _(n=4):
 
 @program("blocks_view_output_written_in_place", G, must_match=True)
 def _(n=4):
-    class Written(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mlps = nn.ModuleList(Mlp() for _ in range(3))
-
+    class Written(Stack):
         def forward(self, x):
-            for m in self.mlps:
+            for m in self.blocks:
                 h = m(x)
                 h.mul_(2)       # in place on a view of the block's intermediate
                 x = x + h
             return x
-    return fn(Written(), r(2, n, 4))
+    return fn(Written([Mlp() for _ in range(3)]), r(2, n, 4))
 
 
 @program("blocks_view_output_reshaped_and_returned", G, must_match=True)
 def _(n=4):
-    class Returned(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mlps = nn.ModuleList(Mlp() for _ in range(2))
-
+    class Returned(Stack):
         def forward(self, x):
-            a = self.mlps[0](x)
-            return a, self.mlps[1](a).transpose(0, 1)
-    return fn(Returned(), r(2, n, 4, rg=True))
+            a = self.blocks[0](x)
+            return a, self.blocks[1](a).transpose(0, 1)
+    return fn(Returned([Mlp() for _ in range(2)]), r(2, n, 4, rg=True))
 
 
 class Dropped(Block):
