@@ -113,3 +113,8 @@ FX_TRACING = threading.RLock()
 through one process-wide patcher (``torch.fx._symbolic_trace.CURRENT_PATCHER``), which two traces
 in two threads at once undo for each other (an AssertionError, or its patches left installed for
 good). Captures in several threads trace their forwards side by side and take turns here."""
+
+
+EAGER_PATHS = Stack("aotgrad.eager_paths")
+"""This thread's regions of a trace where ``torch.compiler.is_compiling()`` answers False again
+(``frontend.step.eager_paths``: a captured optimizer's step), innermost last."""

@@ -82,6 +82,7 @@ class Captured:
     output_descs: tuple
     history: tuple[Step, ...]
     state: StateGuards | None = None     # Python state the trace read (``capture`` only)
+    step: object = None     # a whole training step's ``frontend.step.Binding``: state gathered and installed per call
 
     @property
     def is_inference(self) -> bool:
@@ -143,6 +144,11 @@ class Compiled:
     history: tuple[Step, ...]
 
     def __call__(self, *args, **kwargs):
+        if self.captured.step is not None:      # a training step: its optimizer's and .grad state around the call
+            return self.captured.step.around(self._call, args, kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         was = self.captured.setup.session.baked
         why = mismatch(was) if was is not None else None
         if why is not None:

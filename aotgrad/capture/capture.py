@@ -11,6 +11,7 @@ from ..analysis.ops import is_random
 from ..frontend.aliasing import find_groups, rebase
 from ..frontend.distributed import refuse_wrapped
 from ..frontend.flatten import flat_function, signature
+from ..frontend.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads
 from ..guards import state as state_guards
@@ -45,6 +46,10 @@ def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, 
     repeated block of a module on its own (see :mod:`aotgrad.capture.blocks`).
     """
     refuse_wrapped(fn, "capture")
+    root = step_root(fn)
+    if root is not None:        # a whole training step: its modules, .grad and optimizer state as inputs
+        captured = capture(root, root.binding.gather(), *args, dynamic=dynamic, reuse_blocks=reuse_blocks, **kwargs)
+        return replace(captured, step=root.binding)
     with GC_PAUSED():
         captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
                                                               reuse_blocks=reuse_blocks),
@@ -77,6 +82,10 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     SEEDED.clear()
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+    if getattr(setup.fn, "whole_step", False):
+        # A training step's outputs and updated parameters are detached from any later backward (the
+        # step ran its own): an inference graph, whose epilogue writes the updates in place.
+        analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
     groups = find_groups(setup.real_inputs, changed)
     if any(analysis.inputs[i].mutates_metadata for g in groups for i in g.members):

@@ -35,7 +35,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             # An unseen input's stand-in is its fake itself: only block calls read it (Direct checks).
             f_ins = [unseen[i] if i in unseen else to_functional(next(seen)) for i in range(lay.n_primals)]
             # Mutating a clone keeps the original value for autograd.grad to differentiate.
-            call_ins = [f.clone() if info.mutates_data and info.requires_grad else f
+            call_ins = [f.clone() if info.mutates_data and info.requires_grad and lay.grad_of else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
             direct = joint.direct = Direct(

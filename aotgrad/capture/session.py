@@ -21,7 +21,7 @@ from .._torch import (
     storage_key, sync,
 )
 from ..runtime.modes import baked
-from ..scoped import Shared, Stack
+from ..scoped import EAGER_PATHS, Shared, Stack
 from .block_graph import DIRECT, UnseenUsed
 
 
@@ -133,7 +133,7 @@ def _set_traceable():
     set_mkldnn_enabled(False)
     torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
     is_compiling = torch.compiler.is_compiling
-    torch.compiler.is_compiling = lambda: bool(_TRACING) or is_compiling()
+    torch.compiler.is_compiling = lambda: (bool(_TRACING) and not EAGER_PATHS) or is_compiling()
 
     def restore():
         torch.compiler.is_compiling = is_compiling

@@ -102,12 +102,15 @@ def _refuse_forward_only():
     backward = torch.autograd.backward
 
     def checked_backward(*args, **kwargs):
-        if _TRACING_FORWARD:
+        mode = _TRACING_FORWARD[-1] if _TRACING_FORWARD else None
+        if mode is True:
             _refuse_backward()
+        if mode:            # a whole training step is traced: its own backward (frontend.step)
+            return mode(*args, **kwargs)
         return backward(*args, **kwargs)
 
     def grad(self, *value):
-        if _TRACING_FORWARD:
+        if _TRACING_FORWARD and _TRACING_FORWARD[-1] is True:
             _refuse_grad_read()
         return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
     torch.autograd.backward = checked_backward

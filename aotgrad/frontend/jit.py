@@ -32,6 +32,7 @@ from ..guards import cache, resolve
 from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards
 from .flatten import signature
+from .step import Root, step_root
 from .distributed import split_for_jit
 from .jit_options import bound_method, check_options, root_name, tracing
 from ..options import CompileOptions
@@ -190,6 +191,8 @@ class Jit:
 
     def _key(self, modes, args, kwargs) -> cache.JitKey | None:
         opts = self.options
+        if isinstance(self.fn, Root):   # the key would name Root's code, not the step function's
+            return None
         if not cache.enabled() or opts.fw_compiler not in LOADABLE_BACKENDS \
                 or opts.bw_compiler not in LOADABLE_BACKENDS:
             return None
@@ -290,4 +293,8 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     check_options(compile_options)
     if fn is None:
         return lambda f: jit(f, dynamic=dynamic, recompile_limit=recompile_limit, **compile_options)
+    root = step_root(fn)
+    if root is not None:        # a whole training step (frontend/step.py)
+        return Jit(root, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1),
+                   around=root.binding.around)
     return Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))

@@ -29,7 +29,7 @@ LAYERS = (
 )
 
 # Parts made of single modules of a package whose other modules sit elsewhere.
-GROUPS = {**{f"frontend.{m}": "frontend.inputs" for m in ("flatten", "aliasing", "distributed", "jit_options")},
+GROUPS = {**{f"frontend.{m}": "frontend.inputs" for m in ("flatten", "aliasing", "distributed", "jit_options", "step")},
           **{f"export.{m}": "export.write"
              for m in ("artifact", "codec", "schema", "tensors", "manifest", "inspect", "sandbox")}}
 

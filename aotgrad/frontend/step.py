@@ -1,0 +1,336 @@
+"""A whole training step as one graph: forward, ``loss.backward()``, gradient clipping, the
+optimizer's update and ``zero_grad``.
+
+A plain function that reaches a ``torch.optim.Optimizer`` (through its globals, its closure, a
+bound ``self`` or an attribute of one) is captured as a *step*. What eager keeps in Python objects
+becomes graph inputs and outputs:
+
+* the parameters and buffers of every module the function reaches, lifted as for a module;
+* each parameter's ``.grad`` (an input where it exists; the graph returns the new one);
+* each optimizer's per-parameter state (``exp_avg``, ``step``, momentum buffers) and each group's
+  learning rate, which enters as a float64 tensor read with ``.item()`` (an unbacked float in the
+  trace), so a scheduler changing it between steps does not recompile.
+
+:class:`Root` is a module holding the user's modules; its ``forward(state, *args, **kwargs)``
+installs the traced stand-ins (``.grad``, the optimizer's ``state`` and ``param_groups``), runs the
+function with ``.backward()`` as :func:`_accumulate` (``autograd.grad``, then eager's
+AccumulateGrad rule in Python: the engine's own cannot write into a functional tensor), and
+returns ``(outputs, new state, which outputs required grad)``. :class:`Binding` gathers the state
+before each call and installs the new one after, as eager would have left it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import types
+from collections import defaultdict
+
+import torch
+
+from .._torch import pytree
+from ..errors import UnsupportedError, caller_line
+from ..scoped import EAGER_PATHS
+from . import flatten
+
+_REFUSED = {"LBFGS": "its step(closure) re-evaluates the loss a data-dependent number of times",
+            "SparseAdam": "it updates sparse gradients, which aotgrad does not trace"}
+
+
+def reached(fn) -> tuple[dict, list]:
+    """``({name: module}, [optimizers])`` the function can reach: names its code (and nested code)
+    reads from its globals, its closure, a bound ``self`` and that object's attributes, and the
+    members of lists, tuples and dicts among those. Empty when ``fn`` is a module."""
+    if isinstance(fn, torch.nn.Module) or not callable(fn):
+        return {}, []
+    found: dict = {}
+    while isinstance(fn, functools.partial):
+        found.update({f"arg{i}": a for i, a in enumerate(fn.args)}, **fn.keywords)
+        fn = fn.func
+    if inspect.ismethod(fn):
+        found["self"] = fn.__self__
+        found.update({k: v for k, v in vars(fn.__self__).items() if not k.startswith("__")}
+                     if hasattr(fn.__self__, "__dict__") and not isinstance(fn.__self__, torch.nn.Module) else {})
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}, []
+    names = _names(code)
+    found.update({n: fn.__globals__[n] for n in names if n in fn.__globals__})
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        with contextlib.suppress(ValueError):
+            found[name] = cell.cell_contents
+    modules, optimizers = {}, []
+    for name, obj in found.items():
+        members = obj.items() if isinstance(obj, dict) else \
+            ((f"{name}{i}", o) for i, o in enumerate(obj)) if isinstance(obj, (list, tuple)) else [(name, obj)]
+        for n, o in members:
+            if isinstance(o, torch.nn.Module) and all(o is not m for m in modules.values()):
+                modules[str(n).replace(".", "_")] = o
+            elif isinstance(o, torch.optim.Optimizer) and all(o is not p for p in optimizers):
+                optimizers.append(o)
+    return modules, optimizers
+
+
+def _names(code) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _names(c)
+    return names
+
+
+def step_root(fn):
+    """The :class:`Root` standing for ``fn`` when it is a training step (it reaches an optimizer), else None."""
+    modules, optimizers = reached(fn)
+    if not optimizers:
+        return None
+    return Root(fn, modules, optimizers)
+
+
+class Root(torch.nn.Module):
+    """The modules a step reaches, as one module whose forward takes the step's state first."""
+    whole_step = True       # capture: nothing the graph returns takes part in a later backward
+
+    def __init__(self, fn, modules: dict, optimizers: list):
+        super().__init__()
+        for name, m in modules.items():
+            self.add_module(name, m)
+        self.__dict__["step_fn"] = fn       # neither a submodule nor state: plain attributes
+        self.__dict__["binding"] = Binding(self, optimizers, fn)
+        self.__name__ = getattr(fn, "__name__", "step")
+
+    def forward(self, state, *args, **kwargs):
+        b = self.binding
+        grads, opt_states = state
+        live = b.stand_ins()
+        leaves = [live[i] for i in range(len(b.params))]
+        arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+        flatten._TRACING_FORWARD.append(functools.partial(_accumulate, leaves, arguments))
+        try:
+            with b.optimizers_holding(live, opt_states):
+                for t, g in zip(leaves, grads):
+                    t.grad = g
+                out = self.step_fn(*args, **kwargs)
+                new = ([t.grad for t in leaves], b.read_states(live))
+        finally:
+            for t in leaves:
+                t.grad = None
+            flatten._TRACING_FORWARD.pop()
+        flat, spec = pytree.tree_flatten(out)
+        needs = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+        out = pytree.tree_unflatten([t.detach() if n else t for t, n in zip(flat, needs)], spec)
+        return out, new, needs
+
+
+def _accumulate(leaves, arguments, tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+                grad_variables=None, inputs=None):
+    """``torch.autograd.backward`` inside a traced step: the gradients by ``autograd.grad``, then
+    accumulated as eager's AccumulateGrad does (a new gradient stored with the parameter's strides,
+    an existing one added to in place)."""
+    if create_graph:
+        raise UnsupportedError("backward(create_graph=True) inside a captured training step: the step's "
+                               "gradients would themselves need gradients; use torch.autograd.grad for "
+                               "the inner derivative", user_line=caller_line())
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    if isinstance(grad_tensors, torch.Tensor):
+        grad_tensors = (grad_tensors,)
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    targets = [t for t in (list(inputs) if inputs is not None else leaves + arguments) if t.requires_grad]
+    with torch.autograd.set_multithreading_enabled(False):
+        got = torch.autograd.grad(tensors, targets, grad_tensors, retain_graph=retain_graph, allow_unused=True)
+    with torch.no_grad():
+        for t, g in zip(targets, got):
+            if g is None:
+                continue
+            if not any(t is leaf for leaf in leaves):
+                raise UnsupportedError(
+                    f"backward() inside a captured training step reaches a tensor of shape {tuple(t.shape)} that "
+                    "is not a parameter of a module the step uses (an input with requires_grad=True?); its .grad "
+                    "would not be written back: detach it, or make it a parameter", user_line=caller_line())
+            if t.grad is None:
+                t.grad = g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
+            else:
+                t.grad += g
+
+
+class Binding:
+    """Where a step's state lives in Python: the parameters (lifted order), their homes, the optimizers."""
+
+    def __init__(self, root: Root, optimizers: list, fn):
+        self.optimizers = tuple(optimizers)
+        named = list(root.named_parameters())
+        self.params = tuple(p for _, p in named)
+        where = {}
+        for sub in root.modules():
+            for attr, p in sub._parameters.items():
+                if p is not None:
+                    where.setdefault(id(p), (sub, attr))
+        self.homes = tuple(where[id(p)] for p in self.params)
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for opt in self.optimizers:
+            _refuse_optimizer(opt, fn)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) not in index:
+                        raise UnsupportedError(
+                            f"{type(opt).__name__} updates a tensor of shape {tuple(p.shape)} that is not a parameter "
+                            f"of a module {getattr(fn, '__name__', 'the step')} reaches (modules found: "
+                            f"{', '.join(n for n, _ in root.named_children()) or 'none'}); make the module a global "
+                            "or closed-over variable of the step function")
+        self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
+                               for opt in self.optimizers)
+
+    def stand_ins(self) -> dict:
+        """Flat parameter index -> what the modules hold now (the trace's stand-ins while tracing)."""
+        return {i: sub._parameters[attr] for i, (sub, attr) in enumerate(self.homes)}
+
+    def gather(self) -> tuple:
+        """The state a call takes: gradients, and per optimizer its groups' learning rates and state."""
+        grads = tuple(p.grad for p in self.params)
+        opts = tuple((tuple(_group_inputs(g) for g in opt.param_groups),
+                      tuple(tuple(dict(opt.state[self.params[i]]) if self.params[i] in opt.state else None
+                                  for i in group) for group in index))
+                     for opt, index in zip(self.optimizers, self.opt_index))
+        return grads, opts
+
+    @contextlib.contextmanager
+    def optimizers_holding(self, live, states):
+        """Each optimizer's groups list the stand-ins and its ``state`` is keyed by them, for the trace."""
+        saved = []
+        try:
+            for opt, index, (groups, per_param) in zip(self.optimizers, self.opt_index, states):
+                saved.append((opt, opt.state, [dict(g) for g in opt.param_groups], opt.__dict__.get("step")))
+                opt.step = _eager_step(opt.step)
+                held = defaultdict(dict)
+                for group, idx, inputs, st in zip(opt.param_groups, index, groups, per_param):
+                    group["params"] = [live[i] for i in idx]
+                    was_float = isinstance(group.get("lr"), float)
+                    for key, value in inputs.items():
+                        group[key] = value.item() if key == "lr" and was_float else value
+                    for i, s in zip(idx, st):
+                        if s is not None:
+                            held[live[i]] = dict(s)
+                opt.state = held
+            yield
+            for opt, _, before, _ in saved:
+                _refuse_group_writes(opt, before)
+        finally:
+            for opt, state, groups, step in saved:
+                if step is None:
+                    del opt.step
+                else:
+                    opt.step = step
+                opt.state = state
+                for group, was in zip(opt.param_groups, groups):
+                    group.clear()
+                    group.update(was)
+
+    def read_states(self, live) -> tuple:
+        """Each optimizer's per-parameter state after the traced step (None where it has none)."""
+        return tuple(tuple(tuple(dict(opt.state[live[i]]) if live[i] in opt.state else None for i in group)
+                           for group in index)
+                     for opt, index in zip(self.optimizers, self.opt_index))
+
+    def install(self, result):
+        """Leave the Python objects as eager would after the step; return the function's outputs."""
+        out, (grads, opts), needs = result
+        for p, g in zip(self.params, grads):
+            if p.grad is not g:
+                p.grad = g
+        for opt, index, per_param in zip(self.optimizers, self.opt_index, opts):
+            for group, st in zip(index, per_param):
+                for i, s in zip(group, st):
+                    if s is None:
+                        continue
+                    held = opt.state[self.params[i]]
+                    for key, value in s.items():
+                        if held.get(key) is not value:
+                            held[key] = value
+        flat, spec = pytree.tree_flatten(out)
+        return pytree.tree_unflatten([_Spent.apply(t, _ANCHOR) if n else t for t, n in zip(flat, needs)], spec)
+
+    def around(self, call, args, kwargs):
+        """``Jit.around``: the state gathered before the call and installed after it."""
+        return self.install(call(self.gather(), *args, **kwargs))
+
+
+def _group_inputs(group: dict) -> dict:
+    """A group's entries the graph takes as inputs: tensors, and the learning rate as a float64 tensor."""
+    out = {k: v for k, v in group.items() if k != "params" and isinstance(v, torch.Tensor)}
+    lr = group.get("lr")
+    if isinstance(lr, float):
+        out["lr"] = torch.tensor(lr, dtype=torch.float64)
+    return out
+
+
+@contextlib.contextmanager
+def eager_paths():
+    """Inside a trace, ``torch.compiler.is_compiling()`` answers False again (the tracing session's
+    patch reads ``EAGER_PATHS``), so ``torch.optim`` takes the path it takes in eager: it reads its step
+    count with ``.item()`` and does its scalar arithmetic in Python floats (double precision), which
+    the trace records as symbolic float operations, exact as eager's. Its compile path would round
+    them in float32 tensors instead."""
+    EAGER_PATHS.append(True)
+    try:
+        yield
+    finally:
+        EAGER_PATHS.pop()
+
+
+def _eager_step(step):
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        with eager_paths():
+            return step(*args, **kwargs)
+    return run
+
+
+def _refuse_group_writes(opt, before: list) -> None:
+    """A step that changes a group's hyperparameters (an LR scheduler's ``step()`` inside it) would change
+    them at every trace and never when the graph runs."""
+    for group, was in zip(opt.param_groups, before):
+        for key, value in group.items():
+            if key not in ("params", "lr") and value is not was.get(key) and not isinstance(value, torch.Tensor):
+                raise UnsupportedError(f"the step sets {type(opt).__name__}.param_groups[...]['{key}'] inside the "
+                                       "captured function; the graph cannot repeat a Python write: do it (or the "
+                                       "scheduler's step()) outside the step", user_line=caller_line())
+        if not isinstance(group.get("lr"), (torch.SymFloat, torch.Tensor)) and isinstance(was.get("lr"), float):
+            raise UnsupportedError(f"the step sets {type(opt).__name__}'s learning rate inside the captured "
+                                   "function (an LR scheduler's step()?); the graph takes the learning rate as an "
+                                   "input: call the scheduler outside the step", user_line=caller_line())
+
+
+def _refuse_optimizer(opt, fn) -> None:
+    name = type(opt).__name__
+    if name in _REFUSED:
+        raise UnsupportedError(f"{name} inside a captured training step is not supported: {_REFUSED[name]}; "
+                               "capture the forward and backward and run the optimizer eagerly")
+    from torch.optim import optimizer as optim_mod
+    hooks = [h for h in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+                         "_optimizer_load_state_dict_pre_hooks") if getattr(opt, h, None)]
+    hooks += [h for h in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")
+              if getattr(optim_mod, h, None)]
+    if hooks:
+        raise UnsupportedError(f"{name} has step hooks ({', '.join(hooks)}); they are Python the graph would not "
+                               "run at each step: remove them or run the optimizer eagerly")
+    if any(g.get("differentiable") for g in opt.param_groups):
+        raise UnsupportedError(f"{name}(differentiable=True) inside a captured training step is not supported")
+
+
+class _Spent(torch.autograd.Function):
+    """An output that required grad in eager: its graph was used by the step's own backward (freed),
+    so calling backward on it again fails as eager's does."""
+
+    @staticmethod
+    def forward(ctx, t, anchor):
+        return t
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("Trying to backward through the graph a second time: the captured training step "
+                           "already ran backward() through it (eager frees that graph the same way)")
+
+
+_ANCHOR = torch.empty(0, requires_grad=True)     # makes _Spent's output require grad, as eager's did
