@@ -24,12 +24,13 @@ import contextlib
 import functools
 import inspect
 import types
+import warnings
 from collections import defaultdict
 
 import torch
 
 from .._torch import pytree
-from ..errors import UnsupportedError, caller_line
+from ..errors import InputMismatchError, UnsupportedError, caller_line
 from ..scoped import EAGER_PATHS
 from . import flatten
 
@@ -102,20 +103,21 @@ class Root(torch.nn.Module):
 
     def forward(self, state, *args, **kwargs):
         b = self.binding
-        grads, opt_states = state
         live = b.stand_ins()
         leaves = [live[i] for i in range(len(b.params))]
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         flatten._TRACING_FORWARD.append(functools.partial(_accumulate, leaves, arguments))
         try:
-            with b.optimizers_holding(live, opt_states):
-                for t, g in zip(leaves, grads):
-                    t.grad = g
+            with warnings.catch_warnings(), b.optimizers_holding(live, state["optimizer"]):
+                # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
+                warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+                for t, name in zip(leaves, b.names):
+                    t.grad = state["grad"][name]
                 out = self.step_fn(*args, **kwargs)
-                new = ([t.grad for t in leaves], b.read_states(live))
+                new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(live))
+                for t in leaves:
+                    t.grad = None
         finally:
-            for t in leaves:
-                t.grad = None
             flatten._TRACING_FORWARD.pop()
         flat, spec = pytree.tree_flatten(out)
         needs = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
@@ -161,6 +163,7 @@ class Binding:
     def __init__(self, root: Root, optimizers: list, fn):
         self.optimizers = tuple(optimizers)
         named = list(root.named_parameters())
+        self.names = tuple(n for n, _ in named)
         self.params = tuple(p for _, p in named)
         where = {}
         for sub in root.modules():
@@ -179,6 +182,7 @@ class Binding:
                             f"of a module {getattr(fn, '__name__', 'the step')} reaches (modules found: "
                             f"{', '.join(n for n, _ in root.named_children()) or 'none'}); make the module a global "
                             "or closed-over variable of the step function")
+        self.keys = tuple(f"{type(opt).__name__}{k}" for k, opt in enumerate(self.optimizers))
         self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
                                for opt in self.optimizers)
 
@@ -186,36 +190,40 @@ class Binding:
         """Flat parameter index -> what the modules hold now (the trace's stand-ins while tracing)."""
         return {i: sub._parameters[attr] for i, (sub, attr) in enumerate(self.homes)}
 
-    def gather(self) -> tuple:
-        """The state a call takes: gradients, and per optimizer its groups' learning rates and state."""
-        grads = tuple(p.grad for p in self.params)
-        opts = tuple((tuple(_group_inputs(g) for g in opt.param_groups),
-                      tuple(tuple(dict(opt.state[self.params[i]]) if self.params[i] in opt.state else None
-                                  for i in group) for group in index))
-                     for opt, index in zip(self.optimizers, self.opt_index))
-        return grads, opts
+    def gather(self) -> dict:
+        """The state a call takes: each parameter's ``.grad``, and per optimizer its groups' learning
+        rates (and tensor entries) and its per-parameter state, keyed by parameter name."""
+        return {"grad": {n: p.grad for n, p in zip(self.names, self.params)},
+                "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
+                                    "state": self._states(opt, index, self.params)}
+                              for key, opt, index in zip(self.keys, self.optimizers, self.opt_index)}}
+
+    def _states(self, opt, index, params) -> dict:
+        return {self.names[i]: dict(opt.state[params[i]]) if params[i] in opt.state else None
+                for group in index for i in group}
 
     @contextlib.contextmanager
-    def optimizers_holding(self, live, states):
+    def optimizers_holding(self, live, states: dict):
         """Each optimizer's groups list the stand-ins and its ``state`` is keyed by them, for the trace."""
-        saved = []
+        saved, installed = [], {}
         try:
-            for opt, index, (groups, per_param) in zip(self.optimizers, self.opt_index, states):
+            for key, opt, index in zip(self.keys, self.optimizers, self.opt_index):
                 saved.append((opt, opt.state, [dict(g) for g in opt.param_groups], opt.__dict__.get("step")))
                 opt.step = _eager_step(opt.step)
                 held = defaultdict(dict)
-                for group, idx, inputs, st in zip(opt.param_groups, index, groups, per_param):
+                for group, idx, inputs in zip(opt.param_groups, index, states[key]["groups"]):
                     group["params"] = [live[i] for i in idx]
                     was_float = isinstance(group.get("lr"), float)
-                    for key, value in inputs.items():
-                        group[key] = value.item() if key == "lr" and was_float else value
-                    for i, s in zip(idx, st):
-                        if s is not None:
-                            held[live[i]] = dict(s)
+                    for name, value in inputs.items():
+                        group[name] = value.item() if name == "lr" and was_float else value
+                installed[id(opt)] = [dict(g) for g in opt.param_groups]
+                for name, st in states[key]["state"].items():
+                    if st is not None:
+                        held[live[self.names.index(name)]] = dict(st)
                 opt.state = held
             yield
             for opt, _, before, _ in saved:
-                _refuse_group_writes(opt, before)
+                _refuse_group_writes(opt, before, installed[id(opt)])
         finally:
             for opt, state, groups, step in saved:
                 if step is None:
@@ -227,33 +235,41 @@ class Binding:
                     group.clear()
                     group.update(was)
 
-    def read_states(self, live) -> tuple:
+    def read_states(self, live) -> dict:
         """Each optimizer's per-parameter state after the traced step (None where it has none)."""
-        return tuple(tuple(tuple(dict(opt.state[live[i]]) if live[i] in opt.state else None for i in group)
-                           for group in index)
-                     for opt, index in zip(self.optimizers, self.opt_index))
+        return {key: self._states(opt, index, live)
+                for key, opt, index in zip(self.keys, self.optimizers, self.opt_index)}
 
     def install(self, result):
         """Leave the Python objects as eager would after the step; return the function's outputs."""
         out, (grads, opts), needs = result
-        for p, g in zip(self.params, grads):
-            if p.grad is not g:
-                p.grad = g
-        for opt, index, per_param in zip(self.optimizers, self.opt_index, opts):
-            for group, st in zip(index, per_param):
-                for i, s in zip(group, st):
-                    if s is None:
-                        continue
-                    held = opt.state[self.params[i]]
-                    for key, value in s.items():
-                        if held.get(key) is not value:
-                            held[key] = value
+        for p, n in zip(self.params, self.names):
+            if p.grad is not grads[n]:
+                p.grad = grads[n]
+        for key, opt in zip(self.keys, self.optimizers):
+            for name, st in opts[key].items():
+                if st is None:
+                    continue
+                held = opt.state[self.params[self.names.index(name)]]
+                for k, value in st.items():
+                    if held.get(k) is not value:
+                        held[k] = value
         flat, spec = pytree.tree_flatten(out)
         return pytree.tree_unflatten([_Spent.apply(t, _ANCHOR) if n else t for t, n in zip(flat, needs)], spec)
 
     def around(self, call, args, kwargs):
         """``Jit.around``: the state gathered before the call and installed after it."""
-        return self.install(call(self.gather(), *args, **kwargs))
+        try:
+            result = call(self.gather(), *args, **kwargs)
+        except InputMismatchError as e:
+            if not str(e).startswith("args[0]"):
+                raise
+            raise InputMismatchError(
+                f"the training step's state is not what it was when captured ({str(e).split(';')[0]}): an "
+                "optimizer creates its state on its first step, and zero_grad(set_to_none=True) makes .grad None; "
+                "capture after one eager step, or use aotgrad.jit, which captures again", user_line=caller_line()
+            ) from None
+        return self.install(result)
 
 
 def _group_inputs(group: dict) -> dict:
@@ -287,19 +303,16 @@ def _eager_step(step):
     return run
 
 
-def _refuse_group_writes(opt, before: list) -> None:
-    """A step that changes a group's hyperparameters (an LR scheduler's ``step()`` inside it) would change
-    them at every trace and never when the graph runs."""
-    for group, was in zip(opt.param_groups, before):
-        for key, value in group.items():
-            if key not in ("params", "lr") and value is not was.get(key) and not isinstance(value, torch.Tensor):
-                raise UnsupportedError(f"the step sets {type(opt).__name__}.param_groups[...]['{key}'] inside the "
-                                       "captured function; the graph cannot repeat a Python write: do it (or the "
-                                       "scheduler's step()) outside the step", user_line=caller_line())
-        if not isinstance(group.get("lr"), (torch.SymFloat, torch.Tensor)) and isinstance(was.get("lr"), float):
-            raise UnsupportedError(f"the step sets {type(opt).__name__}'s learning rate inside the captured "
-                                   "function (an LR scheduler's step()?); the graph takes the learning rate as an "
-                                   "input: call the scheduler outside the step", user_line=caller_line())
+def _refuse_group_writes(opt, before: list, installed: list) -> None:
+    """A step that changes a group's entries (an LR scheduler's ``step()`` inside it) would change them at
+    every trace and never when the graph runs: each must still be what the trace installed."""
+    for k, (group, was, held) in enumerate(zip(opt.param_groups, before, installed)):
+        for key in set(group) | set(was):
+            if key != "params" and group.get(key, was) is not held.get(key, was):
+                what = "learning rate" if key == "lr" else f"param_groups[{k}]['{key}']"
+                raise UnsupportedError(f"the step sets {type(opt).__name__}'s {what} inside the captured function "
+                                       "(an LR scheduler's step()?); the graph cannot repeat a Python write: call "
+                                       "the scheduler outside the step", user_line=caller_line())
 
 
 def _refuse_optimizer(opt, fn) -> None:

@@ -446,7 +446,7 @@ def _tensor_meta(t: torch.Tensor):
 def _tensor_value(t: torch.Tensor):
     if t.numel() > 1 << 20 or t.device.type == "meta" or t.is_sparse:
         raise Uncacheable("a large or special tensor is baked into the function")
-    data = t.detach().cpu().contiguous().view(torch.uint8) if t.numel() else t.detach().cpu()
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.detach().cpu()
     return ("value", _tensor_meta(t), hashlib.sha256(bytes(data.numpy().tobytes())).hexdigest())
 
 

@@ -1,0 +1,145 @@
+"""A whole training step captured as one graph: what is refused (typed, before anything runs, with
+nothing of the user's changed) and what a staged capture says when the step's state changed.
+The numbers are compared with eager in ``tests/differential/test_step.py``."""
+import pytest
+import torch
+import torch.nn as nn
+
+import aotgrad
+from aotgrad import errors
+
+
+def _setup(opt_cls=torch.optim.Adam, **kw):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = opt_cls(model.parameters(), **kw)
+    return model, opt, torch.randn(8, 4), torch.randn(8, 1)
+
+
+def _unchanged(model, opt):
+    """What a failed capture must leave as it was: the values, .grad, the optimizer's groups and state."""
+    return ([p.detach().clone() for p in model.parameters()], [p.grad for p in model.parameters()],
+            [list(g["params"]) for g in opt.param_groups], [dict(g) for g in opt.param_groups],
+            {id(p): dict(s) for p, s in opt.state.items()}, "step" in opt.__dict__)
+
+
+def _same(a, b):
+    values, grads, params, groups, state, patched = a
+    values2, grads2, params2, groups2, state2, patched2 = b
+    assert all(torch.equal(x, y) for x, y in zip(values, values2))
+    assert all(x is y for x, y in zip(grads, grads2))
+    assert all(all(p is q for p, q in zip(g, h)) for g, h in zip(params, params2))
+    assert [{k: v for k, v in g.items() if k != "params"} for g in groups] == \
+        [{k: v for k, v in g.items() if k != "params"} for g in groups2]
+    assert state.keys() == state2.keys() and patched == patched2
+
+
+def _refused(step, model, opt, *args, match):
+    before = _unchanged(model, opt)
+    rng = torch.random.get_rng_state()
+    with pytest.raises(errors.UnsupportedError, match=match):
+        aotgrad.capture(step, *args)
+    _same(before, _unchanged(model, opt))
+    assert torch.equal(rng, torch.random.get_rng_state())
+
+
+def test_lbfgs_is_refused():
+    model, opt, x, y = _setup(torch.optim.LBFGS)
+
+    def step(x, y):
+        def closure():
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            return loss
+        return opt.step(closure)
+    _refused(step, model, opt, x, y, match="LBFGS")
+
+
+def test_scheduler_inside_the_step_is_refused():
+    model, opt, x, y = _setup(lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    step(x, y)      # the optimizer's state exists
+    _refused(step, model, opt, x, y, match="learning rate inside the captured")
+
+
+def test_double_backward_inside_the_step_is_refused():
+    model, opt, x, y = _setup()
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward(create_graph=True)
+        opt.step()
+    _refused(step, model, opt, x, y, match="create_graph")
+
+
+def test_backward_into_an_input_is_refused():
+    model, opt, x, y = _setup()
+    x.requires_grad_()
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    _refused(step, model, opt, x, y, match="not a parameter of a module")
+
+
+def test_optimizer_over_tensors_the_step_cannot_reach_is_refused():
+    model, opt, x, y = _setup()
+    forward = model.forward       # the module is reached only through a bound method of it
+
+    def step(x, y):
+        ((forward(x) - y) ** 2).mean().backward()
+        opt.step()
+    _refused(step, model, opt, x, y, match="not a parameter of a module step reaches")
+
+
+def test_step_hooks_are_refused():
+    model, opt, x, y = _setup()
+    opt.register_step_post_hook(lambda *a: None)
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    _refused(step, model, opt, x, y, match="step hooks")
+
+
+def test_staged_capture_says_the_state_changed():
+    """Captured before the optimizer's first step, the graph creates its state; the second call has it."""
+    model, opt, x, y = _setup()
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    compiled = aotgrad.capture(step, x, y).compile()
+    compiled(x, y)
+    assert set(opt.state[model.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+    with pytest.raises(errors.InputMismatchError, match="capture after one eager step, or use aotgrad.jit"):
+        compiled(x, y)
+
+
+def test_returned_loss_cannot_be_backwarded_again():
+    """Eager's loss still requires grad after the step, and its graph is freed: so is ours."""
+    model, opt, x, y = _setup()
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    loss = aotgrad.jit(step)(x, y)
+    assert loss.requires_grad and not loss.is_leaf
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+    eager = step(x, y)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        eager.backward()

@@ -1,0 +1,114 @@
+"""Whole training steps (``p_step.py``) through ``capture`` (after one eager step, so the
+optimizer's state exists), ``aotgrad.jit`` (the first call creates that state inside the graph) and
+``aotgrad.jit(fw_compiler="inductor")``, compared with eager after every step: the step's outputs
+and their ``requires_grad``, every parameter, buffer and ``.grad`` (None where eager's is None, the
+same object across steps where eager's is), every optimizer state tensor, the learning rates and the
+global RNG. The eager backend is bit for bit; Inductor within float rounding (it fuses the update).
+``make test`` runs the eager backend; the Inductor column is ``slow``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aotgrad
+
+from .p_step import CASES
+
+
+def _capture_warm(fn, args):
+    fn(*args)       # one eager step: the optimizer creates its state
+    return aotgrad.capture(fn, *args).compile()
+
+
+ENTRIES = {"capture_warm": (_capture_warm, True),
+           "jit": (lambda fn, args: aotgrad.jit(fn), False),
+           "jit_inductor": (lambda fn, args: aotgrad.jit(fn, fw_compiler="inductor"), False)}
+
+
+def _leaves(out):
+    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _snapshot(objects) -> dict:
+    seen = {}
+    for k, obj in enumerate(objects):
+        if isinstance(obj, torch.nn.Module):
+            for n, p in obj.named_parameters():
+                seen[f"{k} param {n}"] = p.detach().clone()
+                seen[f"{k} grad {n}"] = None if p.grad is None else p.grad.clone()
+            for n, b in obj.named_buffers():
+                seen[f"{k} buffer {n}"] = b.clone()
+        else:
+            params = [p for g in obj.param_groups for p in g["params"]]
+            for i, p in enumerate(params):
+                for key, v in sorted(obj.state.get(p, {}).items()):
+                    seen[f"{k} state {i} {key}"] = v.clone() if isinstance(v, torch.Tensor) else v
+            for i, g in enumerate(obj.param_groups):
+                seen[f"{k} lr {i}"] = g["lr"]
+    return seen
+
+
+def _grads(objects) -> list:
+    """Each parameter's ``.grad`` object, kept alive (an id could be reused by a later tensor)."""
+    return [p.grad for obj in objects if isinstance(obj, torch.nn.Module) for p in obj.parameters()]
+
+
+def _run(case, compile=None, warm=False):
+    make, steps = CASES[case]
+    torch.manual_seed(0)
+    fn, args, objects, between = make()
+    if compile is not None:
+        fn = compile(fn, args)
+    elif warm:
+        fn(*args)
+    outs, ids = [], []
+    for i in range(steps):
+        out = fn(*args)
+        outs.append([(t.detach().clone(), t.requires_grad) for t in _leaves(out)])
+        ids.append(_grads(objects))
+        if between is not None:
+            between(i)
+    same = [[a is b and a is not None for a, b in zip(x, y)] for x, y in zip(ids, ids[1:])]
+    return outs, _snapshot(objects), same, torch.random.get_rng_state()
+
+
+def _equal(a, b, exact: bool) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if exact:
+            return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.slow) if e == "jit_inductor" else e
+                                   for e in ENTRIES])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_step_matches_eager(case, entry):
+    compile, warm = ENTRIES[entry]
+    e_outs, e_state, e_same, e_rng = _run(case, warm=warm)
+    c_outs, c_state, c_same, c_rng = _run(case, compile=compile)
+    exact = entry != "jit_inductor"
+    for i, (eo, co) in enumerate(zip(e_outs, c_outs)):
+        assert len(eo) == len(co), f"step {i}: {len(co)} tensor outputs, eager {len(eo)}"
+        for (et, erg), (ct, crg) in zip(eo, co):
+            assert erg == crg, f"step {i}: output requires_grad {crg}, eager {erg}"
+            assert _equal(et, ct, exact), f"step {i}: output {ct} differs from eager's {et}"
+    assert e_state.keys() == c_state.keys(), sorted(set(e_state) ^ set(c_state))
+    for k in e_state:
+        a, b = e_state[k], c_state[k]
+        assert (a is None) == (b is None), f"{k}: {b} where eager has {a}"
+        assert a is None or _equal(a, b, exact), f"{k} differs from eager: {b} vs {a}"
+    assert e_same == c_same, "which steps keep the same .grad tensor differs from eager"
+    assert torch.equal(e_rng, c_rng), "the global RNG state differs from eager's after the steps"
+
+
+def test_jit_step_compiles_twice_at_most():
+    """The first call creates the optimizer's state in the graph; the second captures with it as
+    input; a scheduler changing the learning rate after that recompiles nothing."""
+    make, _ = CASES["adam_scheduler"]
+    fn, args, objects, between = make()
+    step = aotgrad.jit(fn)
+    for i in range(6):
+        step(*args)
+        between(i)
+    assert len(step.entries) == 2, [e.reason for e in step.entries]
