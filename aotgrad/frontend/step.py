@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import types
 import warnings
 from collections import defaultdict
 
 import torch
 
 from .._torch import pytree
+from ..guards.cache import code_names
 from ..errors import InputMismatchError, UnsupportedError, caller_line
 from ..scoped import EAGER_PATHS
 from . import flatten
@@ -56,7 +56,7 @@ def reached(fn) -> tuple[dict, list]:
     code = getattr(fn, "__code__", None)
     if code is None:
         return {}, []
-    names = _names(code)
+    names = code_names(code)
     found.update({n: fn.__globals__[n] for n in names if n in fn.__globals__})
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
         with contextlib.suppress(ValueError):
@@ -71,14 +71,6 @@ def reached(fn) -> tuple[dict, list]:
             elif isinstance(o, torch.optim.Optimizer) and all(o is not p for p in optimizers):
                 optimizers.append(o)
     return modules, optimizers
-
-
-def _names(code) -> set:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _names(c)
-    return names
 
 
 def step_root(fn):

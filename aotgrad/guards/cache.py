@@ -497,17 +497,18 @@ def _function_fp(fn, seen):
     seen[fn] = True
     code = fn.__code__
     g = fn.__globals__
-    refs = tuple((n, _fp(g[n], seen)) for n in sorted(_names(code)) if n in g)
+    refs = tuple((n, _fp(g[n], seen)) for n in sorted(code_names(code)) if n in g)
     cells = tuple(_fp(c.cell_contents, seen) for c in (fn.__closure__ or ()))
     return ("function", fn.__module__, fn.__qualname__, code_fp(code),
             refs, cells, _fp(fn.__defaults__, seen), _fp(fn.__kwdefaults__, seen))
 
 
-def _names(code) -> set:
+def code_names(code) -> set:
+    """The global and attribute names a code object and every code nested in it reads."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _names(c)
+            names |= code_names(c)
     return names
 
 
