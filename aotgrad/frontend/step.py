@@ -87,8 +87,8 @@ class Root(torch.nn.Module):
 
     def __init__(self, fn, modules: dict, optimizers: list):
         super().__init__()
-        for name, m in modules.items():
-            self.add_module(name, m)
+        for name, m in modules.items():     # a variable named like a Module attribute ("forward") keeps apart
+            self.add_module(name if name.isidentifier() and not hasattr(Root, name) else f"module_{name}", m)
         self.__dict__["step_fn"] = fn       # neither a submodule nor state: plain attributes
         self.__dict__["binding"] = Binding(self, optimizers, fn)
         self.__name__ = getattr(fn, "__name__", "step")
