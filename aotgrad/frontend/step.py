@@ -95,18 +95,17 @@ class Root(torch.nn.Module):
 
     def forward(self, state, *args, **kwargs):
         b = self.binding
-        live = b.stand_ins()
-        leaves = [live[i] for i in range(len(b.params))]
+        leaves = b.stand_ins()
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         flatten._TRACING_FORWARD.append(functools.partial(_accumulate, leaves, arguments))
         try:
-            with warnings.catch_warnings(), b.optimizers_holding(live, state["optimizer"]):
+            with warnings.catch_warnings(), b.optimizers_holding(leaves, state["optimizer"]):
                 # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
                 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
                 for t, name in zip(leaves, b.names):
                     t.grad = state["grad"][name]
                 out = self.step_fn(*args, **kwargs)
-                new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(live))
+                new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
                 for t in leaves:
                     t.grad = None
         finally:
@@ -154,15 +153,11 @@ class Binding:
 
     def __init__(self, root: Root, optimizers: list, fn):
         self.optimizers = tuple(optimizers)
-        named = list(root.named_parameters())
-        self.names = tuple(n for n, _ in named)
-        self.params = tuple(p for _, p in named)
-        where = {}
-        for sub in root.modules():
-            for attr, p in sub._parameters.items():
-                if p is not None:
-                    where.setdefault(id(p), (sub, attr))
-        self.homes = tuple(where[id(p)] for p in self.params)
+        slots = [(n, p, slot) for n, p, slot in flatten._slots(root) if slot.is_param]
+        self.names = tuple(n for n, _, _ in slots)
+        self.params = tuple(p for _, p, _ in slots)
+        self.homes = tuple((slot.module, slot.attr) for _, _, slot in slots)
+        self.position = {n: i for i, n in enumerate(self.names)}
         index = {id(p): i for i, p in enumerate(self.params)}
         for opt in self.optimizers:
             _refuse_optimizer(opt, fn)
@@ -178,9 +173,9 @@ class Binding:
         self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
                                for opt in self.optimizers)
 
-    def stand_ins(self) -> dict:
-        """Flat parameter index -> what the modules hold now (the trace's stand-ins while tracing)."""
-        return {i: sub._parameters[attr] for i, (sub, attr) in enumerate(self.homes)}
+    def stand_ins(self) -> list:
+        """What the modules hold now for each parameter (the trace's stand-ins while tracing)."""
+        return [sub._parameters[attr] for sub, attr in self.homes]
 
     def gather(self) -> dict:
         """The state a call takes: each parameter's ``.grad``, and per optimizer its groups' learning
@@ -211,7 +206,7 @@ class Binding:
                 installed[id(opt)] = [dict(g) for g in opt.param_groups]
                 for name, st in states[key]["state"].items():
                     if st is not None:
-                        held[live[self.names.index(name)]] = dict(st)
+                        held[live[self.position[name]]] = dict(st)
                 opt.state = held
             yield
             for opt, _, before, _ in saved:
@@ -242,7 +237,7 @@ class Binding:
             for name, st in opts[key].items():
                 if st is None:
                     continue
-                held = opt.state[self.params[self.names.index(name)]]
+                held = opt.state[self.params[self.position[name]]]
                 for k, value in st.items():
                     if held.get(k) is not value:
                         held[k] = value

@@ -16,6 +16,17 @@ def _setup(opt_cls=torch.optim.Adam, **kw):
     return model, opt, torch.randn(8, 4), torch.randn(8, 1)
 
 
+def _train_step(model, opt):
+    """A plain step closing over the model and optimizer (how the step path finds them)."""
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
 def _unchanged(model, opt):
     """What a failed capture must leave as it was: the values, .grad, the optimizer's groups and state."""
     return ([p.detach().clone() for p in model.parameters()], [p.grad for p in model.parameters()],
@@ -113,12 +124,7 @@ def test_staged_capture_says_the_state_changed():
     """Captured before the optimizer's first step, the graph creates its state; the second call has it."""
     model, opt, x, y = _setup()
 
-    def step(x, y):
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = _train_step(model, opt)
     compiled = aotgrad.capture(step, x, y).compile()
     compiled(x, y)
     assert set(opt.state[model.weight]) == {"step", "exp_avg", "exp_avg_sq"}
@@ -130,12 +136,7 @@ def test_returned_loss_cannot_be_backwarded_again():
     """Eager's loss still requires grad after the step, and its graph is freed: so is ours."""
     model, opt, x, y = _setup()
 
-    def step(x, y):
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = _train_step(model, opt)
     loss = aotgrad.jit(step)(x, y)
     assert loss.requires_grad and not loss.is_leaf
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
