@@ -126,6 +126,12 @@ def _accumulate(leaves, arguments, tensors, grad_tensors=None, retain_graph=None
                                "gradients would themselves need gradients; use torch.autograd.grad for "
                                "the inner derivative", user_line=caller_line())
     tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    if grad_variables is not None:      # torch's deprecated name for grad_tensors
+        warnings.warn("`grad_variables` is deprecated. Use `grad_tensors` instead.", FutureWarning, stacklevel=3)
+        if grad_tensors is not None:
+            raise RuntimeError("`grad_tensors` and `grad_variables` (deprecated) arguments both passed to "
+                               "`backward()`. Please only use `grad_tensors`.")
+        grad_tensors = grad_variables
     if isinstance(grad_tensors, torch.Tensor):
         grad_tensors = (grad_tensors,)
     if isinstance(inputs, torch.Tensor):

@@ -144,3 +144,22 @@ def test_returned_loss_cannot_be_backwarded_again():
     eager = step(x, y)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         eager.backward()
+
+
+def test_backward_with_the_deprecated_grad_variables_matches_eager():
+    """``torch.autograd.backward(..., grad_variables=...)`` still scales the gradient in eager."""
+    runs = []
+    for compiled in (False, True):
+        model, opt, x, y = _setup(torch.optim.SGD, lr=0.1)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            torch.autograd.backward([loss], grad_variables=[torch.tensor(3.0)])
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        run = aotgrad.jit(step) if compiled else step
+        with pytest.warns(FutureWarning, match="grad_variables"):     # as eager warns (when traced)
+            run(x, y)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
