@@ -255,10 +255,16 @@ class Binding:
         try:
             result = call(self.gather(), *args, **kwargs)
         except InputMismatchError as e:
-            if not str(e).startswith("args[0]"):
+            why = str(e).split(";")[0]
+            if "['groups']" in why:
+                raise InputMismatchError(
+                    f"an optimizer hyperparameter changed since the capture ({why}): the graph bakes every "
+                    "hyperparameter but the learning rate (an input); capture again, or use aotgrad.jit, which "
+                    "captures again", user_line=caller_line()) from None
+            if not why.startswith("args[0]"):
                 raise
             raise InputMismatchError(
-                f"the training step's state is not what it was when captured ({str(e).split(';')[0]}): an "
+                f"the training step's state is not what it was when captured ({why}): an "
                 "optimizer creates its state on its first step, and zero_grad(set_to_none=True) makes .grad None; "
                 "capture after one eager step, or use aotgrad.jit, which captures again", user_line=caller_line()
             ) from None
@@ -266,11 +272,13 @@ class Binding:
 
 
 def _group_inputs(group: dict) -> dict:
-    """A group's entries the graph takes as inputs: tensors, and the learning rate as a float64 tensor."""
-    out = {k: v for k, v in group.items() if k != "params" and isinstance(v, torch.Tensor)}
-    lr = group.get("lr")
-    if isinstance(lr, float):
-        out["lr"] = torch.tensor(lr, dtype=torch.float64)
+    """A group's entries as the graph takes them: the learning rate as a float64 tensor (an input, so a
+    scheduler changes it without a capture), tensors as inputs, every other hyperparameter (betas,
+    weight_decay, momentum, amsgrad...) as a constant of the call signature: the trace bakes it, so a
+    change between calls misses the entry (``jit`` captures again; a staged step refuses)."""
+    out = {k: v for k, v in group.items() if k != "params"}
+    if isinstance(out.get("lr"), float):
+        out["lr"] = torch.tensor(out["lr"], dtype=torch.float64)
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 from .._torch import pytree
 from ..generated import compile_source
 from .epilogue import epilogue
-from .trees import tree_difference
+from .trees import leaf_paths, tree_difference
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,13 @@ def _generated_match(captured):
         lines.append("    if True:")
     lines += ["        leaves, spec = tree_flatten((args, kwargs))",
               "        if spec != in_spec:", "            return None, tree_difference(in_spec, spec)"]
+    paths = leaf_paths(sig.in_spec)
     for i, v in enumerate(sig.leaves):
         if i in tensor_pos:
             continue
         env[f"c{i}"] = v    # type-exact and bit-exact: 2, 2.0, True and -0.0 differ; other objects: the same one
         test = f"x is not c{i} and not same_value(x, c{i})" if type(v) in VALUE_TYPES else f"x is not c{i}"
-        lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({i}, c{i}, x)"]
+        lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({paths[i]!r}, c{i}, x)"]
     gather = []
     for n, s in enumerate(sig.slots):
         env[f"m{n}"] = s.module.__dict__
@@ -125,9 +126,9 @@ def _generated_match(captured):
     return env["match"]
 
 
-def _const_why(i, v, x) -> str:
+def _const_why(path, v, x) -> str:
     kinds = type(x) is not type(v)
-    return (f"non-tensor argument {i} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
+    return (f"non-tensor argument {path} was {v!r}{f' ({type(v).__name__})' if kinds else ''} "
             f"when captured, now {x!r}{f' ({type(x).__name__})' if kinds else ''}")
 
 

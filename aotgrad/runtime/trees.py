@@ -30,6 +30,19 @@ def _difference(was, now, path: str) -> str | None:
     return None
 
 
+def leaf_paths(spec: pytree.TreeSpec) -> list[str]:
+    """Each leaf's place in the captured ``(args, kwargs)``, as ``tree_difference`` names it: ``args[1]``,
+    ``args[0]['optimizer']['Adam0']['groups'][0]['eps']``."""
+    out, todo = [], [(spec, "")]
+    while todo:
+        node, path = todo.pop()
+        if node.is_leaf():
+            out.append(path)
+        else:
+            todo.extend(reversed(list(zip(node.children(), _child_keys(node, path)))))
+    return out
+
+
 def _keys(was, now, path) -> str:
     for k in was:
         if k not in now:

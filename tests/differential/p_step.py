@@ -94,6 +94,24 @@ case("sgd_batchnorm")(_plain("sgd_momentum_nesterov_wd", norm=True))
 case("rmsprop_accumulate3")(_plain("rmsprop_centered_momentum", accumulate=3))
 
 
+def _set_hyper(opt_name, **values):
+    """A twin whose other hyperparameters change between steps (by hand, or as OneCycleLR's momentum
+    cycling does): each is baked into the trace, so the graph must not be reused after a change."""
+    def make():
+        step, args, objects, _ = _plain(opt_name)()
+
+        def between(i):
+            if i == 1:
+                objects[1].param_groups[0].update(values)
+        return step, args, objects, between
+    return make
+
+
+case("adamw_betas_weight_decay_changed")(_set_hyper("adamw", betas=(0.5, 0.9), weight_decay=0.5))
+case("sgd_momentum_changed")(_set_hyper("sgd_momentum_nesterov_wd", momentum=0.5))
+case("adam_maximize_eps_changed")(_set_hyper("adam", maximize=True, eps=1e-3))
+
+
 @case("two_optimizers")
 def _two_optimizers():
     enc, head = nn.Linear(6, 8), nn.Linear(8, 1)

@@ -85,6 +85,10 @@ def _equal(a, b, exact: bool) -> bool:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_step_matches_eager(case, entry):
     compile, warm = ENTRIES[entry]
+    if entry == "capture_warm" and case.endswith("_changed"):   # a staged step does not capture again
+        with pytest.raises(aotgrad.errors.InputMismatchError, match="optimizer hyperparameter changed"):
+            _run(case, compile=compile)
+        return
     e_outs, e_state, e_same, e_rng = _run(case, warm=warm)
     c_outs, c_state, c_same, c_rng = _run(case, compile=compile)
     exact = entry != "jit_inductor"
