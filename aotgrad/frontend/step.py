@@ -186,6 +186,14 @@ class Binding:
     def gather(self) -> dict:
         """The state a call takes: each parameter's ``.grad``, and per optimizer its groups' learning
         rates (and tensor entries) and its per-parameter state, keyed by parameter name."""
+        for opt, index in zip(self.optimizers, self.opt_index):
+            if len(opt.param_groups) != len(index) or any(
+                    len(g["params"]) != len(idx) or any(p is not self.params[i] for p, i in zip(g["params"], idx))
+                    for g, idx in zip(opt.param_groups, index)):
+                raise UnsupportedError(
+                    f"{type(opt).__name__}'s parameter groups changed after the training step was bound to them "
+                    "(add_param_group, or a group's params replaced): the step's graphs update the parameters it "
+                    "was built for; build it again (aotgrad.jit(step) anew, or capture again)", user_line=caller_line())
         return {"grad": {n: p.grad for n, p in zip(self.names, self.params)},
                 "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
                                     "state": self._states(opt, index, self.params)}

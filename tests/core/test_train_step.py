@@ -163,3 +163,20 @@ def test_backward_with_the_deprecated_grad_variables_matches_eager():
             run(x, y)
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_param_groups_changed_after_binding_are_refused(entry):
+    """A group added (or a group's params replaced) after the step was built would leave the new
+    parameters out of the graph's update: refused, with the parameters untouched."""
+    model, opt, x, y = _setup(torch.optim.SGD, lr=0.1)
+    extra = nn.Linear(4, 1)
+    step = _train_step(model, opt)
+    step(x, y)
+    compiled = aotgrad.jit(step) if entry == "jit" else aotgrad.capture(step, x, y).compile()
+    compiled(x, y)
+    opt.add_param_group({"params": list(extra.parameters()), "lr": 0.5})
+    before = [p.detach().clone() for p in [*model.parameters(), *extra.parameters()]]
+    with pytest.raises(errors.UnsupportedError, match="parameter groups changed after the training step"):
+        compiled(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *extra.parameters()]))
