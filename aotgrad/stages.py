@@ -201,22 +201,37 @@ class Exported:
 
     ``loss = step(*batch)``; ``loss.backward()`` fills ``.grad`` of ``step.parameters()`` (hand them to
     an optimizer); buffers (BatchNorm's running statistics) are updated in place in ``step.buffers()``.
+    A whole training step (its function called the optimizer) updates its parameters itself: its
+    optimizers (``step.optimizers``, torch's, over ``step.parameters()``) hold their state here.
     """
     path: str
     manifest: Any                # the artifact's manifest, read-only (see docs/export-format.md)
     state: Any                   # torch.nn.Module holding the parameters and buffers by name
     compiled: Compiled
+    binding: Any = None          # a whole training step's optimizers and .grad (export.held.LoadedBinding)
 
     def __call__(self, *args, **kwargs):
+        if self.binding is None:
+            return self._call(args, kwargs)
+        return self.binding.install(self._call((self.binding.gather(), *args), kwargs))
+
+    @property
+    def optimizers(self) -> dict:
+        """A whole training step's optimizers by name (``"AdamW0"``): their ``param_groups`` (the learning
+        rate a scheduler may change; other hyperparameters are in the graph) and ``state``."""
+        return dict(zip(self.binding.keys, self.binding.optimizers)) if self.binding is not None else {}
+
+    def _call(self, args, kwargs):
         why = mismatch(self.compiled.captured.setup.session.baked)
         if why is not None:
             raise errors.InputMismatchError(f"{why}; export the step again under these modes",
                                             user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
-            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs and grad mode it "
-                                            "was captured for: export one per input shape and mode",
-                                            user_line=caller_line())
+            hint = ("the graph bakes every optimizer hyperparameter but the learning rate" if "['groups']" in why
+                    else "an exported step runs only the inputs and grad mode it was captured for: export one per "
+                    "input shape and mode")
+            raise errors.InputMismatchError(f"{why}; {hint}", user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make
@@ -241,7 +256,28 @@ class Exported:
         return self.state.buffers()
 
     def state_dict(self) -> dict:
-        return self.state.state_dict()
+        """The parameters and buffers by name. A whole training step's is keyed like a checkpoint of
+        eager training: each module by the name the step reached it under, and ``"optimizers"``:
+        ``{"model": model.state_dict(), "optimizers": {"AdamW0": opt.state_dict()}}``."""
+        if self.binding is None:
+            return self.state.state_dict()
+        return {**{n: m.state_dict() for n, m in self.state.named_children()},
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Copy values in (``state_dict()``'s form): the parameters keep their memory and layout."""
+        if self.binding is None:
+            self.state.load_state_dict(state_dict)
+            return
+        want = {*dict(self.state.named_children()), "optimizers"}
+        if set(state_dict) != want or set(state_dict["optimizers"]) != set(self.optimizers):
+            raise errors.InputMismatchError(f"this training step's state_dict has the keys {sorted(want)} (and "
+                                            f"optimizers {sorted(self.optimizers)}), not {sorted(state_dict)}",
+                                            user_line=caller_line())
+        for n, m in self.state.named_children():
+            m.load_state_dict(state_dict[n])
+        for k, o in self.optimizers.items():
+            o.load_state_dict(state_dict["optimizers"][k])
 
     def __repr__(self) -> str:
         n_p, n_b = len(list(self.parameters())), len(list(self.buffers()))

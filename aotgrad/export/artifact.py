@@ -53,6 +53,7 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
                                                            "backward": part.backward}
     graphs = {k: codec.encode_graph(gm, named, f"graph/{k}/") for k, gm in gms.items()}
     state = _state_specs(captured, named if values else None)
+    step = _step(captured, named if values else None)
     manifest = {
         "format": FORMAT, "version": VERSION, "torch": torch.__version__, "aotgrad": _aotgrad_version(),
         "name": captured.setup.flat_fn.__name__, "kind": "inference" if part is None else "training",
@@ -70,6 +71,8 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
                                                 "recomputed": list(part.recomputed)},
         "graphs": sorted(graphs), "ops": codec.op_schemas(gms.values()),
     }
+    if step is not None:
+        manifest["kind"], manifest["step"] = "step", step
     return manifest, graphs, named
 
 
@@ -143,6 +146,39 @@ def _state_specs(captured, named: dict | None) -> list:
         if named is not None:
             named[f"state/{name}"] = t
     return state
+
+
+def _step(captured, named: dict | None) -> dict | None:
+    """A whole training step (``frontend.step``): its state argument's tensors (each ``.grad``, each
+    optimizer's per-parameter state, the learning rates) go into ``named`` as ``step/<leaf>``; the
+    manifest names each optimizer's class and its groups' parameters (the hyperparameters are the
+    signature's constants). The step must leave its state in the structure it takes, or the loaded
+    step could not run twice."""
+    b = captured.step
+    if b is None:
+        return None
+    if named is None:
+        raise Unserializable("a whole training step without values (its optimizer state is part of the step); "
+                             "export it with values=True")
+    state = b.gather()
+    leaves, spec = pytree.tree_flatten(state)
+    if spec != captured.setup.signature.in_spec.children()[0].children()[0]:
+        raise Unserializable("a training step whose optimizer state or .grad changed structure since it was "
+                             "captured; capture it again")
+    after = pytree.tree_structure(({n: g for n, g in state["grad"].items()},
+                                   {k: o["state"] for k, o in state["optimizer"].items()}))
+    if after != captured.out_spec.children()[1]:
+        raise Unserializable("a training step that leaves its state in another structure than it takes (.grad "
+                             "None before and set after, or optimizer state it creates): the loaded step could "
+                             "not run twice; capture after one eager step, with zero_grad inside the step")
+    for i, t in enumerate(leaves):
+        if isinstance(t, torch.Tensor):
+            named[f"step/{i}"] = t
+    return {"optimizers": [{"key": key, "class": type(opt).__name__, "module": type(opt).__module__,
+                            "groups": [{"params": [b.names[i] for i in idx], "tensor_lr": isinstance(g["lr"], torch.Tensor)}
+                                       for g, idx in zip(opt.param_groups, index)]}
+                           for key, opt, index in zip(b.keys, b.optimizers, b.opt_index)],
+            "parameters": list(b.names)}
 
 
 def _extent_bytes(t: torch.Tensor) -> int:

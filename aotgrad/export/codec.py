@@ -23,9 +23,10 @@ from ..ir.graphs import Ref, Unserializable, dump_graph
 from . import sandbox
 
 OP_NAMESPACES = ("aten", "prims", "aotgrad")
-# The one Python function a static graph calls (sandbox.PY_FUNCTIONS): a multi-output op's element.
-# Size arithmetic (``operator.mul``, ``math.ceil``) appears only in symbolic graphs, which export refuses.
-PY_TARGETS = {("_operator", "getitem"): operator.getitem}
+# The Python functions a static graph calls (sandbox.PY_FUNCTIONS): a multi-output op's element, and
+# arithmetic on numbers a step reads with ``.item()``. Size arithmetic (``math.ceil``) appears only in
+# symbolic graphs, which export refuses.
+PY_TARGETS = {("_operator", f.__name__): f for f in sandbox.PY_FUNCTIONS}
 DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 _LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
@@ -137,8 +138,13 @@ def _decode_dataclass(v, env):
 def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
     """A graph as JSON; tensors its ``get_attr`` nodes read go into ``tensors`` under ``prefix``."""
     data = dump_graph(gm)
-    nodes = []
+    nodes, dropped = [], set()
     for op, name, target, args, kwargs in data["nodes"]:
+        if op == "call_function" and target[0] == "op" and target[1] in _PROFILER_RANGES:
+            dropped.add(name)       # a profiler range (``Optimizer.step#AdamW.step``): no value, no effect
+            continue
+        if dropped and _names_in((args, kwargs)) & dropped:
+            raise Unserializable(f"graph node {name} uses a profiler range's handle")
         if op == "call_function":
             target = _encode_target(target)
         nodes.append([op, name, target, _encode_refs(args), {"dict": {k: _encode_refs(v) for k, v in kwargs.items()}}])
@@ -147,6 +153,20 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
     traces = {n.name: n.meta["stack_trace"] for n in gm.graph.nodes if isinstance(n.meta.get("stack_trace"), str)}
     return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces,
             "values": _node_values(gm)}
+
+
+_PROFILER_RANGES = ("profiler::_record_function_enter", "profiler::_record_function_enter_new",
+                    "profiler::_record_function_exit")
+
+
+def _names_in(v) -> set:
+    if isinstance(v, Ref):
+        return {v.name}
+    if isinstance(v, (list, tuple)):
+        return set().union(*map(_names_in, v)) if v else set()
+    if isinstance(v, dict):
+        return _names_in(list(v.values()))
+    return set()
 
 
 def _node_values(gm: fx.GraphModule) -> dict:
@@ -216,6 +236,9 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
                                                    and not k):
                     raise ExportFormatError(f"graph node {name} takes an element of something other than a node's "
                                             "result")
+                if fn in sandbox.ARITHMETIC and not _numbers(fn, a, k):
+                    raise ExportFormatError(f"graph node {name} calls {fn.__name__} on something other than one or "
+                                            "two numbers (a power needs a float constant operand)")
                 # Named as it is made: an automatic name (``getitem_15``) taken first and renamed
                 # after would keep a later node from getting that very name.
                 node = graph.create_node("call_function", fn, a, k, name=name)
@@ -233,6 +256,15 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
         return gm
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _numbers(fn, a: tuple, k: dict) -> bool:
+    """Arithmetic on nodes and number constants only; a power with a float constant operand (a power of
+    two integers read from a file could be made to take forever)."""
+    if k or len(a) != (1 if fn is operator.neg else 2) \
+            or not all(isinstance(x, fx.Node) or type(x) in (int, float) for x in a):
+        return False
+    return fn is not operator.pow or any(type(x) is float for x in a)
 
 
 def _decode_kwargs(data, env) -> dict:
@@ -299,7 +331,8 @@ def resolve_target(spec):
 def op_schemas(graphs) -> dict:
     """``{operator name: schema text}`` of every operator the graphs call (checked on load)."""
     return {f"{n.target._schema.name}.{n.target._overloadname}": str(n.target._schema)
-            for gm in graphs for n in gm.graph.nodes if isinstance(n.target, OpOverload)}
+            for gm in graphs for n in gm.graph.nodes
+            if isinstance(n.target, OpOverload) and n.target._schema.name not in _PROFILER_RANGES}
 
 
 def _keep_values(gm: fx.GraphModule, env: dict, stored) -> None:

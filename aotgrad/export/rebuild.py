@@ -53,7 +53,12 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     decoded = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
     verify.check_graphs(m["ops"], decoded, specs, lay, part, analysis)
     compiled = captured.compile(_checked_eager, None, lambda joint, lay: part)
-    return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled)
+    binding = None
+    if m["kind"] == "step":
+        from .held import bind
+        binding = bind(module, m.get("step"), sig, tensors, m["name"])
+    return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled,
+                    binding)
 
 
 def _checked_eager(gm, example_inputs):
@@ -77,6 +82,8 @@ def _check_tensor_names(m: dict, graphs: dict, tensors: dict) -> None:
     """The tensor table holds the parameters' and buffers' values and the graphs' constants, nothing else."""
     used = {f"graph/{g}/{a}" for g in m["graphs"] for a in graphs[g]["attrs"]}
     used |= {f"state/{e['name']}" for e in m["state"]}
+    if m["kind"] == "step":     # the training step's state argument (export.held)
+        used |= {f"step/{i}" for i in m["signature"]["tensor_pos"]}
     if not set(tensors) <= used:
         raise _ExportFormatError(f"the artifact stores tensors no graph or parameter uses: {sorted(set(tensors) - used)[:5]}")
 

@@ -38,7 +38,10 @@ _DATA = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloat
 _RESULTS = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType",
                       "NumberType"})
 _CHECKED_UNSAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk"})  # views
-PY_FUNCTIONS = (operator.getitem,)      # the one Python call a static graph holds: a tuple result's element
+# The Python calls a static graph holds: a tuple result's element, and the scalar arithmetic of an
+# optimizer's eager path on numbers read with ``.item()`` (a training step's bias corrections).
+ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow)
+PY_FUNCTIONS = (operator.getitem, *ARITHMETIC)
 
 
 def qualified_name(op: OpOverload) -> str:

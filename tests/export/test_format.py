@@ -419,3 +419,23 @@ def test_zip_members_outside_the_format_are_refused(artifact, tmp_path, entry):
     with pytest.raises(ExportFormatError, match="members"):
         aotgrad.load(dst)
     assert not (tmp_path.parent / "x").exists()
+
+
+@pytest.mark.parametrize("fn, args, kwargs", [("pow", [10, 100000000], {}), ("neg", [{"node": "input_0"}, 1], {}),
+                                             ("pow", ["x", 2.0], {}), ("pow", [2.0, 3.0], {"modulo": 5}),
+                                             ("mul", [[1], 2.0], {})])
+def test_crafted_arithmetic_is_refused(artifact, tmp_path, fn, args, kwargs):
+    """A training step's scalar arithmetic (``operator.pow`` on an ``.item()``) is admitted on numbers
+    only, and a power only with a float constant: ``10 ** 100000000`` in integers would never end."""
+    path, _, x = artifact
+
+    def edit(name, data):
+        if name == "graphs/forward.json":
+            g = json.loads(data)
+            g["nodes"][-1:-1] = [["call_function", "bad", {"py": f"_operator.{fn}"}, {"tuple": args},
+                                  {"dict": kwargs}]]
+            return json.dumps(g).encode()
+        return data
+    crafted = _rewrite(path, str(tmp_path / "pow.aotgrad"), edit)
+    with pytest.raises(ExportFormatError, match="on something other than one or two numbers"):
+        aotgrad.load(crafted)
