@@ -228,10 +228,13 @@ class Exported:
                                             user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
-            hint = ("the graph bakes every optimizer hyperparameter but the learning rate" if "['groups']" in why
-                    else "an exported step runs only the inputs and grad mode it was captured for: export one per "
-                    "input shape and mode")
-            raise errors.InputMismatchError(f"{why}; {hint}", user_line=caller_line())
+            if "['groups']" in why:
+                why = (f"an optimizer hyperparameter changed since the step was exported ({why}): the graph bakes "
+                       "every hyperparameter but the learning rate; export it again")
+            else:
+                why += ("; an exported step runs only the inputs and grad mode it was captured for: export one per "
+                        "input shape and mode")
+            raise errors.InputMismatchError(why, user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make

@@ -1,11 +1,14 @@
 """Whole training steps (``p_step.py``) through ``capture`` (after one eager step, so the
-optimizer's state exists), ``aotgrad.jit`` (the first call creates that state inside the graph) and
+optimizer's state exists), the same exported and loaded back (``aotgrad.load``), ``aotgrad.jit`` (the first call creates that state inside the graph) and
 ``aotgrad.jit(fw_compiler="inductor")``, compared with eager after every step: the step's outputs
 and their ``requires_grad``, every parameter, buffer and ``.grad`` (None where eager's is None, the
 same object across steps where eager's is), every optimizer state tensor, the learning rates and the
 global RNG. The eager backend is bit for bit; Inductor within float rounding (it fuses the update).
 ``make test`` runs the eager backend; the Inductor column is ``slow``."""
 from __future__ import annotations
+
+import os
+import tempfile
 
 import pytest
 import torch
@@ -20,7 +23,33 @@ def _capture_warm(fn, args):
     return aotgrad.capture(fn, *args).compile()
 
 
+def _export_warm(fn, args):
+    """Captured after one eager step, exported, loaded back over the user's own parameters, buffers and
+    optimizer state (``state=``, ``load_state_dict`` shares the state tensors), so the comparison reads
+    what the loaded step trained; the user's groups (a scheduler's lr) are handed to it before each call."""
+    fn(*args)
+    captured = aotgrad.capture(fn, *args)
+    root = captured.setup.fn
+    with tempfile.TemporaryDirectory() as tmp:
+        path = captured.export(os.path.join(tmp, "step.aotgrad"))
+        state = {**dict(root.named_parameters(remove_duplicate=False)), **dict(root.named_buffers())}
+        loaded = aotgrad.load(path, state=state)
+    grads = [p.grad for p in root.binding.params]
+    for key, opt in zip(root.binding.keys, root.binding.optimizers):
+        loaded.optimizers[key].load_state_dict(opt.state_dict())
+    for p, g in zip(root.binding.params, grads):    # the user's .grad objects, as the eager run keeps them
+        p.grad = g
+
+    def call(*args):
+        for key, opt in zip(root.binding.keys, root.binding.optimizers):
+            for mine, theirs in zip(loaded.optimizers[key].param_groups, opt.param_groups):
+                mine.update({k: v for k, v in theirs.items() if k != "params"})
+        return loaded(*args)
+    return call
+
+
 ENTRIES = {"capture_warm": (_capture_warm, True),
+           "export_warm": (_export_warm, True),
            "jit": (lambda fn, args: aotgrad.jit(fn), False),
            "jit_inductor": (lambda fn, args: aotgrad.jit(fn, fw_compiler="inductor"), False)}
 
@@ -85,7 +114,7 @@ def _equal(a, b, exact: bool) -> bool:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_step_matches_eager(case, entry):
     compile, warm = ENTRIES[entry]
-    if entry == "capture_warm" and case.endswith("_changed"):   # a staged step does not capture again
+    if entry.endswith("_warm") and case.endswith("_changed"):   # a staged or loaded step does not capture again
         with pytest.raises(aotgrad.errors.InputMismatchError, match="optimizer hyperparameter changed"):
             _run(case, compile=compile)
         return

@@ -118,7 +118,7 @@ def test_loaded_step_refuses_a_changed_hyperparameter(exported):
     step = aotgrad.load(exported[1])
     step.optimizers["AdamW0"].param_groups[0]["weight_decay"] = 0.5
     before = [p.detach().clone() for p in step.parameters()]
-    with pytest.raises(errors.InputMismatchError, match=r"\['weight_decay'\].*every optimizer hyperparameter but"):
+    with pytest.raises(errors.InputMismatchError, match=r"hyperparameter changed .*\['weight_decay'\]"):
         step(*_batches()[0])
     assert all(torch.equal(a, b) for a, b in zip(before, step.parameters()))
 
