@@ -109,21 +109,25 @@ class Jit:
         if tracing():       # called inside another capture: trace through, the outer graph holds it
             return self.fn(*args, **kwargs)
         modes = _modes()
-        found = self._find(self.entries, modes, args, kwargs)
+        found = self._find(modes, args, kwargs)
         if found is not None:
             return found[0].path.run(found[1])
         with self._lock:        # one compile at a time; the entries another thread added meanwhile first
-            found = self._find(self.entries, modes, args, kwargs)
+            found = self._find(modes, args, kwargs)
             run = self._miss(modes, args, kwargs) if found is None else lambda: found[0].path.run(found[1])
         return run()
 
-    @staticmethod
-    def _find(entries, modes, args, kwargs):
-        """``(compiled, flat inputs)`` of the first entry that fits the call, or None."""
-        for e in entries:
+    def _find(self, modes, args, kwargs):
+        """``(compiled, flat inputs)`` of an entry that fits the call, or None: the entry that served the
+        last call first (a training step's first entry, traced before its optimizer state existed, fits
+        no later call), then each in order. Any entry whose checks all pass runs the call exactly."""
+        entries = self.entries
+        last = self.__dict__.get("_last")
+        for e in ([last] if last is not None else []) + entries:
             if e.modes == modes and e.state.check() is None:
                 flat, why = e.compiled.path.match(args, kwargs)
                 if why is None:
+                    self.__dict__["_last"] = e
                     return e.compiled, flat
         return None
 

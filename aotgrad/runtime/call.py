@@ -185,8 +185,12 @@ def alias_check(setup, analysis):
         for g in groups:
             if len({key.get(i) for i in g}) != 1:
                 return f"inputs {list(g)} shared storage when captured, now they do not"
+        count: dict = {}        # storages of the inputs outside captured groups (one pass: a whole training
+        for j, k in key.items():    # step writes hundreds of inputs)
+            if j not in grouped:
+                count[k] = count.get(k, 0) + 1
         for i in written:
-            if i in key and any(k == key[i] for j, k in key.items() if j != i and j not in grouped):
+            if i in key and count.get(key[i], 0) > (i not in grouped):
                 return (f"flat input {i} is written to and now shares storage with another input, "
                         "which it did not when captured")
         return None
