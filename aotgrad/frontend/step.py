@@ -28,9 +28,9 @@ from collections import defaultdict
 
 import torch
 
-from .._torch import pytree
+from .._torch import data_dependent_errors, pytree
 from ..guards.cache import code_names
-from ..errors import InputMismatchError, UnsupportedError, caller_line
+from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
 from ..scoped import EAGER_PATHS
 from . import flatten
 
@@ -210,7 +210,7 @@ class Binding:
         try:
             for key, opt, index in zip(self.keys, self.optimizers, self.opt_index):
                 saved.append((opt, opt.state, [dict(g) for g in opt.param_groups], opt.__dict__.get("step")))
-                opt.step = _eager_step(opt.step)
+                opt.step = _eager_step(opt.step, type(opt).__name__)
                 held = defaultdict(dict)
                 for group, idx, inputs in zip(opt.param_groups, index, states[key]["groups"]):
                     group["params"] = [live[i] for i in idx]
@@ -304,11 +304,17 @@ def eager_paths():
         EAGER_PATHS.pop()
 
 
-def _eager_step(step):
+def _eager_step(step, name: str):
     @functools.wraps(step)
     def run(*args, **kwargs):
         with eager_paths():
-            return step(*args, **kwargs)
+            try:
+                return step(*args, **kwargs)
+            except data_dependent_errors() as e:     # RAdam (rho_t > 5), ASGD: a Python branch on the state
+                raise DataDependentError(
+                    f"{name}.step() branches in Python on a value its state holds (its eager code path reads it "
+                    "with .item()), so one graph cannot serve every step; run this optimizer eagerly after a "
+                    "captured forward and backward", user_line=caller_line()) from e
     return run
 
 

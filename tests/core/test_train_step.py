@@ -180,3 +180,12 @@ def test_param_groups_changed_after_binding_are_refused(entry):
     with pytest.raises(errors.UnsupportedError, match="parameter groups changed after the training step"):
         compiled(x, y)
     assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *extra.parameters()]))
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.RAdam, torch.optim.ASGD])
+def test_optimizer_branching_on_its_state_is_refused_by_name(opt_cls):
+    """RAdam's eager path branches on ``rho_t > 5``, ASGD's on its ``mu``: values of its state."""
+    model, opt, x, y = _setup(opt_cls)
+    step = _train_step(model, opt)
+    step(x, y)
+    _refused(step, model, opt, x, y, match=rf"{opt_cls.__name__}.step\(\) branches in Python on a value")
