@@ -11,6 +11,7 @@ from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
 from .passes.compact_saved import compact_saved
+from .passes.input_writes import writes_in_graph
 from .options import CompileOptions
 from .runtime.call import make_call
 from .runtime.epilogue import eager_layout
@@ -50,6 +51,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
     if lay.is_inference:
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
+        if options.fw_compiler == "inductor" and captured.setup.rebase is None:
+            fw_gm = writes_in_graph(fw_gm, captured.analysis)     # fused into the kernels that compute them
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
                               captured.analysis, fw_gm)

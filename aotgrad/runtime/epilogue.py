@@ -102,6 +102,8 @@ def _write_metadata(x: torch.Tensor, meta: ViewMeta, symbols) -> None:
 
 
 def _write_data(x: torch.Tensor, value: torch.Tensor, needs_autograd: bool) -> None:
+    if value is x:      # the graph wrote it (passes/input_writes.py)
+        return
     if needs_autograd and torch.is_grad_enabled() and value.requires_grad:
         x.copy_(value)
     else:

@@ -1,0 +1,109 @@
+"""Inference graphs that write their inputs, for the Inductor backend's in-graph writes
+(``aotgrad/passes/input_writes.py``: ``copy_(input, new)`` at the graph's end, no epilogue copy).
+
+The twins differ in what would make a write moved into the graph wrong: the input read again after
+the write (inside the function and by the output), written twice, written with its metadata changed
+too (``t_()``: must keep the epilogue), transposed or at a storage offset, broadcast into, of another
+dtype than the value, an integer counter, a half-precision tensor, and an output that is a view of
+the written input. No input requires grad: each is an inference graph (``backward=False``)."""
+import torch
+
+from .programs import fn, offset_leaf, program, r, transposed_leaf
+
+W = "input_writes"
+
+
+def _p(name, **options):
+    return program(f"writes_{name}", W, must_match=True, backward=False, **options)
+
+
+@_p("read_after")
+def _(n=4):
+    def f(x, y):
+        x.mul_(2)
+        return x + y, x.sum()
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("twice")
+def _(n=4):
+    def f(x):
+        x.add_(1)
+        x.mul_(3)
+        return x * 1
+    return fn(f, r(n, 3))
+
+
+@_p("metadata_too")
+def _(n=4):
+    def f(x):           # square: the transposed new value has the input's shape
+        x.t_()
+        x.add_(torch.arange(float(x.numel())).view(x.shape))
+        return x.sum(0)
+    return fn(f, r(n, n))
+
+
+@_p("transposed")
+def _(n=4):
+    def f(x, y):
+        x.addcmul_(y, y, value=0.5)
+        return x.sum()
+    return fn(f, transposed_leaf(n, 3), r(n, 3))
+
+
+@_p("offset")
+def _(n=4):
+    def f(x):
+        x.lerp_(torch.ones_like(x), 0.1)
+        return x.mean()
+    return fn(f, offset_leaf(n, 3))
+
+
+@_p("broadcast_into")
+def _(n=4):
+    def f(x, row):
+        x.copy_(row)
+        return x.clone()
+    return fn(f, r(n, 3), r(3))
+
+
+@_p("other_dtype_value")
+def _(n=4):
+    def f(x, y):
+        x.copy_(y * 2)
+        return x + 1
+    return fn(f, r(n, 3, dtype=torch.float64), r(n, 3))
+
+
+@_p("int_counter", calls=3)
+def _(n=4):
+    def f(step, x):
+        step.add_(1)
+        return x * step
+    return fn(f, torch.zeros((), dtype=torch.int64), r(n, 3))
+
+
+@_p("half", tol=(1e-3, 1e-3))
+def _(n=4):
+    def f(x, y):
+        x.mul_(0.9).add_(y, alpha=0.1)
+        return x.float().sum()
+    return fn(f, r(n, 3, dtype=torch.bfloat16), r(n, 3, dtype=torch.bfloat16))
+
+
+@_p("output_views_written")
+def _(n=4):
+    def f(x, g):
+        x.sub_(g, alpha=0.1)
+        return x[0], x.t()
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("adam_like_update", calls=3)
+def _(n=4):
+    def f(p, m, v, g):
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.01)
+        return p.norm()
+    return fn(f, r(n, 3), torch.zeros(n, 3), torch.zeros(n, 3), r(n, 3))
