@@ -73,6 +73,30 @@ def reached(fn) -> tuple[dict, list]:
     return modules, optimizers
 
 
+def _bound_names(fn) -> list:
+    """``(where, name, object)`` of each global and closed-over variable of ``fn`` (unwrapped as
+    :func:`reached` does) that holds a module or an optimizer, or a list/tuple/dict of them: what the
+    step was bound to, checked before each call (a reassigned ``model`` is not the one traced)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    out = [(fn.__globals__, n, fn.__globals__[n]) for n in code_names(code) if _holds(fn.__globals__.get(n))]
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        with contextlib.suppress(ValueError):
+            if _holds(cell.cell_contents):
+                out.append((cell, name, cell.cell_contents))
+    return out
+
+
+def _holds(obj) -> bool:
+    kinds = (torch.nn.Module, torch.optim.Optimizer)
+    members = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else (obj,)
+    return any(isinstance(o, kinds) for o in members)
+
+
 def step_root(fn):
     """The :class:`Root` standing for ``fn`` when it is a training step (it reaches an optimizer), else None."""
     modules, optimizers = reached(fn)
@@ -178,6 +202,7 @@ class Binding:
         self.keys = tuple(f"{type(opt).__name__}{k}" for k, opt in enumerate(self.optimizers))
         self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
                                for opt in self.optimizers)
+        self.bound = _bound_names(fn)
 
     def stand_ins(self) -> list:
         """What the modules hold now for each parameter (the trace's stand-ins while tracing)."""
@@ -186,6 +211,16 @@ class Binding:
     def gather(self) -> dict:
         """The state a call takes: each parameter's ``.grad``, and per optimizer its groups' learning
         rates (and tensor entries) and its per-parameter state, keyed by parameter name."""
+        for where, name, obj in self.bound:
+            try:
+                now = where.get(name) if isinstance(where, dict) else where.cell_contents
+            except ValueError:      # a closed-over variable deleted
+                now = None
+            if now is not obj:
+                raise UnsupportedError(
+                    f"the training step's variable `{name}` names another object than when the step was bound to "
+                    f"it (a {type(obj).__name__}, now a {type(now).__name__}): its graphs train the old one; build "
+                    "the step again (aotgrad.jit(step) anew, or capture again)", user_line=caller_line())
         for opt, index in zip(self.optimizers, self.opt_index):
             if len(opt.param_groups) != len(index) or any(
                     len(g["params"]) != len(idx) or any(p is not self.params[i] for p, i in zip(g["params"], idx))

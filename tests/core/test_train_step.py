@@ -189,3 +189,30 @@ def test_optimizer_branching_on_its_state_is_refused_by_name(opt_cls):
     step = _train_step(model, opt)
     step(x, y)
     _refused(step, model, opt, x, y, match=rf"{opt_cls.__name__}.step\(\) branches in Python on a value")
+
+
+_SWAPPED = {}
+
+
+def _global_step(x, y):
+    loss = ((_SWAPPED["model"](x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def test_reassigned_model_or_optimizer_is_refused_by_name():
+    """A step bound to ``model``/``opt`` whose variable later names another object would train the
+    old one: refused, naming the variable, the new object untouched."""
+    global opt
+    model, opt, x, y = _setup(torch.optim.SGD, lr=0.1)
+    _SWAPPED["model"] = model
+    g = aotgrad.jit(_global_step)
+    g(x, y)
+    new_model, new_opt, _, _ = _setup(torch.optim.SGD, lr=0.1)
+    before = [p.detach().clone() for p in new_model.parameters()]
+    opt = new_opt
+    with pytest.raises(errors.UnsupportedError, match="variable `opt` names another object"):
+        g(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before, new_model.parameters()))
