@@ -114,6 +114,60 @@ def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+_OFFSET_ARG = {torch.ops.aten.as_strided.default: 3, torch.ops.aten.as_strided_.default: 3,
+               torch.ops.aten.as_strided_scatter.default: 4}
+
+
+def _relative_offsets(gm: fx.GraphModule, example_inputs: list) -> tuple:
+    """``(graph, watched)``: ``gm`` with each ``as_strided`` storage offset made relative to the graph
+    input it reaches, and ``{input index: storage offset}`` of those inputs.
+
+    In ATen an ``as_strided`` offset counts from the start of the *storage*: on an input that starts
+    3 elements into its storage, ``x.as_strided((2,), (3,), 1)`` reads storage elements 1 and 4. Inductor
+    indexes an input from its first element, so it would read ``x``'s elements 1 and 4. Each node is
+    given its input's storage offset through views (and ``as_strided_scatter``, whose ATen result keeps
+    its input's layout), and subtracts it. The compiled graph holds for those offsets only (Dynamo
+    does not guard storage offsets): :func:`_compile_inner` checks them per call. An offset before the
+    input's first element, or a symbolic one, cannot be said to Inductor: ``NotImplementedError`` (the
+    graph then runs eagerly)."""
+    origin, edits, watched = {}, [], {}
+    for i, (n, ex) in enumerate(zip(gm.graph.find_nodes(op="placeholder"), example_inputs)):
+        if isinstance(ex, torch.Tensor):
+            origin[n] = (i, ex.storage_offset())
+    for n in gm.graph.nodes:
+        src = origin.get(n.args[0]) if n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node) \
+            else None
+        if src is None or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        i, base = src
+        k = _OFFSET_ARG.get(n.target)
+        off = None if k is None else n.args[k] if len(n.args) > k else n.kwargs.get("storage_offset")
+        if off is not None:
+            if type(base) is not int or type(off) is not int:
+                raise NotImplementedError(f"{n.target} on an input whose storage offset is symbolic")
+            if off < base:
+                raise NotImplementedError(f"{n.target} at storage offset {off}, before its input's first "
+                                          f"element ({base}): Inductor indexes inputs from their first element")
+            watched[i] = base
+            if base:
+                edits.append((n, k, off - base))
+        if n.target.is_view or n.target is torch.ops.aten.as_strided_scatter.default:
+            origin[n] = src
+    if not edits:
+        return gm, watched
+    from ..passes.cleanup import copy_module
+    new = copy_module(gm)
+    by_name = {n.name: n for n in new.graph.nodes}
+    for n, k, off in edits:
+        m = by_name[n.name]
+        if len(m.args) > k:
+            m.args = (*m.args[:k], off, *m.args[k + 1:])
+        else:
+            m.kwargs = {**m.kwargs, "storage_offset": off}
+    new.recompile()
+    return new, watched
+
+
 def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     from .._torch import TracingContext, inductor_api, tracing
     config, compile_fx_inner, _ = inductor_api()
@@ -129,8 +183,17 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
-        decomposed = _decompose(_random_ops_opaque(gm), example_inputs, fake_mode)
-        return compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+        relative, watched = _relative_offsets(gm, example_inputs)
+        decomposed = _decompose(_random_ops_opaque(relative), example_inputs, fake_mode)
+        compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+    if not watched:
+        return compiled
+
+    def offsets_checked(args):     # another storage offset: the ATen graph, whose offsets are absolute
+        if any(args[i].storage_offset() != off for i, off in watched.items()):
+            return gm.forward(*args)
+        return compiled(args)
+    return offsets_checked
 
 
 def _lazy_backward(gm: fx.GraphModule, example_inputs: list, fake_mode):

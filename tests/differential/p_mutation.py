@@ -91,6 +91,22 @@ def _(n=4):
     return fn(f, r(n, 3))
 
 
+@program("mutation_through_as_strided_own_offset", M)
+def _(n=4):
+    def f(x):           # an offset inside x wherever x starts in its storage (Inductor: relative to x)
+        x.as_strided((2,), (3,), x.storage_offset() + 1).add_(5)
+        return x * 1
+    return fn(f, r(n, 3))
+
+
+@program("as_strided_of_a_view_reads", M)
+def _(n=4):
+    def f(x, w):
+        v = x[1:]
+        return v.as_strided((2, 2), (1, 3), x.storage_offset() + 4) * w
+    return fn(f, r(n, 3), r(2, 2, rg=True))
+
+
 @program("mutation_through_data", M, "leafness")
 def _(n=4):
     def f(x):

@@ -46,6 +46,13 @@ KNOWN = {
 
 # A warm entry is its cold one served from the disk cache: the same programs fail the same way.
 KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
+# Cold only: the warm entry (the same graph served from the disk cache) passes; why was not looked into.
+KNOWN.update({(p, e): "untyped TypeError 'Cannot convert symbols to int' at the offset call: the program reads "
+       "x.storage_offset(), Dynamo recompiles with the offset symbolic and passes it as a SymInt graph input, "
+       "and the input guards' bind() skips number inputs (guards/inputs.py: spec None), so the epilogue cannot "
+       "evaluate an output computed from that symbol"
+       for p in ("mutation_through_as_strided_own_offset", "as_strided_of_a_view_reads")
+       for e in ("dynamo", "dynamo_inductor")})
 
 
 def known(program, entry, device):
