@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from ..partition.graphs import distinct_examples
 from ..runtime.modes import autocast_off
 from ..scoped import FX_TRACING
@@ -137,7 +138,7 @@ def _relative_offsets(gm: fx.GraphModule, example_inputs: list) -> tuple:
     for n in gm.graph.nodes:
         src = origin.get(n.args[0]) if n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node) \
             else None
-        if src is None or not isinstance(n.target, torch._ops.OpOverload):
+        if src is None or not isinstance(n.target, OpOverload):
             continue
         i, base = src
         k = _OFFSET_ARG.get(n.target)
