@@ -213,7 +213,7 @@ class Exported:
     def __call__(self, *args, **kwargs):
         if self.binding is None:
             return self._call(args, kwargs)
-        return self.binding.install(self._call((self.binding.gather(), *args), kwargs))
+        return self.binding.around(lambda *a, **k: self._call(a, k), args, kwargs)
 
     @property
     def optimizers(self) -> dict:
@@ -228,13 +228,9 @@ class Exported:
                                             user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
-            if "['groups']" in why:
-                why = (f"an optimizer hyperparameter changed since the step was exported ({why}): the graph bakes "
-                       "every hyperparameter but the learning rate; export it again")
-            else:
-                why += ("; an exported step runs only the inputs and grad mode it was captured for: export one per "
-                        "input shape and mode")
-            raise errors.InputMismatchError(why, user_line=caller_line())
+            raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs and grad mode it "
+                                            "was captured for: export one per input shape and mode",
+                                            user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from .._torch import OpOverload
 from ..partition.graphs import distinct_examples
+from ..passes.cleanup import copy_module
 from ..runtime.modes import autocast_off
 from ..scoped import FX_TRACING
 from .graph_info import info_of
@@ -156,7 +157,6 @@ def _relative_offsets(gm: fx.GraphModule, example_inputs: list) -> tuple:
             origin[n] = src
     if not edits:
         return gm, watched
-    from ..passes.cleanup import copy_module
     new = copy_module(gm)
     by_name = {n.name: n for n in new.graph.nodes}
     for n, k, off in edits:

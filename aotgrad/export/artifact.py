@@ -165,8 +165,7 @@ def _step(captured, named: dict | None) -> dict | None:
     if spec != captured.setup.signature.in_spec.children()[0].children()[0]:
         raise Unserializable("a training step whose optimizer state or .grad changed structure since it was "
                              "captured; capture it again")
-    after = pytree.tree_structure(({n: g for n, g in state["grad"].items()},
-                                   {k: o["state"] for k, o in state["optimizer"].items()}))
+    after = pytree.tree_structure((state["grad"], {k: o["state"] for k, o in state["optimizer"].items()}))
     if after != captured.out_spec.children()[1]:
         raise Unserializable("a training step that leaves its state in another structure than it takes (.grad "
                              "None before and set after, or optimizer state it creates): the loaded step could "

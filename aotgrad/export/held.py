@@ -21,6 +21,10 @@ class LoadedBinding(Binding):
     groups hand the step only the entries the trace saw: a key added later (a scheduler's
     ``initial_lr``) was not in the group when traced, so the graph never read it."""
 
+    made = "the export"
+    remedy = "export it again"
+    first_step = "export a step captured after one eager step, with zero_grad inside it"
+
     def __init__(self, root, optimizers: list, name: str, group_keys: list):
         fn = _named(name)
         super().__init__(root, optimizers, fn)

@@ -78,6 +78,7 @@ class Jit:
     options: CompileOptions = field(init=False, repr=False)    # ``compile_options`` checked, as one object
     # Held while compiling: a call from another thread that fits no entry waits, then uses the new one.
     _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
+    _last: object = field(default=None, init=False, repr=False)    # the entry that served the last call
 
     def __post_init__(self):
         self.options = check_options(self.compile_options)
@@ -121,13 +122,12 @@ class Jit:
         """``(compiled, flat inputs)`` of an entry that fits the call, or None: the entry that served the
         last call first (a training step's first entry, traced before its optimizer state existed, fits
         no later call), then each in order. Any entry whose checks all pass runs the call exactly."""
-        entries = self.entries
-        last = self.__dict__.get("_last")
-        for e in ([last] if last is not None else []) + entries:
+        last = self._last
+        for e in self.entries if last is None else [last, *(e for e in self.entries if e is not last)]:
             if e.modes == modes and e.state.check() is None:
                 flat, why = e.compiled.path.match(args, kwargs)
                 if why is None:
-                    self.__dict__["_last"] = e
+                    self._last = e
                     return e.compiled, flat
         return None
 

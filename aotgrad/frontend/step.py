@@ -44,6 +44,23 @@ def reached(fn) -> tuple[dict, list]:
     members of lists, tuples and dicts among those. Empty when ``fn`` is a module."""
     if isinstance(fn, torch.nn.Module) or not callable(fn):
         return {}, []
+    fn, found = _unwrapped(fn)
+    if getattr(fn, "__code__", None) is None:
+        return {}, []
+    found.update({name: value for _, name, value in _variables(fn)})
+    modules, optimizers = {}, []
+    for name, obj in found.items():
+        for n, o in _members(name, obj):
+            if isinstance(o, torch.nn.Module) and all(o is not m for m in modules.values()):
+                modules[str(n).replace(".", "_")] = o
+            elif isinstance(o, torch.optim.Optimizer) and all(o is not p for p in optimizers):
+                optimizers.append(o)
+    return modules, optimizers
+
+
+def _unwrapped(fn) -> tuple:
+    """``(plain function, {name: object})``: ``fn`` without its ``functools.partial`` and bound-method
+    wrappers, and what those hold (the partial's arguments, ``self`` and its attributes)."""
     found: dict = {}
     while isinstance(fn, functools.partial):
         found.update({f"arg{i}": a for i, a in enumerate(fn.args)}, **fn.keywords)
@@ -53,48 +70,39 @@ def reached(fn) -> tuple[dict, list]:
         found.update({k: v for k, v in vars(fn.__self__).items() if not k.startswith("__")}
                      if hasattr(fn.__self__, "__dict__") and not isinstance(fn.__self__, torch.nn.Module) else {})
         fn = fn.__func__
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return {}, []
-    names = code_names(code)
-    found.update({n: fn.__globals__[n] for n in names if n in fn.__globals__})
-    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        with contextlib.suppress(ValueError):
-            found[name] = cell.cell_contents
-    modules, optimizers = {}, []
-    for name, obj in found.items():
-        members = obj.items() if isinstance(obj, dict) else \
-            ((f"{name}{i}", o) for i, o in enumerate(obj)) if isinstance(obj, (list, tuple)) else [(name, obj)]
-        for n, o in members:
-            if isinstance(o, torch.nn.Module) and all(o is not m for m in modules.values()):
-                modules[str(n).replace(".", "_")] = o
-            elif isinstance(o, torch.optim.Optimizer) and all(o is not p for p in optimizers):
-                optimizers.append(o)
-    return modules, optimizers
+    return fn, found
 
 
-def _bound_names(fn) -> list:
-    """``(where, name, object)`` of each global and closed-over variable of ``fn`` (unwrapped as
-    :func:`reached` does) that holds a module or an optimizer, or a list/tuple/dict of them: what the
-    step was bound to, checked before each call (a reassigned ``model`` is not the one traced)."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    out = [(fn.__globals__, n, fn.__globals__[n]) for n in code_names(code) if _holds(fn.__globals__.get(n))]
+def _variables(fn) -> list:
+    """``(where, name, value)`` of each global the code of ``fn`` (a plain function) reads and each
+    variable it closes over; ``where`` is the globals dict or the closure cell."""
+    code = fn.__code__
+    out = [(fn.__globals__, n, fn.__globals__[n]) for n in code_names(code) if n in fn.__globals__]
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
         with contextlib.suppress(ValueError):
-            if _holds(cell.cell_contents):
-                out.append((cell, name, cell.cell_contents))
+            out.append((cell, name, cell.cell_contents))
     return out
 
 
-def _holds(obj) -> bool:
+def _members(name, obj):
+    """``(name, object)`` of ``obj`` itself, or of each member of a list, tuple or dict."""
+    if isinstance(obj, dict):
+        return obj.items()
+    if isinstance(obj, (list, tuple)):
+        return ((f"{name}{i}", o) for i, o in enumerate(obj))
+    return [(name, obj)]
+
+
+def _bound_names(fn) -> list:
+    """``(where, name, object)`` of each global and closed-over variable of ``fn`` that holds a module
+    or an optimizer (or a list, tuple or dict of them): what the step was bound to, checked before
+    each call (a reassigned ``model`` is not the one traced)."""
+    fn, _ = _unwrapped(fn)
+    if getattr(fn, "__code__", None) is None:
+        return []
     kinds = (torch.nn.Module, torch.optim.Optimizer)
-    members = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else (obj,)
-    return any(isinstance(o, kinds) for o in members)
+    return [(where, name, value) for where, name, value in _variables(fn)
+            if any(isinstance(o, kinds) for _, o in _members(name, value))]
 
 
 def step_root(fn):
@@ -293,6 +301,11 @@ class Binding:
         flat, spec = pytree.tree_flatten(out)
         return pytree.tree_unflatten([_Spent.apply(t, _ANCHOR) if n else t for t, n in zip(flat, needs)], spec)
 
+    # What a call whose state no longer fits is told (a loaded step's binding says it of its export).
+    made = "the capture"
+    remedy = "capture again, or use aotgrad.jit, which captures again"
+    first_step = "capture after one eager step, or use aotgrad.jit, which captures again"
+
     def around(self, call, args, kwargs):
         """``Jit.around``: the state gathered before the call and installed after it."""
         try:
@@ -301,16 +314,15 @@ class Binding:
             why = str(e).split(";")[0]
             if "['groups']" in why:
                 raise InputMismatchError(
-                    f"an optimizer hyperparameter changed since the capture ({why}): the graph bakes every "
-                    "hyperparameter but the learning rate (an input); capture again, or use aotgrad.jit, which "
-                    "captures again", user_line=caller_line()) from None
+                    f"an optimizer hyperparameter changed since {self.made} ({why}): the graph bakes every "
+                    f"hyperparameter but the learning rate (an input); {self.remedy}", user_line=caller_line()
+                ) from None
             if not why.startswith("args[0]"):
                 raise
             raise InputMismatchError(
-                f"the training step's state is not what it was when captured ({why}): an "
+                f"the training step's state is not what it was at {self.made} ({why}): an "
                 "optimizer creates its state on its first step, and zero_grad(set_to_none=True) makes .grad None; "
-                "capture after one eager step, or use aotgrad.jit, which captures again", user_line=caller_line()
-            ) from None
+                f"{self.first_step}", user_line=caller_line()) from None
         return self.install(result)
 
 

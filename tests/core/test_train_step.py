@@ -211,8 +211,9 @@ def test_reassigned_model_or_optimizer_is_refused_by_name():
     g = aotgrad.jit(_global_step)
     g(x, y)
     new_model, new_opt, _, _ = _setup(torch.optim.SGD, lr=0.1)
-    before = [p.detach().clone() for p in new_model.parameters()]
+    before = [p.detach().clone() for p in [*model.parameters(), *new_model.parameters()]]
     opt = new_opt
     with pytest.raises(errors.UnsupportedError, match="variable `opt` names another object"):
         g(x, y)
-    assert all(torch.equal(a, b) for a, b in zip(before, new_model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *new_model.parameters()]))
+    assert not new_opt.state
