@@ -27,15 +27,68 @@ def _is_backward(gm: fx.GraphModule) -> bool:
 
 
 def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphModule:
-    """Retrace with Inductor's decomposition table: its lowerings assume it ran."""
+    """Retrace with Inductor's decomposition table (its lowerings assume it ran), each output laid
+    out as ``gm`` lays it out (:func:`_eager_layouts`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .._torch import inductor_api
     select_decomp_table = inductor_api()[2]
+    want = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in gm.graph.output_node().args[0]]
 
+    def laid_out(*args):
+        return _eager_layouts(gm(*args), want)
     with FX_TRACING, fake_mode:
-        return make_fx(gm, decomposition_table=select_decomp_table(),
+        return make_fx(laid_out, decomposition_table=select_decomp_table(),
                        _allow_non_fake_inputs=True)(*example_inputs)
+
+
+def _eager_layouts(outs, want) -> tuple:
+    """``outs`` (a graph's outputs traced through decompositions), each fresh one laid out as ``want``
+    (its fake value before decomposition, which is eager's layout) says.
+
+    Inductor gives an output the strides of its fake value in the graph it compiles, and a
+    decomposition can change them (``cat`` with an empty operand: eager keeps the other operand's
+    layout, the decomposition is contiguous). Such an output becomes ``copy(empty, value)`` with
+    ``empty`` laid out as eager's (``empty_strided`` for static strides, ``empty_permuted`` in eager's
+    dimension order for symbolic ones), which Inductor fuses into the kernel computing it. A value
+    output twice is laid out once (one tensor, as in eager; a saved output stays the saved tensor).
+    Views (laid out as their base) are left."""
+    done = {}
+    for o, w in zip(outs, want):
+        if id(o) not in done:
+            done[id(o)] = (o, _laid_out(o, w))
+    return tuple(done[id(o)][1] for o in outs)
+
+
+def _laid_out(o, w):
+    if not (isinstance(o, torch.Tensor) and isinstance(w, torch.Tensor)) or w._is_view() or o.dim() != w.dim():
+        return o
+    if all(type(v) is int for v in (*w.shape, *w.stride(), *o.stride())):
+        if o.stride() == w.stride() or w.numel() <= 1:
+            return o
+        empty = torch.empty_strided(o.shape, w.stride(), dtype=o.dtype, device=o.device)
+    else:
+        want, got = _order(w), _order(o)
+        if want is None or got is None or want == got:
+            return o
+        empty = torch.empty_permuted(o.shape, want, dtype=o.dtype, device=o.device)
+    return torch.ops.aten.copy.default(empty, o)
+
+
+def _order(t):
+    """``t``'s dimensions from outermost to innermost by their strides' hints, or None when ``t`` is
+    not dense (a permuted dense layout is then not its layout) or a hint is missing."""
+    hints = [s.node.hint if isinstance(s, torch.SymInt) else s for s in (*t.shape, *t.stride())]
+    if any(h is None for h in hints):
+        return None
+    shape, stride = hints[:t.dim()], hints[t.dim():]
+    order = sorted(range(t.dim()), key=lambda d: -stride[d])
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
 
 
 def _fake_mode_of(gm: fx.GraphModule, example_inputs: list):

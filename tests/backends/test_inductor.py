@@ -47,6 +47,14 @@ def test_placeholders_sharing_one_example_stay_apart():
     torch.testing.assert_close(out, a * 2 + b)
 
 
+def test_outputs_keep_eager_layout_through_decompositions():
+    """Inductor lays an output out as its fake value in the decomposed graph says; ``cat`` with an
+    empty operand decomposes to a contiguous result where eager keeps the transposed operand's
+    layout: the output is laid out as the graph before decomposition says (strides compared)."""
+    x = torch.randn(3, 4).t().requires_grad_()
+    check(lambda x, e: torch.cat([x, e]) * 2, (x, torch.randn(0, 3, requires_grad=True)), fw_compiler="inductor")
+
+
 @pytest.mark.slow
 def test_repeated_blocks_train_like_eager():
     make = make_stack(n=2)
@@ -121,6 +129,18 @@ def test_hf_llama_gqa_saved_layouts(entry):
     compile = (lambda fn, a, k: aotgrad.jit(fn, fw_compiler="inductor")) if entry == "jit" else \
         (lambda fn, a, k: torch.compile(fn, backend=aotgrad.backend(fw_compiler="inductor")))
     check(model, (), {"input_ids": ids, "labels": ids, "use_cache": False}, compile=compile, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["output_written_before_backward", "outputs_kept_across_calls",
+                                     "two_forwards_then_one_backward", "retain_graph_twice"])
+def test_output_laid_out_again_is_the_saved_one(pattern):
+    """An output Inductor lays out again for eager's strides (``_eager_strides``) is also the tensor
+    the backward saved: writing it before the backward raises eager's error, keeping it is safe."""
+    from tests.differential.usage import KINDS, USAGES
+    from tests.eager_check import check_usage
+    check_usage(KINDS["saved_exp_laid_out_by_a_decomposition"], USAGES[pattern],
+                compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args).compile(fw_compiler="inductor"))
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pattern", ["parameter_stepped_before_backward", "parameter_view_written_before_backward",

@@ -16,20 +16,27 @@ from .harness import ENTRIES, PROGRAMS, cases, run_case
 from .selection import is_fast
 
 KNOWN = {
-    ("index_add_scatter_", "jit"):
-        "strides only: an output computed from an input written in place with non-contiguous strides is laid "
-        "out by the functional op (functionalization reports those strides too); values are eager's",
+    **{("index_add_scatter_", e):
+       "strides only: an output computed from an input written in place with non-contiguous strides is laid "
+       "out by the functional op (functionalization reports those strides too); values are eager's"
+       for e in ("jit", "jit_inductor")},
+    **{(p, "jit_inductor"):
+       "strides only, at the call with transposed inputs: batch norm's fake (meta) kernel keeps a non-contiguous "
+       "input's layout, its CPU kernel returns a contiguous result; Inductor lays outputs out as the fake values "
+       "say (the eager backend runs the kernel); values are eager's"
+       for p in ("batchnorm2d_eval", "batchnorm_train", "aot_batchnorm_inference_mutation",
+                 "aot_batchnorm_functional_train", "aot_input_mutation_batchnorm", "aotd_buffer_batch_norm")},
     ("checkpoint_deterministic", "compiled_autograd"):
         "an eager forward's checkpoint under compiled autograd needs saved-tensor hooks, refused with a typed "
         "error; compiling the forward works",
-    ("aotd_dispatch_input_metadata_mutation", "dynamo"):
+    **{("aotd_dispatch_input_metadata_mutation", e):
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
-        "them changed",
+        "them changed" for e in ("dynamo", "dynamo_inductor")},
     **{("param_views_under_inference_mode", e):
        "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
        "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
-       for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit")},
+       for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit", "jit_inductor")},
     ("aot_input_mutation_and_output_view", "export"):
         "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
         "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
