@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import sympy
 import torch
 
 from .._torch import FakeTensor
@@ -92,6 +93,11 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
         raise errors.MutationError("an input that shares storage with another input has its metadata changed in "
                                    "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a "
                                    "shared base: use the out-of-place op and return the result")
+    if any(not v.is_static for g in groups for v in g.views):
+        raise errors.UnsupportedError(
+            "inputs that share storage, one of them written, are laid out with symbolic sizes or strides (Dynamo "
+            "recompiled them as dynamic): the graph regenerates each from their base at a fixed place; mark them "
+            "static (torch._dynamo.mark_static) or pass separate tensors")
     if groups:
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
@@ -215,7 +221,8 @@ def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
 def rebased(setup: Setup, rb) -> Setup:
     """The same setup with aliased, mutated inputs replaced by synthetic bases."""
     tensors = rb.graph_inputs(list(setup.real_inputs))
-    if all(isinstance(t, FakeTensor) for t in tensors):     # Dynamo's inputs: keep its fake mode and guards
+    if not any(isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) for t in tensors):
+        # Dynamo's inputs (fake tensors and SymInts): keep its fake mode and guards
         session, fakes = setup.session, tuple(tensors)
     else:
         session = Session.for_inputs(tensors, setup.session.dynamic, setup.session.grad_enabled)
@@ -257,7 +264,9 @@ def _input_guards(setup: Setup):
     specs = [input_guards.tensor_spec(f, t) if isinstance(t, torch.Tensor) else None
              for f, t in zip(setup.fake_inputs, setup.real_inputs)]
     conds = input_guards.shape_conditions(setup.session.shape_env)
-    return input_guards.build(specs, setup.input_descs, conds)
+    numbers = [(i, f.node.expr) for i, f in enumerate(setup.fake_inputs)
+               if isinstance(f, torch.SymInt) and isinstance(f.node.expr, sympy.Symbol)]
+    return input_guards.build(specs, setup.input_descs, conds, numbers)
 
 
 def _joint_descs(setup, analysis, lay):

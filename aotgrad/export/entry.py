@@ -46,7 +46,7 @@ def dump_compiled(compiled) -> dict:
         "partition": None if part is None else dump_partition(part),
         "analysis": replace(c.analysis, fake_outputs=(), out_spec=None),   # fake values only serve tracing
         "layout": c.layout,
-        "guards": (g.specs, g.descs, g.conditions),
+        "guards": (g.specs, g.descs, g.conditions, g.numbers),
         "out_spec": c.out_spec,
         "descs": (c.input_descs, c.output_descs),
     }

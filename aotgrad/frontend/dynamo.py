@@ -140,13 +140,19 @@ def _callable(compiled):
     else:
         aliasing = alias_check(captured.setup, captured.analysis)
 
+        guards = captured.guards
+
         def call(*args):       # inputs that share storage and are written: passed as their synthetic base
             flat = list(args)
             why = aliasing(flat)
+            if not why:         # Dynamo guards the inputs it sees, not their base: the base's guards are ours
+                flat = rebase.graph_inputs(flat)
+                failed = guards.check(flat)
+                why = None if failed is None else guards.explain(flat, failed)
             if why:
                 raise errors.InputMismatchError(why + " (torch.compile does not guard storage sharing: "
                                                 "call torch._dynamo.reset() or pass separate tensors)")
-            return run(rebase.graph_inputs(flat))
+            return run(flat)
     call.compiled = compiled
     return call
 

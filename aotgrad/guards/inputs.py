@@ -64,6 +64,7 @@ class InputGuards:
     source: str             # generated checker, for reading
     check: object           # (flat) -> None, or a failing index / condition text
     bind: object            # (flat) -> {symbol name: int}
+    numbers: tuple = ()     # (index, symbol) of number inputs that are symbols
 
     def explain(self, flat, failed) -> str:
         if isinstance(failed, str):
@@ -84,8 +85,11 @@ class InputGuards:
         return f"{name}: sizes {tuple(t.shape)} or layout do not fit the captured shape {spec.size}"
 
 
-def build(specs, descs, conditions) -> InputGuards:
-    slow, bind_src, used = _source("check_all", specs, conditions)
+def build(specs, descs, conditions, numbers=()) -> InputGuards:
+    """The guards of inputs ``specs`` (None for a number input); ``numbers`` pairs the index of a
+    number input whose value is a symbol (a Dynamo graph's SymInt) with that symbol, which ``bind``
+    then reads from the input itself (its own frontend guards it)."""
+    slow, bind_src, used = _source("check_all", specs, conditions, numbers)
     env = {"torch": torch}
     k, fast = _static_prefix(specs, descs)
     src = slow
@@ -103,7 +107,8 @@ def build(specs, descs, conditions) -> InputGuards:
     else:
         exec(compile_source(slow + "\n\n" + bind_src, "input guards"), env)
         env["check"] = env["check_all"]
-    return InputGuards(tuple(specs), tuple(descs), tuple(used), src + "\n\n" + bind_src, env["check"], env["bind"])
+    return InputGuards(tuple(specs), tuple(descs), tuple(used), src + "\n\n" + bind_src, env["check"], env["bind"],
+                       tuple(numbers))
 
 
 def _compiled_on_first_call(src: str, env: dict):
@@ -145,7 +150,7 @@ def _exemplar(spec: TensorSpec, is_param: bool) -> torch.Tensor:
     return torch.nn.Parameter(t, requires_grad=spec.requires_grad) if is_param else t.requires_grad_(spec.requires_grad)
 
 
-def _source(name: str, specs, conditions):
+def _source(name: str, specs, conditions, numbers=()):
     """``def name(flat)`` checking ``specs`` and the shape conditions over their symbols, and
     ``def bind(flat)``; with the conditions it checks."""
     lines, bound = [f"def {name}(flat):"], {}
@@ -181,6 +186,10 @@ def _source(name: str, specs, conditions):
         text = PythonPrinter().doprint(_subst(c, bound))
         lines.append(f"    if not ({text}): return {str(c)!r}")
     lines.append("    return None")
+    for i, sym in numbers:
+        if sym not in bound:
+            bound[sym] = f"flat[{i}]"
+            bind_lines.append(f"        {str(sym)!r}: int(flat[{i}]),")
     bind_lines.append("    }")
     return "\n".join(lines), "\n".join(bind_lines) + "\n", conditions
 

@@ -163,7 +163,8 @@ def _restore_sizes(value, spec):
 
 def alias_check(setup, analysis):
     """A check that a graph which writes to an input gets no other input sharing
-    that storage, unless they were captured that way (then they must still be)."""
+    that storage, unless they were captured that way (then they must still be, each
+    where it was: the graph regenerates them from their base at the captured places)."""
     rb = setup.rebase
     changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata]
     if not changed:
@@ -175,6 +176,8 @@ def alias_check(setup, analysis):
     # Parameters and buffers are not compared with each other (a module's own state does not
     # alias itself); each written input is compared with every other input.
     n_state = len(setup.signature.slots)
+    placed = [(i, (v.size, v.stride, v.offset)) for g in (rb.groups if rb else ()) for i, v in zip(g.members, g.views)
+              if v.is_static]
 
     def check(flat):
         key = {i: flat[i].untyped_storage()._cdata for i in range(n_state, len(flat))
@@ -185,6 +188,12 @@ def alias_check(setup, analysis):
         for g in groups:
             if len({key.get(i) for i in g}) != 1:
                 return f"inputs {list(g)} shared storage when captured, now they do not"
+        for i, was in placed:
+            t = flat[i]
+            if (tuple(t.shape), t.stride(), t.storage_offset()) != was:
+                return (f"flat input {i} shares storage with other inputs as captured, but lies elsewhere in it "
+                        f"(size, strides, storage offset {(tuple(t.shape), t.stride(), t.storage_offset())}, "
+                        f"captured {was})")
         count: dict = {}        # storages of the inputs outside captured groups (one pass: a whole training
         for j, k in key.items():    # step writes hundreds of inputs)
             if j not in grouped:
