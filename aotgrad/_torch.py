@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from typing import Callable
 
 import torch
@@ -40,6 +41,48 @@ __all__ = [
     "is_non_overlapping_and_dense_or_false", "pytree", "simple_registry", "suppress_guards", "sympy_functions",
     "tracing",
 ]
+
+def symbolic_dispatch(shape_env):
+    """The Python dispatcher while tracing with symbolic sizes (``shape_env`` holds symbols), as
+    make_fx's symbolic mode and AOTAutograd enable it: C++ kernels that take only concrete sizes
+    (``expand`` inside ``clamp_``'s decomposition on a symbolic shape) are then reached through their
+    symbolic Python implementations."""
+    return enable_python_dispatcher() if shape_env is not None and backed_symbols(shape_env) else contextlib.nullcontext()
+
+
+_SKIPPED_BY_DYNAMO: list = []
+
+
+def skipped_by_dynamo() -> None:
+    """Dynamo does not trace aotgrad's own frames once it is in use: a compiled step's backward,
+    run by ``loss.backward()`` inside a ``torch.compile``d function, runs as torch's own code does
+    (Dynamo compiled it as user code and the lazy Inductor backward met symbolic sizes). Nothing to
+    do (and no import of ``torch._dynamo``) while Dynamo is not loaded."""
+    if _SKIPPED_BY_DYNAMO or "torch._dynamo" not in sys.modules:
+        return
+    import torch._dynamo.trace_rules as rules
+    if hasattr(rules, "add"):
+        rules.add("aotgrad")
+    _SKIPPED_BY_DYNAMO.append(True)
+
+
+def without_dynamo(fn):
+    """``fn`` run with Dynamo's frame callback off for it and all it calls, when one is on: a compiled
+    backward that ``loss.backward()`` runs inside a ``torch.compile``d function (or its lazy Inductor
+    compile) is not user code for Dynamo to trace, as torch's own compiled backward is not."""
+    callback = C_dynamo.eval_frame.get_eval_frame_callback
+    off: list = []
+
+    def run(*args):
+        if callback() is None:
+            return fn(*args)
+        if not off:
+            import torch._dynamo
+            skipped_by_dynamo()
+            off.append(torch._dynamo.disable(fn, recursive=True))
+        return off[0](*args)
+    return run
+
 
 # The compiled-autograd engine (C++): its compiler slot and its cache are one per process.
 compiled_autograd_engine = C_dynamo.compiled_autograd

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor
+from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..frontend.flatten import module_state
@@ -102,7 +102,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
     try:
-        with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules():
+        with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules(), symbolic_dispatch(session.shape_env):
             gm = make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                          _allow_non_fake_inputs=True)(*seen, *tangents)
     except Exception:

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._torch import (
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
     has_own_dispatch, is_functional_tensor, plain_fake, set_mkldnn_enabled, simple_registry,
-    storage_key, sync,
+    storage_key, symbolic_dispatch, sync,
 )
 from ..runtime.modes import baked
 from ..scoped import EAGER_PATHS, Shared, Stack
@@ -69,7 +69,8 @@ class Session:
     @contextlib.contextmanager
     def tracing(self):
         """Fake mode and the captured grad mode, for metadata analysis."""
-        with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), traceable_ops():
+        with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), traceable_ops(), \
+                symbolic_dispatch(self.shape_env):
             yield
 
 

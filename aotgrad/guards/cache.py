@@ -377,7 +377,10 @@ def graph_fp(gm) -> tuple:
         elif n.op == "call_module":
             raise Uncacheable(f"the graph calls the module {target!r}")
         meta = n.meta.get("example_value", n.meta.get("val"))
-        nodes.append((n.op, n.name, target, _arg_fp(n.args), _arg_fp(n.kwargs), repr(value_out(meta, {})),
+        value = value_out(meta, {})
+        if value is None and isinstance(meta, torch.Tensor):
+            raise Uncacheable(f"graph node {n.name}'s value cannot be described as data")
+        nodes.append((n.op, n.name, target, _arg_fp(n.args), _arg_fp(n.kwargs), repr(value),
                       n.meta.get("stack_trace")))      # the user's lines that messages and reports name
     return tuple(nodes)
 

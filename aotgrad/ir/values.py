@@ -71,7 +71,7 @@ def value_out(v, hints: dict):
             return v
         if isinstance(v, (tuple, list)):
             return type(v)(value_out(x, hints) for x in v)
-    except ValueError:
+    except (ValueError, TypeError):     # TypeError: a size sympy cannot name as an int (a nested tensor's)
         return None
     return None
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._torch import are_functorch_transforms_active
+from .._torch import are_functorch_transforms_active, skipped_by_dynamo, without_dynamo
 from .epilogue import _is_view_op
 from .hooks import RUNNING, install_input_hooks
 from .double_backward import keep_inputs, rng_states
@@ -94,8 +94,9 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             return (guarded if second_order is None else differentiable)(ctx, *grad_outputs)
         return first_order(ctx, *grad_outputs)
 
+    skipped_by_dynamo()
     return type(name, (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "forward": staticmethod(forward), "backward": staticmethod(without_dynamo(backward)),
         # Read by aotgrad/compiled_autograd to inline this backward into its graph.
         "_aotgrad_backward": None if bw_graph is None else
         BackwardGraph(bw_graph, n_primals, tuple(tangent_of), tuple(grad_of))})

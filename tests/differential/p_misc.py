@@ -266,6 +266,29 @@ def _(n=4):
     return fn(lambda x, k, flag: x * k if flag else x, r(n, rg=True), 2.5, True)
 
 
+# An int argument that follows the size: jit bakes it (a constant of the call), Dynamo recompiles it as
+# a SymInt graph input, so outputs computed from it are symbolic (it used to be left unbound: "Cannot
+# convert symbols to int" at the size call).
+@program("int_arg_number_output", "scalar", must_match=True)
+def _(n=4):
+    return fn(lambda x, k: (x * k, k + 1, k * 2.5), r(n, 3, rg=True), n)
+
+
+@program("int_arg_sizes_a_view", "scalar", must_match=True)
+def _(n=4):
+    return fn(lambda x, k: (x.view(k, -1), x.reshape(-1, k).sum(1)), r(n, 3, rg=True), n)
+
+
+@program("int_arg_in_backward", "scalar", must_match=True)
+def _(n=4):
+    return fn(lambda x, k: (x.repeat(2, 1)[: k + 1] * k).sin(), r(n, 3, rg=True), n)
+
+
+@program("int_arg_as_offset", "scalar", must_match=True)
+def _(n=4):
+    return fn(lambda x, k: x.narrow(0, k - 2, 2) * x.shape[0], r(n, 3, rg=True), n)
+
+
 # --- pytrees --------------------------------------------------------------------------
 
 P = "pytree"

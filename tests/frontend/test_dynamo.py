@@ -42,6 +42,16 @@ def test_dynamic_shapes():
     check(nn.Linear(4, 3), (torch.randn(5, 4),), compile=dynamo, dynamic=True)
 
 
+def test_int_argument_recompiled_as_a_symbol():
+    """Dynamo's second call with another int recompiles it as a SymInt graph input: outputs computed
+    from it (a number, a view's size) are evaluated from that input (it used to be left unbound:
+    'Cannot convert symbols to int')."""
+    f = lambda x, k: (x.view(k, -1) * k, k + 1, x.reshape(-1, k).sum(1))  # noqa: E731
+    compiled = torch.compile(f, backend="aotgrad")
+    for k in (2, 3, 4, 6):
+        check(f, (torch.randn(12, requires_grad=True), k), compile=lambda *a: compiled)
+
+
 def test_graph_breaks():
     def f(x, w):
         y = (x * w).sin()
