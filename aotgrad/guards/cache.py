@@ -279,12 +279,13 @@ def store_jit(key: JitKey, reads, entry) -> bool:
     except Uncacheable as e:
         log.info("not caching on disk: %s", e)
         return False
-    entry_key = digest("jit entry", key.digest, record)
+    same = identities(reads)
+    entry_key = digest("jit entry", key.digest, record, same)
     if not store("jit", entry_key, entry):
         return False
     index = [v for v in (load("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
     store("jitname", _sha(key.name), key.parts)
-    return store("jitidx", key.digest, index + [(record, entry_key)])
+    return store("jitidx", key.digest, index + [(record, entry_key, same)])
 
 
 def load_jit(key: JitKey, reresolve, why: list):
@@ -295,7 +296,7 @@ def load_jit(key: JitKey, reresolve, why: list):
     if not index:
         why.append(_key_miss(key))
         return None
-    for record, entry_key in reversed(index):
+    for record, entry_key, same in reversed(index):
         stored = [(p, k, s) for p, k, s, _ in record]
         reads = reresolve(stored)
         if reads is None:
@@ -303,6 +304,9 @@ def load_jit(key: JitKey, reresolve, why: list):
             why.append(f"`{gone}`, which the stored entry read, is not found in this process")
             continue
         failed = _failed_read(reads, record)
+        if failed is None and identities(reads) != same:
+            failed = ("the objects the trace read are not the same ones as when stored (`x is y` between "
+                      "them differs), though each looks the same")
         if failed is not None:
             why.append(failed)
             continue
@@ -311,6 +315,28 @@ def load_jit(key: JitKey, reresolve, why: list):
             return entry, reads
         why.append(f"the stored entry jit-{entry_key[:12]}... is missing or unreadable")
     return None
+
+
+def identities(reads) -> tuple:
+    """Which of the objects the reads reached are one object: for each object a read's value is or
+    holds (in a list, tuple or dict), the number of the place it was first seen. Fingerprints describe
+    objects by structure, which two objects share, while a trace may compare identities
+    (``REGISTRY[0] is self``): an entry is used only where the same reads are the same objects."""
+    from .state import _thaw
+    first, seen = {}, []
+
+    def walk(v):
+        if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
+            return
+        if isinstance(v, (tuple, list)) or isinstance(v, dict):
+            for x in (v.values() if isinstance(v, dict) else v):
+                walk(x)
+            return
+        seen.append(first.setdefault(id(v), len(first)))
+    for r in reads:
+        if r.kind not in ("absent", "len", "empty"):
+            walk(_thaw(r.value) if r.kind == "frozen" else r.value)
+    return tuple(seen)
 
 
 def _failed_read(reads, record) -> str | None:

@@ -143,9 +143,12 @@ def describe(read: Read) -> str:
         return f"`{read.source}` had {read.value or 0} entries when captured, now {len(now)}"
     if read.kind == "dict":
         return _describe_dict(read, now)
-    if read.kind == "id" and _short(now) == _short(read.value):
-        return f"`{read.source}` is not the object it was when captured (now another {_short(now).removeprefix('a ')})"
-    return f"`{read.source}` was {_short(_shown(read))} when captured, now {_short(now)}"
+    was, shown = _short(_shown(read)), _short(now)
+    if was == shown:       # the same description: say what differs instead of repeating it
+        if read.kind == "id":
+            return f"`{read.source}` is not the object it was when captured (now another {shown.removeprefix('a ')})"
+        return f"`{read.source}` ({shown}) is not equal to what it was when captured (another object, or its contents changed)"
+    return f"`{read.source}` was {was} when captured, now {shown}"
 
 
 def _describe_dict(read, now) -> str:

@@ -63,6 +63,26 @@ def test_global_read_by_a_called_helper_recompiles():
     assert "`OFFSET` was 1.5 when captured, now -4.0" in aotgrad.explain(f)
 
 
+_CHOSEN: list = []
+
+
+def test_another_object_with_the_same_description_is_named_as_such():
+    """A global list holding one of two modules, refilled with the other: both are "a list object",
+    so the reason says that it is not equal to what it was, rather than "was X, now X"."""
+    a, b = torch.nn.Identity(), torch.nn.Identity()
+
+    def pick(x):
+        return x * 2 if _CHOSEN[0] is a else x * 3
+    f = aotgrad.jit(pick)
+    x = torch.randn(3)
+    _CHOSEN[:] = [a]
+    _same(f, pick, x)
+    _CHOSEN[:] = [b]
+    _same(f, pick, x)
+    reason = _reasons(f)[1]
+    assert "is not equal to what it was when captured" in reason or "is not the object it was" in reason, reason
+
+
 def test_rebound_closure_cell_recompiles():
     power = 2
 
