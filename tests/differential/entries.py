@@ -4,7 +4,9 @@ the way ``tests.eager_check.check`` takes it, plus the input variants it is call
 ``variants`` name the calls one compiled callable gets, each on fresh inputs compared with
 eager: ``base`` (the program's own inputs), ``stride`` (every leaf input of two or more
 dimensions stored transposed), ``offset`` (every leaf input at a storage offset), ``size``
-(the program rebuilt with ``n + 2``). A variant that changes nothing for a program is left out.
+(the program rebuilt with ``n + 2``). A variant that changes nothing for a program is left out. A
+``staged`` entry (``capture(dynamic=True)``) may refuse a variant with ``InputMismatchError`` (a baked
+constant, a size the trace specialised): that call is then compared as "refused", not as a failure.
 
 ``backend`` names the compiler the table reports (``cudagraphs`` runs the null runner on CPU and
 records real CUDA graphs on CUDA); ``tol`` is the float tolerance ``(rtol, atol)`` a backend that
@@ -36,11 +38,12 @@ class Entry:
     reset: Callable = lambda: None
     backend: str = "eager"
     tol: tuple = (0.0, 0.0)
+    staged: bool = False    # a capture()d step: inputs it was not captured for are InputMismatchError
 
 
-def _capture(**compile_options):
+def _capture(dynamic=False, **compile_options):
     def compile(fn, args, kwargs):
-        captured = aotgrad.capture(fn, *args, **kwargs)
+        captured = aotgrad.capture(fn, *args, dynamic=dynamic, **kwargs)
         aotgrad.verify(captured)
         return captured.compile(**compile_options)
     return compile
@@ -127,6 +130,7 @@ ENTRIES = {e.name: e for e in (
     Entry("min_cut", _capture(partitioner="min_cut")),
     Entry("budget", _capture(memory_budget=0.5)),
     Entry("jit", _jit(), ALL_VARIANTS),
+    Entry("capture_dynamic", _capture(dynamic=True), ("base", "size"), staged=True),
     Entry("dynamo", _dynamo(), ALL_VARIANTS, reset=_reset_dynamo),
     Entry("jit_warm", _jit_warm, ("base", "stride", "size")),
     Entry("dynamo_warm", _dynamo_warm, ("base",), reset=_reset_dynamo),
