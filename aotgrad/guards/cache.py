@@ -16,8 +16,10 @@ The index lists stored entries, each with the reads its trace made
 (:mod:`aotgrad.guards.state`: globals, closure cells, module attributes, hooks,
 the code of every function reached) as paths and fingerprints of their values.
 A lookup resolves those paths again in this process and loads an entry only
-when every fingerprint matches: the same record the in-memory guards check,
-so the disk cache and the guards cannot disagree about what a graph assumed.
+when every fingerprint matches and the objects reached are the same ones among
+themselves (``identities``: fingerprints describe structure, which two objects
+share, and a trace may compare identities): the same record the in-memory guards
+check, so the disk cache and the guards cannot disagree about what a graph assumed.
 Anything the fingerprint cannot describe as data makes the call uncacheable
 rather than risking a stale graph; and a loaded entry's guards still check
 every call.
