@@ -42,6 +42,7 @@ __all__ = [
     "tracing",
 ]
 
+
 def symbolic_dispatch(shape_env):
     """The Python dispatcher while tracing with symbolic sizes (``shape_env`` holds symbols), as
     make_fx's symbolic mode and AOTAutograd enable it: C++ kernels that take only concrete sizes

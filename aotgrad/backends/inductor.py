@@ -53,11 +53,11 @@ def _eager_layouts(outs, want) -> tuple:
     dimension order for symbolic ones), which Inductor fuses into the kernel computing it. A value
     output twice is laid out once (one tensor, as in eager; a saved output stays the saved tensor).
     Views (laid out as their base) are left."""
-    done = {}
+    done = {}       # by id: ``outs`` holds every value alive
     for o, w in zip(outs, want):
         if id(o) not in done:
-            done[id(o)] = (o, _laid_out(o, w))
-    return tuple(done[id(o)][1] for o in outs)
+            done[id(o)] = _laid_out(o, w)
+    return tuple(done[id(o)] for o in outs)
 
 
 def _laid_out(o, w):
@@ -151,7 +151,6 @@ def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
     import operator
 
     from ..analysis.ops import is_random
-    from ..passes.cleanup import copy_module
     if not any(is_random(n) for n in gm.graph.nodes):
         return gm
     gm = copy_module(gm)

@@ -330,7 +330,7 @@ def identities(reads) -> tuple:
     def walk(v):
         if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
             return
-        if isinstance(v, (tuple, list)) or isinstance(v, dict):
+        if isinstance(v, (tuple, list, dict)):
             for x in (v.values() if isinstance(v, dict) else v):
                 walk(x)
             return

@@ -16,6 +16,7 @@ import torch
 
 from .._torch import pytree
 from ..generated import compile_source
+from ..ir.records import ViewMeta
 from .epilogue import epilogue
 from .trees import leaf_paths, tree_difference
 
@@ -176,8 +177,7 @@ def alias_check(setup, analysis):
     # Parameters and buffers are not compared with each other (a module's own state does not
     # alias itself); each written input is compared with every other input.
     n_state = len(setup.signature.slots)
-    placed = [(i, (v.size, v.stride, v.offset)) for g in (rb.groups if rb else ()) for i, v in zip(g.members, g.views)
-              if v.is_static]
+    placed = [(i, v) for g in (rb.groups if rb else ()) for i, v in zip(g.members, g.views) if v.is_static]
 
     def check(flat):
         key = {i: flat[i].untyped_storage()._cdata for i in range(n_state, len(flat))
@@ -189,11 +189,10 @@ def alias_check(setup, analysis):
             if len({key.get(i) for i in g}) != 1:
                 return f"inputs {list(g)} shared storage when captured, now they do not"
         for i, was in placed:
-            t = flat[i]
-            if (tuple(t.shape), t.stride(), t.storage_offset()) != was:
+            now = ViewMeta.of(flat[i])
+            if now != was:
                 return (f"flat input {i} shares storage with other inputs as captured, but lies elsewhere in it "
-                        f"(size, strides, storage offset {(tuple(t.shape), t.stride(), t.storage_offset())}, "
-                        f"captured {was})")
+                        f"(now {now}, captured {was})")
         count: dict = {}        # storages of the inputs outside captured groups (one pass: a whole training
         for j, k in key.items():    # step writes hundreds of inputs)
             if j not in grouped:
