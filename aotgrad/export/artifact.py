@@ -19,8 +19,8 @@ import torch
 from .._torch import pytree
 from .. import errors
 from ..ir.records import Analysis
-from . import codec, tensors as tensor_io
-from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
+from ..store import codec, tensors as tensor_io
+from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from ..ir.graphs import Unserializable
 from .manifest import FORMAT, VERSION
 

@@ -10,8 +10,8 @@ import zlib
 import torch
 
 from .. import errors
-from . import schema  # noqa: F401  (registers the stage metadata classes with the codec)
-from . import tensors as tensor_io
+from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
+from ..store import tensors as tensor_io
 from .manifest import check_manifest, check_members, read_entry
 
 

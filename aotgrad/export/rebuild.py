@@ -18,7 +18,8 @@ from ..observe import Step
 from ..partition import Partition
 from ..runtime.modes import is_baked
 from ..stages import Captured, Exported, Modes, Setup
-from . import codec, verify
+from ..store import codec
+from . import verify
 
 _ExportFormatError = errors.ExportFormatError
 

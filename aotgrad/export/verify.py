@@ -21,7 +21,7 @@ from .._torch import data_dependent_errors
 from ..errors import ExportFormatError
 from ..ir.records import layout
 from ..ir.values import STORED, FakeValues, TensorMeta
-from . import codec, sandbox
+from ..store import codec, sandbox
 
 _UNKNOWN = object()     # a value only the data decides (``item()``): its dependents are not checked
 

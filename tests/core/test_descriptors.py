@@ -5,7 +5,7 @@ import torch
 
 import aotgrad
 from aotgrad.errors import ExportFormatError
-from aotgrad.export import codec, schema  # noqa: F401 - schema registers the classes with the codec
+from aotgrad.store import codec, schema  # noqa: F401 - schema registers the classes with the codec
 from aotgrad.ir.descriptors import (BaseDesc, BufferDesc, Desc, GradDesc, InputDesc, MutationDesc, OutputDesc,
                                     ParamDesc, SavedDesc, TangentDesc, ViewBaseDesc)
 

@@ -342,7 +342,7 @@ def test_operators_outside_the_allowlist_are_refused_at_load(artifact, tmp_path,
 
 
 def test_allowlist_rule():
-    from aotgrad.export.sandbox import refusal
+    from aotgrad.store.sandbox import refusal
     aten = torch.ops.aten
     for op in (aten.mm.default, aten.addmm.default, aten.div.Tensor_mode, aten.gelu.default, aten.bernoulli.p,
                aten._local_scalar_dense.default, aten._unsafe_view.default, aten.empty_like.default,
