@@ -83,7 +83,7 @@ def _symbolic_output(o) -> OutputInfo:
 class Replay:
     """The view ops that made an output (functionalization's record), replayed on the real base:
     ``x[1]`` stays a select of whatever layout and offset the next input has, ``as_strided`` keeps
-    its absolute offset, ``view_as_real``/``conj`` keep their dtype and bits. Not pickled (the
+    its absolute offset, ``view_as_real``/``conj`` keep their dtype and bits. Not stored (the
     records are live C++ objects): a cached entry regenerates with ``as_strided`` on inputs whose
     layout its guards pin, and one that only replay can regenerate (``required``: another dtype,
     conjugate or negative bit) is not cached."""

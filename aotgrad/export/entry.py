@@ -2,96 +2,135 @@
 minus the live objects (the user's function, fake tensors, the tracing
 session), so another process can rebuild a ``Compiled`` without tracing.
 
-``dump_compiled`` writes the joint, forward and backward graphs, the analysis,
-layout, descriptors, output structure and the guards' specs and conditions.
-``load_compiled`` re-flattens the live call (cheap: no tracing), rebuilds the
-guards from their specs, and compiles the stored partition with the named
-backend.
+``dump_compiled`` writes, through the one codec (:mod:`aotgrad.store.codec`), the joint, forward and
+backward graphs, the analysis, layout, descriptors, output structure and the guards' specs and
+conditions (symbolic sizes included: an entry may be dynamic). ``load_compiled`` re-flattens the live
+call (cheap: no tracing), rebuilds the guards from their specs, and compiles the stored partition
+with the named backend.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import pickle
+import json
 import time
 from dataclasses import replace
 
+from .._torch import pytree
 from ..frontend.flatten import flat_function, signature
-from ..guards import cache
+from ..errors import ExportFormatError
 from ..guards import inputs as input_guards
+from ..guards.cache import digest
 from ..observe import Step
 from ..partition import Partition
 from ..stages import Captured, Modes, Setup
-from ..ir.graphs import Unserializable, dump_graph, load_graph
+from ..ir.graphs import Unserializable
+from ..ir.records import Analysis, JointLayout
 from ..ir.values import FakeValues
 from ..runtime.hooks import has_opaque_calls
+from ..store import codec, disk, tensors as tensor_io
+from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from ..options import keywords_checked
 
 # Backends that compile a graph without the fake example values a loaded graph lacks.
 LOADABLE_BACKENDS = ("eager", None)
 
 
-def dump_compiled(compiled) -> dict:
-    """Everything ``load_compiled`` needs; raises ``Unserializable`` when some part is not data."""
+def dump_compiled(compiled) -> tuple:
+    """``(document, tensors)``: everything ``load_compiled`` needs; raises ``Unserializable`` when some
+    part is not data."""
     c = compiled.captured
     if c.setup.rebase is not None:
         raise Unserializable("inputs with synthetic bases (aliased, mutated inputs) are not cached")
     if has_opaque_calls(c):
         raise Unserializable("a function that registers hooks is not cached (the hooks are live Python objects)")
     part = compiled.partition
-    g = c.guards
-    return {
-        "setup_descs": tuple(map(str, c.setup.input_descs)),
-        "session": (c.setup.session.dynamic, c.setup.session.grad_enabled),
-        "joint": dump_graph(c.joint),
-        "partition": None if part is None else dump_partition(part),
-        "analysis": replace(c.analysis, fake_outputs=(), out_spec=None),   # fake values only serve tracing
-        "layout": c.layout,
-        "guards": (g.specs, g.descs, g.conditions, g.numbers),
-        "out_spec": c.out_spec,
-        "descs": (c.input_descs, c.output_descs),
+    g, tensors = c.guards, {}
+    doc = {
+        "setup_descs": list(map(str, c.setup.input_descs)),
+        "session": codec.encode((c.setup.session.dynamic, c.setup.session.grad_enabled)),
+        "joint": codec.encode_graph(c.joint, tensors, "joint/", symbolic=True),
+        "partition": None if part is None else dump_partition(part, tensors),
+        "analysis": codec.encode(_stored_analysis(c.analysis)),
+        "layout": codec.encode(c.layout),
+        "guards": codec.encode((g.specs, g.descs, g.conditions, g.numbers)),
+        "out_spec": spec_text(c.out_spec),
+        "descs": codec.encode((c.input_descs, c.output_descs)),
     }
+    return doc, tensors
 
 
-def dump_partition(part) -> tuple:
-    return (dump_graph(part.forward), dump_graph(part.backward), part.saved, part.n_saved_tensors, part.recomputed)
+def _stored_analysis(a: Analysis) -> Analysis:
+    """The analysis without fake values (they only serve tracing) and view replays (live C++ records:
+    a loaded entry regenerates views with ``as_strided`` on inputs its guards pin)."""
+    if any(o.replay is not None and o.replay.required for o in a.outputs):
+        raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
+    outputs = tuple(dataclasses.replace(o, replay=None) for o in a.outputs)
+    return dataclasses.replace(a, outputs=outputs, fake_outputs=(), out_spec=None)
 
 
-def load_partition(data, values: FakeValues | None = None) -> Partition:
-    fw, bw, saved, n_saved, recomputed = data
-    values = values if values is not None else FakeValues({**fw.get("symbols", {}), **bw.get("symbols", {})})
-    return Partition(load_graph(fw, values), load_graph(bw, values), saved, n_saved, recomputed)
+def spec_text(spec) -> str:
+    try:
+        return pytree.treespec_dumps(spec)
+    except NotImplementedError as e:     # a namedtuple or pytree class registered without a serialized name
+        raise Unserializable(f"an output structure pytree cannot write as text ({e})") from None
 
 
-def _record_values(record: dict) -> FakeValues:
-    """One ``FakeValues`` for a record's joint and partition: their symbols are the same."""
-    graphs = [record["joint"], *(record["partition"] or ())[:2]]
-    return FakeValues({k: v for g in graphs for k, v in g.get("symbols", {}).items()})
+def dump_partition(part, tensors: dict) -> dict:
+    return {"forward": codec.encode_graph(part.forward, tensors, "forward/", symbolic=True),
+            "backward": codec.encode_graph(part.backward, tensors, "backward/", symbolic=True),
+            "rest": codec.encode((part.saved, part.n_saved_tensors, part.recomputed))}
 
 
-def load_compiled(record: dict, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
-    """A ``Compiled`` for ``fn(*args, **kwargs)`` from ``record``, or None when the call
-    does not flatten to the inputs the record was captured with."""
+def load_partition(data: dict, tensors: dict, values: FakeValues | None = None) -> Partition:
+    values = values if values is not None else _values(data["forward"], data["backward"])
+    saved, n_saved, recomputed = codec.decode(data["rest"])
+    return Partition(codec.decode_graph(data["forward"], tensors, "forward/", values, symbolic=True),
+                     codec.decode_graph(data["backward"], tensors, "backward/", values, symbolic=True),
+                     saved, n_saved, recomputed)
+
+
+def _values(*graphs) -> FakeValues:
+    """One ``FakeValues`` for graphs that share symbols (a joint and its partition)."""
+    hints = {k: v for g in graphs if g is not None for k, v in g.get("symbols", {}).items()}
+    return FakeValues(hints)
+
+
+def load_compiled(record: tuple, fn, args, kwargs, fw_compiler="eager", bw_compiler=None):
+    """A ``Compiled`` for ``fn(*args, **kwargs)`` from ``record`` (``dump_compiled``'s), or None when the
+    call does not flatten to the inputs the record was captured with."""
     sig, tensors, descs = signature(fn, args, kwargs)
-    dynamic, grad_enabled = record["session"]
+    dynamic, grad_enabled = codec.decode(record[0]["session"])
     setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig), Modes(dynamic, grad_enabled), (), ())
     return compile_record(record, setup, fw_compiler, bw_compiler)
 
 
-def compile_record(record: dict, setup: Setup, fw_compiler="eager", bw_compiler=None):
+def compile_record(record: tuple, setup: Setup, fw_compiler="eager", bw_compiler=None):
     """A ``Compiled`` of ``setup``'s call from ``record`` (its stored joint and partition: nothing is
-    traced or partitioned), or None when ``setup``'s inputs are not those the record was captured with."""
+    traced or partitioned), or None when ``setup``'s inputs are not those the record was captured with.
+    A record that does not decode raises ``ExportFormatError`` (the caller compiles instead)."""
     start = time.perf_counter()
-    if tuple(map(str, setup.input_descs)) != record["setup_descs"]:
+    doc, tensors = record
+    if list(map(str, setup.input_descs)) != doc["setup_descs"]:
         return None
-    setup = replace(setup, session=Modes(*record["session"]), fake_inputs=(), real_inputs=())
-    guards = input_guards.build(*record["guards"])
-    in_descs, out_descs = record["descs"]
+    setup = replace(setup, session=Modes(*codec.decode(doc["session"])), fake_inputs=(), real_inputs=())
+    guards = input_guards.build(*codec.decode(doc["guards"], symbolic=True))
+    in_descs, out_descs = codec.decode(doc["descs"])
     step = Step("load from disk cache", time.perf_counter() - start, {})
-    values = _record_values(record)
-    captured = Captured(setup, load_graph(record["joint"], values), record["analysis"], record["layout"], guards,
-                        record["out_spec"], in_descs, out_descs, (step,))
-    part = None if record["partition"] is None else load_partition(record["partition"], values)
+    part = doc["partition"]
+    values = _values(doc["joint"], *((part["forward"], part["backward"]) if part else ()))
+    joint = codec.decode_graph(doc["joint"], tensors, "joint/", values, symbolic=True)
+    captured = Captured(setup, joint, _typed(doc["analysis"], Analysis), _typed(doc["layout"], JointLayout), guards,
+                        pytree.treespec_loads(doc["out_spec"]), in_descs, out_descs, (step,))
+    part = None if part is None else load_partition(part, tensors, values)
     return captured.compile(fw_compiler, bw_compiler, stored(part))
+
+
+def _typed(data, cls):
+    value = codec.decode(data, symbolic=True)
+    if not isinstance(value, cls):
+        raise ExportFormatError(f"a stored {cls.__name__} is malformed")
+    return value
 
 
 def stored(part: Partition):
@@ -110,15 +149,18 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
     key = staged_key(captured, fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and not captured.is_inference:
         start = time.perf_counter()
-        data = cache.load("staged", key)
-        if data is not None:
-            part = load_partition(data)
+        part = disk.load("staged", key, decode=load_partition)
+        if part is not None:
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
             compiled = captured.compile(fw_compiler, bw_compiler, stored(part))
             return replace(compiled, history=compiled.history + (step,))
     compiled = captured.compile(fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and compiled.partition is not None:
-        cache.store("staged", key, dump_partition(compiled.partition))
+        try:
+            tensors: dict = {}
+            disk.store("staged", key, dump_partition(compiled.partition, tensors), tensors, encoded=True)
+        except Unserializable:
+            pass        # a graph the format does not write: compiled, not cached
     return compiled
 
 
@@ -130,13 +172,16 @@ def staged_key(captured, fw_compiler="eager", bw_compiler=None, partitioner="def
     graph, cheaper than loading a stored one and re-deriving its fake values (gpt_small:
     0.08 s against 0.3 s); min-cut and budgets are worth storing.
     """
-    if not cache.enabled() or not isinstance(partitioner, str) \
+    if not disk.enabled() or not isinstance(partitioner, str) \
             or fw_compiler not in LOADABLE_BACKENDS or bw_compiler not in LOADABLE_BACKENDS:
         return None
     if partitioner == "default" and memory_budget is None:
         return None
     try:
-        graph = hashlib.sha256(pickle.dumps(dump_graph(captured.joint), protocol=4)).hexdigest()
+        constants: dict = {}
+        doc = codec.encode_graph(captured.joint, constants, "", symbolic=True)
+        blob, table = tensor_io.pack(constants)
+        graph = hashlib.sha256(json.dumps([doc, table], sort_keys=True).encode() + blob).hexdigest()
     except Unserializable:
         return None
-    return cache.digest("staged", graph, captured.layout, fw_compiler, bw_compiler, partitioner, memory_budget)
+    return digest("staged", graph, captured.layout, fw_compiler, bw_compiler, partitioner, memory_budget)

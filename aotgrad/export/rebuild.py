@@ -28,6 +28,9 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     _check_ops(m["ops"])
     joint = codec.decode_graph(graphs["joint"], tensors, "graph/joint/")
     analysis, lay = _typed(m["analysis"], Analysis), _typed(m["layout"], JointLayout)
+    if any(o.kind == "symbolic" for o in analysis.outputs):
+        raise _ExportFormatError("the artifact's outputs include a number computed from symbolic sizes; an exported "
+                                 "step is static")
     in_descs, out_descs = _typed_list(m["input_descs"], Desc), _typed_list(m["output_descs"], Desc)
     specs = _typed_list(m["guards"], TensorSpec)
     n_ph = sum(n.op == "placeholder" for n in joint.graph.nodes)

@@ -28,6 +28,7 @@ from ..passes.checkpoint_regions import untag_checkpoints
 from ..stages import Setup
 from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
+from ..store import disk
 from ..ir.graphs import Unserializable
 from ..runtime.modes import baked
 
@@ -101,7 +102,7 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
 
 
 def _key(gm, setup, example_inputs, options) -> str | None:
-    if not cache.enabled() or options.fw_compiler not in LOADABLE_BACKENDS \
+    if not disk.enabled() or options.fw_compiler not in LOADABLE_BACKENDS \
             or options.bw_compiler not in LOADABLE_BACKENDS:
         return None
     return cache.dynamo_key(gm, setup.input_descs, example_inputs,
@@ -112,7 +113,7 @@ def _load(key, setup, options):
     """The entry stored under ``key``, compiled for ``setup``: Dynamo still traced the bytecode, but
     nothing of aotgrad's capture, partition or graph compile runs again."""
     with timed([], "cache lookup", key=key) as info:
-        record = cache.load("dynamo", key)
+        record = disk.load("dynamo", key, decode=lambda doc, tensors: (doc, tensors))
         compiled = None
         if record is not None:
             try:
@@ -126,7 +127,7 @@ def _load(key, setup, options):
 def _store(key, compiled) -> None:
     try:
         with timed([], "cache store", key=key):
-            cache.store("dynamo", key, dump_compiled(compiled))
+            disk.store("dynamo", key, *dump_compiled(compiled), encoded=True)
     except Unserializable as e:
         log.info("not caching a Dynamo graph on disk: %s", e)
 

@@ -286,7 +286,7 @@ class _PerThread(dict):
     def copy(self):
         return dict(self.items())
 
-    def __reduce__(self):   # pickled and deep-copied as the plain dict it stands for
+    def __reduce__(self):   # copied and deep-copied as the plain dict it stands for
         return dict, (dict(self.items()),)
 
 

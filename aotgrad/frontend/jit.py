@@ -29,6 +29,7 @@ from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
+from ..store import disk
 from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards
 from .flatten import signature
@@ -86,7 +87,7 @@ class Jit:
         if self.name is None:
             self.name = root_name(self.fn)
 
-    def __getstate__(self):     # copied or pickled without its lock; the copy gets its own
+    def __getstate__(self):     # copied (copy, deepcopy) without its lock; the copy gets its own
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
     def __setstate__(self, state):
@@ -173,7 +174,7 @@ class Jit:
         if key is not None:
             try:
                 with timed([], "cache store", key=key.digest):
-                    cache.store_jit(key, assumed, dump_compiled(compiled))
+                    disk.store_jit(key, assumed, dump_compiled(compiled))
             except Unserializable as e:
                 log.info("not caching %s on disk: %s", _name(self.fn), e)
         return compiled, state_guards.build(assumed), False, "; ".join(why) or None
@@ -197,7 +198,7 @@ class Jit:
         opts = self.options
         if isinstance(self.fn, Root):   # the key would name Root's code, not the step function's
             return None
-        if not cache.enabled() or opts.fw_compiler not in LOADABLE_BACKENDS \
+        if not disk.enabled() or opts.fw_compiler not in LOADABLE_BACKENDS \
                 or opts.bw_compiler not in LOADABLE_BACKENDS:
             return None
         return cache.jit_key(self.fn, args, kwargs, modes=modes, dynamic=self.dynamic,
@@ -205,7 +206,7 @@ class Jit:
 
     def _load(self, key, args, kwargs, leaves, why: list):
         """``(compiled, state guards)`` of a stored entry whose reads all hold here, or None (and why)."""
-        found = cache.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths), why)
+        found = disk.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths), why)
         if found is None:
             return None
         record, assumed = found

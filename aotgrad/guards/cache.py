@@ -1,31 +1,17 @@
-"""The on-disk cache: compiled entries that a later process loads instead of
-capturing and compiling again.
+"""The disk cache's keys: what a compiled entry assumed, as data that holds in another process.
 
-An entry lives in one file named by its key: ``MAGIC``, the SHA-256 of the
-payload, then the pickled payload. Writes go to a temporary file that is
-renamed over the entry (atomic on POSIX and Windows), so concurrent writers of
-one key each leave a whole file and readers never see half of one; a file that
-fails its checksum is reported once per process, ignored, and rewritten by the
-next store.
-
-A ``jit`` compile is found in two steps. ``jit_key``, computed before capture,
-names an *index* from what is known then: the function's own code, a module's
-classes, structure and parameter metadata, the structure and metadata of the
-inputs, the modes, the options, the versions of torch and of aotgrad's source.
-The index lists stored entries, each with the reads its trace made
-(:mod:`aotgrad.guards.state`: globals, closure cells, module attributes, hooks,
-the code of every function reached) as paths and fingerprints of their values.
-A lookup resolves those paths again in this process and loads an entry only
-when every fingerprint matches and the objects reached are the same ones among
-themselves (``identities``: fingerprints describe structure, which two objects
-share, and a trace may compare identities): the same record the in-memory guards
-check, so the disk cache and the guards cannot disagree about what a graph assumed.
-Anything the fingerprint cannot describe as data makes the call uncacheable
-rather than risking a stale graph; and a loaded entry's guards still check
-every call.
-
-``AOTGRAD_CACHE=0`` disables the cache; ``AOTGRAD_CACHE_DIR`` moves it from
-``~/.cache/aotgrad``.
+A ``jit`` compile is found in two steps (the files: :mod:`aotgrad.store.disk`). ``jit_key``, computed
+before capture, names an *index* from what is known then: the function's own code, a module's
+classes, structure and parameter metadata, the structure and metadata of the inputs, the modes, the
+options, the versions of torch and of aotgrad's source. The index lists stored entries, each with the
+reads its trace made (:mod:`aotgrad.guards.state`: globals, closure cells, module attributes, hooks,
+the code of every function reached) as paths and fingerprints of their values (``read_fp``). A lookup
+resolves those paths again in this process and loads an entry only when every fingerprint matches
+and the objects reached are the same ones among themselves (``identities``: fingerprints describe
+structure, which two objects share, and a trace may compare identities): the same record the
+in-memory guards check, so the disk cache and the guards cannot disagree about what a graph assumed.
+Anything the fingerprint cannot describe as data makes the call uncacheable rather than risking a
+stale graph; and a loaded entry's guards still check every call.
 """
 from __future__ import annotations
 
@@ -33,12 +19,8 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import os
-import pickle
 import sys
 import types
-import uuid
-import warnings
 from pathlib import Path
 
 import torch
@@ -48,81 +30,6 @@ from ..runtime.call import float_bits
 
 log = logging.getLogger("aotgrad.cache")
 
-MAGIC = b"AOTGRAD\x01"
-_DIGEST = 32
-_warned: set = set()       # process-wide on purpose: warn once per store path per process
-
-
-# ---------------------------------------------------------------- the store
-
-def enabled() -> bool:
-    return os.environ.get("AOTGRAD_CACHE", "1") != "0"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("AOTGRAD_CACHE_DIR") or Path.home() / ".cache" / "aotgrad")
-
-
-def entry_path(kind: str, key: str) -> Path:
-    return cache_dir() / f"{kind}-{key}.bin"
-
-
-def load(kind: str, key: str):
-    """The stored value, or None when absent, disabled, or corrupt (warned about once)."""
-    if not enabled():
-        return None
-    path = entry_path(kind, key)
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    payload = blob[len(MAGIC) + _DIGEST:]
-    if blob[:len(MAGIC)] != MAGIC or blob[len(MAGIC):len(MAGIC) + _DIGEST] != hashlib.sha256(payload).digest():
-        _corrupt(path, "its checksum does not match (truncated or overwritten)")
-        return None
-    try:
-        with warnings.catch_warnings():     # torch's TreeSpec unpickling warns about its own internals
-            warnings.simplefilter("ignore", FutureWarning)
-            return pickle.loads(payload)
-    except Exception as e:  # a whole file from an incompatible writer
-        _corrupt(path, f"it does not unpickle ({type(e).__name__}: {e})")
-        return None
-
-
-def store(kind: str, key: str, value) -> bool:
-    """Write ``value`` atomically; False (and a log line) when it cannot be written."""
-    if not enabled():
-        return False
-    path = entry_path(kind, key)
-    try:
-        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:  # some value in the entry is not data (an output constant, say)
-        log.info("not caching %s on disk: %s: %s", path.name, type(e).__name__, e)
-        return False
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        log.warning("cannot write aotgrad cache entry %s: %s", path, e)
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        return False
-
-
-def _corrupt(path, why) -> None:
-    if path not in _warned:
-        _warned.add(path)
-        warnings.warn(f"aotgrad: ignoring the cache entry {path} because {why}; it will be rewritten",
-                      stacklevel=4)
-
-
-# ---------------------------------------------------------------- keys
 
 class Uncacheable(Exception):
     """The fingerprint met a value it cannot describe as data."""
@@ -190,24 +97,6 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKe
     return JitKey(digest("jit", parts), name, labelled)
 
 
-def _sha(v) -> str:
-    return hashlib.sha256(repr(v).encode()).hexdigest()
-
-
-def _key_miss(key: JitKey) -> str:
-    """Why no entry is stored under ``key``: the parts that differ from the newest stored for its program."""
-    newest = load("jitname", _sha(key.name))
-    if newest is None:
-        return f"nothing is stored for {key.name}"
-    differ = []
-    for (label, now), (_, was) in zip(key.parts, newest):
-        if now != was:
-            where, a, b = _difference(was, now)
-            differ.append(f"{label} ({_text(a)} when stored, now {_text(b)}{f' at {where}' if where else ''})")
-    return (f"no entry is stored under this key: {'; '.join(differ) or 'its key'} differ"
-            f"{'s' if len(differ) == 1 else ''} from the newest entry stored for {key.name}")
-
-
 def code_fp(code: types.CodeType) -> str:
     """A digest of what ``code`` does, equal in every process: its bytecode, names, flags and
     constants (nested code by its own digest, sets in sorted order), not its line numbers.
@@ -269,54 +158,6 @@ def read_fp(read):
     if read.kind == "dict":
         return ("dict", tuple((repr(k), _value_fp(v)) for k, v in read.value.items()))
     return (read.kind, _value_fp(_thaw(read.value) if read.kind == "frozen" else read.value))
-
-
-def store_jit(key: JitKey, reads, entry) -> bool:
-    """Store ``entry`` under the index ``key`` with the reads it assumed (kept: the 8 newest)."""
-    if any(r.path is None for r in reads):
-        log.info("not caching on disk: the trace read state it reached through objects with no path from its roots")
-        return False
-    try:
-        record = tuple((r.path, r.kind, r.source, read_fp(r)) for r in reads)
-    except Uncacheable as e:
-        log.info("not caching on disk: %s", e)
-        return False
-    same = identities(reads)
-    entry_key = digest("jit entry", key.digest, record, same)
-    if not store("jit", entry_key, entry):
-        return False
-    index = [v for v in (load("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
-    store("jitname", _sha(key.name), key.parts)
-    return store("jitidx", key.digest, index + [(record, entry_key, same)])
-
-
-def load_jit(key: JitKey, reresolve, why: list):
-    """``(entry, reads)`` of the newest stored entry whose reads, found again by
-    ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None, with
-    the reason each stored entry was not used appended to ``why``."""
-    index = load("jitidx", key.digest)
-    if not index:
-        why.append(_key_miss(key))
-        return None
-    for record, entry_key, same in reversed(index):
-        stored = [(p, k, s) for p, k, s, _ in record]
-        reads = reresolve(stored)
-        if reads is None:
-            gone = next((s for p, k, s in stored if reresolve([(p, k, s)]) is None), "a read")
-            why.append(f"`{gone}`, which the stored entry read, is not found in this process")
-            continue
-        failed = _failed_read(reads, record)
-        if failed is None and identities(reads) != same:
-            failed = ("the objects the trace read are not the same ones as when stored (`x is y` between "
-                      "them differs), though each looks the same")
-        if failed is not None:
-            why.append(failed)
-            continue
-        entry = load("jit", entry_key)
-        if entry is not None:
-            return entry, reads
-        why.append(f"the stored entry jit-{entry_key[:12]}... is missing or unreadable")
-    return None
 
 
 def identities(reads) -> tuple:

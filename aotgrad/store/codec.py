@@ -6,6 +6,9 @@ Every value is a JSON scalar, a list, or a one-key object whose key says what it
 are resolved only against ``torch.ops`` namespaces in :data:`OP_NAMESPACES` and the
 Python functions in :data:`PY_TARGETS`; dataclasses only against :data:`CLASSES`.
 Anything else raises :class:`~aotgrad.errors.ExportFormatError` before a graph is built.
+
+A symbolic size (a sympy expression, :mod:`.symbolic`) is data only where the reader asks for
+it (``symbolic=True``: the disk cache, whose entries may be dynamic); an export artifact is static.
 """
 from __future__ import annotations
 
@@ -14,19 +17,23 @@ import math
 import operator
 import re
 
+import sympy
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload
+from .._torch import OpOverload, lazy_graph_module
 from ..errors import ExportFormatError
 from ..ir.graphs import Ref, Unserializable, dump_graph
-from . import sandbox
+from . import sandbox, symbolic as exprs
 
 OP_NAMESPACES = ("aten", "prims", "aotgrad")
 # The Python functions a static graph calls (sandbox.PY_FUNCTIONS): a multi-output op's element, and
 # arithmetic on numbers a step reads with ``.item()``. Size arithmetic (``math.ceil``) appears only in
 # symbolic graphs, which export refuses.
 PY_TARGETS = {("_operator", f.__name__): f for f in sandbox.PY_FUNCTIONS}
+# A symbolic graph's size arithmetic (the disk cache keeps dynamic graphs; an artifact is static).
+SIZE_TARGETS = {**PY_TARGETS, **{(f.__module__ if f.__module__ != "operator" else "_operator", f.__name__): f
+                                 for f in sandbox.SIZE_FUNCTIONS}}
 DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 _LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
@@ -62,7 +69,7 @@ def encode(v):
         return {"node": v.name}
     if isinstance(v, (list, tuple)):
         items = [encode(x) for x in v]
-        return items if type(v) is list else {"tuple": items}
+        return items if isinstance(v, list) else {"tuple": items}
     if isinstance(v, dict):
         if not all(isinstance(k, str) for k in v):
             raise Unserializable("a dict with non-string keys")
@@ -74,6 +81,8 @@ def encode(v):
             return {tag: str(v).removeprefix("torch.")}
     if isinstance(v, torch.device):
         return {"device": str(v)}
+    if isinstance(v, sympy.Basic):
+        return exprs.encode(v)
     if dataclasses.is_dataclass(v) and CLASSES.get(type(v).__name__, (None,))[0] is type(v):
         values = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
         check_fields(type(v), values, Unserializable)
@@ -86,29 +95,34 @@ def _short(v) -> str:
     return text if len(text) < 60 else text[:57] + "..."
 
 
-def decode(v, env=None):
-    """The value ``encode`` wrote; ``env`` maps node names to graph nodes."""
+def decode(v, env=None, symbolic=False):
+    """The value ``encode`` wrote; ``env`` maps node names to graph nodes; ``symbolic`` admits
+    symbolic sizes (sympy expressions)."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, list):
-        return [decode(x, env) for x in v]
+        return [decode(x, env, symbolic) for x in v]
     if not isinstance(v, dict) or not v:
         raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
     if "@" in v:
-        return _decode_dataclass(v, env)
+        return _decode_dataclass(v, env, symbolic)
     if len(v) != 1:
         raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
     (tag, x), = v.items()
-    return _decode_tagged(tag, x, env)
+    return _decode_tagged(tag, x, env, symbolic)
 
 
-def _decode_tagged(tag, x, env):
+def _decode_tagged(tag, x, env, sym):
     if tag == "tuple" and isinstance(x, list):
-        return tuple(decode(i, env) for i in x)
+        return tuple(decode(i, env, sym) for i in x)
     if tag == "dict" and isinstance(x, dict) and env is None:     # in graphs only as kwargs (keys become code)
-        return {k: decode(i, env) for k, i in x.items()}
+        return {k: decode(i, env, sym) for k, i in x.items()}
     if tag == "slice" and isinstance(x, list) and len(x) == 3:
-        return slice(*(decode(i, env) for i in x))
+        return slice(*(decode(i, env, sym) for i in x))
+    if tag in exprs.TAGS:
+        if not sym:
+            raise ExportFormatError(f"the artifact holds a symbolic size ({_short(x)}); an exported step is static")
+        return exprs.decode(tag, x, ExportFormatError)
     if tag == "float" and x in ("inf", "-inf", "nan"):
         return float(x)
     if tag == "node" and env is not None and x in env:
@@ -124,35 +138,44 @@ def _decode_tagged(tag, x, env):
     raise ExportFormatError(f"the artifact holds a {tag!r} value the format does not define: {_short(x)}")
 
 
-def _decode_dataclass(v, env):
+def _decode_dataclass(v, env, sym):
     cls = CLASSES.get(v["@"], (None,))[0] if isinstance(v["@"], str) else None
     if cls is None:
         raise ExportFormatError(f"the artifact names a class {_short(v['@'])} the format does not define")
-    fields = {k: decode(x, env) for k, x in v.items() if k != "@"}
+    fields = {k: decode(x, env, sym) for k, x in v.items() if k != "@"}
     if set(fields) - {f.name for f in dataclasses.fields(cls)}:
         raise ExportFormatError(f"the artifact's {cls.__name__} has fields this aotgrad does not know")
     check_fields(cls, fields, ExportFormatError)
     return cls(**fields)
 
 
-def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str) -> dict:
-    """A graph as JSON; tensors its ``get_attr`` nodes read go into ``tensors`` under ``prefix``."""
+def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str, symbolic: bool = False) -> dict:
+    """A graph as JSON; tensors its ``get_attr`` nodes read go into ``tensors`` under ``prefix``.
+    ``symbolic`` admits a dynamic graph's size arithmetic and symbolic node values."""
     data = dump_graph(gm)
     nodes, dropped = [], set()
-    for op, name, target, args, kwargs in data["nodes"]:
+    for n, (op, name, target, args, kwargs) in zip(gm.graph.nodes, data["nodes"]):
         if op == "call_function" and target[0] == "op" and target[1] in _PROFILER_RANGES:
             dropped.add(name)       # a profiler range (``Optimizer.step#AdamW.step``): no value, no effect
             continue
         if dropped and _names_in((args, kwargs)) & dropped:
             raise Unserializable(f"graph node {name} uses a profiler range's handle")
         if op == "call_function":
-            target = _encode_target(target)
+            target = _encode_target(target, symbolic)
+            if n.target in sandbox.ARITHMETIC and not _numbers(n.target, n.args, n.kwargs):
+                raise Unserializable(f"graph node {name}: {n.target.__name__} of two integers or of other values")
         nodes.append([op, name, target, _encode_refs(args), {"dict": {k: _encode_refs(v) for k, v in kwargs.items()}}])
     for target, value in data["attrs"].items():
         tensors[f"{prefix}{target}"] = value
     traces = {n.name: n.meta["stack_trace"] for n in gm.graph.nodes if isinstance(n.meta.get("stack_trace"), str)}
-    return {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces,
-            "values": _node_values(gm)}
+    values = {name: encode(v) for name, (v, _) in data["meta"].items()
+              if name not in dropped and _stored_value(v, symbolic)}
+    out = {"nodes": nodes, "attrs": sorted(data["attrs"]), "class": data["class"], "traces": traces, "values": values}
+    if data["symbols"]:
+        if not symbolic:
+            raise Unserializable("a graph with symbolic sizes")
+        out["symbols"] = data["symbols"]
+    return out
 
 
 _PROFILER_RANGES = ("profiler::_record_function_enter", "profiler::_record_function_enter_new",
@@ -169,27 +192,20 @@ def _names_in(v) -> set:
     return set()
 
 
-def _node_values(gm: fx.GraphModule) -> dict:
-    """Each node's value as static ``TensorMeta`` data (memory estimates, printed shapes); a node whose
-    value is not that (a symbolic size, an opaque object) is left out."""
-    from ..ir.values import TensorMeta, value_out
-    out = {}
-    for n in gm.graph.nodes:
-        v = value_out(n.meta.get("val"), {})
-        if v is not None and _static_value(v, TensorMeta):
-            out[n.name] = encode(v)
-    return out
-
-
-def _static_value(v, meta_cls) -> bool:
+def _stored_value(v, symbolic: bool) -> bool:
+    """A node value as static ``TensorMeta`` data (memory estimates, printed shapes), or with sizes as
+    checked sympy text where ``symbolic``; a value that is neither (an opaque object) is left out."""
+    from ..ir.values import SymText, TensorMeta
     if isinstance(v, (list, tuple)):
-        return all(_static_value(x, meta_cls) for x in v)
-    if type(v) is meta_cls:
-        return all(type(s) is int for s in (*v.shape, *v.stride, v.offset))
+        return all(_stored_value(x, symbolic) for x in v)
+    if type(v) is TensorMeta:
+        return all(type(s) is int or symbolic and exprs.text_ok(s) for s in (*v.shape, *v.stride, v.offset))
+    if type(v) is SymText:
+        return symbolic and exprs.text_ok(v.expr)
     return v is None or type(v) in (bool, int, float)
 
 
-def _encode_target(spec) -> dict:
+def _encode_target(spec, symbolic: bool) -> dict:
     kind, a, b = spec
     if kind == "op":
         op = _overload(a, b)
@@ -198,7 +214,7 @@ def _encode_target(spec) -> dict:
             raise Unserializable(f"a graph that calls {a}.{b}: {why} (docs/export-format.md, the operator allowlist)")
         return {"op": f"{a}.{b}"}
     module = "_operator" if a == "operator" else a
-    if (module, b) not in PY_TARGETS:
+    if (module, b) not in (SIZE_TARGETS if symbolic else PY_TARGETS):
         raise Unserializable(f"graph target {a}.{b}")
     return {"py": f"{module}.{b}"}
 
@@ -208,7 +224,7 @@ def _encode_refs(v):
         return {"node": v.name}
     if isinstance(v, (list, tuple)):
         items = [_encode_refs(x) for x in v]
-        return items if type(v) is list else {"tuple": items}
+        return items if isinstance(v, list) else {"tuple": items}
     if isinstance(v, dict):
         raise Unserializable("a graph node with a dict argument")
     if isinstance(v, slice):
@@ -216,32 +232,23 @@ def _encode_refs(v):
     return encode(v)
 
 
-def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
-    """The graph ``encode_graph`` wrote: every call target resolved through :func:`resolve_target`."""
+def decode_graph(data: dict, tensors: dict, prefix: str, values=None, symbolic: bool = False) -> fx.GraphModule:
+    """The graph ``encode_graph`` wrote: every call target resolved through :func:`resolve_target`.
+    ``values`` (a ``FakeValues``) rebuilds its node values, shared by graphs that share symbols."""
     graph, env = fx.Graph(), {}
     try:
         for op, name, target, args, kwargs in data["nodes"]:
             if not isinstance(name, str) or not _IDENT.match(name) or name in env:
                 raise ExportFormatError(f"a graph node is named {_short(name)}, not a fresh identifier")
-            a, k = decode(args, env), _decode_kwargs(kwargs, env)
-            if op == "placeholder" and target == name:
-                node = graph.placeholder(name)
+            a, k = decode(args, env, symbolic), _decode_kwargs(kwargs, env, symbolic)
+            if op == "placeholder" and isinstance(target, str) and _IDENT.match(target) and not target.startswith("__"):
+                node = graph.create_node("placeholder", target, name=name)     # the target is the parameter name
             elif op == "output":
                 node = graph.output(a[0])
             elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
                 node = graph.create_node("get_attr", target, name=name)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
-                fn = resolve_target(target)
-                if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int
-                                                   and not k):
-                    raise ExportFormatError(f"graph node {name} takes an element of something other than a node's "
-                                            "result")
-                if fn in sandbox.ARITHMETIC and not _numbers(fn, a, k):
-                    raise ExportFormatError(f"graph node {name} calls {fn.__name__} on something other than one or "
-                                            "two numbers (a power needs a float constant operand)")
-                # Named as it is made: an automatic name (``getitem_15``) taken first and renamed
-                # after would keep a later node from getting that very name.
-                node = graph.create_node("call_function", fn, a, k, name=name)
+                node = graph.create_node("call_function", _checked_call(name, target, a, k, symbolic), a, k, name=name)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":
@@ -251,11 +258,24 @@ def decode_graph(data: dict, tensors: dict, prefix: str) -> fx.GraphModule:
         for n in graph.nodes:       # the user's source lines, as text (inspect and saved-activation tables)
             if isinstance(traces.get(n.name), str):
                 n.meta["stack_trace"] = traces[n.name]
-        gm = fx.GraphModule(_attr_root(data["attrs"], tensors, prefix), graph, class_name=_ident(data["class"]))
-        _keep_values(gm, env, data.get("values", {}))
+        gm = lazy_graph_module(_attr_root(data["attrs"], tensors, prefix), graph, _ident(data["class"]))
+        _keep_values(gm, env, data.get("values", {}), values, symbolic and data.get("symbols", {}))
         return gm
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _checked_call(name, target, a, k, symbolic):
+    """The function a node calls, where its arguments are ones it may take. (Named as it is made: an
+    automatic name (``getitem_15``) taken first and renamed after would keep a later node from getting
+    that very name.)"""
+    fn = resolve_target(target, symbolic)
+    if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int and not k):
+        raise ExportFormatError(f"graph node {name} takes an element of something other than a node's result")
+    if fn in sandbox.ARITHMETIC and not _numbers(fn, a, k):
+        raise ExportFormatError(f"graph node {name} calls {fn.__name__} on something other than one or two numbers "
+                                "(a power needs a float constant operand)")
+    return fn
 
 
 def _numbers(fn, a: tuple, k: dict) -> bool:
@@ -267,17 +287,17 @@ def _numbers(fn, a: tuple, k: dict) -> bool:
     return fn is not operator.pow or any(type(x) is float for x in a)
 
 
-def _decode_kwargs(data, env) -> dict:
+def _decode_kwargs(data, env, symbolic=False) -> dict:
     """A node's keyword arguments: identifier keys (FX and our code generator write them as code)."""
     if not (isinstance(data, dict) and set(data) == {"dict"} and isinstance(data["dict"], dict)
             and all(isinstance(k, str) and _IDENT.match(k) for k in data["dict"])):
         raise ExportFormatError(f"a graph node's keyword arguments {_short(data)} are not identifiers and values")
-    return {k: decode(v, env) for k, v in data["dict"].items()}
+    return {k: decode(v, env, symbolic) for k, v in data["dict"].items()}
 
 
 def _ident(name) -> str:
-    """The graph's class name, where it is an identifier (make_fx names some ``<lambda>``)."""
-    return name if isinstance(name, str) and _IDENT.match(name) else "ExportedGraph"
+    """The graph's class name, where it is an identifier or ``<lambda>`` (make_fx's name for some)."""
+    return name if isinstance(name, str) and (_IDENT.match(name) or name == "<lambda>") else "ExportedGraph"
 
 
 def _attr_root(attrs, tensors: dict, prefix: str) -> torch.nn.Module:
@@ -306,7 +326,7 @@ def _overload(qualified: str, overload: str):
         else None
 
 
-def resolve_target(spec):
+def resolve_target(spec, symbolic: bool = False):
     """An operator overload the allowlist admits (``sandbox.refusal``) or ``operator.getitem``, by name."""
     if isinstance(spec, dict) and set(spec) == {"op"} and isinstance(spec["op"], str):
         qualified, _, overload = spec["op"].partition(".")
@@ -322,8 +342,9 @@ def resolve_target(spec):
         return op
     if isinstance(spec, dict) and set(spec) == {"py"} and isinstance(spec["py"], str):
         module, _, name = spec["py"].partition(".")
-        if (module, name) in PY_TARGETS:
-            return PY_TARGETS[(module, name)]
+        table = SIZE_TARGETS if symbolic else PY_TARGETS
+        if (module, name) in table:
+            return table[(module, name)]
     raise ExportFormatError(f"graph target {_short(spec)} is not an operator or function the format allows; "
                             "nothing was run")
 
@@ -335,14 +356,18 @@ def op_schemas(graphs) -> dict:
             if isinstance(n.target, OpOverload) and n.target._schema.name not in _PROFILER_RANGES}
 
 
-def _keep_values(gm: fx.GraphModule, env: dict, stored) -> None:
-    """Node values as data, rebuilt as fake tensors when something reads them (``values.with_values``)."""
-    from ..ir.values import STORED, FakeValues, TensorMeta, keep
+def _keep_values(gm: fx.GraphModule, env: dict, stored, values, symbols) -> None:
+    """Node values as data, rebuilt as fake tensors when something reads them (``values.with_values``);
+    ``symbols`` (each symbol's example value) where the graph may be symbolic, else False."""
+    from ..ir.values import STORED, FakeValues, keep
     if not isinstance(stored, dict) or not set(stored) <= set(env):
         raise ExportFormatError("a graph's node values name nodes it does not have")
+    if symbols is not False and not (isinstance(symbols, dict) and all(
+            exprs.text_ok(k) and type(v) is int for k, v in symbols.items())):
+        raise ExportFormatError("a graph's symbols are not names with example sizes")
     for name, data in stored.items():
         value = decode(data)
-        if not _static_value(value, TensorMeta):
+        if not _stored_value(value, symbols is not False):
             raise ExportFormatError(f"the value of graph node {name} is not a static tensor description")
         env[name].meta[STORED] = value
-    keep(gm, FakeValues({}))
+    keep(gm, values if values is not None else FakeValues(symbols or {}))

@@ -24,7 +24,10 @@ every node of every graph when a step is exported and when one is loaded
 """
 from __future__ import annotations
 
+import math
 import operator
+
+import torch
 
 from .._torch import OpOverload, dispatcher_has_kernel
 
@@ -42,6 +45,12 @@ _CHECKED_UNSAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_split_with_
 # optimizer's eager path on numbers read with ``.item()`` (a training step's bias corrections).
 ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow)
 PY_FUNCTIONS = (operator.getitem, *ARITHMETIC)
+# The size arithmetic of a symbolic graph (the disk cache keeps dynamic graphs; an export is static):
+# pure functions of numbers.
+SIZE_FUNCTIONS = (operator.floordiv, operator.mod, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+                  operator.ge, operator.and_, operator.or_, operator.not_, operator.pos, math.ceil, math.floor,
+                  math.trunc, math.sqrt, torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not,
+                  torch.sym_ite, torch.sym_sum)
 
 
 def qualified_name(op: OpOverload) -> str:

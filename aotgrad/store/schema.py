@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 
+import sympy
 import torch
 
 from ..ir import descriptors as d
 from ..ir.records import Analysis, InputInfo, JointLayout, OutputInfo, ViewMeta
 from ..guards.inputs import TensorSpec
-from . import codec
-from ..ir.values import TensorMeta
+from . import codec, symbolic
+from ..ir.values import SymText, TensorMeta
 
 
 def _int(v) -> bool:
@@ -33,6 +34,21 @@ def _ints(v) -> bool:
     return type(v) is tuple and all(type(x) is int for x in v)
 
 
+def _size(v) -> bool:
+    """An int, or a symbolic size (a sympy expression: the codec admits one only for a reader that
+    asks for them, the disk cache; an artifact's sizes are ints)."""
+    return type(v) is int or isinstance(v, sympy.Expr)
+
+
+def _sizes(v) -> bool:
+    return type(v) is tuple and all(map(_size, v))
+
+
+def _text_size(v) -> bool:
+    """A stored graph value's size: an int, or sympy text naming only symbols and size functions."""
+    return type(v) is int or symbolic.text_ok(v)
+
+
 def _tuple_of(cls):
     return lambda v: type(v) is tuple and all(type(x) is cls for x in v)
 
@@ -42,8 +58,9 @@ def _optional(cls):
 
 
 def _constant(v) -> bool:
-    """An output that is a number or string (``OutputInfo.value``), compared and returned as is."""
-    return v is None or type(v) in (bool, int, float, str) or isinstance(v, (torch.dtype, torch.device)) \
+    """An output that is a number or string (``OutputInfo.value``), compared and returned as is; or a
+    symbolic output's ``(kind, expression)``."""
+    return v is None or type(v) in (bool, int, float, str) or isinstance(v, (torch.dtype, torch.device, sympy.Expr)) \
         or (type(v) is tuple and all(_constant(x) for x in v))
 
 
@@ -52,7 +69,7 @@ def _desc(v) -> bool:
 
 
 _OUTPUT_KINDS = ("plain", "input", "input_view", "input_detached", "output", "output_view", "intermediate_view",
-                 "constant")
+                 "constant", "symbolic")
 SCHEMAS = {
     # Descriptors nest as data: ``{"@": "TangentDesc", "output": {"@": "OutputDesc", "index": 0}}``.
     d.ParamDesc: {"name": _str}, d.BufferDesc: {"name": _str}, d.InputDesc: {"name": _str},
@@ -60,8 +77,8 @@ SCHEMAS = {
     d.TangentDesc: {"output": _desc}, d.GradDesc: {"of": _desc}, d.MutationDesc: {"of": _desc},
     d.BaseDesc: {"members": lambda v: type(v) is tuple and all(map(_desc, v))},
     TensorSpec: {"dtype": lambda v: isinstance(v, torch.dtype), "device": lambda v: isinstance(v, torch.device),
-                 "size": _ints, "requires_grad": _bool, "layout": _ints},
-    ViewMeta: {"size": _ints, "stride": _ints, "offset": _int},
+                 "size": _sizes, "requires_grad": _bool, "layout": _sizes},
+    ViewMeta: {"size": _sizes, "stride": _sizes, "offset": _size},
     InputInfo: {"requires_grad": _bool, "mutates_data": _bool, "mutates_metadata": _bool,
                 "mutation_hidden": _bool, "new_meta": _optional(ViewMeta)},
     OutputInfo: {"kind": lambda v: v in _OUTPUT_KINDS, "index": _int, "view": _optional(ViewMeta),
@@ -71,7 +88,10 @@ SCHEMAS = {
                "fake_outputs": lambda v: v == (), "fw_requires_grad": lambda v: type(v) is tuple and all(map(_bool, v)),
                "out_spec": lambda v: v is None},    # written once, as the manifest's out_spec
     JointLayout: {"n_primals": _int, "tangent_of": _ints, "n_fw": _int, "grad_of": _ints, "mutated": _ints},
-    TensorMeta: {"shape": _ints, "stride": _ints, "offset": _int, "dtype": lambda v: isinstance(v, torch.dtype),
+    SymText: {"expr": symbolic.text_ok},
+    TensorMeta: {"shape": lambda v: type(v) is tuple and all(map(_text_size, v)),
+                 "stride": lambda v: type(v) is tuple and all(map(_text_size, v)), "offset": _text_size,
+                 "dtype": lambda v: isinstance(v, torch.dtype),
                  "device": lambda v: type(v) is str and re.match(r"^[a-z]+(:\d+)?$", v) is not None,
                  "requires_grad": _bool},
 }

@@ -1,6 +1,6 @@
 import pytest
 
-from aotgrad.guards import cache
+from aotgrad.store import disk
 
 
 @pytest.fixture(autouse=True)
@@ -9,5 +9,5 @@ def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "aotgrad-cache"
     monkeypatch.setenv("AOTGRAD_CACHE_DIR", str(d))
     monkeypatch.delenv("AOTGRAD_CACHE", raising=False)
-    cache._warned.clear()
+    disk._warned.clear()
     return d

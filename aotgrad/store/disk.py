@@ -1,0 +1,186 @@
+"""The on-disk cache's files: compiled entries a later process loads instead of capturing and
+compiling again, and the indexes that find them.
+
+An entry lives in one file named by its kind and key: ``MAGIC``, the SHA-256 of the payload, then
+the payload: the length of a JSON document, the document (values as :mod:`.codec` writes them, and
+a table of tensors) and the tensors' raw bytes (:mod:`.tensors`). Reading one parses JSON and builds
+only what the codec names: a cache directory someone else can write may hold wrong graphs, never
+code that runs (no object deserialiser, no ``eval``; a graph calls only operators the export allowlist admits).
+Writes go to a temporary file renamed over the entry (atomic on POSIX and Windows), so concurrent
+writers of one key each leave a whole file and readers never see half of one; a file that fails its
+checksum or does not decode is reported once per process, ignored, and rewritten by the next store.
+
+A ``jit`` compile is found in two steps (keys and fingerprints: :mod:`aotgrad.guards.cache`): the
+index named by ``jit_key`` lists stored entries, each with the reads its trace made as paths and
+fingerprints; :func:`load_jit` resolves those paths again in this process and loads an entry only
+when every fingerprint matches and the objects reached are the same ones among themselves.
+
+``AOTGRAD_CACHE=0`` disables the cache; ``AOTGRAD_CACHE_DIR`` moves it from ``~/.cache/aotgrad``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import uuid
+import warnings
+from pathlib import Path
+
+from ..errors import ExportFormatError
+from ..guards.cache import JitKey, Uncacheable, _difference, _failed_read, _text, digest, identities, read_fp
+from ..ir.graphs import Unserializable
+from . import codec, tensors as tensor_io
+
+log = logging.getLogger("aotgrad.cache")
+
+MAGIC = b"AOTGRAD\x02"
+_DIGEST = 32
+_LENGTH = struct.Struct("<Q")
+_warned: set = set()       # process-wide on purpose: warn once per store path per process
+
+
+def enabled() -> bool:
+    return os.environ.get("AOTGRAD_CACHE", "1") != "0"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AOTGRAD_CACHE_DIR") or Path.home() / ".cache" / "aotgrad")
+
+
+def entry_path(kind: str, key: str) -> Path:
+    return cache_dir() / f"{kind}-{key}.bin"
+
+
+def load(kind: str, key: str, decode=codec.decode):
+    """``decode(document, tensors)`` of the stored entry (``codec.decode`` of its document by default),
+    or None when absent, disabled, or corrupt (warned about once)."""
+    if not enabled():
+        return None
+    path = entry_path(kind, key)
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    payload = blob[len(MAGIC) + _DIGEST:]
+    if blob[:len(MAGIC)] != MAGIC or blob[len(MAGIC):len(MAGIC) + _DIGEST] != hashlib.sha256(payload).digest():
+        _corrupt(path, "its checksum does not match (truncated, overwritten or from another aotgrad)")
+        return None
+    try:
+        (n,) = _LENGTH.unpack_from(payload)
+        doc = json.loads(payload[_LENGTH.size:_LENGTH.size + n])
+        blob = payload[_LENGTH.size + n:]
+        tensor_io.check_extent(doc["tensors"], len(blob))
+        tensors = tensor_io.unpack(blob, doc["tensors"])
+        return decode(doc["data"]) if decode is codec.decode else decode(doc["data"], tensors)
+    except (ExportFormatError, ValueError, KeyError, TypeError, struct.error) as e:
+        _corrupt(path, f"it does not decode ({type(e).__name__}: {e})")
+        return None
+
+
+def store(kind: str, key: str, data, tensors: dict | None = None, *, encoded: bool = False) -> bool:
+    """Write ``data`` (encoded with ``codec.encode`` unless ``encoded``) and ``tensors`` atomically;
+    False (and a log line) when it cannot be written."""
+    if not enabled():
+        return False
+    path = entry_path(kind, key)
+    try:
+        blob, table = tensor_io.pack(tensors or {})
+        doc = json.dumps({"data": data if encoded else codec.encode(data), "tensors": table},
+                         separators=(",", ":"), allow_nan=False).encode()
+    except (Unserializable, ValueError, TypeError) as e:  # some value in the entry is not data (an output object, say)
+        log.info("not caching %s on disk: %s: %s", path.name, type(e).__name__, e)
+        return False
+    payload = _LENGTH.pack(len(doc)) + doc + blob
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        log.warning("cannot write aotgrad cache entry %s: %s", path, e)
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+
+
+def _corrupt(path, why) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        warnings.warn(f"aotgrad: ignoring the cache entry {path} because {why}; it will be rewritten",
+                      stacklevel=4)
+
+
+# ---------------------------------------------------------------- jit entries and their index
+
+def _sha(v) -> str:
+    return hashlib.sha256(repr(v).encode()).hexdigest()
+
+
+def store_jit(key: JitKey, reads, entry: tuple) -> bool:
+    """Store ``entry`` (``(document, tensors)``: ``export.entry.dump_compiled``) under the index ``key``
+    with the reads it assumed (kept: the 8 newest)."""
+    if any(r.path is None for r in reads):
+        log.info("not caching on disk: the trace read state it reached through objects with no path from its roots")
+        return False
+    try:
+        record = tuple((r.path, r.kind, r.source, read_fp(r)) for r in reads)
+        codec.encode(record)
+    except (Uncacheable, Unserializable) as e:
+        log.info("not caching on disk: %s", e)
+        return False
+    same = identities(reads)
+    entry_key = digest("jit entry", key.digest, record, same)
+    if not store("jit", entry_key, *entry, encoded=True):
+        return False
+    index = [v for v in (load("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
+    store("jitname", _sha(key.name), key.parts)
+    return store("jitidx", key.digest, index + [(record, entry_key, same)])
+
+
+def load_jit(key: JitKey, reresolve, why: list):
+    """``((document, tensors), reads)`` of the newest stored entry whose reads, found again by
+    ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None, with
+    the reason each stored entry was not used appended to ``why``."""
+    index = load("jitidx", key.digest)
+    if not index:
+        why.append(_key_miss(key))
+        return None
+    for record, entry_key, same in reversed(index):
+        stored = [(p, k, s) for p, k, s, _ in record]
+        reads = reresolve(stored)
+        if reads is None:
+            gone = next((s for p, k, s in stored if reresolve([(p, k, s)]) is None), "a read")
+            why.append(f"`{gone}`, which the stored entry read, is not found in this process")
+            continue
+        failed = _failed_read(reads, record)
+        if failed is None and identities(reads) != same:
+            failed = ("the objects the trace read are not the same ones as when stored (`x is y` between "
+                      "them differs), though each looks the same")
+        if failed is not None:
+            why.append(failed)
+            continue
+        entry = load("jit", entry_key, decode=lambda doc, tensors: (doc, tensors))
+        if entry is not None:
+            return entry, reads
+        why.append(f"the stored entry jit-{entry_key[:12]}... is missing or unreadable")
+    return None
+
+
+def _key_miss(key: JitKey) -> str:
+    """Why no entry is stored under ``key``: the parts that differ from the newest stored for its program."""
+    newest = load("jitname", _sha(key.name))
+    if newest is None:
+        return f"nothing is stored for {key.name}"
+    differ = []
+    for (label, now), (_, was) in zip(key.parts, newest):
+        if now != was:
+            where, a, b = _difference(was, now)
+            differ.append(f"{label} ({_text(a)} when stored, now {_text(b)}{f' at {where}' if where else ''})")
+    return (f"no entry is stored under this key: {'; '.join(differ) or 'its key'} differ"
+            f"{'s' if len(differ) == 1 else ''} from the newest entry stored for {key.name}")
