@@ -13,6 +13,7 @@ it (``symbolic=True``: the disk cache, whose entries may be dynamic); an export 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 import re
@@ -21,7 +22,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload, lazy_graph_module
+from .._torch import OpOverload, append_node, lazy_graph_module
 from ..errors import ExportFormatError
 from ..ir.graphs import Ref, Unserializable, dump_graph
 from . import sandbox, symbolic as exprs
@@ -38,6 +39,7 @@ DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isin
 _LAYOUTS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _FORMATS = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEVICE = re.compile(r"^[a-z]+(:\d+)?$")
 _DOTTED = re.compile(r"^(?!__)[A-Za-z0-9_]+(\.(?!__)[A-Za-z0-9_]+)*$")   # module paths: "h.0.attn.weight"
 CLASSES: dict = {}      # dataclass name -> (class, {field: check}), filled by register()
 
@@ -98,23 +100,28 @@ def _short(v) -> str:
 def decode(v, env=None, symbolic=False):
     """The value ``encode`` wrote; ``env`` maps node names to graph nodes; ``symbolic`` admits
     symbolic sizes (sympy expressions)."""
-    if v is None or isinstance(v, (bool, int, float, str)):
+    t = type(v)
+    if v is None or t is int or t is str or t is bool or t is float:
         return v
-    if isinstance(v, list):
+    if t is list:
         return [decode(x, env, symbolic) for x in v]
-    if not isinstance(v, dict) or not v:
+    if t is not dict or not v:
         raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
     if "@" in v:
         return _decode_dataclass(v, env, symbolic)
     if len(v) != 1:
         raise ExportFormatError(f"the artifact holds a value the format does not define: {_short(v)}")
     (tag, x), = v.items()
+    if tag == "node" and env is not None and type(x) is str and x in env:      # most of a graph's arguments
+        return env[x]
     return _decode_tagged(tag, x, env, symbolic)
 
 
 def _decode_tagged(tag, x, env, sym):
     if tag == "tuple" and isinstance(x, list):
-        return tuple(decode(i, env, sym) for i in x)
+        if all(type(i) is int for i in x):      # sizes and strides: most of what a graph's values hold
+            return tuple(x)
+        return tuple([decode(i, env, sym) for i in x])
     if tag == "dict" and isinstance(x, dict) and env is None:     # in graphs only as kwargs (keys become code)
         return {k: decode(i, env, sym) for k, i in x.items()}
     if tag == "slice" and isinstance(x, list) and len(x) == 3:
@@ -127,7 +134,7 @@ def _decode_tagged(tag, x, env, sym):
         return float(x)
     if tag == "node" and env is not None and x in env:
         return env[x]
-    if tag == "device" and isinstance(x, str) and re.match(r"^[a-z]+(:\d+)?$", x):
+    if tag == "device" and isinstance(x, str) and _DEVICE.match(x):
         try:
             return torch.device(x)
         except RuntimeError:
@@ -248,7 +255,8 @@ def decode_graph(data: dict, tensors: dict, prefix: str, values=None, symbolic: 
             elif op == "get_attr" and isinstance(target, str) and _DOTTED.match(target) and target in data["attrs"]:
                 node = graph.create_node("get_attr", target, name=name)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
-                node = graph.create_node("call_function", _checked_call(name, target, a, k, symbolic), a, k, name=name)
+                # Arguments are decoded nodes and constants (no raw symbolic value): appended without fx's scan.
+                node = append_node(graph, "call_function", name, _checked_call(name, target, a, k, symbolic), a, k)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":
@@ -329,17 +337,7 @@ def _overload(qualified: str, overload: str):
 def resolve_target(spec, symbolic: bool = False):
     """An operator overload the allowlist admits (``sandbox.refusal``) or ``operator.getitem``, by name."""
     if isinstance(spec, dict) and set(spec) == {"op"} and isinstance(spec["op"], str):
-        qualified, _, overload = spec["op"].partition(".")
-        op = _overload(qualified, overload)
-        if op is None:
-            raise ExportFormatError(f"operator {_short(spec['op'])} does not exist in this torch {torch.__version__} "
-                                    "or is not one the format allows; export the step again with this torch; nothing "
-                                    "was run")
-        why = sandbox.refusal(op)
-        if why is not None:
-            raise ExportFormatError(f"the artifact's graphs call {spec['op']}, which a loaded step may not run: {why} "
-                                    "(docs/export-format.md, the operator allowlist); nothing was run")
-        return op
+        return _allowed_op(spec["op"])
     if isinstance(spec, dict) and set(spec) == {"py"} and isinstance(spec["py"], str):
         module, _, name = spec["py"].partition(".")
         table = SIZE_TARGETS if symbolic else PY_TARGETS
@@ -347,6 +345,22 @@ def resolve_target(spec, symbolic: bool = False):
             return table[(module, name)]
     raise ExportFormatError(f"graph target {_short(spec)} is not an operator or function the format allows; "
                             "nothing was run")
+
+
+@functools.lru_cache(maxsize=4096)
+def _allowed_op(name: str):
+    """The operator ``name`` names, where it exists and the allowlist admits it (once per name: a
+    stored graph calls a few dozen operators a thousand times)."""
+    qualified, _, overload = name.partition(".")
+    op = _overload(qualified, overload)
+    if op is None:
+        raise ExportFormatError(f"operator {_short(name)} does not exist in this torch {torch.__version__} or is not "
+                                "one the format allows; export the step again with this torch; nothing was run")
+    why = sandbox.refusal(op)
+    if why is not None:
+        raise ExportFormatError(f"the artifact's graphs call {name}, which a loaded step may not run: {why} "
+                                "(docs/export-format.md, the operator allowlist); nothing was run")
+    return op
 
 
 def op_schemas(graphs) -> dict:
@@ -366,8 +380,31 @@ def _keep_values(gm: fx.GraphModule, env: dict, stored, values, symbols) -> None
             exprs.text_ok(k) and type(v) is int for k, v in symbols.items())):
         raise ExportFormatError("a graph's symbols are not names with example sizes")
     for name, data in stored.items():
-        value = decode(data)
+        value = _static_meta(data)
+        if value is None:
+            value = decode(data)
         if not _stored_value(value, symbols is not False):
             raise ExportFormatError(f"the value of graph node {name} is not a static tensor description")
         env[name].meta[STORED] = value
     keep(gm, values if values is not None else FakeValues(symbols or {}))
+
+
+_META_FIELDS = frozenset({"@", "shape", "stride", "offset", "dtype", "device", "requires_grad"})
+
+
+def _static_meta(data):
+    """A static ``TensorMeta`` (most node values) read directly, with the checks ``decode`` and the schema
+    make; None for anything else, which ``decode`` reads."""
+    from ..ir.values import TensorMeta
+    if not (type(data) is dict and data.get("@") == "TensorMeta" and data.keys() == _META_FIELDS):
+        return None
+    shape, stride, dtype, device = data["shape"], data["stride"], data["dtype"], data["device"]
+    ints = (shape.get("tuple") if type(shape) is dict and len(shape) == 1 else None,
+            stride.get("tuple") if type(stride) is dict and len(stride) == 1 else None)
+    if not all(type(v) is list and all(type(i) is int for i in v) for v in ints) or type(data["offset"]) is not int \
+            or type(data["requires_grad"]) is not bool or not (type(dtype) is dict and dtype.keys() == {"dtype"}
+                                                              and dtype["dtype"] in DTYPES) \
+            or not (type(device) is str and _DEVICE.match(device)):
+        return None
+    return TensorMeta(tuple(ints[0]), tuple(ints[1]), data["offset"], DTYPES[dtype["dtype"]], device,
+                      data["requires_grad"])
