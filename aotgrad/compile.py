@@ -62,7 +62,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                 return fw(*flat)
     else:
         partitioner = partition.get(options.resolved_partitioner(), options.memory_budget)
-        with timed(history, "stored partition" if getattr(partitioner, "stored", False) else "partition") as info:
+        with timed(history, "stored partition" if isinstance(partitioner, partition.Partition) else "partition") as info:
             joint = captured.joint
             if options.compiles_with("inductor"):
                 joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves

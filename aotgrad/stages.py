@@ -14,6 +14,7 @@ from . import errors
 from .observe import Step
 from .errors import OptionError, caller_line
 from .options import CompileOptions, keywords_checked, refuse_unknown
+from .partition import Partition
 from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
@@ -103,7 +104,7 @@ class Captured:
         elif more:
             raise OptionError(f"compile got options= and keyword options {sorted(more)}: give one or the other",
                               user_line=caller_line())
-        if options.compiles_with("inductor") or not getattr(options.resolved_partitioner(), "stored", False):
+        if options.compiles_with("inductor") or not isinstance(options.resolved_partitioner(), Partition):
             with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 

@@ -123,7 +123,7 @@ def compile_record(record: tuple, setup: Setup, fw_compiler="eager", bw_compiler
     captured = Captured(setup, joint, _typed(doc["analysis"], Analysis), _typed(doc["layout"], JointLayout), guards,
                         pytree.treespec_loads(doc["out_spec"]), in_descs, out_descs, (step,))
     part = None if part is None else load_partition(part, tensors, values)
-    return captured.compile(fw_compiler, bw_compiler, stored(part))
+    return captured.compile(fw_compiler, bw_compiler, "auto" if part is None else part)   # None: inference
 
 
 def _typed(data, cls):
@@ -131,15 +131,6 @@ def _typed(data, cls):
     if not isinstance(value, cls):
         raise ExportFormatError(f"a stored {cls.__name__} is malformed")
     return value
-
-
-def stored(part: Partition):
-    """A partitioner that returns ``part``: it reads no node values, so a loaded joint's fake
-    values are never rebuilt (that would make a fake mode and shape environment per load)."""
-    def stored_partition(joint, layout):
-        return part
-    stored_partition.stored = True
-    return stored_partition
 
 
 @keywords_checked("compile_cached")
@@ -152,7 +143,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
         part = disk.load("staged", key, decode=load_partition)
         if part is not None:
             step = Step("load partition", time.perf_counter() - start, {"from": "disk cache"})
-            compiled = captured.compile(fw_compiler, bw_compiler, stored(part))
+            compiled = captured.compile(fw_compiler, bw_compiler, part)
             return replace(compiled, history=compiled.history + (step,))
     compiled = captured.compile(fw_compiler, bw_compiler, partitioner, memory_budget)
     if key is not None and compiled.partition is not None:

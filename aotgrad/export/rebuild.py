@@ -56,7 +56,7 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     _check_tensor_names(m, graphs, tensors)
     decoded = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
     verify.check_graphs(m["ops"], decoded, specs, lay, part, analysis)
-    compiled = captured.compile(_checked_eager, None, lambda joint, lay: part)
+    compiled = captured.compile(_checked_eager, None, "auto" if part is None else part)
     binding = None
     if m["kind"] == "step":
         from .held import bind

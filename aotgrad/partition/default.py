@@ -21,6 +21,11 @@ class Partition:
     n_saved_tensors: int
     recomputed: tuple[str, ...] = ()   # backward nodes that recompute a forward value
 
+    def __call__(self, joint: fx.GraphModule, lay: JointLayout) -> "Partition":
+        """A partition is its own partitioner: one loaded from the disk cache or an artifact is data
+        handed to ``Captured.compile(partitioner=part)``, not a closure over it."""
+        return self
+
 
 def split_nodes(joint: fx.GraphModule, lay: JointLayout):
     """Primal and tangent placeholders, forward outputs and grad outputs."""

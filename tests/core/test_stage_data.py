@@ -158,3 +158,16 @@ def test_staged_compile_writes_to_disk_only_when_asked(monkeypatch, tmp_path):
     assert not home_cache.exists()
     compile_cached(captured, partitioner="min_cut")
     assert [p.name.split("-")[0] for p in home_cache.iterdir()] == ["staged"]
+
+
+def test_a_partition_is_data_handed_to_compile():
+    from tests.eager_check import check
+    m, x = _model(), torch.randn(3, 4)
+    captured = aotgrad.capture(m, x)
+    part = captured.compile(partitioner="min_cut").partition
+
+    def compile_with_part(fn, args, kwargs):
+        return aotgrad.capture(fn, *args, **kwargs).compile(partitioner=part)
+    run = check(_model(), (x,), compile=compile_with_part)
+    assert run.compiled.partition is part
+    assert "stored partition" in [s.name for s in run.compiled.history]
