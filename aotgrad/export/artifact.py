@@ -10,7 +10,6 @@ same runtime as ``Captured.compile``.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import zipfile
 
@@ -18,9 +17,8 @@ import torch
 
 from .._torch import pytree
 from .. import errors
-from ..ir.records import Analysis
 from ..store import codec, tensors as tensor_io
-from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
+from ..store import schema     # also registers the stage metadata classes with the codec
 from ..ir.graphs import Unserializable
 from .manifest import FORMAT, VERSION
 
@@ -59,12 +57,12 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
         "name": captured.setup.flat_fn.__name__, "kind": "inference" if part is None else "training",
         "grad_enabled": bool(captured.setup.session.grad_enabled),
         "modes": codec.encode(list(_modes(captured))), "values": values, "state": state,
-        "signature": {"in_spec": _spec_text(sig.in_spec, "argument"), "leaves": codec.encode(list(sig.leaves)),
+        "signature": {"in_spec": codec.spec_text(sig.in_spec, "argument"), "leaves": codec.encode(list(sig.leaves)),
                       "tensor_pos": list(sig.tensor_pos)},
-        "out_spec": _spec_text(captured.out_spec, "output"),
+        "out_spec": codec.spec_text(captured.out_spec),
         "input_descs": codec.encode(list(captured.input_descs)),
         "output_descs": codec.encode(list(captured.output_descs)),
-        "analysis": codec.encode(_plain_analysis(captured.analysis)),
+        "analysis": codec.encode(schema.stored_analysis(captured.analysis, symbolic=False)),
         "layout": codec.encode(captured.layout),
         "guards": codec.encode([_static(s) for s in captured.guards.specs]),
         "partition": None if part is None else {"saved": list(part.saved), "n_saved_tensors": part.n_saved_tensors,
@@ -85,13 +83,6 @@ def _modes(captured) -> tuple:
     return baked
 
 
-def _spec_text(spec, what: str) -> str:
-    try:
-        return pytree.treespec_dumps(spec)
-    except NotImplementedError as e:     # a namedtuple or pytree class registered without a serialized name
-        raise Unserializable(f"an {what} structure pytree cannot write as text ({e})") from None
-
-
 def _refuse(captured) -> None:
     from ..runtime.hooks import has_opaque_calls
     if captured.setup.rebase is not None:
@@ -110,19 +101,6 @@ def _static(spec):
     if spec is None or not all(isinstance(v, int) for v in (*spec.size, *spec.layout)):
         raise Unserializable("symbolic sizes (a dynamic capture): capture with dynamic=False to export")
     return spec
-
-
-def _plain_analysis(a: Analysis) -> Analysis:
-    """The analysis without fake values (they only serve tracing) and view replays (live C++
-    records: a loaded step regenerates views with ``as_strided`` on inputs its guards pin)."""
-    for o in a.outputs:
-        if o.replay is not None and o.replay.required:
-            raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
-        if o.kind == "symbolic":
-            raise Unserializable("an output number computed from symbolic sizes")
-    outputs = tuple(dataclasses.replace(o, replay=None) for o in a.outputs)
-    spec = {"out_spec": None} if hasattr(a, "out_spec") else {}    # written once, as the manifest's out_spec
-    return dataclasses.replace(a, outputs=outputs, fake_outputs=(), **spec)
 
 
 def _state_specs(captured, named: dict | None) -> list:

@@ -10,7 +10,6 @@ with the named backend.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -29,7 +28,7 @@ from ..ir.records import Analysis, JointLayout
 from ..ir.values import FakeValues
 from ..runtime.hooks import has_opaque_calls
 from ..store import codec, disk, tensors as tensor_io
-from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
+from ..store import schema     # also registers the stage metadata classes with the codec
 from ..options import keywords_checked
 
 # Backends that compile a graph without the fake example values a loaded graph lacks.
@@ -51,29 +50,13 @@ def dump_compiled(compiled) -> tuple:
         "session": codec.encode((c.setup.session.dynamic, c.setup.session.grad_enabled)),
         "joint": codec.encode_graph(c.joint, tensors, "joint/", symbolic=True),
         "partition": None if part is None else dump_partition(part, tensors),
-        "analysis": codec.encode(_stored_analysis(c.analysis)),
+        "analysis": codec.encode(schema.stored_analysis(c.analysis, symbolic=True)),
         "layout": codec.encode(c.layout),
         "guards": codec.encode((g.specs, g.descs, g.conditions, g.numbers)),
-        "out_spec": spec_text(c.out_spec),
+        "out_spec": codec.spec_text(c.out_spec),
         "descs": codec.encode((c.input_descs, c.output_descs)),
     }
     return doc, tensors
-
-
-def _stored_analysis(a: Analysis) -> Analysis:
-    """The analysis without fake values (they only serve tracing) and view replays (live C++ records:
-    a loaded entry regenerates views with ``as_strided`` on inputs its guards pin)."""
-    if any(o.replay is not None and o.replay.required for o in a.outputs):
-        raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
-    outputs = tuple(dataclasses.replace(o, replay=None) for o in a.outputs)
-    return dataclasses.replace(a, outputs=outputs, fake_outputs=(), out_spec=None)
-
-
-def spec_text(spec) -> str:
-    try:
-        return pytree.treespec_dumps(spec)
-    except NotImplementedError as e:     # a namedtuple or pytree class registered without a serialized name
-        raise Unserializable(f"an output structure pytree cannot write as text ({e})") from None
 
 
 def dump_partition(part, tensors: dict) -> dict:

@@ -363,6 +363,15 @@ def _allowed_op(name: str):
     return op
 
 
+def spec_text(spec, what: str = "output") -> str:
+    """A pytree structure as text (``treespec_dumps``: a reader builds only registered types)."""
+    from .._torch import pytree
+    try:
+        return pytree.treespec_dumps(spec)
+    except NotImplementedError as e:     # a namedtuple or pytree class registered without a serialized name
+        raise Unserializable(f"an {what} structure pytree cannot write as text ({e})") from None
+
+
 def op_schemas(graphs) -> dict:
     """``{operator name: schema text}`` of every operator the graphs call (checked on load)."""
     return {f"{n.target._schema.name}.{n.target._overloadname}": str(n.target._schema)

@@ -6,6 +6,7 @@ is an ``int``, never a string that would be pasted into source.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import sympy
@@ -98,3 +99,18 @@ SCHEMAS = {
 
 for _cls, _fields in SCHEMAS.items():
     codec.register(_cls, _fields)
+
+
+def stored_analysis(a: Analysis, symbolic: bool) -> Analysis:
+    """The analysis as it is stored: without fake values (they only serve tracing), the output
+    structure (written once, as the record's ``out_spec``) and view replays (live C++ records: a loaded
+    step regenerates views with ``as_strided`` on inputs its guards pin). Raises ``Unserializable`` for an
+    output only its replay regenerates, and, unless ``symbolic``, for a number computed from sizes."""
+    from ..ir.graphs import Unserializable
+    for o in a.outputs:
+        if o.replay is not None and o.replay.required:
+            raise Unserializable("an output view only replaying its view ops regenerates (view_as_real, conj)")
+        if o.kind == "symbolic" and not symbolic:
+            raise Unserializable("an output number computed from symbolic sizes")
+    outputs = tuple(dataclasses.replace(o, replay=None) for o in a.outputs)
+    return dataclasses.replace(a, outputs=outputs, fake_outputs=(), out_spec=None)
