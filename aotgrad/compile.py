@@ -18,7 +18,7 @@ from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
 from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
-from .runtime.function import autograd_function, fast_apply, retaining, saved_input_views
+from .runtime.function import autograd_function, fast_apply, retaining, saved_input_views, version_checks
 from .scoped import GC_PAUSED
 
 
@@ -60,6 +60,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         def run(flat):
             with torch.no_grad():
                 return fw(*flat)
+        after = None
     else:
         partitioner = partition.get(options.resolved_partitioner(), options.memory_budget)
         with timed(history, "stored partition" if isinstance(partitioner, partition.Partition) else "partition") as info:
@@ -75,6 +76,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
         retained = retained_outputs(captured)
+        saved_views = saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors)
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
@@ -82,10 +84,12 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      double_backward=differentiable_backward(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
-                                     saved_views=saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors))
+                                     saved_views=saved_views)
         run = fast_apply(fn_class)
+        own = {i for _, i in saved_views}       # saved as the caller's tensor: autograd checks its version
+        after = version_checks(fn_class, tuple(i for i in captured.analysis.eager_saved if i not in own))
         if retained:
             run = retaining(run, [k for _, k in retained])
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
-    return part, fw_gm, bw_gm, make_call(captured, run), tuple(history)
+    return part, fw_gm, bw_gm, make_call(captured, run, after), tuple(history)

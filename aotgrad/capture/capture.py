@@ -106,7 +106,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     lay = layout(analysis)
     reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
-        joint, info["direct grads"], info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
+        joint, info["direct grads"], saved, info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
+        analysis = replace(analysis, eager_saved=saved)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"] = reuse.count()
     if setup.session.grad_enabled or not lay.is_inference:
@@ -134,8 +135,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
 
 
 def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
-    """The joint with repeated blocks inlined, how many gradients blocks wrote directly and how
-    many inputs the trace did not see.
+    """The joint with repeated blocks inlined, how many gradients blocks wrote directly, the inputs
+    eager's autograd saves (``joint.eager_saved_inputs``) and how many inputs the trace did not see.
 
     Tried in order: blocks' own parameters unseen by the trace and their gradients written
     directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
@@ -148,7 +149,8 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
-        return joint, inline_blocks(joint, *joint.meta.pop("aotgrad block calls")), len(unseen)
+        saved = joint.meta.pop("aotgrad eager saved", ())
+        return joint, inline_blocks(joint, *joint.meta.pop("aotgrad block calls")), saved, len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:
         unseen = unseen_inputs(reuse, setup, analysis)

@@ -43,11 +43,18 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 if direct_grads else {}, {id(f_ins[i]): i for i in unseen})
             DIRECT.append(direct)
             try:
+                versions = [_version(t) for t in call_ins]
                 with torch.set_grad_enabled(grad_enabled):
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
                 grads = [None] * n
                 if lay.grad_of:
+                    # An input written without a version bump (a batch norm's running statistics): a
+                    # later call's write-back would bump it where eager's does not, so it is not watched.
+                    quiet = {i for i, (t, v) in enumerate(zip(call_ins, versions))
+                             if v is not None and analysis.inputs[i].mutates_data and _version(t) == v}
+                    joint.eager_saved = tuple(i for i in eager_saved_inputs([fw[i] for i in lay.tangent_of],
+                                                                            call_ins) if i not in quiet)
                     backward_begins()
                     direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
@@ -71,7 +78,47 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 DIRECT.pop()
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
+    joint.eager_saved = ()
     return joint
+
+
+_SAVED_NAMES: dict = {}     # backward node class -> the attributes that hold its saved tensors, raw
+
+
+def eager_saved_inputs(roots, ins) -> tuple:
+    """Indices of ``ins`` that autograd saved for the backward of ``roots`` in this trace, as it does
+    in eager: eager's backward checks their version counters, so writing one of them in place before
+    the backward raises there (``runtime.function.version_checks`` repeats that check for the ones the
+    compiled forward does not save as themselves). Saved values are read raw, never unpacked: an
+    unpack runs the saved-tensor hooks (a checkpoint's recompute); one with hooks is left out."""
+    index = {id(t): i for i, t in enumerate(ins) if isinstance(t, torch.Tensor)}
+    found, seen = set(), set()
+    todo = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        cls = type(node)
+        if cls not in _SAVED_NAMES:
+            _SAVED_NAMES[cls] = tuple(a for a in dir(cls) if a.startswith("_raw_saved_"))
+        for name in _SAVED_NAMES[cls]:
+            raw = getattr(node, name, None)
+            for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
+                if saved is not None and getattr(saved, "unpack_hook", True) is None:
+                    t = getattr(saved, "data", None)
+                    if id(t) in index:
+                        found.add(index[id(t)])
+        todo.extend(n for n, _ in node.next_functions)
+    return tuple(sorted(found))
+
+
+def _version(t):
+    """``t``'s version counter, or None (not a tensor; an inference tensor has none)."""
+    try:
+        return t._version if isinstance(t, torch.Tensor) else None
+    except RuntimeError:
+        return None
 
 
 def _anchor_user_frames(user_fn) -> None:
@@ -117,6 +164,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     if unseen:
         _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
     gm.meta["aotgrad block calls"] = (fn.direct.calls, fn.direct.rng) if fn.direct is not None else ({}, {})
+    gm.meta["aotgrad eager saved"] = fn.eager_saved
     return gm
 
 

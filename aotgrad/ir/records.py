@@ -85,6 +85,7 @@ class Analysis:
     fake_outputs: tuple             # fake values of the graph's forward values (for tangents)
     fw_requires_grad: tuple         # whether each forward value requires grad
     out_spec: Any = None            # the outputs' tree structure (``Outputs.spec`` of the traced call)
+    eager_saved: tuple = ()         # inputs eager's autograd saves for the backward (version-checked there)
 
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]

@@ -60,7 +60,8 @@ def float_from_bits(text: str) -> float:
     return float.fromhex(text)
 
 
-def make_call(captured, run_graph) -> CallPath:
+def make_call(captured, run_graph, after=None) -> CallPath:
+    """``after(flat, values)``, where given, runs once the call has written its inputs back."""
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
@@ -71,9 +72,10 @@ def make_call(captured, run_graph) -> CallPath:
 
     def run(flat):
         values = run_graph(flat)
-        if simple:
-            return unflatten(list(values))
-        return unflatten(finish(flat, values, guards.bind(flat) if needs_symbols else None))
+        outs = list(values) if simple else finish(flat, values, guards.bind(flat) if needs_symbols else None)
+        if after is not None:
+            after(flat, values)
+        return unflatten(outs)
 
     return CallPath(match, run, finish)
 

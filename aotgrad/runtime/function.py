@@ -70,6 +70,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     boxed = getattr(bw, "_boxed_call", False)
 
     def first_order(ctx, *grad_outputs):
+        check_versions(ctx)
         args = [*ctx.saved_tensors, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
@@ -87,6 +88,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     guarded = once_differentiable(first_order)
 
     def differentiable(ctx, *grad_outputs):
+        check_versions(ctx)
         return _by_primal(second_order(ctx.kept, ctx.rng, grad_outputs), grad_of, n_primals)
 
     def backward(ctx, *grad_outputs):
@@ -100,6 +102,34 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # Read by aotgrad/compiled_autograd to inline this backward into its graph.
         "_aotgrad_backward": None if bw_graph is None else
         BackwardGraph(bw_graph, n_primals, tuple(tangent_of), tuple(grad_of))})
+
+
+def version_checks(fn_class, watched: tuple):
+    """``after(flat, values)`` for ``make_call``: once a call has written its inputs back, the version of
+    each input in ``watched`` (saved by eager's autograd, not by the compiled forward as itself: an input
+    the program writes, whose new value the graph saves) goes on the call's backward node, and its
+    backward raises eager's error if one was written since. None when nothing is watched."""
+    if not watched:
+        return None
+    node_class = fn_class._backward_cls
+
+    def after(flat, values):
+        node = next((v.grad_fn for v in values if isinstance(v, torch.Tensor) and type(v.grad_fn) is node_class),
+                    None)
+        if node is not None:
+            node.aotgrad_versions = [(flat[i], flat[i]._version) for i in watched if not flat[i].is_inference()]
+    return after
+
+
+def check_versions(ctx) -> None:
+    """Eager's version-counter check for the inputs ``version_checks`` watches."""
+    for t, version in getattr(ctx, "aotgrad_versions", ()):
+        if t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}], an input of the compiled function, is at version {t._version}; "
+                f"expected version {version} instead. Hint: the input was written in place after the call that "
+                "saved it for the backward (as eager autograd raises).")
 
 
 def _by_primal(grads, grad_of, n_primals) -> tuple:

@@ -50,13 +50,17 @@ def register(cls, fields: dict) -> None:
 
 
 def check_fields(cls, values: dict, error) -> None:
-    """Every field of ``cls`` present, known and of its type; else ``error(sentence)``. (The format may
-    know a field this version of ``cls`` lacks: the stage classes grow.)"""
+    """Every field of ``cls`` present (or, written before it was added, defaulted), known and of its
+    type; else ``error(sentence)``. (The format may know a field this version of ``cls`` lacks: the
+    stage classes grow.)"""
     _, fields = CLASSES[cls.__name__]
     names = {f.name for f in dataclasses.fields(cls)}
     if names - set(fields):
         raise error(f"{cls.__name__} has fields {sorted(names - set(fields))} the export format does not know")
+    defaulted = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
     for name in names:
+        if name not in values and name in defaulted:
+            continue        # written before the field was added: its default
         if name not in values or not fields[name](values[name]):
             raise error(f"{cls.__name__}.{name} is {_short(values.get(name))}, not a value the format allows")
 

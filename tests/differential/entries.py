@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,12 +77,27 @@ def _stored_first(compile, fn, args, kwargs):
         return      # deepcopy would read the freed storage (a segfault in torch, eager too)
     state = torch.random.get_rng_state()
     try:
-        fn2, args2, kwargs2 = copy.deepcopy((fn, args, kwargs))
+        fn2, args2, kwargs2 = copy.deepcopy((_own_closure(fn), args, kwargs))
         compile(fn2, args2, kwargs2)(*args2, **kwargs2)
     except Exception:       # inputs that cannot be copied, or a refusal: the entry under test gives its own
         pass
     finally:
         torch.random.set_rng_state(state)
+
+
+def _own_closure(fn):
+    """``fn`` with copies of the tensors its closure holds (deepcopy shares a function as it is): the
+    first process's call must not write the closure tensors of the program under test."""
+    if not isinstance(fn, types.FunctionType) or not fn.__closure__:
+        return fn
+    def held(c):
+        try:
+            return c.cell_contents
+        except ValueError:      # an empty cell
+            return None
+    cells = tuple(types.CellType(copy.deepcopy(held(c))) if isinstance(held(c), torch.Tensor) else c
+                  for c in fn.__closure__)
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
 
 
 def _all_tensors(fn, args, kwargs):

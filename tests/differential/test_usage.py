@@ -48,18 +48,12 @@ COMPILERS = {"cudagraphs": (ENTRIES["capture_cudagraphs"].compile, False), "cuda
 KNOWN = {("aliases_input", "autograd_grad_kept_across_steps"):
          "the input's gradient, summed from x.view(-1), x.t() and x * w, comes back with x.t()'s strides "
          "(1, 4) where eager's is contiguous (3, 1); values are eager's",
-         **{("mutated_input_returned", u):
-            "an input written in place inside the program is saved as the functional value of that write, "
-            "not as the input: writing the input again before the backward (through a view, its base, or "
-            "a second call) goes unnoticed (eager raises its version-counter error); the gradient is the "
-            "one of the values the forward saw"
-            for u in ("input_written_before_backward", "input_view_written_before_backward",
-                      "input_base_written_before_backward", "input_base_written_elsewhere_before_backward",
-                      "same_inputs_called_twice", "same_inputs_written_between_calls")},
          ("buffers_updated_in_place", "buffer_written_before_backward"):
          "eager's batch_norm saves running_mean/running_var for its backward (which reads them only in eval "
-         "mode); the graph's backward does not read them, so writing them before the backward goes "
-         "unnoticed where eager raises its version-counter error; the gradients are eager's values"}
+         "mode) and updates them without a version bump; the graph's backward does not read them, and the "
+         "compiled call's write-back does bump them, so they are not version-watched "
+         "(runtime.function.version_checks): writing them before the backward goes unnoticed where eager "
+         "raises its version-counter error; the gradients are eager's values"}
 
 
 # A capture()d step runs only under the grad mode it was captured in (a call under no_grad raises
