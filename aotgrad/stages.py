@@ -111,7 +111,7 @@ class Captured:
     def export(self, path: str, *, values: bool = True, partitioner="auto", memory_budget=None, **more) -> str:
         """Write this training step to ``path`` as data (``docs/export-format.md``); ``aotgrad.load(path)``
         runs it in another process without the model's code. ``values=False`` leaves out parameter values."""
-        from .export.artifact import export
+        from .store.artifact import export
         if more:    # export compiles nothing: only the partition options apply
             refuse_unknown("export", more, ["values", "partitioner", "memory_budget"])
         opts = CompileOptions(partitioner=partitioner, memory_budget=memory_budget)    # checked before writing
@@ -285,5 +285,5 @@ class Exported:
                 f"{n_p} parameters, {n_b} buffers)")
 
     def __str__(self) -> str:
-        from .export.inspect import format_exported
+        from .store.inspect import format_exported
         return format_exported(self)

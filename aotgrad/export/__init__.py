@@ -1,2 +1,3 @@
-"""Serialising what a capture and compile produced, so another process can load it:
-the export artifact (``artifact``, ``rebuild``, ``inspect``) and the disk cache's entries (``entry``)."""
+"""Loading what a capture and compile stored, into stage objects: an export artifact (``loader``,
+``rebuild``, ``verify``, ``held``) and the disk cache's entries (``entry``). Writing and the formats
+themselves are :mod:`aotgrad.store`'s."""

@@ -1,6 +1,6 @@
 """Reading an export artifact back: ``load(path)`` checks the manifest, unpacks the tensors and
 graphs and hands them to :mod:`.rebuild`, which builds the ``Exported`` step. The writer
-(:mod:`.artifact`) imports no stage object, so ``Captured.export`` reaches it without a cycle."""
+(:mod:`aotgrad.store.artifact`) imports no stage object, so ``Captured.export`` reaches it without a cycle."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,7 @@ import torch
 from .. import errors
 from ..store import schema  # noqa: F401  (registers the stage metadata classes with the codec)
 from ..store import tensors as tensor_io
-from .manifest import check_manifest, check_members, read_entry
+from ..store.manifest import check_manifest, check_members, read_entry
 
 
 def load(path: str, *, state: dict | None = None, placeholders: bool = False):

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import aotgrad
 from aotgrad.errors import ExportFormatError, InputMismatchError, UnsupportedError
-from aotgrad.export.manifest import VERSION
+from aotgrad.store.manifest import VERSION
 
 
 class Net(nn.Module):

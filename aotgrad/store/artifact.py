@@ -17,8 +17,8 @@ import torch
 
 from .._torch import pytree
 from .. import errors
-from ..store import codec, tensors as tensor_io
-from ..store import schema     # also registers the stage metadata classes with the codec
+from . import codec, tensors as tensor_io
+from . import schema     # also registers the stage metadata classes with the codec
 from ..ir.graphs import Unserializable
 from .manifest import FORMAT, VERSION
 
