@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import struct
 import uuid
@@ -130,24 +131,43 @@ def store_jit(key: JitKey, reads, entry: tuple) -> bool:
         return False
     try:
         record = tuple((r.path, r.kind, r.source, read_fp(r)) for r in reads)
-        codec.encode(record)
-    except (Uncacheable, Unserializable) as e:
+    except Uncacheable as e:
         log.info("not caching on disk: %s", e)
         return False
     same = identities(reads)
     entry_key = digest("jit entry", key.digest, record, same)
     if not store("jit", entry_key, *entry, encoded=True):
         return False
-    index = [v for v in (load("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
-    store("jitname", _sha(key.name), key.parts)
-    return store("jitidx", key.digest, index + [(record, entry_key, same)])
+    index = [v for v in (_load_plain("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
+    store("jitname", _sha(key.name), _plain(key.parts), encoded=True)
+    return store("jitidx", key.digest, index + [(record, entry_key, same)], encoded=True)
+
+
+def _tuples(v):
+    """Fingerprints are nested tuples of plain values: written as JSON arrays (the C encoder's own
+    speed), read back as tuples; a sorted list in a key part compares as the tuple it is read as."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _plain(v):
+    """A key part as plain data for the newest-entry record, which only explains a miss: a value JSON
+    does not write (a dtype among the modes) by its ``repr``, on both sides of the comparison."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain(x) for x in v)
+    if v is None or isinstance(v, (bool, int, str)) or isinstance(v, float) and math.isfinite(v):
+        return v
+    return repr(v)
+
+
+def _load_plain(kind: str, key: str):
+    return load(kind, key, decode=lambda doc, tensors: _tuples(doc))
 
 
 def load_jit(key: JitKey, reresolve, why: list):
     """``((document, tensors), reads)`` of the newest stored entry whose reads, found again by
     ``reresolve([(path, kind, source), ...])``, all fingerprint as they did; else None, with
     the reason each stored entry was not used appended to ``why``."""
-    index = load("jitidx", key.digest)
+    index = _load_plain("jitidx", key.digest)
     if not index:
         why.append(_key_miss(key))
         return None
@@ -174,11 +194,11 @@ def load_jit(key: JitKey, reresolve, why: list):
 
 def _key_miss(key: JitKey) -> str:
     """Why no entry is stored under ``key``: the parts that differ from the newest stored for its program."""
-    newest = load("jitname", _sha(key.name))
+    newest = _load_plain("jitname", _sha(key.name))
     if newest is None:
         return f"nothing is stored for {key.name}"
     differ = []
-    for (label, now), (_, was) in zip(key.parts, newest):
+    for (label, now), (_, was) in zip(_plain(key.parts), newest):
         if now != was:
             where, a, b = _difference(was, now)
             differ.append(f"{label} ({_text(a)} when stored, now {_text(b)}{f' at {where}' if where else ''})")
