@@ -132,7 +132,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
     if key is not None and compiled.partition is not None:
         try:
             tensors: dict = {}
-            disk.store("staged", key, dump_partition(compiled.partition, tensors), tensors, encoded=True)
+            disk.store("staged", key, dump_partition(compiled.partition, tensors), tensors)
         except Unserializable:
             pass        # a graph the format does not write: compiled, not cached
     return compiled

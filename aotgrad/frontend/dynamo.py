@@ -127,7 +127,7 @@ def _load(key, setup, options):
 def _store(key, compiled) -> None:
     try:
         with timed([], "cache store", key=key):
-            disk.store("dynamo", key, *dump_compiled(compiled), encoded=True)
+            disk.store("dynamo", key, *dump_compiled(compiled))
     except Unserializable as e:
         log.info("not caching a Dynamo graph on disk: %s", e)
 

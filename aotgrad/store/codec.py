@@ -136,8 +136,6 @@ def _decode_tagged(tag, x, env, sym):
         return exprs.decode(tag, x, ExportFormatError)
     if tag == "float" and x in ("inf", "-inf", "nan"):
         return float(x)
-    if tag == "node" and env is not None and x in env:
-        return env[x]
     if tag == "device" and isinstance(x, str) and _DEVICE.match(x):
         try:
             return torch.device(x)

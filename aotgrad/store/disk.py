@@ -31,8 +31,7 @@ from pathlib import Path
 
 from ..errors import ExportFormatError
 from ..guards.cache import JitKey, Uncacheable, _difference, _failed_read, _text, digest, identities, read_fp
-from ..ir.graphs import Unserializable
-from . import codec, tensors as tensor_io
+from . import tensors as tensor_io
 
 log = logging.getLogger("aotgrad.cache")
 
@@ -54,9 +53,9 @@ def entry_path(kind: str, key: str) -> Path:
     return cache_dir() / f"{kind}-{key}.bin"
 
 
-def load(kind: str, key: str, decode=codec.decode):
-    """``decode(document, tensors)`` of the stored entry (``codec.decode`` of its document by default),
-    or None when absent, disabled, or corrupt (warned about once)."""
+def load(kind: str, key: str, decode=None):
+    """``decode(data, tensors)`` of the stored entry (its JSON data as read, by default), or None when
+    absent, disabled, or corrupt (warned about once)."""
     if not enabled():
         return None
     path = entry_path(kind, key)
@@ -74,23 +73,22 @@ def load(kind: str, key: str, decode=codec.decode):
         blob = payload[_LENGTH.size + n:]
         tensor_io.check_extent(doc["tensors"], len(blob))
         tensors = tensor_io.unpack(blob, doc["tensors"])
-        return decode(doc["data"]) if decode is codec.decode else decode(doc["data"], tensors)
+        return doc["data"] if decode is None else decode(doc["data"], tensors)
     except (ExportFormatError, ValueError, KeyError, TypeError, struct.error) as e:
         _corrupt(path, f"it does not decode ({type(e).__name__}: {e})")
         return None
 
 
-def store(kind: str, key: str, data, tensors: dict | None = None, *, encoded: bool = False) -> bool:
-    """Write ``data`` (encoded with ``codec.encode`` unless ``encoded``) and ``tensors`` atomically;
-    False (and a log line) when it cannot be written."""
+def store(kind: str, key: str, data, tensors: dict | None = None) -> bool:
+    """Write ``data`` (JSON data: what ``codec`` encodes, or plain tuples of plain values) and
+    ``tensors`` atomically; False (and a log line) when it cannot be written."""
     if not enabled():
         return False
     path = entry_path(kind, key)
     try:
         blob, table = tensor_io.pack(tensors or {})
-        doc = json.dumps({"data": data if encoded else codec.encode(data), "tensors": table},
-                         separators=(",", ":"), allow_nan=False).encode()
-    except (Unserializable, ValueError, TypeError) as e:  # some value in the entry is not data (an output object, say)
+        doc = json.dumps({"data": data, "tensors": table}, separators=(",", ":"), allow_nan=False).encode()
+    except (ValueError, TypeError) as e:  # some value in the entry is not data
         log.info("not caching %s on disk: %s: %s", path.name, type(e).__name__, e)
         return False
     payload = _LENGTH.pack(len(doc)) + doc + blob
@@ -136,22 +134,18 @@ def store_jit(key: JitKey, reads, entry: tuple) -> bool:
         return False
     same = identities(reads)
     entry_key = digest("jit entry", key.digest, record, same)
-    if not store("jit", entry_key, *entry, encoded=True):
+    if not store("jit", entry_key, *entry):
         return False
     index = [v for v in (_load_plain("jitidx", key.digest) or []) if v[1] != entry_key][-7:]
-    store("jitname", _sha(key.name), _plain(key.parts), encoded=True)
-    return store("jitidx", key.digest, index + [(record, entry_key, same)], encoded=True)
-
-
-def _tuples(v):
-    """Fingerprints are nested tuples of plain values: written as JSON arrays (the C encoder's own
-    speed), read back as tuples; a sorted list in a key part compares as the tuple it is read as."""
-    return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+    store("jitname", _sha(key.name), _plain(key.parts))
+    return store("jitidx", key.digest, index + [(record, entry_key, same)])
 
 
 def _plain(v):
-    """A key part as plain data for the newest-entry record, which only explains a miss: a value JSON
-    does not write (a dtype among the modes) by its ``repr``, on both sides of the comparison."""
+    """Fingerprints as nested tuples of plain values: written as JSON arrays (the C encoder's own speed)
+    and read back as tuples (a sorted list in a key part compares as the tuple it is read as). A value
+    JSON does not write (a dtype among a key's modes) becomes its ``repr``, in the newest-key record
+    only, which explains a miss; the index's fingerprints are plain already (``read_fp``)."""
     if isinstance(v, (list, tuple)):
         return tuple(_plain(x) for x in v)
     if v is None or isinstance(v, (bool, int, str)) or isinstance(v, float) and math.isfinite(v):
@@ -160,7 +154,7 @@ def _plain(v):
 
 
 def _load_plain(kind: str, key: str):
-    return load(kind, key, decode=lambda doc, tensors: _tuples(doc))
+    return load(kind, key, decode=lambda data, tensors: _plain(data))
 
 
 def load_jit(key: JitKey, reresolve, why: list):
