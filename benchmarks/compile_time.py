@@ -14,6 +14,7 @@ The *compile* column subtracts a steady-state step (median of a few) from it.
     python -m benchmarks.compile_time
     python -m benchmarks.compile_time --depth     # the GPT depth table
     python -m benchmarks.compile_time --depth --sdpa --systems aotgrad,torch_aot
+    python -m benchmarks.compile_time --depth --llama     # the same for HF Llama
 
 The depth table times capture + compile + first training step of the GPT
 of ``examples.models`` (d=64) at 2, 6, 8 and 32 layers, in this process after a
@@ -132,15 +133,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _llama(n_layer: int):
+    """HF Llama (d=64, grouped-query attention, rotary embeddings, random weights) with
+    ``n_layer`` decoder layers, trained without a KV cache (``use_cache=False``)."""
+    from tests.models import zoo
+    return zoo._hf("LlamaConfig", "LlamaForCausalLM", ("input_ids", "labels"), zoo.batch_lm,
+                   num_hidden_layers=n_layer, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=16, use_cache=False)
+
+
 def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
     """Seconds from a built GPT of ``n_layer`` blocks to its first training step done (``sdpa``:
-    attention through ``F.scaled_dot_product_attention``, the benchmarks' GPT)."""
+    attention through ``F.scaled_dot_product_attention``, the benchmarks' GPT; ``"llama"``: HF
+    Llama instead)."""
     from dataclasses import replace
 
     from benchmarks.common import SYSTEMS, train_once
     from examples import models
 
-    model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
+    if sdpa == "llama":
+        model, args = _llama(n_layer)
+    else:
+        model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
     t0 = time.perf_counter()
     if system == "aot_eager":
         import torch
@@ -187,6 +201,7 @@ def main():
                    help="intra-op threads; one keeps timings steady on a shared machine")
     p.add_argument("--depth", action="store_true", help="the GPT depth table instead of cold/warm gpt_small")
     p.add_argument("--sdpa", action="store_true", help="the depth table's GPT with F.scaled_dot_product_attention")
+    p.add_argument("--llama", action="store_true", help="the depth table for HF Llama (no KV cache)")
     p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -197,9 +212,10 @@ def main():
 
     torch.set_num_threads(a.threads)
     if a.depth:
-        print(f"GPT (d=64{', SDPA' if a.sdpa else ''}) capture + compile + first step, {a.threads} thread(s), "
-              f"median of {a.repeats}")
-        print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")), sdpa=a.sdpa)))
+        model = "HF Llama (d=64)" if a.llama else f"GPT (d=64{', SDPA' if a.sdpa else ''})"
+        print(f"{model} capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")
+        print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")),
+                                     sdpa="llama" if a.llama else a.sdpa)))
         return
     print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))

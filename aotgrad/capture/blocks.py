@@ -3,17 +3,23 @@
 Real models are stacks of identical blocks; tracing each one's Python and dispatch
 again is wasted work. Before a capture traces, :func:`find_groups` sorts the
 module's submodules by structure: same class, same non-tensor attributes (by value,
-or by identity for objects), same parameters and buffers (shape, stride, dtype,
-device, requires_grad, tying), no hooks, recursively. While the capture traces,
-:func:`reusing` intercepts calls of the outermost such blocks: the first call with a
+or by identity for objects; plain scalars such as ``layer_idx`` by type), same
+parameters and buffers (shape, stride, dtype, device, requires_grad, tying), no
+hooks, recursively. While the capture traces, :func:`reusing` intercepts calls of
+such blocks: the first call with a
 given argument layout traces the block's joint on its own (a :class:`Template`,
 see :mod:`.block_graph`); every call, the first included, becomes one node holding
 that call's own parameters and arguments, inlined into a copy of the template's
 nodes afterwards; an output that is a view of the block's own intermediate is
 viewed again per call, random ops draw at each call's own place in the stream.
-Anything the template cannot stand for (a mutation, an output that aliases an
-input, a random op in the backward, constants, hooks registered inside, symbolic
-sizes, autocast, saved-tensor hooks) makes the block run flat, as without reuse.
+Anything the template cannot stand for (a mutation, a list or dict argument
+written, an output that aliases an input, a random op in the backward, constants,
+hooks registered inside, symbolic sizes, autocast, saved-tensor hooks) makes the
+block run flat, as without reuse; blocks inside it may then be reused on their own.
+
+Twins may differ in scalar attributes: which of those a template's trace read is
+watched (:func:`..guards.reads.attribute_reads`), and the template stands only for
+blocks with the same values there (:class:`_Entry`).
 
 The guards stay those of a flat trace: the Python reads the template's trace
 recorded on the first block's objects are recorded again on each block's own
@@ -83,19 +89,32 @@ def _tensor_key(t):
     return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf)
 
 
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
 def _module_key(m: torch.nn.Module, keys: dict):
-    """Structural key of ``m`` (cached in ``keys`` by id); raises :class:`_Unlike`."""
+    """Structural key of ``m`` (cached in ``keys`` by id); raises :class:`_Unlike`. A plain scalar
+    attribute (``layer_idx``, ``p``, ``training``) counts by its type here; its value is one of
+    the block's :func:`_scalars`, which templates compare when their trace read it."""
     hit = keys.get(id(m))
     if hit is not None:
         return hit
     if any(getattr(m, h, None) for h in _HOOKS):
         raise _Unlike
-    attrs = tuple((k, _value_key(v)) for k, v in m.__dict__.items() if k not in _OWN)
+    attrs = tuple((k, ("scalar", type(v)) if type(v) in _SCALARS else _value_key(v))
+                  for k, v in m.__dict__.items() if k not in _OWN)
     params = tuple((k, _tensor_key(p), bool(p is not None and p._backward_hooks)) for k, p in m._parameters.items())
     bufs = tuple((k, _tensor_key(b)) for k, b in m._buffers.items())
     kids = tuple((k, _module_key(c, keys) if c is not None else None) for k, c in m._modules.items())
     key = keys[id(m)] = (type(m), attrs, params, bufs, kids)
     return key
+
+
+def _scalars(m: torch.nn.Module) -> tuple:
+    """``((path, attr), value key)`` of every plain scalar attribute of ``m`` and its submodules,
+    in the order the structural key lists them (the same for every twin)."""
+    return tuple(((path, k), (type(v), bits(v))) for path, sub in m.named_modules(remove_duplicate=False)
+                 for k, v in sub.__dict__.items() if k not in _OWN and type(v) in _SCALARS)
 
 
 def _ties(m: torch.nn.Module) -> tuple:
@@ -119,14 +138,18 @@ def _state(m: torch.nn.Module):
 
 @dataclass
 class Member:
-    """One block: its group, where its distinct state tensors live, its submodules by path."""
+    """One block: its group, where its distinct state tensors live, its submodules by path, the
+    values of its scalar attributes that differ among its twins (``layer_idx``)."""
     group: int
     firsts: tuple       # (module __dict__, kind, attr) of each distinct state tensor, in template order
     homes: tuple        # (module __dict__, kind, attr, index into firsts) of every state entry
     paths: dict         # path -> submodule
+    varying: tuple = ()     # (path, attr) of each scalar attribute whose value differs among the twins
+    values: tuple = ()      # this block's value key of each
+    inner: bool = False     # inside another group's block: called only when that block runs flat
 
 
-def _member(gid: int, m: torch.nn.Module) -> Member:
+def _member(gid: int, m: torch.nn.Module, varying=(), values=(), inner=False) -> Member:
     index: dict = {}
     firsts, homes = [], []
     for home, t in _state(m):
@@ -134,11 +157,21 @@ def _member(gid: int, m: torch.nn.Module) -> Member:
             index[id(t)] = len(firsts)
             firsts.append(home)
         homes.append((*home, index[id(t)]))
-    return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)))
+    return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)), varying, values,
+                  inner)
+
+
+def _varying(grp) -> tuple:
+    """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
+    scalars = [_scalars(m) for _, m in grp]
+    return tuple(i for i in range(len(scalars[0])) if len({s[i][1] for s in scalars}) > 1), scalars
 
 
 def find_groups(root: torch.nn.Module) -> dict:
-    """``id(module) -> Member`` for the outermost submodules (with children) that have a twin."""
+    """``id(module) -> Member`` for the submodules (with children) that have a twin: twins when
+    they differ only in the values of scalar attributes (``layer_idx``), which a template compares
+    where its trace read them. A block inside another group's block is ``inner``: its calls come
+    only when the outer block runs flat (its template refused, or read a value that block has alone)."""
     g = torch.nn.modules.module
     if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
         return {}
@@ -156,10 +189,12 @@ def find_groups(root: torch.nn.Module) -> dict:
     members: dict = {}
     taken: list = []
     for gid, grp in enumerate(chosen):
-        for name, m in grp:
-            if not any(name.startswith(t + ".") for t in taken):
-                taken.append(name)
-                members[id(m)] = _member(gid, m)
+        where, scalars = _varying(grp)
+        varying = tuple(scalars[0][i][0] for i in where)
+        for (name, m), own in zip(grp, scalars):
+            inner = any(name.startswith(t + ".") for t in taken)
+            taken.append(name)
+            members[id(m)] = _member(gid, m, varying, tuple(own[i][1] for i in where), inner)
     return members
 
 
@@ -176,6 +211,17 @@ class Traced:
     frames: tuple       # (Frame, self path or None, {arg name: path})
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """A template (None: the call runs flat) for the calls whose blocks have these values at the
+    varying scalar attributes the template's trace read (``(index into Member.varying, value)``)."""
+    read: tuple
+    traced: Traced | None
+
+    def stands_for(self, m: Member) -> bool:
+        return all(m.values[i] == v for i, v in self.read)
+
+
 @dataclass
 class Reuse:
     session: Session
@@ -183,8 +229,10 @@ class Reuse:
     recording: object
     may_trace: bool = True      # templates are made in the metadata pass; the joint pass only uses them
     off: bool = False
-    traced: dict = field(default_factory=dict)      # call key -> Traced or None (runs flat)
+    traced: dict = field(default_factory=dict)      # call key -> [_Entry]
+    read: dict = field(default_factory=dict)        # group -> indices into its varying scalars a template read
     calls: int = 0
+    whole: int = 0      # of those, calls of blocks not inside another repeated block
     ran_flat: set = field(default_factory=set)      # id of each member a call of which ran flat
     objects: frozenset | None = None                # ids of every member's modules (_block_objects)
 
@@ -195,45 +243,64 @@ class Reuse:
         state = [md[kind][attr] for md, kind, attr in m.firsts]
         call = _Call.of(args, kwargs)
         key = _call_key(m, state, call)
-        hit = self.traced.get(key, _MISSING) if key is not None else None
-        if hit is _MISSING:
-            hit = self.traced[key] = self._trace(module, m, state, call) if self.may_trace else None
+        hit = self._entry(key, module, m, state, call).traced if key is not None else None
         if hit is None:
             self.ran_flat.add(id(module))
             return _FLAT["call"](module, *args, **kwargs)
         self.calls += 1
+        self.whole += not m.inner
         if module is not hit.owner and self.recording is not None:
             _replay_reads(self.recording, hit.frames, m.paths)
         with reads.paused():        # our Function and kernel: no user code runs in them
             outs = block_graph.apply(hit.template, [*state, *call.tensors])
         return pytree.tree_unflatten(_with_views(outs, hit.template.views), hit.template.out_spec)
 
-    def count(self) -> int:
-        """Block calls that a template stood for in the last trace."""
-        return self.calls
+    def _entry(self, key, module, m: Member, state, call) -> _Entry:
+        """The entry standing for this call, traced first if none does. A block whose values at
+        the scalars an earlier template of its group read are its own alone (``layer_idx`` scaling
+        the output) runs flat: a template of its own would stand for one call only."""
+        entries = self.traced.setdefault(key, [])
+        for e in entries:
+            if e.stands_for(m):
+                return e
+        read = self.read.get(m.group)
+        if not self.may_trace or read is not None and not any(
+                o is not m and o.group == m.group and all(o.values[i] == m.values[i] for i in read)
+                for o in self.members.values()):
+            e = _Entry(tuple((i, m.values[i]) for i in sorted(read or ())), None)
+        else:
+            e = self._trace(module, m, state, call)
+            self.read[m.group] = (read or frozenset()) | {i for i, _ in e.read}
+        entries.append(e)
+        return e
 
-    def _trace(self, module, m: Member, state, call):
+    def _trace(self, module, m: Member, state, call) -> _Entry:
         rec = self.recording
         before = set(rec.frames)
         self.off = True
         try:
-            with _hooks_unchanged() as same, disable_current_modes():
+            with _hooks_unchanged() as same, disable_current_modes(), _watching(m) as read:
                 template = _trace_template(self.session, module, m, state, call)
                 template = template if same() else None
         except Exception:       # the flat run raises it again, with the user's line
-            template = None
+            template, read = None, range(len(m.varying))
         finally:
             self.off = False
+        read = tuple((i, m.values[i]) for i in sorted(read))
         if template is None:
-            return None
+            return _Entry(read, None)
         where = {id(sub): path for path, sub in m.paths.items()}
         new = [f for k, f in rec.frames.items() if k not in before]
         if _reaches_blocks(new, where, self._block_objects()):
-            return None     # the trace may depend on which block it is: each runs its own code
+            return _Entry((), None)     # the trace may depend on which block it is: each runs its own code
         block_graph.TEMPLATES[template.key] = template
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
-        return Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2]))
+        return _Entry(read, Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2])))
+
+    def count(self) -> int:
+        """Block calls that a template stood for in the last trace."""
+        return self.calls
 
     def _block_objects(self) -> frozenset:
         if self.objects is None:
@@ -346,6 +413,22 @@ def _hooks_unchanged():
         del rec.input_hooks[sizes[0]:], rec.retained[sizes[1]:]
 
 
+@contextlib.contextmanager
+def _watching(m: Member):
+    """Yields the set of indices into ``m.varying`` whose attribute the block's trace read, filled
+    when the block ends: a template stands for a twin whose other values differ only there."""
+    by_path: dict = {}
+    for i, (path, attr) in enumerate(m.varying):
+        by_path.setdefault(path, {}).setdefault(attr, []).append(i)
+    read: set = set()
+    with reads.attribute_reads([(m.paths[p], names) for p, names in by_path.items()]) as seen:
+        try:
+            yield read
+        finally:
+            for names, got in zip(by_path.values(), seen):
+                read.update(i for attr in got for i in names[attr])
+
+
 def _trace_template(session: Session, module, m: Member, state, call: _Call):
     from .analyze import analyze
     sess = Session(dynamic=False, grad_enabled=torch.is_grad_enabled(),
@@ -353,17 +436,24 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     with sess.fake_mode:
         fakes = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                  .requires_grad_(t.requires_grad) for t in (*state, *call.tensors)]
-    n, out_specs = len(state), []
+    n, out_specs, changed = len(state), [], []
 
     def block_fn(*flat):
         args, kwargs = call.rebuild(flat[n:])
+        before = pytree.tree_leaves((args, kwargs))
         with holding(m.homes, flat[:n]):
             out = module(*args, **kwargs)
+        # A list or dict argument the block wrote (``cache.append(h)``, ``cache[i] = h``): the
+        # template's calls would get a copy of it, and the caller's would never change.
+        after, spec = pytree.tree_flatten((args, kwargs))
+        changed.append(spec != call.spec or len(after) != len(before) or any(a is not b for a, b in zip(after, before)))
         leaves, spec = pytree.tree_flatten(out)
         out_specs.append(spec)
         return leaves
     block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
+    if any(changed):
+        return None
     # An output may be a view of the block's own intermediate (``nn.Linear`` on a 3-d input ends in
     # a view of its matmul): the template returns the base, and each call makes the view again.
     if analysis.mutated() or any(i.mutates_metadata for i in analysis.inputs) or any(
@@ -411,6 +501,8 @@ def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
         index[id(t)] = None if id(t) in index else i
     owners: dict = {}       # tensor id -> how many members hold it (None: one that ran flat does)
     for k, m in reuse.members.items():
+        if m.inner:     # its tensors are its outer block's too
+            continue
         for md, kind, attr in m.firsts:
             tid = id(md[kind][attr])
             owners[tid] = None if k in reuse.ran_flat or tid in owners else 1
@@ -454,9 +546,10 @@ def reusing(setup, enabled: bool = True):
             yield reuse
         finally:
             _REUSING.pop()
-            for hit in reuse.traced.values():
-                if hit is not None:
-                    block_graph.TEMPLATES.pop(hit.template.key, None)
+            for entries in reuse.traced.values():
+                for e in entries:
+                    if e.traced is not None:
+                        block_graph.TEMPLATES.pop(e.traced.template.key, None)
 
 
 # The capture reusing blocks in this thread (innermost last). Module.__call__ is process-wide:

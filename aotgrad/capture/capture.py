@@ -109,7 +109,7 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
         joint, info["direct grads"], saved, info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
         analysis = replace(analysis, eager_saved=saved)
         info["nodes"] = len(joint.graph.nodes)
-        info["reused blocks"] = reuse.count()
+        info["reused blocks"], info["reused whole blocks"] = reuse.count(), reuse.whole
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     _refuse_used_inner_leaves(joint, analysis)
@@ -142,7 +142,7 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
     directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
     attempt that cannot stand for the program is dropped for the next."""
     def trace(direct: bool, unseen: frozenset):
-        reuse.calls = 0
+        reuse.calls = reuse.whole = 0
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
             direct_grads=direct, unseen=unseen)))

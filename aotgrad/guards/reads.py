@@ -18,6 +18,7 @@ import dis
 import os
 import sys
 import sysconfig
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -235,6 +236,90 @@ def paused():
     finally:
         if watcher is not None:
             sys.setprofile(watcher)
+
+
+# ---------------------------------------------------------------- attribute reads of given objects
+
+@dataclass(eq=False)
+class _Watch:
+    names: frozenset
+    thread: int
+    read: set = field(default_factory=set)
+
+
+_WATCHES: dict = {}         # id(object) -> [_Watch]: the object's class is its watching subclass meanwhile
+_WATCH_LOCK = threading.Lock()
+_WATCHING_CLASS: dict = {}  # class -> its watching subclass
+_BASE: dict = {}            # watching subclass -> class
+_MODULE_OWN = frozenset(f.__code__ for f in (torch.nn.Module.__getattr__, torch.nn.Module.__setattr__,
+                                              torch.nn.Module.__delattr__))
+
+
+def _watching_class(cls: type) -> type:
+    """``cls`` with a ``__getattribute__`` that notes, for the watching thread, each watched name
+    read, and every name when the instance's ``__dict__`` is read (``vars(self)``) by code other
+    than ``nn.Module``'s own attribute plumbing or aotgrad's. ``__class__`` still reads ``cls``."""
+    sub = _WATCHING_CLASS.get(cls)
+    if sub is not None:
+        return sub
+    get = cls.__getattribute__
+
+    def __getattribute__(self, name):
+        if name == "__class__":
+            return cls
+        watches = _WATCHES.get(id(self))
+        if watches:
+            tid = threading.get_ident()
+            for w in watches:
+                if w.thread != tid:
+                    continue
+                if name in w.names:
+                    w.read.add(name)
+                elif name == "__dict__":
+                    caller = sys._getframe(1).f_code
+                    if caller not in _MODULE_OWN and not caller.co_filename.startswith(_OURS):
+                        w.read.update(w.names)
+        return get(self, name)
+    sub = type(cls)(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__})
+    _WATCHING_CLASS[cls], _BASE[sub] = sub, cls
+    return sub
+
+
+@contextlib.contextmanager
+def attribute_reads(targets):
+    """Which of the named attributes of each object (``targets``: ``[(obj, names)]``) this thread
+    reads inside the block, however it reads them (``obj.x``, ``getattr``, ``vars(obj)``, through
+    another object holding ``obj``): yields one set per target, filled as they are read. Each object
+    is an instance of a subclass of its class meanwhile (``__class__`` still answers the class);
+    another thread reading it meanwhile reads the same values and is not counted. An object whose
+    class cannot be subclassed counts every name as read."""
+    watches = []
+    with _WATCH_LOCK:
+        for obj, names in targets:
+            w = _Watch(frozenset(names), threading.get_ident())
+            watches.append((obj, w))
+            held = _WATCHES.setdefault(id(obj), [])
+            if not held:
+                try:
+                    object.__setattr__(obj, "__class__", _watching_class(type(obj)))
+                except Exception:      # a class refusing subclasses (``__init_subclass__``), a fixed layout
+                    del _WATCHES[id(obj)]
+                    w.read.update(names)
+                    continue
+            held.append(w)
+    try:
+        yield [w.read for _, w in watches]
+    finally:
+        with _WATCH_LOCK:
+            for obj, w in watches:
+                held = _WATCHES.get(id(obj))
+                if held is None or w not in held:
+                    continue
+                held.remove(w)
+                if not held:
+                    del _WATCHES[id(obj)]
+                    object.__setattr__(obj, "__class__", _BASE[type(obj)])
 
 
 # ---------------------------------------------------------------- bytecode

@@ -22,7 +22,13 @@ REUSED = {
     "blocks_head_shares_weight": 3, "blocks_one_called_twice": 4, "blocks_output_unused": 3,
     "blocks_identity_through_global": 0, "blocks_identity_through_class_attribute": 0,
     "blocks_identity_through_closure": 0,
-    "blocks_layer_index": 0,
+    "blocks_layer_index": 1,                    # block 0's own template; the others' values are theirs alone
+    "blocks_layer_index_read_only_with_a_cache": 3, "blocks_scalar_unread": 3,
+    "blocks_layer_index_writes_a_cache": 0, "blocks_append_to_a_list_argument": 0,
+    "blocks_scalar_read_only_where_a_flag_says": 3,     # blocks 0 and 2 share one; block 1 its own
+    **{f"blocks_scalar_read_{how}": 4 for how in (
+        "attribute", "getattr", "vars", "dict", "helper", "comprehension", "property", "parent",
+        "method_of_child")},     # one template for the 0.5 pair, one for the 2.0 pair
     "blocks_sdpa": 3, "blocks_sdpa_dropout": 3, "blocks_sdpa_one_dropout": 2,
     "blocks_bf16_input": 2,
     "blocks_output_is_a_view": 3, "blocks_view_output_written_in_place": 3,
@@ -62,3 +68,18 @@ def test_reuse_stamps_the_flat_graph(name):
         assert (g is None) == (f is None)
         if g is not None:
             assert torch.equal(g, f)
+
+
+def test_scalars_changed_after_the_first_call_are_seen_where_a_block_reads_them():
+    """Twins differing in a value their template did not read share it; a later change to a
+    value a block then reads (its ``use_scale``, then its ``scale``) must reach that block."""
+    from tests.differential.p_blocks import Scaled, Stack
+    torch.manual_seed(0)
+    m = Stack([Scaled(s, use_scale=False) for s in (0.5, 1.0, 2.0)])
+    step, x = aotgrad.jit(m), torch.randn(4, 4)
+    changes = [lambda: None, lambda: setattr(m.blocks[2], "scale", 9.0),
+               lambda: setattr(m.blocks[1], "use_scale", True), lambda: setattr(m.blocks[1], "scale", -3.0),
+               lambda: setattr(m.blocks[2], "use_scale", True)]
+    for change in changes:
+        change()
+        torch.testing.assert_close(step(x), m(x), rtol=0, atol=1e-6)

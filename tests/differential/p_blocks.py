@@ -230,6 +230,106 @@ def _(n=4):
     return fn(Stack([Indexed(i) for i in range(3)], nn.Linear(4, 3)), r(n, 4))
 
 
+def _helper_reads(module):
+    return module.scale
+
+
+# How a block reads its per-layer ``scale``: a template may stand for a twin with another value
+# only if its trace did not read it, however it was read.
+READS = {
+    "attribute": lambda m: m.scale,
+    "getattr": lambda m: getattr(m, "sc" + "ale"),
+    "vars": lambda m: vars(m)["scale"],
+    "dict": lambda m: m.__dict__["scale"],
+    "helper": _helper_reads,
+    "comprehension": lambda m: sum(m.scale for _ in range(1)),
+    "property": lambda m: m.doubled / 2,
+    "parent": lambda m: m.holder.scale,
+    "method_of_child": lambda m: m.holder.get(),
+}
+
+
+class Holder(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def get(self):
+        return self.scale
+
+
+class Scaled(Block):
+    """A per-layer scalar (``scale``, and ``layer_idx`` for a cache) that the forward reads in one
+    of the :data:`READS` ways, or reads only when ``use_scale`` (or a cache is passed)."""
+
+    def __init__(self, scale, how="attribute", layer_idx=0, use_scale=True):
+        super().__init__()
+        self.scale, self.how, self.layer_idx, self.use_scale = scale, how, layer_idx, use_scale
+        self.holder = Holder(scale if how in ("parent", "method_of_child") else 1.0)
+
+    @property
+    def doubled(self):
+        return self.scale * 2
+
+    def forward(self, x, eps=None, cache=None):
+        h = self.fc(x).tanh()
+        if cache is not None:
+            cache[self.layer_idx] = h
+        return x + h * READS[self.how](self) if self.use_scale else x + h
+
+
+for _how in READS:
+    @program(f"blocks_scalar_read_{_how}", G, must_match=True)
+    def _(n=4, how=_how):
+        return fn(Stack([Scaled(s, how) for s in (0.5, 0.5, 2.0, 2.0)]), r(n, 4, rg=True))
+
+
+@program("blocks_scalar_unread", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Scaled(s, use_scale=False, layer_idx=i) for i, s in enumerate((0.5, 1.0, 2.0))],
+                    nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_layer_index_read_only_with_a_cache", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Scaled(1.0, layer_idx=i) for i in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+@program("blocks_layer_index_writes_a_cache", G, must_match=True)
+def _(n=4):
+    class Cached(Stack):
+        def forward(self, x):
+            cache = {}
+            for b in self.blocks:
+                x = b(x, None, cache)
+            return x + sum(cache.values())
+    return fn(Cached([Scaled(1.0, layer_idx=i) for i in range(3)]), r(n, 4, rg=True))
+
+
+@program("blocks_append_to_a_list_argument", G, must_match=True)
+def _(n=4):
+    class Appended(Block):
+        def forward(self, x, hs):
+            h = self.fc(x).tanh()
+            hs.append(h)
+            return x + h
+
+    class Collect(Stack):
+        def forward(self, x):
+            hs = []
+            for b in self.blocks:
+                x = b(x, hs)
+            return x + sum(hs)
+    return fn(Collect([Appended() for _ in range(3)]), r(n, 4, rg=True))
+
+
+@program("blocks_scalar_read_only_where_a_flag_says", G, must_match=True)
+def _(n=4):
+    # The reads differ by path: blocks 0 and 2 read only the flag, 1 and 3 read the scale too.
+    return fn(Stack([Scaled(s, use_scale=u) for s, u in ((1.0, False), (2.0, True), (3.0, False), (4.0, True))]),
+              r(n, 4, rg=True))
+
+
 class Attention(nn.Module):
     """A pre-norm attention block with SDPA (``dropout_p`` from the module, 0 in eval)."""
 
