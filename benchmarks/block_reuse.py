@@ -37,9 +37,15 @@ def main():
     rows = []
     for name in MODELS:
         make, batch = zoo.MODELS[name]
-        for mode in ("train", "eval"):
+        for mode in ("train", "eval", "train, use_cache=False"):
             model, _ = make()
-            model.train(mode == "train")
+            model.train(mode.startswith("train"))
+            if "use_cache" in mode:
+                if not getattr(getattr(model.model, "config", None), "use_cache", False):
+                    continue
+                # HF decoders make a KV cache even in training unless told not to; a decoder layer
+                # writing that cache object runs flat (only its MLP and attention are reused).
+                model.model.config.use_cache = False
             used, whole, calls, groups = _counted(model, batch(0))
             rows.append((name, mode, groups, calls, whole, used))
     print("| model | mode | groups of twins | calls of repeated blocks | of them reused whole | "
