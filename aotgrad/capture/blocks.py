@@ -63,6 +63,10 @@ class _Unlike(Exception):
     """A value no structural key can stand for (a tensor attribute): the module is not reused."""
 
 
+class _Flat(Exception):
+    """Why a block call runs flat (``history``'s ``blocks run flat``)."""
+
+
 def _value_key(v, depth=0):
     if depth > 8:
         raise _Unlike
@@ -217,6 +221,7 @@ class _Entry:
     varying scalar attributes the template's trace read (``(index into Member.varying, value)``)."""
     read: tuple
     traced: Traced | None
+    why: str = ""       # why the calls run flat, when they do
 
     def stands_for(self, m: Member) -> bool:
         return all(m.values[i] == v for i, v in self.read)
@@ -234,6 +239,7 @@ class Reuse:
     calls: int = 0
     whole: int = 0      # of those, calls of blocks not inside another repeated block
     ran_flat: set = field(default_factory=set)      # id of each member a call of which ran flat
+    why: dict = field(default_factory=dict)         # block class name -> why a call of it ran flat
     objects: frozenset | None = None                # ids of every member's modules (_block_objects)
 
     def call(self, module, args, kwargs):
@@ -242,10 +248,14 @@ class Reuse:
             return _FLAT["call"](module, *args, **kwargs)
         state = [md[kind][attr] for md, kind, attr in m.firsts]
         call = _Call.of(args, kwargs)
-        key = _call_key(m, state, call)
-        hit = self._entry(key, module, m, state, call).traced if key is not None else None
+        try:
+            e = self._entry(_call_key(m, state, call), module, m, state, call)
+        except _Flat as flat:
+            e = _Entry((), None, str(flat))
+        hit = e.traced
         if hit is None:
             self.ran_flat.add(id(module))
+            self.why.setdefault(type(module).__name__, e.why)
             return _FLAT["call"](module, *args, **kwargs)
         self.calls += 1
         self.whole += not m.inner
@@ -267,7 +277,9 @@ class Reuse:
         if not self.may_trace or read is not None and not any(
                 o is not m and o.group == m.group and all(o.values[i] == m.values[i] for i in read)
                 for o in self.members.values()):
-            e = _Entry(tuple((i, m.values[i]) for i in sorted(read or ())), None)
+            why = "its " + ", ".join(".".join(filter(None, m.varying[i])) for i in sorted(read)) + \
+                " differs from every twin's, and the template read it" if self.may_trace else "no template"
+            e = _Entry(tuple((i, m.values[i]) for i in sorted(read or ())), None, why)
         else:
             e = self._trace(module, m, state, call)
             self.read[m.group] = (read or frozenset()) | {i for i, _ in e.read}
@@ -281,18 +293,21 @@ class Reuse:
         try:
             with _hooks_unchanged() as same, disable_current_modes(), _watching(m) as read:
                 template = _trace_template(self.session, module, m, state, call)
-                template = template if same() else None
-        except Exception:       # the flat run raises it again, with the user's line
-            template, read = None, range(len(m.varying))
+                if not same():
+                    raise _Flat("it registers a hook")
+        except _Flat as flat:
+            return _Entry(tuple((i, m.values[i]) for i in sorted(read)), None, str(flat))
+        except Exception as e:       # the flat run raises it again, with the user's line
+            return _Entry(tuple((i, m.values[i]) for i in range(len(m.varying))), None,
+                          f"its trace raised {type(e).__name__}")
         finally:
             self.off = False
         read = tuple((i, m.values[i]) for i in sorted(read))
-        if template is None:
-            return _Entry(read, None)
         where = {id(sub): path for path, sub in m.paths.items()}
         new = [f for k, f in rec.frames.items() if k not in before]
         if _reaches_blocks(new, where, self._block_objects()):
-            return _Entry((), None)     # the trace may depend on which block it is: each runs its own code
+            # The trace may depend on which block it is: each runs its own code.
+            return _Entry((), None, "its code reaches a block other than through itself (self is REGISTRY[0])")
         block_graph.TEMPLATES[template.key] = template
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
@@ -383,16 +398,22 @@ class _Call:
 
 
 def _call_key(m: Member, state, call: _Call):
-    """What the template depends on besides the block's structure; None when it cannot stand for the call."""
+    """What the template depends on besides the block's structure; raises :class:`_Flat` when no
+    template can stand for the call."""
     ins = (*state, *call.tensors)
     constants = call.constants()
     unseen = block_graph.DIRECT[-1].unseen if block_graph.DIRECT else {}
-    if constants is None or not all(isinstance(t, FunctionalTensor) or id(t) in unseen for t in ins) \
-            or _unusual_modes():
-        return None
+    if constants is None:
+        odd = next(x for x, t in zip(call.leaves, call.is_tensor) if not t and type(x) not in _CONSTANT)
+        hint = " (HF models: config.use_cache=False to train)" if type(odd).__name__.endswith("Cache") else ""
+        raise _Flat(f"an argument is a {type(odd).__name__}, neither a tensor nor a plain constant{hint}")
+    if not all(isinstance(t, FunctionalTensor) or id(t) in unseen for t in ins):
+        raise _Flat("a tensor it reads is not an input of the trace")
+    if _unusual_modes():
+        raise _Flat("called under autocast, a checkpoint, inference mode or a functorch transform")
     metas = tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad) for t in ins)
     if any(isinstance(s, torch.SymInt) for meta in metas for s in (*meta[0], *meta[1], meta[2])):
-        return None
+        raise _Flat("symbolic sizes")
     return m.group, torch.is_grad_enabled(), metas, repr(call.spec), constants
 
 
@@ -453,20 +474,20 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
     if any(changed):
-        return None
+        raise _Flat("it writes a list or dict argument")
     # An output may be a view of the block's own intermediate (``nn.Linear`` on a 3-d input ends in
     # a view of its matmul): the template returns the base, and each call makes the view again.
     if analysis.mutated() or any(i.mutates_metadata for i in analysis.inputs) or any(
             o.kind not in ("plain", "intermediate_view") or o.kind == "plain" and o.is_view
             or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
-        return None
+        raise _Flat("it writes an input or returns one")
     lay = layout(analysis)
     # The metadata pass ran the block's Python under the read recording already; watching the
     # joint trace (make_fx's Python too) would about double its cost for nothing.
     with reads.paused():
         joint = trace_joint(sess, block_fn, fakes, analysis, lay)
     if any(x.op == "get_attr" or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
-        return None
+        raise _Flat("its graph holds a constant tensor or an aotgrad run-time op")
     # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
     # the detaches and dead nodes it would drop from every copy again. Random ops stay: each copy
     # draws at the place in the stream its call has (block_graph.Template.random).
@@ -476,7 +497,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
                              views if any(views) else ())
     # A random op in the backward (a custom Function's backward drawing) draws when backward() runs,
     # from the stream as it then stands: not a place a forward call can take for it.
-    return None if any(is_random(n) for n in template.bw_nodes) else template
+    if any(is_random(n) for n in template.bw_nodes):
+        raise _Flat("its backward draws random numbers")
+    return template
 
 
 def _with_views(values: list, views: tuple) -> list:

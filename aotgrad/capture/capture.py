@@ -110,6 +110,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
         analysis = replace(analysis, eager_saved=saved)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = reuse.count(), reuse.whole
+        if reuse.why:
+            info["blocks run flat"] = dict(reuse.why)
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     _refuse_used_inner_leaves(joint, analysis)

@@ -52,6 +52,29 @@ def _run(name, reuse):
     return used, out.detach(), grads
 
 
+# Why the calls that ran flat did (``history``: the joint trace's ``blocks run flat``).
+WHY = {
+    "blocks_layer_index": ("Indexed", "its layer_idx differs from every twin's, and the template read it"),
+    "blocks_append_to_a_list_argument": ("Appended", "it writes a list or dict argument"),
+    "blocks_identity_through_global": ("Marked", "its code reaches a block other than through itself"),
+    "blocks_dropout_one_checkpointed": ("Dropped", "a checkpoint"),
+    "blocks_signed_zero_attribute": ("Block", "its eps differs"),
+    "blocks_input_with_grad": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHY))
+def test_history_says_why_blocks_ran_flat(name):
+    fn, args, kwargs = PROGRAMS[name].make()
+    captured = aotgrad.capture(fn, *args, **kwargs)
+    why = next(s.info.get("blocks run flat") for s in captured.history if s.name == "trace joint")
+    if WHY[name] is None:
+        assert why is None
+    else:
+        cls, text = WHY[name]
+        assert text in why[cls]
+
+
 def test_every_twin_program_has_an_expectation():
     assert sorted(REUSED) == TWINS
 
