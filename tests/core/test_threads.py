@@ -355,3 +355,54 @@ def test_per_thread_view_is_a_plain_dict_elsewhere():
     assert list(d.items()) == list(dict.items(d)) and dict(d) == dict(dict.items(d))
     assert type(copy.deepcopy(model)._parameters) is dict
     assert type(pickle.loads(pickle.dumps(model))._parameters) is dict
+
+
+class Layer(torch.nn.Module):
+    """A block with a per-layer int (``layer_idx``, unread) and a rendezvous inside its forward."""
+
+    def __init__(self, i):
+        super().__init__()
+        self.fc, self.layer_idx, self.pause = torch.nn.Linear(4, 4), i, None
+
+    def forward(self, x):
+        if self.pause is not None:
+            self.pause(self)
+        return x + self.fc(x).tanh()
+
+
+def test_eager_use_in_another_thread_while_a_block_template_is_traced():
+    """While thread A traces a block template (the block is an instance of the watching subclass,
+    counting which per-layer attributes A reads), the main thread runs the model eagerly: same
+    numbers bit for bit, ``__class__`` and every value unchanged, and A's count not disturbed."""
+    torch.manual_seed(2)
+    model, x = torch.nn.Sequential(*[Layer(i) for i in range(3)]), torch.randn(5, 4)
+    expected = _eager(model, x)
+    inside, release, capturer = threading.Event(), threading.Event(), []
+
+    def pause(layer):
+        if threading.get_ident() not in capturer:
+            assert layer.layer_idx in (0, 1, 2)      # a read in this thread, while A watches
+        elif type(layer) is not Layer and not inside.is_set():
+            inside.set()
+            assert release.wait(WAIT)
+    for layer in model:
+        layer.pause = pause
+
+    def capture():
+        capturer.append(threading.get_ident())
+        return aotgrad.capture(model, x)
+    join = _start(capture)
+    try:
+        assert inside.wait(WAIT), "the capture never traced a template"
+        assert type(model[0]) is not Layer and model[0].__class__ is Layer and model[0].layer_idx == 0
+        got = _step(model, model, x)
+        assert torch.equal(expected[0], got[0])
+        assert all(torch.equal(g, got[1][n]) for n, g in expected[1].items())
+    finally:
+        release.set()
+        captured = join()
+    assert all(type(layer) is Layer for layer in model)
+    info = next(s.info for s in captured.history if s.name == "trace joint")
+    assert info["reused blocks"] == 3       # the eager calls' reads of layer_idx were not counted
+    model.zero_grad()
+    _assert_same(expected, _step(captured.compile(), model, x), "compiled")
