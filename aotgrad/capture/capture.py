@@ -106,8 +106,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     lay = layout(analysis)
     reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
-        joint, info["direct grads"], saved, info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
-        analysis = replace(analysis, eager_saved=saved)
+        joint, info["direct grads"], (saved, quiet), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
+        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = reuse.count(), reuse.whole
         if reuse.why:
@@ -138,7 +138,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
 
 def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
     """The joint with repeated blocks inlined, how many gradients blocks wrote directly, the inputs
-    eager's autograd saves (``joint.eager_saved_inputs``) and how many inputs the trace did not see.
+    eager's autograd saves (``joint.eager_saved_inputs``) and those the program writes without a
+    version bump, and how many inputs the trace did not see.
 
     Tried in order: blocks' own parameters unseen by the trace and their gradients written
     directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
@@ -151,7 +152,7 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
-        saved = joint.meta.pop("aotgrad eager saved", ())
+        saved = joint.meta.pop("aotgrad eager saved", ((), ()))
         return joint, inline_blocks(joint, *joint.meta.pop("aotgrad block calls")), saved, len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:

@@ -48,13 +48,12 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
                 grads = [None] * n
+                # An input written without a version bump (a batch norm's running statistics): the
+                # runtime puts its version back after the write-back, as eager's kernel never bumps it.
+                joint.quiet = tuple(i for i, (t, v) in enumerate(zip(call_ins, versions))
+                                    if v is not None and analysis.inputs[i].mutates_data and _version(t) == v)
                 if lay.grad_of:
-                    # An input written without a version bump (a batch norm's running statistics): a
-                    # later call's write-back would bump it where eager's does not, so it is not watched.
-                    quiet = {i for i, (t, v) in enumerate(zip(call_ins, versions))
-                             if v is not None and analysis.inputs[i].mutates_data and _version(t) == v}
-                    joint.eager_saved = tuple(i for i in eager_saved_inputs([fw[i] for i in lay.tangent_of],
-                                                                            call_ins) if i not in quiet)
+                    joint.eager_saved = eager_saved_inputs([fw[i] for i in lay.tangent_of], call_ins)
                     backward_begins()
                     direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
@@ -78,7 +77,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 DIRECT.pop()
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
-    joint.eager_saved = ()
+    joint.eager_saved = joint.quiet = ()
     return joint
 
 
@@ -164,7 +163,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     if unseen:
         _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
     gm.meta["aotgrad block calls"] = (fn.direct.calls, fn.direct.rng) if fn.direct is not None else ({}, {})
-    gm.meta["aotgrad eager saved"] = fn.eager_saved
+    gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet)
     return gm
 
 

@@ -127,6 +127,10 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
         raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
     if any(info.mutates_metadata != (info.new_meta is not None) for info in analysis.inputs):
         raise ExportFormatError("the artifact's analysis has a metadata mutation without its new metadata")
+    if not all(0 <= i < lay.n_primals for i in analysis.eager_saved) \
+            or not set(analysis.quiet_writes) <= {i for i, info in enumerate(analysis.inputs) if info.mutates_data}:
+        raise ExportFormatError("the artifact's analysis names inputs eager saves or writes without a version bump "
+                                "that are not among its inputs (or not written)")
     for k, i in enumerate(analysis.mutated()):
         info, v, spec = analysis.inputs[i], fw_values[k], specs[i]
         size = info.new_meta.size if info.mutates_metadata and info.new_meta is not None else tuple(spec.size)

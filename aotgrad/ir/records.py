@@ -86,6 +86,7 @@ class Analysis:
     fw_requires_grad: tuple         # whether each forward value requires grad
     out_spec: Any = None            # the outputs' tree structure (``Outputs.spec`` of the traced call)
     eager_saved: tuple = ()         # inputs eager's autograd saves for the backward (version-checked there)
+    quiet_writes: tuple = ()        # inputs the program writes without a version bump (batch norm's statistics)
 
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]

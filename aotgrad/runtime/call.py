@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import pytree
+from .._torch import pytree, set_version_counter
 from ..generated import compile_source
 from ..ir.records import ViewMeta
 from .epilogue import epilogue
@@ -69,15 +69,26 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     unflatten = _unflattener(captured.out_spec)
     finish = None if simple else epilogue(analysis, setup.session.grad_enabled)
     needs_symbols = _needs_symbols(analysis)
+    quiet = analysis.quiet_writes
 
     def run(flat):
+        versions = [_version(flat[i]) for i in quiet]
         values = run_graph(flat)
         outs = list(values) if simple else finish(flat, values, guards.bind(flat) if needs_symbols else None)
+        # Written as eager's kernel writes them (batch norm's running statistics): no version bump,
+        # so the version eager's backward checks holds whoever wrote them (the graph, the write-back).
+        for i, v in zip(quiet, versions):
+            if v is not None:
+                set_version_counter(flat[i], v)
         if after is not None:
             after(flat, values)
         return unflatten(outs)
 
     return CallPath(match, run, finish)
+
+
+def _version(t):
+    return None if t.is_inference() else t._version       # an inference tensor has no counter
 
 
 def _generated_match(captured):

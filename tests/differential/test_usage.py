@@ -47,13 +47,7 @@ COMPILERS = {"cudagraphs": (ENTRIES["capture_cudagraphs"].compile, False), "cuda
 # Not the cudagraphs backend's: aotgrad's own, seen on every backend (the eager one included).
 KNOWN = {("aliases_input", "autograd_grad_kept_across_steps"):
          "the input's gradient, summed from x.view(-1), x.t() and x * w, comes back with x.t()'s strides "
-         "(1, 4) where eager's is contiguous (3, 1); values are eager's",
-         ("buffers_updated_in_place", "buffer_written_before_backward"):
-         "eager's batch_norm saves running_mean/running_var for its backward (which reads them only in eval "
-         "mode) and updates them without a version bump; the graph's backward does not read them, and the "
-         "compiled call's write-back does bump them, so they are not version-watched "
-         "(runtime.function.version_checks): writing them before the backward goes unnoticed where eager "
-         "raises its version-counter error; the gradients are eager's values"}
+         "(1, 4) where eager's is contiguous (3, 1); values are eager's"}
 
 
 # A capture()d step runs only under the grad mode it was captured in (a call under no_grad raises
