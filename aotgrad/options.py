@@ -6,7 +6,7 @@ whether it is part of the cache key. Unknown names and unusable values fail
 here, when the options are given, never in the middle of a compile.
 
 This module sits in the lowest layer: compiler names are checked against the
-registry by the layers that know it (``frontend.jit_options``, ``backends.get``).
+registry by the layers that know it (``inputs.jit_options``, ``backends.get``).
 """
 from __future__ import annotations
 

@@ -117,4 +117,4 @@ good). Captures in several threads trace their forwards side by side and take tu
 
 EAGER_PATHS = Stack("aotgrad.eager_paths")
 """This thread's regions of a trace where ``torch.compiler.is_compiling()`` answers False again
-(``frontend.step.eager_paths``: a captured optimizer's step), innermost last."""
+(``inputs.step.eager_paths``: a captured optimizer's step), innermost last."""

@@ -19,8 +19,8 @@ from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
-    from .frontend.aliasing import Rebase
-    from .frontend.flatten import Signature
+    from .inputs.aliasing import Rebase
+    from .inputs.flatten import Signature
     from .guards.inputs import InputGuards
     from .guards.state import StateGuards
     from .ir.records import Analysis, JointLayout
@@ -41,7 +41,7 @@ class Setup:
     """Stage 0: the user's call flattened, with fake inputs in a tracing session.
 
     ``flat_fn(*tensors)`` returns the output leaves as a list whose ``spec`` is their tree
-    structure (``frontend.flatten.Outputs``). ``session``, ``fake_inputs`` and ``real_inputs``
+    structure (``inputs.flatten.Outputs``). ``session``, ``fake_inputs`` and ``real_inputs``
     serve tracing only: the ``Setup`` a ``Captured`` holds (:meth:`traced`) keeps the session's
     ``Modes`` and neither the user's batch nor the fake inputs.
     """
@@ -83,7 +83,7 @@ class Captured:
     output_descs: tuple
     history: tuple[Step, ...]
     state: StateGuards | None = None     # Python state the trace read (``capture`` only)
-    step: object = None     # a whole training step's ``frontend.step.Binding``: state gathered and installed per call
+    step: object = None     # a whole training step's ``inputs.step.Binding``: state gathered and installed per call
 
     @property
     def is_inference(self) -> bool:

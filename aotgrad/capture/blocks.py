@@ -41,7 +41,7 @@ from .._torch import (
     is_any_autocast_enabled, pytree, top_saved_tensors_default_hooks,
 )
 from ..analysis.ops import is_random
-from ..frontend.flatten import holding
+from ..inputs.flatten import holding
 from ..guards import reads
 from ..guards.resolve import locate, read_at
 from ..scoped import Shared, Stack
@@ -132,7 +132,7 @@ def _ties(m: torch.nn.Module) -> tuple:
 
 def _state(m: torch.nn.Module):
     """``((module __dict__, kind, attr), tensor)`` of every parameter and buffer of ``m``, duplicates
-    included, in a fixed order (the dict by name: see :func:`..frontend.flatten.state_homes`)."""
+    included, in a fixed order (the dict by name: see :func:`..inputs.flatten.state_homes`)."""
     for _, sub in m.named_modules(remove_duplicate=False):
         for kind in ("_parameters", "_buffers"):
             for attr, t in sub.__dict__[kind].items():

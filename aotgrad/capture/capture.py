@@ -9,15 +9,15 @@ import torch
 from .._torch import FakeTensor
 from .. import errors
 from ..analysis.ops import is_random
-from ..frontend.aliasing import find_groups, rebase
-from ..frontend.distributed import refuse_wrapped
-from ..frontend.flatten import flat_function, signature
-from ..frontend.step import step_root
+from ..inputs.aliasing import find_groups, rebase
+from ..inputs.distributed import refuse_wrapped
+from ..inputs.flatten import flat_function, signature
+from ..inputs.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads
 from ..guards import state as state_guards
 from ..guards.recorded import call_leaves, recorded
-from ..frontend.jit_options import root_name
+from ..inputs.jit_options import root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned

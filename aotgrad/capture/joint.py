@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
-from ..frontend.flatten import module_state
+from ..inputs.flatten import module_state
 from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
 from .block_graph import DIRECT, Direct, UnseenUsed

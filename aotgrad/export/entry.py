@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from .._torch import pytree
-from ..frontend.flatten import flat_function, signature
+from ..inputs.flatten import flat_function, signature
 from ..errors import ExportFormatError
 from ..guards import inputs as input_guards
 from ..guards.cache import digest

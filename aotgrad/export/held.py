@@ -1,6 +1,6 @@
 """A loaded whole training step's state, held as eager holds it: each parameter's ``.grad`` on the
 loaded parameters, and real ``torch.optim`` optimizers over them whose ``param_groups`` and
-``state`` the step reads before each call and writes after it (``frontend.step.Binding``). A
+``state`` the step reads before each call and writes after it (``inputs.step.Binding``). A
 scheduler can drive their learning rates and ``state_dict()`` / ``load_state_dict()`` are torch's.
 
 The artifact holds the step's state argument as data: its tensors as ``step/<leaf>`` and its
@@ -13,7 +13,7 @@ import torch
 
 from .._torch import pytree
 from ..errors import ExportFormatError
-from ..frontend.step import Binding
+from ..inputs.step import Binding
 
 
 class LoadedBinding(Binding):

@@ -11,7 +11,7 @@ from .._torch import pytree
 from .. import errors
 from ..ir.descriptors import Desc
 from ..ir.records import Analysis, JointLayout
-from ..frontend.flatten import Signature, Slot
+from ..inputs.flatten import Signature, Slot
 from ..guards import inputs as input_guards
 from ..guards.inputs import TensorSpec
 from ..observe import Step

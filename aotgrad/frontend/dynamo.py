@@ -20,7 +20,7 @@ from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
 from ..capture.session import Session
-from ..frontend.flatten import Signature, outputs, refuse_tensor
+from ..inputs.flatten import Signature, outputs, refuse_tensor
 from ..observe import timed
 from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check

@@ -32,10 +32,10 @@ from ..guards import cache, resolve
 from ..store import disk
 from ..guards.recorded import call_leaves, recorded
 from ..guards import state as state_guards
-from .flatten import signature
-from .step import Root, step_root
-from .distributed import split_for_jit
-from .jit_options import bound_method, check_options, root_name, tracing
+from ..inputs.flatten import signature
+from ..inputs.step import Root, step_root
+from ..inputs.distributed import split_for_jit
+from ..inputs.jit_options import bound_method, check_options, root_name, tracing
 from ..options import CompileOptions
 from ..runtime.modes import BAKED_NAMES, baked, describe
 
@@ -83,7 +83,7 @@ class Jit:
 
     def __post_init__(self):
         self.options = check_options(self.compile_options)
-        split_for_jit(self)     # DDP and FSDP wrappers (frontend/distributed.py)
+        split_for_jit(self)     # DDP and FSDP wrappers (inputs/distributed.py)
         if self.name is None:
             self.name = root_name(self.fn)
 
@@ -299,7 +299,7 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     if fn is None:
         return lambda f: jit(f, dynamic=dynamic, recompile_limit=recompile_limit, **compile_options)
     root = step_root(fn)
-    if root is not None:        # a whole training step (frontend/step.py)
+    if root is not None:        # a whole training step (inputs/step.py)
         return Jit(root, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1),
                    around=root.binding.around)
     return Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))

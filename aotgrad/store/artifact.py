@@ -127,7 +127,7 @@ def _state_specs(captured, named: dict | None) -> list:
 
 
 def _step(captured, named: dict | None) -> dict | None:
-    """A whole training step (``frontend.step``): its state argument's tensors (each ``.grad``, each
+    """A whole training step (``inputs.step``): its state argument's tensors (each ``.grad``, each
     optimizer's per-parameter state, the learning rates) go into ``named`` as ``step/<leaf>``; the
     manifest names each optimizer's class and its groups' parameters (the hyperparameters are the
     signature's constants). The step must leave its state in the structure it takes, or the loaded

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 
 import aotgrad
-from aotgrad.frontend import flatten
+from aotgrad.inputs import flatten
 
 from ..eager_check import _leaked, assert_close
 

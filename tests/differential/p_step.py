@@ -1,5 +1,5 @@
 """Whole training steps: a function that calls ``loss.backward()``, the optimizer's ``step()`` and
-``zero_grad()`` is captured as one graph (``aotgrad/frontend/step.py``).
+``zero_grad()`` is captured as one graph (``aotgrad/inputs/step.py``).
 
 Each case is ``(make, steps)``: ``make()`` builds a fresh model, optimizer and batch under one seed
 and returns ``(step_fn, objects, between)``; ``objects`` are the modules and optimizers whose state

@@ -105,7 +105,7 @@ def _refuse_forward_only():
         mode = _TRACING_FORWARD[-1] if _TRACING_FORWARD else None
         if mode is True:
             _refuse_backward()
-        if mode:            # a whole training step is traced: its own backward (frontend.step)
+        if mode:            # a whole training step is traced: its own backward (inputs.step)
             return mode(*args, **kwargs)
         return backward(*args, **kwargs)
 
