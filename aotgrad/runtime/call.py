@@ -9,6 +9,7 @@ recompile, and ``Compiled.__call__`` can raise a typed error.
 from __future__ import annotations
 
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,16 +71,19 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     finish = None if simple else epilogue(analysis, setup.session.grad_enabled)
     needs_symbols = _needs_symbols(analysis)
     quiet = analysis.quiet_writes
+    written = tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet)
 
     def run(flat):
-        versions = [_version(flat[i]) for i in quiet]
+        for i in quiet:
+            _QUIET[id(flat[i])] = flat[i]
+        kept = [(flat[i], _version(flat[i])) for i in (*quiet, *_quiet_unseen(flat, written))]
         values = run_graph(flat)
         outs = list(values) if simple else finish(flat, values, guards.bind(flat) if needs_symbols else None)
         # Written as eager's kernel writes them (batch norm's running statistics): no version bump,
         # so the version eager's backward checks holds whoever wrote them (the graph, the write-back).
-        for i, v in zip(quiet, versions):
+        for t, v in kept:
             if v is not None:
-                set_version_counter(flat[i], v)
+                set_version_counter(t, v)
         if after is not None:
             after(flat, values)
         return unflatten(outs)
@@ -89,6 +93,19 @@ def make_call(captured, run_graph, after=None) -> CallPath:
 
 def _version(t):
     return None if t.is_inference() else t._version       # an inference tensor has no counter
+
+
+# Tensors a compiled program writes without a version bump (eager's batch norm statistics), by id. A
+# program traced under inference mode cannot see versions (its tensors have none): the ones it writes
+# that another program found quiet keep their version too, so that a train-mode batch norm called under
+# inference mode between a forward and its backward does not look like a write (eager's does not).
+_QUIET: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
+def _quiet_unseen(flat, written) -> list:
+    if not written or not _QUIET or not torch.is_inference_mode_enabled():
+        return []
+    return [i for i in written if _QUIET.get(id(flat[i])) is flat[i]]
 
 
 def _generated_match(captured):
