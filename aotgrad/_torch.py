@@ -349,6 +349,14 @@ len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
 
 
+def version_counter(t):
+    """``t``'s version counter, or None: not a tensor, or an inference tensor (it has none)."""
+    try:
+        return t._version if isinstance(t, torch.Tensor) else None
+    except RuntimeError:
+        return None
+
+
 def set_version_counter(t: torch.Tensor, version: int) -> None:
     if t.is_inference():        # an inference tensor (made under inference_mode) has no version counter
         return

@@ -226,6 +226,11 @@ class _Entry:
     def stands_for(self, m: Member) -> bool:
         return all(m.values[i] == v for i, v in self.read)
 
+    @staticmethod
+    def of(m: Member, read, traced=None, why="") -> "_Entry":
+        """The entry for ``m``'s values at the varying attributes ``read`` (indices)."""
+        return _Entry(tuple((i, m.values[i]) for i in sorted(read)), traced, why)
+
 
 @dataclass
 class Reuse:
@@ -279,7 +284,7 @@ class Reuse:
                 for o in self.members.values()):
             why = "its " + ", ".join(".".join(filter(None, m.varying[i])) for i in sorted(read)) + \
                 " differs from every twin's, and the template read it" if self.may_trace else "no template"
-            e = _Entry(tuple((i, m.values[i]) for i in sorted(read or ())), None, why)
+            e = _Entry.of(m, read or (), why=why)
         else:
             e = self._trace(module, m, state, call)
             self.read[m.group] = (read or frozenset()) | {i for i, _ in e.read}
@@ -296,13 +301,11 @@ class Reuse:
                 if not same():
                     raise _Flat("it registers a hook")
         except _Flat as flat:
-            return _Entry(tuple((i, m.values[i]) for i in sorted(read)), None, str(flat))
+            return _Entry.of(m, read, why=str(flat))
         except Exception as e:       # the flat run raises it again, with the user's line
-            return _Entry(tuple((i, m.values[i]) for i in range(len(m.varying))), None,
-                          f"its trace raised {type(e).__name__}")
+            return _Entry.of(m, range(len(m.varying)), why=f"its trace raised {type(e).__name__}")
         finally:
             self.off = False
-        read = tuple((i, m.values[i]) for i in sorted(read))
         where = {id(sub): path for path, sub in m.paths.items()}
         new = [f for k, f in rec.frames.items() if k not in before]
         if _reaches_blocks(new, where, self._block_objects()):
@@ -311,7 +314,7 @@ class Reuse:
         block_graph.TEMPLATES[template.key] = template
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
-        return _Entry(read, Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2])))
+        return _Entry.of(m, read, Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2])))
 
     def count(self) -> int:
         """Block calls that a template stood for in the last trace."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch
+from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, version_counter
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..inputs.flatten import module_state
@@ -43,7 +43,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 if direct_grads else {}, {id(f_ins[i]): i for i in unseen})
             DIRECT.append(direct)
             try:
-                versions = [_version(t) for t in call_ins]
+                versions = [version_counter(t) for t in call_ins]
                 with torch.set_grad_enabled(grad_enabled):
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
@@ -51,7 +51,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 # An input written without a version bump (a batch norm's running statistics): the
                 # runtime puts its version back after the write-back, as eager's kernel never bumps it.
                 joint.quiet = tuple(i for i, (t, v) in enumerate(zip(call_ins, versions))
-                                    if v is not None and analysis.inputs[i].mutates_data and _version(t) == v)
+                                    if v is not None and analysis.inputs[i].mutates_data and version_counter(t) == v)
                 if lay.grad_of:
                     joint.eager_saved = eager_saved_inputs([fw[i] for i in lay.tangent_of], call_ins)
                     backward_begins()
@@ -110,14 +110,6 @@ def eager_saved_inputs(roots, ins) -> tuple:
                         found.add(index[id(t)])
         todo.extend(n for n, _ in node.next_functions)
     return tuple(sorted(found))
-
-
-def _version(t):
-    """``t``'s version counter, or None (not a tensor; an inference tensor has none)."""
-    try:
-        return t._version if isinstance(t, torch.Tensor) else None
-    except RuntimeError:
-        return None
 
 
 def _anchor_user_frames(user_fn) -> None:

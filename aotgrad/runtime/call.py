@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import pytree, set_version_counter
+from .._torch import pytree, set_version_counter, version_counter
 from ..generated import compile_source
 from ..ir.records import ViewMeta
 from .epilogue import epilogue
@@ -76,7 +76,7 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     def run(flat):
         for i in quiet:
             _QUIET[id(flat[i])] = flat[i]
-        kept = [(flat[i], _version(flat[i])) for i in (*quiet, *_quiet_unseen(flat, written))]
+        kept = [(flat[i], version_counter(flat[i])) for i in (*quiet, *_quiet_unseen(flat, written))]
         values = run_graph(flat)
         outs = list(values) if simple else finish(flat, values, guards.bind(flat) if needs_symbols else None)
         # Written as eager's kernel writes them (batch norm's running statistics): no version bump,
@@ -89,10 +89,6 @@ def make_call(captured, run_graph, after=None) -> CallPath:
         return unflatten(outs)
 
     return CallPath(match, run, finish)
-
-
-def _version(t):
-    return None if t.is_inference() else t._version       # an inference tensor has no counter
 
 
 # Tensors a compiled program writes without a version bump (eager's batch norm statistics), by id. A
