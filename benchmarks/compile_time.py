@@ -15,6 +15,7 @@ The *compile* column subtracts a steady-state step (median of a few) from it.
     python -m benchmarks.compile_time --depth     # the GPT depth table
     python -m benchmarks.compile_time --depth --sdpa --systems aotgrad,torch_aot
     python -m benchmarks.compile_time --depth --llama     # the same for HF Llama
+    python -m benchmarks.compile_time --inductor          # Inductor: regional vs whole vs torch.compile
 
 The depth table times capture + compile + first training step of the GPT
 of ``examples.models`` (d=64) at 2, 6, 8 and 32 layers, in this process after a
@@ -195,6 +196,69 @@ def depth_table(times: dict) -> str:
     return "\n".join(lines)
 
 
+INDUCTOR_DEPTHS = (2, 6, 12)
+INDUCTOR_SYSTEMS = ("aotgrad", "aotgrad_whole", "torch_compile")
+INDUCTOR_NAMES = {"aotgrad": 'aotgrad fw_compiler="inductor" (each block compiled once)',
+                  "aotgrad_whole": "aotgrad, whole graphs (no regions)", "torch_compile": "torch.compile()"}
+
+
+def inductor_child(system: str, n_layer: int) -> float:
+    """Seconds from a built SDPA GPT of ``n_layer`` blocks to its first training step done under
+    Inductor, in a process of its own with an empty Inductor cache (the caller's job)."""
+    from dataclasses import replace
+
+    import torch
+
+    from benchmarks.common import train_once
+    from examples import models
+
+    model, args = models.make_gpt(replace(models.GPT_SDPA, n_layer=n_layer))
+    t0 = time.perf_counter()
+    if system == "torch_compile":
+        step = torch.compile(model)
+    else:
+        import aotgrad
+        from aotgrad.runtime import regions
+
+        regions.ENABLED = system == "aotgrad"
+        step = aotgrad.capture(model, *args).compile(fw_compiler="inductor")
+    train_once(step, args)
+    return time.perf_counter() - t0
+
+
+def run_inductor(repeats: int, threads: int, depths=INDUCTOR_DEPTHS, systems=INDUCTOR_SYSTEMS) -> dict:
+    """``{system: {layers: median seconds}}``, each measurement a fresh process and Inductor cache."""
+    import tempfile
+
+    out: dict = {s: {} for s in systems}
+    for n in depths:
+        for system in systems:
+            samples = []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory() as cache:
+                    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}
+                    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--threads", str(threads),
+                           "--inductor-child", system, str(n)]
+                    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                    samples.append(float(res.stdout.strip().splitlines()[-1]))
+            out[system][n] = statistics.median(samples)
+    return out
+
+
+def inductor_table(times: dict) -> str:
+    systems = list(times)
+    depths = list(times[systems[0]])
+    lines = ["| layers | " + " | ".join(INDUCTOR_NAMES[s] for s in systems) + " | aotgrad / torch.compile |",
+             "|---:|" + "---:|" * (len(systems) + 1)]
+    for n in depths:
+        lines.append(f"| {n} | " + " | ".join(f"{times[s][n]:.1f} s" for s in systems)
+                     + f" | {times['aotgrad'][n] / times['torch_compile'][n]:.2f}× |")
+    lo, hi = depths[0], depths[-1]
+    lines.append(f"| {hi} / {lo} layers | " + " | ".join(f"{times[s][hi] / times[s][lo]:.1f}×" for s in systems)
+                 + " | |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -204,7 +268,10 @@ def main():
     p.add_argument("--sdpa", action="store_true", help="the depth table's GPT with F.scaled_dot_product_attention")
     p.add_argument("--llama", action="store_true", help="the depth table for HF Llama (no KV cache)")
     p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
+    p.add_argument("--inductor", action="store_true",
+                   help="first training step under Inductor at 2/6/12 layers (a fresh process and cache each)")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
+    p.add_argument("--inductor-child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(child(a.child)))
@@ -212,6 +279,14 @@ def main():
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.inductor_child:
+        print(inductor_child(a.inductor_child[0], int(a.inductor_child[1])))
+        return
+    if a.inductor:
+        print(f"SDPA GPT (d=64) capture + compile + first step under Inductor, {a.threads} thread(s), "
+              f"median of {a.repeats}, a fresh process and Inductor cache each")
+        print(inductor_table(run_inductor(a.repeats, a.threads)))
+        return
     if a.depth:
         model = "HF Llama (d=64)" if a.llama else f"GPT (d=64{', SDPA' if a.sdpa else ''})"
         print(f"{model} capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")

@@ -8,6 +8,7 @@ warning says why; the other graph of the pair is unaffected.
 from __future__ import annotations
 
 import keyword
+import operator
 import re
 import warnings
 
@@ -17,6 +18,7 @@ import torch.fx as fx
 from .._torch import OpOverload
 from ..partition.graphs import distinct_examples
 from ..passes.cleanup import copy_module
+from ..runtime import regions
 from ..runtime.modes import autocast_off
 from ..scoped import FX_TRACING
 from .graph_info import info_of
@@ -314,9 +316,59 @@ def inductor(gm: fx.GraphModule, example_inputs: list):
         warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because it saves and "
                       "restores the RNG state (torch.random.fork_rng inside the function)", stacklevel=2)
         return gm.forward
+    found = [r for r in regions.repeated(gm.graph, layouts=True) if not all(
+        n.target is operator.getitem or getattr(n.target, "is_view", False) for n in r.nodes)] \
+        if regions.ENABLED else ()
+    if found:
+        return _regional(gm, found)
     try:
         return _compile(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - any Inductor failure means "run this graph eagerly"
         warnings.warn(f"aotgrad inductor backend: running {type(gm).__name__} eagerly because "
                       f"Inductor failed on it: {type(e).__name__}: {e}", stacklevel=2)
         return gm.forward
+
+
+REGION_LAYOUTS = 8      # layouts one repeated block is compiled for before its other calls run eagerly
+
+
+def _regional(gm: fx.GraphModule, found: list):
+    """Regional compilation: each repeated block of ``gm`` (:mod:`..runtime.regions`) compiled by
+    Inductor once and called per copy; what lies between the blocks (embeddings, the head, the
+    loss) runs as the eager backend runs it. A block is compiled when first called, for the layouts
+    its inputs really have (a backward's saved tensors are laid out as Inductor's forward made
+    them), and again for each other layout a copy brings, up to :data:`REGION_LAYOUTS`. Blocks of
+    views alone (a backward's transposed weights) are worth no compile: they run inline."""
+    from .._torch import lazy_graph_module
+    from ..runtime.codegen import python_function
+    fake_mode = _fake_mode_of(gm, [])
+
+    def compile_region(r, name):
+        sub = lazy_graph_module(gm, r.graph(), type(gm).__name__)
+        sub.meta["aotgrad"] = gm.meta.get("aotgrad")
+        return _by_layout(sub, distinct_examples([x.meta.get("val") for x in r.inputs]), fake_mode, name)
+    return python_function(gm, type(gm).__name__.lower(), boxed=_is_backward(gm), compile_region=compile_region,
+                           found=found)
+
+
+def _by_layout(gm: fx.GraphModule, examples: list, fake_mode, name: str):
+    variants: dict = {}
+
+    def run(args):
+        key = tuple((a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor) else None for a in args)
+        fn = variants.get(key)
+        if fn is None:
+            fn = variants[key] = _compiled_or_eager(gm, _as_laid_out(examples, args, fake_mode), fake_mode, name) \
+                if len(variants) < REGION_LAYOUTS else (lambda args: gm.forward(*args))
+        return fn(args)
+    run._boxed_call = True
+    return run
+
+
+def _compiled_or_eager(gm: fx.GraphModule, examples: list, fake_mode, name: str):
+    try:
+        return _compile_inner(gm, examples, fake_mode)
+    except Exception as e:  # noqa: BLE001 - as in ``inductor``: this block runs eagerly
+        warnings.warn(f"aotgrad inductor backend: running {name} eagerly because Inductor failed on it: "
+                      f"{type(e).__name__}: {e}", stacklevel=3)
+        return lambda args: gm.forward(*args)

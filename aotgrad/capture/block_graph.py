@@ -29,6 +29,7 @@ import torch.fx as fx
 from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
 from ..analysis.ops import is_random
 from ..passes import rng_positions
+from ..runtime import regions
 from ..scoped import Stack
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
@@ -277,14 +278,15 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict) -> int:
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
         passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
-            forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs)
+            forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs, (t.key, "fw", call))
             if t.random:
                 assert rng.get(call) is not None, "a block's random ops were stamped without stream positions"
                 for node, at in zip(t.random, rng[call]):
                     rng_positions.tag(env[node], at)
             continue
         kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
-        env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept)
+        env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept,
+                     (t.key, "bw", call))
         for i, g in zip(t.grad_at, t.bw_outs):
             if slots[i]:
                 assert slots[i] not in direct, "a contested gradient was written directly"
@@ -306,13 +308,15 @@ def _write_direct(graph: fx.Graph, direct: dict) -> None:
     out.args = (type(out.args[0])(vals),)
 
 
-def _stamp(graph: fx.Graph, call: fx.Node, env: dict, params, nodes, outs) -> dict:
+def _stamp(graph: fx.Graph, call: fx.Node, env: dict, params, nodes, outs, tag) -> dict:
     """Copy ``nodes`` before ``call`` with ``params`` bound to the call's inputs and other nodes to
-    their copies in ``env``; the call's users read the copies. Returns the copies by template node."""
+    their copies in ``env``, each tagged ``regions.TAG: tag`` (a backend compiles equal copies once);
+    the call's users read the copies. Returns the copies by template node."""
     env = {**env, **dict(zip(params, call.args[0]))}
     with graph.inserting_before(call):
         for n in nodes:
-            env[n] = copy_node(graph, n, env.__getitem__)
+            env[n] = c = copy_node(graph, n, env.__getitem__)
+            c.meta[regions.TAG] = tag
     for u in list(call.users):
         assert u.target is operator.getitem, "a block call's result is read other than by index"
         u.replace_all_uses_with(env[outs[u.args[1]]])

@@ -16,6 +16,7 @@ import torch.fx as fx
 from .. import errors
 from .._torch import OpOverload
 from ..generated import compile_source
+from . import regions
 
 
 class _Emitter:
@@ -91,30 +92,54 @@ def _fetch(gm, target: str):
     return obj
 
 
-def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False):
+def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False, compile_region=None,
+                    found=None):
     """A plain function computing ``gm``; its source is kept on ``fn.source``.
 
     ``boxed``: the function takes one list of inputs and empties it, so each
     input is freed right after its last use (a backward's saved activations)
     instead of living until the call returns; it is marked ``_boxed_call``.
+
+    The copies of one repeated block that :func:`.regions.repeated` finds equal (``found``: those
+    to compile so) are compiled once and called per copy, boxed (what a copy reads last dies inside
+    it): by ``compile_region(region, name)`` (a backend's compiler; their layouts must then be equal
+    too), else as a Python function like this one.
     """
     name = re.sub(r"\W", "_", name)
     name = name if name.isidentifier() else f"graph_{name}"
-    em = _Emitter(gm)
-    nodes = list(gm.graph.nodes)
-    last_use: dict[fx.Node, fx.Node] = {}
-    for n in nodes:
-        for a in n.all_input_nodes:
-            last_use[a] = n
+    if found is None:
+        found = regions.repeated(gm.graph) if regions.ENABLED else ()
+    return _function(gm, gm.graph, name, boxed, found, compile_region or _python_region)
+
+
+def _python_region(r: regions.Region, name: str):
+    return _function(None, r.graph(), name, True, (), None)
+
+
+def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_region):
+    em = _Emitter(root)
+    starts = {r.nodes[0]: r for r in outlined}
+    inside = {n for r in outlined for n in r.nodes}
+    items = [starts.get(n, n) for n in graph.nodes if n in starts or n not in inside]
+    last_use: dict[fx.Node, object] = {}
+    for it in items:
+        for a in (it.inputs if isinstance(it, regions.Region) else it.all_input_nodes):
+            last_use[a] = it
+    compiled: dict = {}     # region key -> the bound name of its function
     params, body, at = [], [], []     # at[i]: the node body line i computes
-    for n in nodes:
+    for n in items:
+        if isinstance(n, regions.Region):
+            body.append(_region_call(em, n, compiled, lambda r, k=n.key: compile_region(r, f"{name}_block{k}"),
+                                     last_use))
+            at.append(None)
+            continue
         var = n.name
         em.names[n] = var
         if n.op == "placeholder":
             params.append(var)
             continue
         if n.op == "get_attr":
-            em.names[n] = em.bind(_fetch(gm, n.target), "a")
+            em.names[n] = em.bind(_fetch(root, n.target), "a")
             continue
         if n.op == "output":
             body.append(f"return {em.arg(tuple(n.args[0]))}")
@@ -139,3 +164,17 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
     fn.source = src
     fn._boxed_call = boxed
     return fn
+
+
+def _region_call(em: _Emitter, r: regions.Region, compiled: dict, compile_region, last_use: dict) -> str:
+    """One line calling the function of ``r``'s key (compiled from the first run of it): its inputs
+    go in a list the function empties, and the caller's names for those read last here go first."""
+    if r.key not in compiled:
+        compiled[r.key] = em.bind(compile_region(r), "block")
+    ins = [em.names[a] for a in r.inputs]
+    dead = [em.names[a] for a in r.inputs if last_use.get(a) is r and a.op != "get_attr"]
+    for o in r.outputs:
+        em.names[o] = o.name
+    outs = "".join(f"{o.name}, " for o in r.outputs)
+    return f"_b = [{', '.join(ins)}]; {'del ' + ', '.join(dead) + '; ' if dead else ''}" \
+           f"{outs}= {compiled[r.key]}(_b)"

@@ -153,3 +153,54 @@ def test_writes_between_forward_and_backward_raise_as_in_eager(pattern):
     from tests.eager_check import check_usage
     check_usage(KINDS["saved_tanh"], USAGES[pattern],
                 compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args).compile(fw_compiler="inductor"))
+
+
+def test_a_repeated_block_is_compiled_per_layout_its_copies_bring(monkeypatch):
+    """Regional compilation compiles a block for the layouts its inputs really have: a copy bringing
+    another layout gets a compile of its own (never another layout's code), up to REGION_LAYOUTS;
+    then the block runs eagerly."""
+    mod = importlib.import_module("aotgrad.backends.inductor")
+    compiled = []
+
+    def fake_compile(gm, examples, fake_mode, name):
+        layout = tuple(e.stride() for e in examples)
+        compiled.append(layout)
+        return lambda args: (("compiled", layout),)
+    monkeypatch.setattr(mod, "_compiled_or_eager", fake_compile)
+    monkeypatch.setattr(mod, "REGION_LAYOUTS", 2)
+    gm = fx.symbolic_trace(lambda a: (torch.ops.aten.mul.Tensor(a, 2.0),))
+    mode = FakeTensorMode()
+    run = mod._by_layout(gm, [mode.from_tensor(torch.randn(4, 3))], mode, "forward_block0")
+    x = torch.randn(4, 3)
+    assert run([x]) == (("compiled", ((3, 1),)),)
+    assert run([torch.randn(3, 4).t()]) == (("compiled", ((1, 4),)),)
+    assert run([x]) == (("compiled", ((3, 1),)),) and len(compiled) == 2
+    y = torch.randn(8, 6)[::2, ::2]
+    (out,) = run([y])       # a third layout: eagerly
+    assert torch.equal(out, y * 2) and len(compiled) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_repeated_blocks_are_compiled_once(monkeypatch, n):
+    """A stack of n blocks compiles each of its forward and backward blocks once (regional
+    compilation), whatever n, and trains like eager; without regions the whole graphs compile."""
+    from aotgrad.runtime import regions
+    mod = importlib.import_module("aotgrad.backends.inductor")
+    compiles = []
+    inner = mod._compile_inner
+
+    def counted(gm, examples, fake_mode):
+        compiles.append(len(gm.graph.nodes))
+        return inner(gm, examples, fake_mode)
+    monkeypatch.setattr(mod, "_compile_inner", counted)
+    make = make_stack(n=n)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="aotgrad inductor backend")
+        check_training(make, steps=2, fw_compiler="inductor", rtol=1e-4, atol=1e-4)
+    regional = len(compiles)
+    assert 2 <= regional <= 4, compiles     # a forward block, one or two backward blocks
+    compiles.clear()
+    monkeypatch.setattr(regions, "ENABLED", False)
+    check_training(make, steps=1, fw_compiler="inductor", rtol=1e-4, atol=1e-4)
+    assert len(compiles) == 2 and max(compiles) > 2 * n, compiles

@@ -1,0 +1,207 @@
+"""Repeated regions (aotgrad.runtime.regions): a repeated block's copies compiled once and called
+per copy. A run is grouped with another only when it computes the same function of its inputs:
+each test here makes two runs that differ in one thing and checks they are not, then that the
+code with regions computes what the inline code computes."""
+import re
+from collections import Counter
+
+import pytest
+import torch
+import torch.fx as fx
+
+import aotgrad
+from aotgrad.runtime import codegen, regions
+from tests.core.test_block_reuse import make_stack
+from tests.eager_check import check_training
+
+aten = torch.ops.aten
+
+
+def _graph(copies):
+    """A graph of consecutive tagged runs: ``copies`` is one dict per run (what to change in it).
+    Each run is ``h = add(mul(h, w), c); h = tanh(h); h = mul(h, 2.0); h = add(h, x)``."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    ws = [g.placeholder(f"w{i}") for i in range(len(copies))]
+    h = g.placeholder("h")
+    for i, c in enumerate(copies):
+        tag = (7, "fw", i)
+        w = x if c.get("same_input") else ws[i]
+        nodes = [g.call_function(aten.mul.Tensor, (h, w)),]
+        nodes.append(g.call_function(aten.add.Tensor, (nodes[-1], x), {"alpha": c.get("alpha", 1)}))
+        nodes.append(g.call_function(aten.tanh.default, (nodes[-1],)))
+        nodes.append(g.call_function(aten.mul.Tensor, (nodes[-1], c.get("scale", 2.0))))
+        nodes.append(g.call_function(aten.add.Tensor, (nodes[-1], x)))
+        for n in nodes:
+            n.meta[regions.TAG] = tag
+            n.meta["val"] = c.get("val", torch.empty(3, 4))
+        h = nodes[-1]
+        if c.get("read_inside"):
+            h = g.call_function(aten.add.Tensor, (h, nodes[1]))
+    g.output((h,))
+    return g
+
+
+def _keys(copies, layouts=False):
+    return [r.key for r in regions.repeated(_graph(copies), layouts=layouts)]
+
+
+def test_equal_runs_share_a_key():
+    assert _keys([{}, {}, {}]) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("change", [
+    {"scale": -2.0},            # another constant
+    {"alpha": True},            # True is not 1 (equal, and hash alike)
+    {"same_input": True},       # an input read twice is one input, not two
+    {"read_inside": True},      # an intermediate read after the run: another output
+], ids=["constant", "bool-vs-int", "wiring", "outputs"])
+def test_a_run_unlike_the_others_is_left_inline(change):
+    assert _keys([{}, {}, change]) == [0, 0]
+
+
+def test_negative_zero_is_another_constant():
+    assert _keys([{"scale": 0.0}, {"scale": -0.0}]) == []
+    assert _keys([{"scale": -0.0}, {"scale": -0.0}]) == [0, 0]
+
+
+def test_layouts_count_only_when_asked():
+    copies = [{}, {"val": torch.empty(4, 3).t()}]
+    assert _keys(copies) == [0, 0]
+    assert _keys(copies, layouts=True) == []
+
+
+def test_symbolic_sizes_make_no_region():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch._dynamo.source import ConstantSource
+    env = ShapeEnv()
+    sym = env.create_symintnode(env.create_symbol(3, ConstantSource("s")), hint=3)
+    assert _keys([{"scale": sym}, {"scale": sym}]) == []
+
+
+def test_short_runs_are_left_inline(monkeypatch):
+    monkeypatch.setattr(regions, "MIN_NODES", 6)
+    assert _keys([{}, {}]) == []
+
+
+def _calls(source: str) -> set:
+    """How many calls each block function of generated code has."""
+    return set(Counter(re.findall(r"= (_block\d+)\(_b\)", source)).values())
+
+
+def _run(g, *args):
+    return codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "forward")(*args)
+
+
+def test_code_with_regions_computes_the_inline_code(monkeypatch):
+    copies = [{}, {"scale": -2.0}, {}, {"same_input": True}, {}]
+    g = _graph(copies)
+    args = [torch.randn(3, 4) for _ in range(2 + len(copies))]
+    fn = codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "forward")
+    assert _calls(fn.source) == {3}, fn.source       # three equal runs call one function
+    monkeypatch.setattr(regions, "ENABLED", False)
+    inline = codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "forward")
+    assert not _calls(inline.source)
+    assert torch.equal(fn(*args)[0], inline(*args)[0])
+
+
+def test_boxed_inputs_die_inside_the_block():
+    """A backward's saved activation read last by a block is freed as the block reads it last, not
+    when the block returns (the caller's name goes before the call)."""
+    g = _graph([{}, {}])
+    fn = codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "backward", boxed=True)
+    assert "_b = [h, w0, x]; del h, w0; " in fn.source, fn.source
+    args = [torch.randn(3, 4) for _ in range(4)]
+    expect = _run(_graph([{}, {}]), *args)
+    assert torch.equal(fn(list(args))[0], expect[0])
+
+
+def _edit_one_copy(captured, call_index: int):
+    """The joint with the ``tanh`` of one block copy's forward made a ``sigmoid`` (its backward is
+    left as it is: only the values matter here, not their meaning)."""
+    gm = captured.joint
+    calls = sorted({n.meta[regions.TAG][2] for n in gm.graph.nodes if regions.TAG in n.meta})
+    edited = 0
+    for n in gm.graph.nodes:
+        if n.meta.get(regions.TAG) is not None and n.meta[regions.TAG][1:] == ("fw", calls[call_index]) \
+                and n.target is aten.gelu.default:
+            n.target = aten.tanh.default
+            n.kwargs = {}
+            edited += 1
+    assert edited == 1
+    gm.recompile()
+    return captured.with_joint(gm)
+
+
+@pytest.mark.parametrize("which", [0, 2, 3])
+def test_an_edited_copy_runs_its_own_code(monkeypatch, which):
+    """A user edit of one copy of the joint makes it unlike its twins: it runs inline, the others
+    still share one function, and the numbers are the inline code's (which differ from unedited)."""
+    model, args = make_stack(n=4)()
+
+    def step(enabled):
+        monkeypatch.setattr(regions, "ENABLED", enabled)
+        compiled = _edit_one_copy(aotgrad.capture(model, *args), which).compile()
+        model.zero_grad()
+        loss = compiled(*args)
+        loss.backward()
+        fw = codegen.python_function(compiled.forward_graph, "forward")
+        return fw.source, loss.detach(), [p.grad.clone() for p in model.parameters()]
+    source, loss, grads = step(True)
+    assert _calls(source) == {3}, source
+    source, loss_inline, grads_inline = step(False)
+    assert not _calls(source), source
+    assert torch.equal(loss, loss_inline) and all(torch.equal(a, b) for a, b in zip(grads, grads_inline))
+    assert not torch.equal(loss, model(*args).detach())
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_stack_trains_like_eager_and_inline(monkeypatch, n):
+    make = make_stack(n=n)
+    model, args = make()
+    compiled = aotgrad.capture(model, *args).compile()
+    found = regions.repeated(compiled.forward_graph.graph), regions.repeated(compiled.backward_graph.graph)
+    assert all(len(f) == n for f in found), [len(f) for f in found]
+    check_training(make, steps=2)
+    loss = compiled(*args)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    monkeypatch.setattr(regions, "ENABLED", False)
+    model.zero_grad()
+    inline = aotgrad.capture(model, *args).compile()
+    loss_inline = inline(*args)
+    loss_inline.backward()
+    assert torch.equal(loss, loss_inline)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
+
+
+def test_an_op_failing_inside_a_block_names_the_users_line():
+    """An op that refuses its inputs at run time inside a compiled block is an OpError naming the
+    block's line, as it is in inline code."""
+    class Gather(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, h, idx):
+            h = self.fc(h).tanh() * 2 + 1
+            return h + h.sum(-1, keepdim=True).tanh() + h.gather(0, idx).sum()   # idx out of range fails here
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Gather() for _ in range(3))
+
+        def forward(self, h, idx):
+            for b in self.blocks:
+                h = b(h, idx)
+            return h.sum()
+    net, h = Net(), torch.randn(3, 4, requires_grad=True)      # every block alike, the first too
+    idx = torch.zeros(3, 4, dtype=torch.long)
+    compiled = aotgrad.capture(net, h, idx).compile()
+    assert _calls(codegen.python_function(compiled.forward_graph, "forward").source) == {3}
+    with pytest.raises(aotgrad.errors.OpError) as e:
+        compiled(h, idx + 7)
+    assert "idx out of range fails here" in str(e.value), str(e.value)
+    assert "gather" in str(e.value)
+
