@@ -197,14 +197,16 @@ def depth_table(times: dict) -> str:
 
 
 INDUCTOR_DEPTHS = (2, 6, 12)
-INDUCTOR_SYSTEMS = ("aotgrad", "aotgrad_whole", "torch_compile")
+INDUCTOR_SYSTEMS = ("aotgrad", "aotgrad_whole", "torch_compile", "eager")
 INDUCTOR_NAMES = {"aotgrad": 'aotgrad fw_compiler="inductor" (each block compiled once)',
-                  "aotgrad_whole": "aotgrad, whole graphs (no regions)", "torch_compile": "torch.compile()"}
+                  "aotgrad_whole": "aotgrad, whole graphs (no regions)", "torch_compile": "torch.compile()",
+                  "eager": "eager"}
 
 
-def inductor_child(system: str, n_layer: int) -> float:
+def inductor_child(system: str, n_layer: int) -> dict:
     """Seconds from a built SDPA GPT of ``n_layer`` blocks to its first training step done under
-    Inductor, in a process of its own with an empty Inductor cache (the caller's job)."""
+    Inductor (``first``), and a steady step after it (``steady``, median of 5), in a process of its
+    own with an empty Inductor cache (the caller's job)."""
     from dataclasses import replace
 
     import torch
@@ -216,6 +218,8 @@ def inductor_child(system: str, n_layer: int) -> float:
     t0 = time.perf_counter()
     if system == "torch_compile":
         step = torch.compile(model)
+    elif system == "eager":
+        step = model
     else:
         import aotgrad
         from aotgrad.runtime import regions
@@ -223,11 +227,12 @@ def inductor_child(system: str, n_layer: int) -> float:
         regions.ENABLED = system == "aotgrad"
         step = aotgrad.capture(model, *args).compile(fw_compiler="inductor")
     train_once(step, args)
-    return time.perf_counter() - t0
+    first = time.perf_counter() - t0
+    return {"first": first, "steady": statistics.median(_seconds(lambda: train_once(step, args)) for _ in range(5))}
 
 
 def run_inductor(repeats: int, threads: int, depths=INDUCTOR_DEPTHS, systems=INDUCTOR_SYSTEMS) -> dict:
-    """``{system: {layers: median seconds}}``, each measurement a fresh process and Inductor cache."""
+    """``{system: {layers: {first, steady}}}`` (medians), each measurement a fresh process and cache."""
     import tempfile
 
     out: dict = {s: {} for s in systems}
@@ -240,22 +245,23 @@ def run_inductor(repeats: int, threads: int, depths=INDUCTOR_DEPTHS, systems=IND
                     cmd = [sys.executable, "-m", "benchmarks.compile_time", "--threads", str(threads),
                            "--inductor-child", system, str(n)]
                     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-                    samples.append(float(res.stdout.strip().splitlines()[-1]))
-            out[system][n] = statistics.median(samples)
+                    samples.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            out[system][n] = {k: statistics.median(x[k] for x in samples) for k in ("first", "steady")}
     return out
 
 
 def inductor_table(times: dict) -> str:
     systems = list(times)
     depths = list(times[systems[0]])
-    lines = ["| layers | " + " | ".join(INDUCTOR_NAMES[s] for s in systems) + " | aotgrad / torch.compile |",
-             "|---:|" + "---:|" * (len(systems) + 1)]
+    head = " | ".join(f"{INDUCTOR_NAMES[s]}: first / steady" for s in systems)
+    lines = [f"| layers | {head} | aotgrad / torch.compile: first, steady |", "|---:|" + "---:|" * (len(systems) + 1)]
     for n in depths:
-        lines.append(f"| {n} | " + " | ".join(f"{times[s][n]:.1f} s" for s in systems)
-                     + f" | {times['aotgrad'][n] / times['torch_compile'][n]:.2f}× |")
+        cells = " | ".join(f"{times[s][n]['first']:.1f} s / {times[s][n]['steady'] * 1e3:.1f} ms" for s in systems)
+        a, t = times["aotgrad"][n], times["torch_compile"][n]
+        lines.append(f"| {n} | {cells} | {a['first'] / t['first']:.2f}×, {a['steady'] / t['steady']:.2f}× |")
     lo, hi = depths[0], depths[-1]
-    lines.append(f"| {hi} / {lo} layers | " + " | ".join(f"{times[s][hi] / times[s][lo]:.1f}×" for s in systems)
-                 + " | |")
+    lines.append(f"| {hi} / {lo} layers, first step | "
+                 + " | ".join(f"{times[s][hi]['first'] / times[s][lo]['first']:.1f}×" for s in systems) + " | |")
     return "\n".join(lines)
 
 
@@ -280,11 +286,11 @@ def main():
 
     torch.set_num_threads(a.threads)
     if a.inductor_child:
-        print(inductor_child(a.inductor_child[0], int(a.inductor_child[1])))
+        print(json.dumps(inductor_child(a.inductor_child[0], int(a.inductor_child[1]))))
         return
     if a.inductor:
-        print(f"SDPA GPT (d=64) capture + compile + first step under Inductor, {a.threads} thread(s), "
-              f"median of {a.repeats}, a fresh process and Inductor cache each")
+        print(f"SDPA GPT (d=64) capture + compile + first step under Inductor, then a steady step, {a.threads} "
+              f"thread(s), median of {a.repeats}, a fresh process and Inductor cache each")
         print(inductor_table(run_inductor(a.repeats, a.threads)))
         return
     if a.depth:

@@ -92,6 +92,7 @@ class Template:
     views: tuple = ()        # per block output: None (plain) or the OutputInfo of a view of a returned base
     random: tuple = ()       # the forward's random nodes, in draw order
     random_devices: tuple = ()
+    summed: tuple = ()       # input positions with a gradient that the forward uses more than once
 
 
 def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of, views=()) -> Template:
@@ -114,10 +115,11 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
     assert all(v in fw_set or v in primals for v in fw_vals), "a block output depends on a tangent"
     fw_outs = tuple(fw_vals)
     random = tuple(n for n in fw_nodes if is_random(n))
+    summed = tuple(i for i in grad_at if sum(u in fw_set for u in primals[i].users) > 1)
     return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
                     tuple(primals) + tuple(tangents), bw_outs, grad_at,
                     tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views,
-                    random, tuple(rng_positions.node_device(n) for n in random))
+                    random, tuple(rng_positions.node_device(n) for n in random), summed)
 
 
 class Direct:
@@ -147,6 +149,7 @@ class Direct:
         self.missed = False
         self.calls: dict = {}       # node number -> (call, bound, direct), for the fake kernel and inline_blocks
         self.rng: dict = {}         # forward call number -> stream positions of its random nodes
+        self.origins: dict = {}     # forward call number -> the call it stands for (blocks.Reuse.call)
 
     def claim(self, ins) -> tuple:
         slots = tuple(self.slots.get(id(x), 0) for x in ins)
@@ -190,6 +193,20 @@ class UnseenUsed(Exception):
 DIRECT = Stack("aotgrad.direct_grads")      # the joint tracing in this thread (innermost last)
 
 
+class FlatCall(Exception):
+    """The joint trace found that a template cannot stand for the block call ``origin`` (see
+    ``blocks.Reuse.call``) bit for bit, for ``why``; the joint is traced again with that call flat.
+    An output's gradient that is not contiguous (a permute after the block, the ``expand`` of a
+    ``sum()``: the template's backward was traced for a contiguous one, and a matmul of another
+    layout sums in another order), or an input the template uses twice that also reaches
+    something else (the template sums the two uses' gradients before the rest is added; a flat
+    trace adds all of them in the order they come)."""
+
+    def __init__(self, origin, why: str):
+        super().__init__(f"block call {origin}: {why}")
+        self.origin, self.why = origin, why
+
+
 class SharedGradient(Exception):
     """A directly written gradient also has another contribution: the joint is traced again
     without direct gradients, so that autograd adds them up in a flat trace's order."""
@@ -206,15 +223,17 @@ class BlockFunction(torch.autograd.Function):
     aotgrad_returns_fresh = True        # never an input or a view of one (runtime.hooks.custom_view)
 
     @staticmethod
-    def forward(ctx, key, bound, slots, direct, *ins):
+    def forward(ctx, key, origin, bound, slots, direct, *ins):
         t = TEMPLATES[key]
         ctx.key, ctx.call, ctx.bound, ctx.slots, ctx.direct = key, next(_calls), bound, slots, direct
+        ctx.origin = origin
         passed = [x for x, b in zip(ins, bound) if b < 0]
         if direct is None:
             # The metadata pass (no joint traced): outputs of the right layout are all it needs.
             res = [FunctionalTensor.to_functional(f) for f in fresh_fakes(detect_fake_mode(), t.fw_metas)]
         else:
             direct.record(ctx.call, ctx.call, bound, (0,) * len(bound))
+            direct.origins[ctx.call] = origin
             if t.random:    # the stamped copies draw here in eager's stream: take their places now
                 direct.rng[ctx.call] = rng_positions.reserve(t.random_devices)
             # The node is replaced by the template's copies, which have their stack traces.
@@ -231,10 +250,13 @@ class BlockFunction(torch.autograd.Function):
             # The program's own autograd.grad/backward: it needs the gradients of unseen inputs.
             ctx.direct.missed = True
             raise UnseenUsed("autograd inside the program reaches a block's unseen inputs")
+        if any(g is not None and not g.is_contiguous() for g in grads):
+            raise FlatCall(ctx.origin, "an output's gradient is not contiguous (its template's backward "
+                                       "takes a contiguous one)")
         held = list(ctx.saved_tensors)
         # The template's backward was traced for contiguous tangents (as the joint's are); its ops
-        # (views, reshapes) assume that layout.
-        tangents = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+        # (views, reshapes) assume that layout. A missing one is zeros.
+        tangents = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                     for g, (shape, _, dtype, device) in ((grads[i], t.fw_metas[i]) for i in t.differentiable)]
         # A backward of its own number: the program's autograd.grad and the joint's may both run it.
         number, direct = next(_calls), (0,) * t.n_in
@@ -246,29 +268,30 @@ class BlockFunction(torch.autograd.Function):
         out: list = [None] * t.n_in
         for i, g in zip((i for i in t.grad_at if not direct[i]), got):
             out[i] = g
-        return (None, None, None, None, *out)
+        return (None, None, None, None, None, *out)
 
 
-def apply(t: Template, ins: list) -> list:
-    """The block's outputs for this call's state and arguments."""
+def apply(t: Template, ins: list, origin) -> list:
+    """The block's outputs for this call's state and arguments; ``origin`` names the call."""
     direct = DIRECT[-1] if DIRECT else None
     if direct is None:
-        return list(BlockFunction.apply(t.key, (-1,) * len(ins), (0,) * len(ins), None, *ins))
-    return list(BlockFunction.apply(t.key, direct.bound(ins), direct.claim(ins), direct, *ins))
+        return list(BlockFunction.apply(t.key, origin, (-1,) * len(ins), (0,) * len(ins), None, *ins))
+    return list(BlockFunction.apply(t.key, origin, direct.bound(ins), direct.claim(ins), direct, *ins))
 
 
 def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict) -> int:
+def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict) -> int:
     """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
     and write the direct gradients into the output; returns how many. ``recorded``: the trace's
     :attr:`Direct.calls`; ``rng``: its :attr:`Direct.rng` (each call's random nodes' stream
-    positions). Raises :class:`SharedGradient`."""
+    positions); ``origins``: its :attr:`Direct.origins`. Raises :class:`SharedGradient`, :class:`FlatCall`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
     inputs = list(gm.graph.find_nodes(op="placeholder"))
+    _refuse_summed_reaching_more(calls, recorded, origins, fw_op)
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
     direct: dict = {}       # output slot -> the gradient's node
     for n in calls:
@@ -296,6 +319,35 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict) -> int:
     if calls:
         gm.recompile()
     return len(direct)
+
+
+def _refuse_summed_reaching_more(calls: list, recorded: dict, origins: dict, fw_op) -> None:
+    """Raise :class:`FlatCall` where a block call's input that its template uses twice (and
+    so sums the gradients of) is read by anything but that call's own block nodes."""
+    own: dict = {}      # call number -> its block_fw and block_bw nodes
+    for n in calls:
+        own.setdefault(recorded[n.args[2]][0], set()).add(n)
+    for n in calls:
+        t = TEMPLATES[n.args[1]]
+        if n.target is not fw_op or not t.summed:
+            continue
+        call, unseen, _ = recorded[n.args[2]]
+        passed = [i for i, b in enumerate(unseen) if b < 0]    # template input positions the node takes
+        for x, i in zip(n.args[0], passed):
+            if i in t.summed and any(u not in own[call] and not _reads_layout_only(u) for u in x.users):
+                raise FlatCall(origins[call], "an input it uses twice reaches more than the block (the "
+                                              "template would sum its two gradients before the others)")
+
+
+def _reads_layout_only(n: fx.Node) -> bool:
+    """A node that reads its first argument's sizes alone (``rand_like(x)``, ``x.size(0)``): no
+    gradient comes back through it."""
+    return n.op == "call_function" and getattr(n.target, "_overloadpacket", None) in _LAYOUT_ONLY
+
+
+_LAYOUT_ONLY = {getattr(torch.ops.aten, name) for name in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")}
 
 
 def _write_direct(graph: fx.Graph, direct: dict) -> None:

@@ -246,18 +246,28 @@ class Reuse:
     ran_flat: set = field(default_factory=set)      # id of each member a call of which ran flat
     why: dict = field(default_factory=dict)         # block class name -> why a call of it ran flat
     objects: frozenset | None = None                # ids of every member's modules (_block_objects)
+    refused: dict = field(default_factory=dict)     # call -> why it runs flat (block_graph.FlatCall)
+    seen: dict = field(default_factory=dict)        # member id -> its calls so far in this trace
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
         if m is None or self.off:
             return _FLAT["call"](module, *args, **kwargs)
+        origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
+        self.seen[id(module)] = origin[1] + 1
         state = [md[kind][attr] for md, kind, attr in m.firsts]
         call = _Call.of(args, kwargs)
         try:
+            ins = (*state, *call.tensors)
+            if len({id(t) for t in ins}) < len(ins):
+                # Its trace would sum the gradients of the two uses inside, a template's outside: other bits.
+                raise _Flat("it is given one tensor twice")
             e = self._entry(_call_key(m, state, call), module, m, state, call)
         except _Flat as flat:
             e = _Entry((), None, str(flat))
         hit = e.traced
+        if hit is not None and origin in self.refused:
+            e, hit = _Entry((), None, self.refused[origin]), None
         if hit is None:
             self.ran_flat.add(id(module))
             self.why.setdefault(type(module).__name__, e.why)
@@ -267,7 +277,7 @@ class Reuse:
         if module is not hit.owner and self.recording is not None:
             _replay_reads(self.recording, hit.frames, m.paths)
         with reads.paused():        # our Function and kernel: no user code runs in them
-            outs = block_graph.apply(hit.template, [*state, *call.tensors])
+            outs = block_graph.apply(hit.template, [*state, *call.tensors], origin)
         return pytree.tree_unflatten(_with_views(outs, hit.template.views), hit.template.out_spec)
 
     def _entry(self, key, module, m: Member, state, call) -> _Entry:

@@ -24,7 +24,7 @@ from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
-from .block_graph import SharedGradient, UnseenUsed, inline_blocks
+from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
 from .blocks import reusing, unseen_inputs
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import layout
@@ -143,9 +143,11 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
 
     Tried in order: blocks' own parameters unseen by the trace and their gradients written
     directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
-    attempt that cannot stand for the program is dropped for the next."""
+    attempt that cannot stand for the program is dropped for the next. A call a template cannot
+    stand for bit for bit (:class:`.block_graph.FlatCall`) runs flat, and the attempts start again."""
     def trace(direct: bool, unseen: frozenset):
         reuse.calls = reuse.whole = 0
+        reuse.seen.clear()
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
             direct_grads=direct, unseen=unseen)))
@@ -158,6 +160,17 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
     if reuse.members:
         unseen = unseen_inputs(reuse, setup, analysis)
         attempts = [(True, unseen)] * bool(unseen) + [(True, frozenset())] + attempts
+    while True:
+        try:
+            return _first_standing(trace, attempts)
+        except (errors.AotgradError, FlatCall) as e:
+            flat = e if isinstance(e, FlatCall) else e.__cause__
+            if not isinstance(flat, FlatCall) or flat.origin in reuse.refused:
+                raise
+            reuse.refused[flat.origin] = flat.why     # it runs flat in the next trace
+
+
+def _first_standing(trace, attempts):
     for direct, unseen in attempts[:-1]:
         try:
             return trace(direct, unseen)
@@ -167,9 +180,13 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
             # A stand-in may have failed in a way that hid it (an error of the program's own, a
             # constant): the next attempt, with every input seen, decides. Without stand-ins an
             # error is the program's.
-            if not unseen and not isinstance(e.__cause__, UnseenUsed):
+            if not unseen and not _cause(e, UnseenUsed) or _cause(e, FlatCall):
                 raise
     return trace(*attempts[-1])
+
+
+def _cause(e: BaseException, kind) -> bool:
+    return isinstance(e, kind) or isinstance(e.__cause__, kind)
 
 
 def _refuse_used_inner_leaves(joint, analysis) -> None:

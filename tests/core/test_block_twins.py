@@ -35,6 +35,18 @@ REUSED = {
     "blocks_view_output_reshaped_and_returned": 2,
     "blocks_dropout": 4, "blocks_dropout_between_random_ops": 3,
     "blocks_dropout_one_checkpointed": 2,       # the checkpointed call runs flat (saved-tensor hooks)
+    "blocks_first_input_column_major": 0,       # column-major gradients: each call runs flat
+    "blocks_one_call_passes_one_tensor_twice": 3,       # the call given x twice runs flat
+    "blocks_input_used_twice_inside_and_shared": 0,
+    "blocks_one_intermediate_read_after_its_call": 3,   # block 1's kept output has an expand as gradient
+}
+
+# The forward's copies that share one compiled block (runtime/regions.py): (by the eager backend,
+# by a compiler that specialises on layouts). The copy unlike its twins runs its own code.
+REGIONS = {
+    "blocks_one_call_passes_one_tensor_twice": (3, 3), "blocks_one_intermediate_read_after_its_call": (3, 3),
+    "blocks_input_with_grad": (3, 3), "blocks_input_without_grad": (2, 2),      # block 0 saves less
+    "blocks_first_input_column_major": (0, 0),
 }
 
 
@@ -60,6 +72,9 @@ WHY = {
     "blocks_dropout_one_checkpointed": ("Dropped", "a checkpoint"),
     "blocks_signed_zero_attribute": ("Block", "its eps differs"),
     "blocks_input_with_grad": None,
+    "blocks_first_input_column_major": ("Block", "an output's gradient is not contiguous"),
+    "blocks_input_used_twice_inside_and_shared": ("PairTwice", "an input it uses twice reaches more than the block"),
+    "blocks_one_call_passes_one_tensor_twice": ("Pair", "it is given one tensor twice"),
 }
 
 
@@ -106,3 +121,12 @@ def test_scalars_changed_after_the_first_call_are_seen_where_a_block_reads_them(
     for change in changes:
         change()
         torch.testing.assert_close(step(x), m(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(REGIONS))
+def test_copies_share_a_compiled_block_only_where_equal(name):
+    from aotgrad.runtime import regions
+    fn, args, kwargs = PROGRAMS[name].make()
+    fw = aotgrad.capture(fn, *args, **kwargs).compile().forward_graph.graph
+    found = [len(regions.repeated(fw)), len(regions.repeated(fw, layouts=True))]
+    assert tuple(found) == REGIONS[name]

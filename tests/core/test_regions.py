@@ -199,7 +199,8 @@ def test_an_op_failing_inside_a_block_names_the_users_line():
     net, h = Net(), torch.randn(3, 4, requires_grad=True)      # every block alike, the first too
     idx = torch.zeros(3, 4, dtype=torch.long)
     compiled = aotgrad.capture(net, h, idx).compile()
-    assert _calls(codegen.python_function(compiled.forward_graph, "forward").source) == {3}
+    # The last block runs flat (its output's gradient is the expand of a sum), the others share one.
+    assert _calls(codegen.python_function(compiled.forward_graph, "forward").source) == {2}
     with pytest.raises(aotgrad.errors.OpError) as e:
         compiled(h, idx + 7)
     assert "idx out of range fails here" in str(e.value), str(e.value)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .programs import fn, program, r
+from .programs import fn, program, r, transposed_leaf
 
 G = "blocks"
 
@@ -441,3 +441,63 @@ def _(n=4):
                 x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
             return self.head(x)
     return fn(Checked([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+# Calls a template cannot stand for bit for bit run flat (block_graph.FlatCall), and copies compiled
+# once (runtime/regions.py) must be equal, not merely stamped from one template: column-major
+# activations (their gradients are too), one tensor passed twice, a tensor used twice inside each
+# block and shared by all, an intermediate read after one call only (another output of that copy,
+# and a gradient that is an ``expand``).
+@program("blocks_first_input_column_major", G, must_match=True)
+def _(n=4):
+    return fn(_stack(n_blocks=4), transposed_leaf(n, 4, rg=True))
+
+
+class Pair(Block):
+    def forward(self, x, y):
+        return x + self.fc(y).tanh()
+
+
+class PairTwice(Block):
+    def forward(self, x, y):
+        return x + self.fc(y).tanh() * y        # y twice: the template sums its two gradients
+
+
+@program("blocks_one_call_passes_one_tensor_twice", G, must_match=True)
+def _(n=4):
+    class Twice(Stack):
+        def forward(self, x):
+            h = x * 2
+            for i, b in enumerate(self.blocks):
+                x = b(x, x if i == 2 else h)
+            return self.head(x)
+    return fn(Twice([Pair() for _ in range(4)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+@program("blocks_input_used_twice_inside_and_shared", G, must_match=True)
+def _(n=4):
+    class Shared(Stack):
+        def forward(self, x):
+            h = x * 2
+            for b in self.blocks:
+                x = b(x, h)     # h's gradient: two per block, added up across blocks
+            return self.head(x)
+    return fn(Shared([PairTwice() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+class Both(Block):
+    def forward(self, x, eps=None):
+        h = self.fc(x)          # not saved for the backward: read after the call only where the caller keeps it
+        return x + h.tanh() * 2, h
+
+
+@program("blocks_one_intermediate_read_after_its_call", G, must_match=True)
+def _(n=4):
+    class Read(Stack):
+        def forward(self, x):
+            kept = None
+            for i, b in enumerate(self.blocks):
+                x, h = b(x)
+                kept = h if i == 1 else kept
+            return self.head(x) + kept.sum()
+    return fn(Read([Both() for _ in range(4)], nn.Linear(4, 3)), r(n, 4, rg=True))
