@@ -16,6 +16,7 @@ from .options import CompileOptions
 from .runtime.call import make_call
 from .runtime.epilogue import eager_layout
 from .runtime.modes import without_autocast
+from .runtime.regions import DONE as REGIONS_DONE
 from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
 from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply, retaining, saved_input_views, version_checks
@@ -26,9 +27,15 @@ def _examples(gm) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _compile(compiler, gm, info: GraphInfo):
+def _compile(compiler, gm, info: GraphInfo, step: dict | None = None):
+    """``compiler``'s function of ``gm``; ``step``: the history step's info, which gets the copies of
+    repeated blocks the backend called one compiled function for (``blocks compiled once``)."""
     gm.meta["aotgrad"] = info
-    return without_autocast(compiler(gm, _examples(gm)), backward=info.kind == "backward")
+    gm.meta.pop(REGIONS_DONE, None)     # a graph compiled again (a stored partition) says it anew
+    fn = compiler(gm, _examples(gm))
+    if step is not None and gm.meta.get(REGIONS_DONE):
+        step["blocks compiled once"] = gm.meta[REGIONS_DONE]
+    return without_autocast(fn, backward=info.kind == "backward")
 
 
 def _with_grad(run):
@@ -53,8 +60,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         part, fw_gm, bw_gm = None, captured.joint, None
         if options.fw_compiler == "inductor" and captured.setup.rebase is None:
             fw_gm = writes_in_graph(fw_gm, captured.analysis)     # fused into the kernels that compute them
-        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured))),
+        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)) as step:
+            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured)), step),
                               captured.analysis, fw_gm)
 
         def run(flat):
@@ -70,11 +77,11 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
             part = partitioner(joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = part.forward, part.backward
-        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)):
-            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part))),
+        with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)) as step:
+            fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)), step),
                               captured.analysis, fw_gm)
-        with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)):
-            bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)))
+        with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)) as step:
+            bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)), step)
         retained = retained_outputs(captured)
         saved_views = saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors)
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,

@@ -109,7 +109,9 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
     name = name if name.isidentifier() else f"graph_{name}"
     if found is None:
         found = regions.repeated(gm.graph) if regions.ENABLED else ()
-    return _function(gm, gm.graph, name, boxed, found, compile_region or _python_region)
+    fn = _function(gm, gm.graph, name, boxed, found, compile_region or _python_region)
+    regions.used(gm, found)
+    return fn
 
 
 def _python_region(r: regions.Region, name: str):

@@ -26,6 +26,7 @@ import torch.fx as fx
 TAG = "aotgrad_block"       # node.meta[TAG]: (template key, "fw" or "bw", call number) of a stamped copy
 MIN_NODES = 4               # shorter runs cost more as a call than inline
 ENABLED = True              # tests turn it off to compare with the inline code
+DONE = "aotgrad regions"    # graph.meta[DONE]: "{k} for {copies} copies", set by the code that used them
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,13 @@ def repeated(graph: fx.Graph, layouts: bool = False) -> list[Region]:
         if keys[shape] > 1:
             out.append(Region(tuple(nodes), inputs, outputs, numbers.setdefault(shape, len(numbers))))
     return out
+
+
+def used(gm: fx.GraphModule, found: list) -> None:
+    """Note on ``gm`` (its ``meta[DONE]``, read into the compile step's history) the regions its code
+    calls compiled blocks for."""
+    if found:
+        gm.meta[DONE] = f"{len({r.key for r in found})} for {len(found)} copies"
 
 
 def _runs(graph: fx.Graph) -> list[list[fx.Node]]:

@@ -162,6 +162,8 @@ def test_stack_trains_like_eager_and_inline(monkeypatch, n):
     compiled = aotgrad.capture(model, *args).compile()
     found = regions.repeated(compiled.forward_graph.graph), regions.repeated(compiled.backward_graph.graph)
     assert all(len(f) == n for f in found), [len(f) for f in found]
+    said = {s.name: s.info.get("blocks compiled once") for s in compiled.history if s.name.startswith("compile")}
+    assert said == {"compile forward": f"1 for {n} copies", "compile backward": f"1 for {n} copies"}
     check_training(make, steps=2)
     loss = compiled(*args)
     loss.backward()
@@ -169,6 +171,7 @@ def test_stack_trains_like_eager_and_inline(monkeypatch, n):
     monkeypatch.setattr(regions, "ENABLED", False)
     model.zero_grad()
     inline = aotgrad.capture(model, *args).compile()
+    assert not any(s.info.get("blocks compiled once") for s in inline.history)
     loss_inline = inline(*args)
     loss_inline.backward()
     assert torch.equal(loss, loss_inline)
