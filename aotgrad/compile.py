@@ -10,6 +10,7 @@ import torch
 from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
+from .partition.graphs import distinct_examples
 from .passes.compact_saved import compact_saved
 from .passes.input_writes import writes_in_graph
 from .options import CompileOptions
@@ -23,8 +24,12 @@ from .runtime.function import autograd_function, fast_apply, retaining, saved_in
 from .scoped import GC_PAUSED
 
 
-def _examples(gm) -> list:
-    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+def _examples(gm, compiler) -> list:
+    """The placeholders' values, for a compiler that may retrace with them: one example per
+    placeholder (copies of a block template share their values, and make_fx maps examples to inputs
+    by object). The eager backend reads none of them."""
+    values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    return values if compiler is backends.eager else distinct_examples(values)
 
 
 def _compile(compiler, gm, info: GraphInfo, step: dict | None = None):
@@ -32,7 +37,7 @@ def _compile(compiler, gm, info: GraphInfo, step: dict | None = None):
     repeated blocks the backend called one compiled function for (``blocks compiled once``)."""
     gm.meta["aotgrad"] = info
     gm.meta.pop(REGIONS_DONE, None)     # a graph compiled again (a stored partition) says it anew
-    fn = compiler(gm, _examples(gm))
+    fn = compiler(gm, _examples(gm, compiler))
     if step is not None and gm.meta.get(REGIONS_DONE):
         step["blocks compiled once"] = gm.meta[REGIONS_DONE]
     return without_autocast(fn, backward=info.kind == "backward")

@@ -50,10 +50,9 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    examples = distinct_examples([n.meta.get("val") for n in inputs])
-    for n, val in zip(inputs, examples):
+    for n in inputs:
         env[n] = g.placeholder(n.name)
-        env[n].meta = {**n.meta, "val": val} if "val" in n.meta else dict(n.meta)
+        env[n].meta = dict(n.meta)
 
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:            # constants are copied into every graph that reads them
@@ -73,9 +72,10 @@ def distinct_examples(values: list) -> list:
     """``values`` with every fake tensor that appeared earlier in the list replaced by a new one
     of the same layout.
 
-    Copies of one repeated block's template share their nodes' values; a compiler that retraces
-    with the placeholders' values as examples (Inductor, any ``make_fx``-based backend) maps
-    inputs to placeholders by object, and would read one input wherever the other is used."""
+    Copies of one repeated block's template share their nodes' values (so do the placeholders of
+    the graphs :func:`extract` makes); a compiler that retraces with the placeholders' values as
+    examples (Inductor, any ``make_fx``-based backend) maps inputs to placeholders by object, and
+    would read one input wherever the other is used."""
     seen: set = set()
     out = []
     for v in values:

@@ -197,17 +197,18 @@ def test_compiled_graphs_give_each_placeholder_its_own_example():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def retracing(gm, examples):
+        vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        shared.append(len({id(v) for v in vals}) < len(vals))
+        assert len({id(e) for e in examples}) == len(examples), "two placeholders were given one example"
         with examples[0].fake_mode:
             return make_fx(gm, decomposition_table={})(*examples)
 
+    shared = []
     make = make_stack(n=3)
     model, args = make()
-    part = aotgrad.capture(model, *args).compile().partition
     assert reused(aotgrad.capture(model, *args)) == 3
-    for gm in (part.forward, part.backward):
-        vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-        assert len({id(v) for v in vals}) == len(vals)
     check_training(make, steps=2, fw_compiler=retracing)
+    assert any(shared), "no graph had placeholders sharing a value: the test tests nothing"
 
 
 def _direct(captured) -> int:
