@@ -177,6 +177,5 @@ def _region_call(em: _Emitter, r: regions.Region, compiled: dict, compile_region
     dead = [em.names[a] for a in r.inputs if last_use.get(a) is r and a.op != "get_attr"]
     for o in r.outputs:
         em.names[o] = o.name
-    outs = "".join(f"{o.name}, " for o in r.outputs)
-    return f"_b = [{', '.join(ins)}]; {'del ' + ', '.join(dead) + '; ' if dead else ''}" \
-           f"{outs}= {compiled[r.key]}(_b)"
+    outs = "".join(f"{o.name}, " for o in r.outputs) + "= " * bool(r.outputs)    # none: random draws alone
+    return f"_b = [{', '.join(ins)}]; {'del ' + ', '.join(dead) + '; ' if dead else ''}{outs}{compiled[r.key]}(_b)"

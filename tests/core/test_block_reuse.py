@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import aotgrad
 from aotgrad import errors
-from aotgrad.capture import block_graph, blocks
+from aotgrad.capture import block_graph, block_groups, blocks
 from examples import models
 from tests.eager_check import check_training
 
@@ -97,7 +97,7 @@ def test_a_block_with_another_value_of_an_attribute_it_reads_runs_its_own_code()
     # it stands only for the three blocks with 0.5; block 2, the only one with 2.0, runs flat.
     def edit(m):
         m.blocks[2].scale = 2.0
-    groups = blocks.find_groups(make_stack(edit=edit)()[0])
+    groups = block_groups.find_groups(make_stack(edit=edit)()[0])
     assert len(groups) == 4 and {m.varying for m in groups.values()} == {(("", "scale"),)}
     assert compiled_and_reused(make_stack(edit=edit)) == 3
 

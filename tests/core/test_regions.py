@@ -86,7 +86,7 @@ def test_short_runs_are_left_inline(monkeypatch):
 
 def _calls(source: str) -> set:
     """How many calls each block function of generated code has."""
-    return set(Counter(re.findall(r"= (_block\d+)\(_b\)", source)).values())
+    return set(Counter(re.findall(r"[=;] (_block\d+)\(_b\)", source)).values())
 
 
 def _run(g, *args):
@@ -103,6 +103,22 @@ def test_code_with_regions_computes_the_inline_code(monkeypatch):
     inline = codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "forward")
     assert not _calls(inline.source)
     assert torch.equal(fn(*args)[0], inline(*args)[0])
+
+
+def test_a_block_whose_values_nothing_reads_still_runs():
+    """Runs read by nothing after them (random draws kept for the stream) are called for their effect."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    for i in range(2):
+        h = x
+        for _ in range(4):
+            h = g.call_function(aten.mul.Tensor, (h, 2.0))
+            h.meta[regions.TAG] = (3, "fw", i)
+    g.output((x,))
+    fn = codegen.python_function(fx.GraphModule(torch.nn.Module(), g), "forward")
+    assert _calls(fn.source) == {2}, fn.source
+    x = torch.randn(3)
+    assert fn(x)[0] is x
 
 
 def test_boxed_inputs_die_inside_the_block():

@@ -1,0 +1,157 @@
+"""Which submodules are twins: the structural keys :mod:`.blocks` groups repeated blocks by.
+
+:func:`find_groups` sorts a module's submodules by structure: same class, same non-tensor
+attributes (by value, or by identity for objects; plain scalars such as ``layer_idx`` by type,
+their values kept per :class:`Member`), same parameters and buffers (shape, stride, dtype,
+device, requires_grad, tying), no hooks, recursively.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime.call import bits
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+_OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
+
+
+class _Unlike(Exception):
+    """A value no structural key can stand for (a tensor attribute): the module is not reused."""
+
+
+def _value_key(v, depth=0):
+    if depth > 8:
+        raise _Unlike
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return (type(v), bits(v))      # floats by their bits: blocks with 0.0 and -0.0 are not twins
+    if isinstance(v, torch.Tensor):
+        raise _Unlike
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(_value_key(x, depth + 1) for x in v))
+    if isinstance(v, (set, frozenset)):
+        return (type(v), tuple(sorted(repr(_value_key(x, depth + 1)) for x in v)))
+    if isinstance(v, dict):
+        return (type(v), tuple((repr(k), _value_key(x, depth + 1)) for k, x in v.items()))
+    if isinstance(v, torch.nn.Module):
+        raise _Unlike
+    return ("id", id(v))    # functions, configs, anything else: the very same object
+
+
+def _tensor_key(t):
+    if t is None:
+        return None
+    if type(t) not in (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter)):
+        raise _Unlike       # a tensor subclass: the template's plain fakes would not stand for it
+    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf)
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _module_key(m: torch.nn.Module, keys: dict):
+    """Structural key of ``m`` (cached in ``keys`` by id); raises :class:`_Unlike`. A plain scalar
+    attribute (``layer_idx``, ``p``, ``training``) counts by its type here; its value is one of
+    the block's :func:`_scalars`, which templates compare when their trace read it."""
+    hit = keys.get(id(m))
+    if hit is not None:
+        return hit
+    if any(getattr(m, h, None) for h in _HOOKS):
+        raise _Unlike
+    attrs = tuple((k, ("scalar", type(v)) if type(v) in _SCALARS else _value_key(v))
+                  for k, v in m.__dict__.items() if k not in _OWN)
+    params = tuple((k, _tensor_key(p), bool(p is not None and p._backward_hooks)) for k, p in m._parameters.items())
+    bufs = tuple((k, _tensor_key(b)) for k, b in m._buffers.items())
+    kids = tuple((k, _module_key(c, keys) if c is not None else None) for k, c in m._modules.items())
+    key = keys[id(m)] = (type(m), attrs, params, bufs, kids)
+    return key
+
+
+def _scalars(m: torch.nn.Module) -> tuple:
+    """``((path, attr), value key)`` of every plain scalar attribute of ``m`` and its submodules,
+    in the order the structural key lists them (the same for every twin)."""
+    return tuple(((path, k), (type(v), bits(v))) for path, sub in m.named_modules(remove_duplicate=False)
+                 for k, v in sub.__dict__.items() if k not in _OWN and type(v) in _SCALARS)
+
+
+def _ties(m: torch.nn.Module) -> tuple:
+    """Which state entries hold the same tensor, and which submodules are the same object."""
+    first: dict = {}
+    state = [first.setdefault(id(t), len(first)) for _, t in _state(m)]
+    mods: dict = {}
+    kids = [mods.setdefault(id(c), len(mods)) for _, c in m.named_modules(remove_duplicate=False)]
+    return tuple(state), tuple(kids)
+
+
+def _state(m: torch.nn.Module):
+    """``((module __dict__, kind, attr), tensor)`` of every parameter and buffer of ``m``, duplicates
+    included, in a fixed order (the dict by name: see :func:`..inputs.flatten.state_homes`)."""
+    for _, sub in m.named_modules(remove_duplicate=False):
+        for kind in ("_parameters", "_buffers"):
+            for attr, t in sub.__dict__[kind].items():
+                if t is not None:
+                    yield (sub.__dict__, kind, attr), t
+
+
+@dataclass
+class Member:
+    """One block: its group, where its distinct state tensors live, its submodules by path, the
+    values of its scalar attributes that differ among its twins (``layer_idx``)."""
+    group: int
+    firsts: tuple       # (module __dict__, kind, attr) of each distinct state tensor, in template order
+    homes: tuple        # (module __dict__, kind, attr, index into firsts) of every state entry
+    paths: dict         # path -> submodule
+    varying: tuple = ()     # (path, attr) of each scalar attribute whose value differs among the twins
+    values: tuple = ()      # this block's value key of each
+    inner: bool = False     # inside another group's block: called only when that block runs flat
+
+
+def _member(gid: int, m: torch.nn.Module, varying=(), values=(), inner=False) -> Member:
+    index: dict = {}
+    firsts, homes = [], []
+    for home, t in _state(m):
+        if id(t) not in index:
+            index[id(t)] = len(firsts)
+            firsts.append(home)
+        homes.append((*home, index[id(t)]))
+    return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)), varying, values,
+                  inner)
+
+
+def _varying(grp) -> tuple:
+    """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
+    scalars = [_scalars(m) for _, m in grp]
+    return tuple(i for i in range(len(scalars[0])) if len({s[i][1] for s in scalars}) > 1), scalars
+
+
+def find_groups(root: torch.nn.Module) -> dict:
+    """``id(module) -> Member`` for the submodules (with children) that have a twin: twins when
+    they differ only in the values of scalar attributes (``layer_idx``), which a template compares
+    where its trace read them. A block inside another group's block is ``inner``: its calls come
+    only when the outer block runs flat (its template refused, or read a value that block has alone)."""
+    g = torch.nn.modules.module
+    if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+        return {}
+    keys: dict = {}
+    by_key: dict = {}
+    for name, m in root.named_modules():
+        if not name or not m._modules:
+            continue
+        try:
+            k = (_module_key(m, keys), _ties(m))
+        except _Unlike:
+            continue
+        by_key.setdefault(k, []).append((name, m))
+    chosen = sorted((grp for grp in by_key.values() if len(grp) > 1), key=lambda grp: grp[0][0].count("."))
+    members: dict = {}
+    taken: list = []
+    for gid, grp in enumerate(chosen):
+        where, scalars = _varying(grp)
+        varying = tuple(scalars[0][i][0] for i in where)
+        for (name, m), own in zip(grp, scalars):
+            inner = any(name.startswith(t + ".") for t in taken)
+            taken.append(name)
+            members[id(m)] = _member(gid, m, varying, tuple(own[i][1] for i in where), inner)
+    return members
