@@ -118,3 +118,10 @@ good). Captures in several threads trace their forwards side by side and take tu
 EAGER_PATHS = Stack("aotgrad.eager_paths")
 """This thread's regions of a trace where ``torch.compiler.is_compiling()`` answers False again
 (``inputs.step.eager_paths``: a captured optimizer's step), innermost last."""
+
+
+HOLDING: dict = {}
+"""Thread id -> how many ``inputs.flatten.holding`` contexts that thread is in (modules holding its
+traced values in place of their parameters). A thread in none reads every module's real entries, so
+a step's prologue gathers them with ``dict.__getitem__`` (``runtime.call._generated_match``) instead
+of a per-thread view's ``__getitem__`` in Python, once per parameter."""

@@ -16,7 +16,7 @@ import torch
 
 from .._torch import pytree, subclass_kind
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
-from ..scoped import Shared, Stack
+from ..scoped import HOLDING, Shared, Stack
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,7 @@ def holding(homes, state):
     for md, kind, attr, i in homes:
         grouped.setdefault((id(md), kind), (md, kind, {}))[2][attr] = state[i]
     tid, held = threading.get_ident(), []
+    HOLDING[tid] = HOLDING.get(tid, 0) + 1
     try:
         for md, kind, values in grouped.values():
             view = _layered(md, kind)
@@ -322,6 +323,10 @@ def holding(homes, state):
             layers.pop()
             if not layers:
                 del view.layers[tid]
+        if HOLDING[tid] == 1:
+            del HOLDING[tid]
+        else:
+            HOLDING[tid] -= 1
 
 
 def call_with_state(module, homes, state, args, kwargs):

@@ -15,6 +15,7 @@ import torch._dynamo
 
 import aotgrad
 from aotgrad.inputs import flatten
+from aotgrad.scoped import HOLDING
 
 from ..eager_check import _leaked, assert_close
 
@@ -406,3 +407,19 @@ def test_eager_use_in_another_thread_while_a_block_template_is_traced():
     assert info["reused blocks"] == 3       # the eager calls' reads of layer_idx were not counted
     model.zero_grad()
     _assert_same(expected, _step(captured.compile(), model, x), "compiled")
+
+
+def test_prologue_gathers_what_this_thread_holds():
+    """A step's prologue reads parameters with ``dict.__getitem__`` when its thread holds no traced
+    values; a thread holding some (a capture running in it) reads those, another thread the real ones."""
+    model, x = torch.nn.Linear(2, 2), torch.randn(3, 2)
+    match = aotgrad.capture(model, x).compile().path.match
+    flat, why = match((x,), {})
+    assert why is None and flat[0] is model.weight and flat[1] is model.bias
+    held = torch.randn(2, 2, requires_grad=True)
+    seen = {}
+    with flatten.holding([(model.__dict__, "_parameters", "weight", 0)], [held]):
+        seen["here"] = match((x,), {})[0][0]
+        _start(lambda: seen.__setitem__("there", match((x,), {})[0][0]))()
+    assert seen["here"] is held and seen["there"] is model.weight
+    assert match((x,), {})[0][0] is model.weight and threading.get_ident() not in HOLDING
