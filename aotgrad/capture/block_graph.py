@@ -150,6 +150,7 @@ class Direct:
         self.calls: dict = {}       # node number -> (call, bound, direct), for the fake kernel and inline_blocks
         self.rng: dict = {}         # forward call number -> stream positions of its random nodes
         self.origins: dict = {}     # forward call number -> the call it stands for (blocks.Reuse.call)
+        self.flat: dict = {}        # call (origin) -> why a template cannot stand for it (FlatCall)
 
     def claim(self, ins) -> tuple:
         slots = tuple(self.slots.get(id(x), 0) for x in ins)
@@ -194,17 +195,17 @@ DIRECT = Stack("aotgrad.direct_grads")      # the joint tracing in this thread (
 
 
 class FlatCall(Exception):
-    """The joint trace found that a template cannot stand for the block call ``origin`` (see
-    ``blocks.Reuse.call``) bit for bit, for ``why``; the joint is traced again with that call flat.
-    An output's gradient that is not contiguous (a permute after the block, the ``expand`` of a
-    ``sum()``: the template's backward was traced for a contiguous one, and a matmul of another
-    layout sums in another order), or an input the template uses twice that also reaches
-    something else (the template sums the two uses' gradients before the rest is added; a flat
-    trace adds all of them in the order they come)."""
+    """The joint trace found block calls a template cannot stand for bit for bit: ``calls`` maps
+    each (see ``blocks.Reuse.call``) to why; the joint is traced again with them flat. An output's
+    gradient that is not contiguous (a permute after the block, the ``expand`` of a ``sum()``: the
+    template's backward was traced for a contiguous one, and a matmul of another layout sums in
+    another order), or an input the template uses twice that also reaches something else (the
+    template sums the two uses' gradients before the rest is added; a flat trace adds all of them
+    in the order they come). A trace finds them all (:attr:`Direct.flat`), so one more trace does."""
 
-    def __init__(self, origin, why: str):
-        super().__init__(f"block call {origin}: {why}")
-        self.origin, self.why = origin, why
+    def __init__(self, calls: dict):
+        super().__init__(f"block calls {sorted(calls)}: {sorted(set(calls.values()))}")
+        self.calls = calls
 
 
 class SharedGradient(Exception):
@@ -251,8 +252,11 @@ class BlockFunction(torch.autograd.Function):
             ctx.direct.missed = True
             raise UnseenUsed("autograd inside the program reaches a block's unseen inputs")
         if any(g is not None and not g.is_contiguous() for g in grads):
-            raise FlatCall(ctx.origin, "an output's gradient is not contiguous (its template's backward "
-                                       "takes a contiguous one)")
+            why = {ctx.origin: "an output's gradient is not contiguous (its template's backward takes a contiguous one)"}
+            if ctx.direct is None:
+                raise FlatCall(why)
+            ctx.direct.flat.update(why)     # the trace goes on (to find the others), then is done again
+            grads = tuple(g.contiguous() if g is not None else None for g in grads)
         held = list(ctx.saved_tensors)
         # The template's backward was traced for contiguous tangents (as the joint's are); its ops
         # (views, reshapes) assume that layout. A missing one is zeros.
@@ -283,15 +287,18 @@ def _is_block(n: fx.Node, op) -> bool:
     return n.op == "call_function" and n.target is op
 
 
-def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict) -> int:
+def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, flat: dict) -> int:
     """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
     and write the direct gradients into the output; returns how many. ``recorded``: the trace's
     :attr:`Direct.calls`; ``rng``: its :attr:`Direct.rng` (each call's random nodes' stream
-    positions); ``origins``: its :attr:`Direct.origins`. Raises :class:`SharedGradient`, :class:`FlatCall`."""
+    positions); ``origins``, ``flat``: its :attr:`Direct.origins`, :attr:`Direct.flat`. Raises
+    :class:`SharedGradient`, :class:`FlatCall`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
     inputs = list(gm.graph.find_nodes(op="placeholder"))
-    _refuse_summed_reaching_more(calls, recorded, origins, fw_op)
+    flat = {**flat, **_summed_reaching_more(calls, recorded, origins, fw_op)}
+    if flat:
+        raise FlatCall(flat)
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
     direct: dict = {}       # output slot -> the gradient's node
     for n in calls:
@@ -321,22 +328,24 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict) 
     return len(direct)
 
 
-def _refuse_summed_reaching_more(calls: list, recorded: dict, origins: dict, fw_op) -> None:
-    """Raise :class:`FlatCall` where a block call's input that its template uses twice (and
-    so sums the gradients of) is read by anything but that call's own block nodes."""
+def _summed_reaching_more(calls: list, recorded: dict, origins: dict, fw_op) -> dict:
+    """The block calls (origins, with why) whose input that their template uses twice (and so sums
+    the gradients of) is read by anything but that call's own block nodes."""
     own: dict = {}      # call number -> its block_fw and block_bw nodes
     for n in calls:
         own.setdefault(recorded[n.args[2]][0], set()).add(n)
+    found = {}
     for n in calls:
         t = TEMPLATES[n.args[1]]
         if n.target is not fw_op or not t.summed:
             continue
         call, unseen, _ = recorded[n.args[2]]
         passed = [i for i, b in enumerate(unseen) if b < 0]    # template input positions the node takes
-        for x, i in zip(n.args[0], passed):
-            if i in t.summed and any(u not in own[call] and not _reads_layout_only(u) for u in x.users):
-                raise FlatCall(origins[call], "an input it uses twice reaches more than the block (the "
-                                              "template would sum its two gradients before the others)")
+        if any(i in t.summed and any(u not in own[call] and not _reads_layout_only(u) for u in x.users)
+               for x, i in zip(n.args[0], passed)):
+            found[origins[call]] = ("an input it uses twice reaches more than the block (the template would "
+                                    "sum its two gradients before the others)")
+    return found
 
 
 def _reads_layout_only(n: fx.Node) -> bool:

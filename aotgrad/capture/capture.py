@@ -143,8 +143,8 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
 
     Tried in order: blocks' own parameters unseen by the trace and their gradients written
     directly; gradients written directly; neither (see :class:`.block_graph.Direct`). Each
-    attempt that cannot stand for the program is dropped for the next. A call a template cannot
-    stand for bit for bit (:class:`.block_graph.FlatCall`) runs flat, and the attempts start again."""
+    attempt that cannot stand for the program is dropped for the next. Calls a template cannot
+    stand for bit for bit (:class:`.block_graph.FlatCall`) run flat, and the attempts start again."""
     def trace(direct: bool, unseen: frozenset):
         reuse.calls = reuse.whole = 0
         reuse.seen.clear()
@@ -165,9 +165,9 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
             return _first_standing(trace, attempts)
         except (errors.AotgradError, FlatCall) as e:
             flat = e if isinstance(e, FlatCall) else e.__cause__
-            if not isinstance(flat, FlatCall) or flat.origin in reuse.refused:
+            if not isinstance(flat, FlatCall) or flat.calls.keys() <= reuse.refused.keys():
                 raise
-            reuse.refused[flat.origin] = flat.why     # it runs flat in the next trace
+            reuse.refused.update(flat.calls)     # they run flat in the next trace
 
 
 def _first_standing(trace, attempts):

@@ -154,8 +154,8 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
         raise UnseenUsed
     if unseen:
         _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
-    gm.meta["aotgrad block calls"] = (fn.direct.calls, fn.direct.rng, fn.direct.origins) if fn.direct is not None \
-        else ({}, {}, {})
+    d = fn.direct
+    gm.meta["aotgrad block calls"] = (d.calls, d.rng, d.origins, d.flat) if d is not None else ({}, {}, {}, {})
     gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet)
     return gm
 

@@ -8,6 +8,7 @@ recompile, and ``Compiled.__call__`` can raise a typed error.
 """
 from __future__ import annotations
 
+import operator
 import struct
 import threading
 import weakref
@@ -133,22 +134,17 @@ def _generated_match(captured):
         env[f"c{i}"] = v    # type-exact and bit-exact: 2, 2.0, True and -0.0 differ; other objects: the same one
         test = f"x is not c{i} and not same_value(x, c{i})" if type(v) in VALUE_TYPES else f"x is not c{i}"
         lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({paths[i]!r}, c{i}, x)"]
-    gather, fast = [], []
+    gather = []
     for n, s in enumerate(sig.slots):
         env[f"m{n}"] = s.module.__dict__
-        gather.append(f"m{n}[{'_parameters' if s.is_param else '_buffers'!r}][{s.attr!r}]")
-        fast.append(f"dget(m{n}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r})")
-    args = [f"leaves[{p}]" for p in sig.tensor_pos]
+        gather.append(f"get(m{n}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r})")
+    gather += [f"leaves[{p}]" for p in sig.tensor_pos]
     if sig.slots:
-        # A thread holding no traced values reads the real entries: dict.__getitem__, without a
-        # Python call per parameter through a per-thread view (inputs.flatten._PerThread).
-        env.update(dget=dict.__getitem__, holding=HOLDING, thread=threading.get_ident)
-        lines += ["    try:", "        if holding and thread() in holding:", "            raise TypeError",
-                  f"        flat = [{', '.join(fast + args)}]",
-                  "    except TypeError:   # this thread holds traced values, or a dict is not a dict",
-                  f"        flat = [{', '.join(gather + args)}]"]
-    else:
-        lines.append(f"    flat = [{', '.join(args)}]")
+        # A thread holding no traced values reads the real entries: dict.__getitem__, a C call per
+        # parameter, not a per-thread view's __getitem__ in Python (inputs.flatten._PerThread).
+        env.update(dget=dict.__getitem__, getitem=operator.getitem, holding=HOLDING, thread=threading.get_ident)
+        lines.append("    get = getitem if holding and thread() in holding else dget")
+    lines.append(f"    flat = [{', '.join(gather)}]")
     aliasing = alias_check(setup, analysis)
     if aliasing is not None:
         env["aliasing"] = aliasing

@@ -335,3 +335,37 @@ def test_real_constants_do_not_drop_unseen_inputs():
     captured = _flat_and_reused_agree(make)
     assert captured.joint.graph.find_nodes(op="get_attr") and _unseen(captured) == 24
     assert compiled_and_reused(make) == 4
+
+
+class Transposing(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x).transpose(0, 1)       # each block's output gradient comes transposed
+        return x.sum()
+
+
+def test_calls_a_template_cannot_stand_for_cost_one_more_trace_in_all(monkeypatch):
+    """Every call here has a non-contiguous output gradient, so runs flat; one trace finds them
+    all, so the joint is traced as often for 6 blocks as for 2 (it was once more per call)."""
+    from aotgrad.capture import capture as capture_mod
+    counts, real = [], capture_mod.trace_joint
+    for n in (2, 6):
+        traced = []
+        monkeypatch.setattr(capture_mod, "trace_joint", lambda *a, **k: traced.append(1) or real(*a, **k))
+        torch.manual_seed(0)
+        model, x = Transposing(n), torch.randn(8, 8, requires_grad=True)
+        captured = aotgrad.capture(model, x)
+        assert reused(captured) == 0
+        why = next(s.info["blocks run flat"] for s in captured.history if s.name == "trace joint")
+        assert "not contiguous" in why["Block"]
+        counts.append(len(traced))
+    assert counts[0] == counts[1], counts
+
+    def make():
+        torch.manual_seed(0)
+        return Transposing(4), (torch.randn(8, 8, requires_grad=True),)
+    check_training(make, steps=1)
