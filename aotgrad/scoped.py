@@ -115,11 +115,6 @@ in two threads at once undo for each other (an AssertionError, or its patches le
 good). Captures in several threads trace their forwards side by side and take turns here."""
 
 
-EAGER_PATHS = Stack("aotgrad.eager_paths")
-"""This thread's regions of a trace where ``torch.compiler.is_compiling()`` answers False again
-(``inputs.step.eager_paths``: a captured optimizer's step), innermost last."""
-
-
 HOLDING: dict = {}
 """Thread id -> how many ``inputs.flatten.holding`` contexts that thread is in (modules holding its
 traced values in place of their parameters). A thread in none reads every module's real entries, so

@@ -13,6 +13,7 @@ from ._torch import pytree
 from . import errors
 from .observe import Step
 from .errors import OptionError, caller_line
+from .ir.records import HookRecord
 from .options import CompileOptions, keywords_checked, refuse_unknown
 from .partition import Partition
 from .runtime.modes import mismatch
@@ -84,6 +85,7 @@ class Captured:
     history: tuple[Step, ...]
     state: StateGuards | None = None     # Python state the trace read (``capture`` only)
     step: object = None     # a whole training step's ``inputs.step.Binding``: state gathered and installed per call
+    hooks: HookRecord = HookRecord()    # what the program registers for autograd (``runtime.hooks``)
 
     @property
     def is_inference(self) -> bool:

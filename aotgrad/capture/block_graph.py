@@ -30,7 +30,7 @@ from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_o
 from ..analysis.ops import is_random
 from ..passes import rng_positions
 from ..runtime import regions
-from ..scoped import Stack
+from .. import tracing
 
 # key -> Template, read by the fake kernels while a capture traces. A registry, not scoped state:
 # each key comes from blocks._keys once, so concurrent captures never share an entry.
@@ -191,9 +191,6 @@ class UnseenUsed(Exception):
     """An op outside the blocks read an input the trace does not see: the joint is traced again."""
 
 
-DIRECT = Stack("aotgrad.direct_grads")      # the joint tracing in this thread (innermost last)
-
-
 class FlatCall(Exception):
     """The joint trace found block calls a template cannot stand for bit for bit: ``calls`` maps
     each (see ``blocks.Reuse.call``) to why; the joint is traced again with them flat. An output's
@@ -277,7 +274,7 @@ class BlockFunction(torch.autograd.Function):
 
 def apply(t: Template, ins: list, origin) -> list:
     """The block's outputs for this call's state and arguments; ``origin`` names the call."""
-    direct = DIRECT[-1] if DIRECT else None
+    direct = tracing.current().direct
     if direct is None:
         return list(BlockFunction.apply(t.key, origin, (-1,) * len(ins), (0,) * len(ins), None, *ins))
     return list(BlockFunction.apply(t.key, origin, direct.bound(ins), direct.claim(ins), direct, *ins))

@@ -37,14 +37,15 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .._torch import (
-    FunctionalTensor, disable_current_modes, functorch_interpreter_active, fx_symbolic_trace,
+    FunctionalTensor, disable_current_modes, functorch_interpreter_active,
     is_any_autocast_enabled, pytree, top_saved_tensors_default_hooks,
 )
 from ..analysis.ops import is_random
 from ..inputs.flatten import holding
 from ..guards import reads
 from ..guards.resolve import locate, read_at
-from ..scoped import Shared, Stack
+from .. import tracing
+from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
 from . import block_graph
 from .block_groups import Member, find_groups
@@ -111,7 +112,7 @@ class Reuse:
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
         if m is None or self.off:
-            return _FLAT["call"](module, *args, **kwargs)
+            return flat_call(module, *args, **kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1
         state = [md[kind][attr] for md, kind, attr in m.firsts]
@@ -130,7 +131,7 @@ class Reuse:
         if hit is None:
             self.ran_flat.add(id(module))
             self.why.setdefault(type(module).__name__, e.why)
-            return _FLAT["call"](module, *args, **kwargs)
+            return flat_call(module, *args, **kwargs)
         self.calls += 1
         self.whole += not m.inner
         if module is not hit.owner and self.recording is not None:
@@ -274,7 +275,8 @@ def _call_key(m: Member, state, call: _Call):
     template can stand for the call."""
     ins = (*state, *call.tensors)
     constants = call.constants()
-    unseen = block_graph.DIRECT[-1].unseen if block_graph.DIRECT else {}
+    direct = tracing.current().direct
+    unseen = direct.unseen if direct is not None else {}
     if constants is None:
         odd = next(x for x, t in zip(call.leaves, call.is_tensor) if not t and type(x) not in _CONSTANT)
         hint = " (HF models: config.use_cache=False to train)" if type(odd).__name__.endswith("Cache") else ""
@@ -298,8 +300,7 @@ def _unusual_modes() -> bool:
 @contextlib.contextmanager
 def _hooks_unchanged():
     """Yields a check that the template's trace registered no hook with the capture's recorder."""
-    from ..runtime import hooks
-    rec = hooks._ACTIVE[-1] if hooks._ACTIVE else None
+    rec = tracing.current().hooks
     sizes = (len(rec.input_hooks), len(rec.retained)) if rec is not None else None
     yield lambda: rec is None or (len(rec.input_hooks), len(rec.retained)) == sizes
     if rec is not None and (len(rec.input_hooks), len(rec.retained)) != sizes:
@@ -435,45 +436,11 @@ def reusing(setup, enabled: bool = True):
     if not members:
         yield reuse
         return
-    with _INTERCEPTED():
-        _REUSING.append(reuse)
+    with MODULE_CALLS(), tracing.scope(blocks=reuse):
         try:
             yield reuse
         finally:
-            _REUSING.pop()
             for entries in reuse.traced.values():
                 for e in entries:
                     if e.traced is not None:
                         block_graph.TEMPLATES.pop(e.traced.template.key, None)
-
-
-# The capture reusing blocks in this thread (innermost last). Module.__call__ is process-wide:
-# it is patched once for all the captures running now and sends each call to its own thread's.
-_REUSING = Stack("aotgrad.reusing")
-_FLAT: dict = {}        # "call": Module.__call__ as it was before the interception
-
-
-def _dispatch(module, *args, **kwargs):
-    if _REUSING:
-        return _REUSING[-1].call(module, args, kwargs)
-    return _FLAT["call"](module, *args, **kwargs)
-
-
-def _intercept():
-    """Route module calls through ``_dispatch``; return the function that undoes it."""
-    # make_fx's tracer calls modules through the original __call__ it keeps in torch.fx.
-    fx_trace = fx_symbolic_trace
-    fx_call = getattr(fx_trace, "_orig_module_call", None)
-    before = _FLAT["call"] = torch.nn.Module.__dict__["__call__"]
-    torch.nn.Module.__call__ = _dispatch
-    if fx_call is not None:
-        fx_trace._orig_module_call = _dispatch
-
-    def restore():
-        torch.nn.Module.__call__ = before
-        if fx_call is not None:
-            fx_trace._orig_module_call = fx_call
-    return restore
-
-
-_INTERCEPTED = Shared(_intercept)

@@ -22,16 +22,17 @@ from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
 from ..passes.rng_positions import traced_with_positions
+from .. import tracing
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
 from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
 from .blocks import reusing, unseen_inputs
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
-from ..ir.records import layout
+from ..ir.records import HookRecord, layout
 from ..runtime.hooks import observed
 from .analyze import analyze
 from .joint import trace_joint
-from .session import SEEDED, Session
+from .session import Session
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
                    "DynamicOutputShapeException", "PendingUnbackedSymbolNotFound")
@@ -73,14 +74,13 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_bl
 
 def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
-    with GC_PAUSED(), reusing(setup, reuse_blocks) as reuse:
+    with GC_PAUSED(), tracing.scope(seeds=[]), reusing(setup, reuse_blocks) as reuse:
         return _capture_setup(setup, history, reuse)
 
 
 def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     rng = torch.random.get_rng_state()
-    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # analysis must not run hooks' registration either
-    SEEDED.clear()
+    setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
     if getattr(setup.fn, "whole_step", False):
@@ -102,7 +102,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
             analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
-    setup = replace(setup, flat_fn=observed(setup.flat_fn))     # what the joint registers, by graph input
+    records: list = []      # what each joint trace registers, by graph input (the last one counts)
+    setup = replace(setup, flat_fn=observed(setup.flat_fn, records))
     lay = layout(analysis)
     reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
@@ -123,17 +124,20 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
         guards = _input_guards(setup)
-    if SEEDED and any(is_random(n) for n in joint.graph.nodes):
+    seeds = tracing.current().seeds
+    if seeds and any(is_random(n) for n in joint.graph.nodes):
         raise errors.UnsupportedError(
-            f"torch.manual_seed({SEEDED[0]}) inside the captured function: the compiled graph would not "
+            f"torch.manual_seed({seeds[0]}) inside the captured function: the compiled graph would not "
             "reseed, so its random numbers would differ from eager's; seed before calling it")
     if not torch.equal(rng, torch.random.get_rng_state()):
         raise errors.UnsupportedError(
             "the function changed the global RNG while being traced (torch.manual_seed, set_rng_state, or "
             "drawing numbers outside tensor ops); the compiled graph would not repeat that, so its random "
             "numbers would differ from eager's. Seed outside the captured function")
+    hooks = records[-1].record() if records else HookRecord()
+    records.clear()     # the recorders hold the trace's tensors
     return Captured(setup.traced(), joint, analysis, lay, guards, analysis.out_spec,
-                    in_descs, out_descs, tuple(history))     # no stage pins the user's batch
+                    in_descs, out_descs, tuple(history), hooks=hooks)     # no stage pins the user's batch
 
 
 def _joint(setup: Setup, analysis, lay, reuse) -> tuple:

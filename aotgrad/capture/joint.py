@@ -16,7 +16,8 @@ from ..runtime.modes import autocast_off
 from ..inputs.flatten import module_state
 from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
-from .block_graph import DIRECT, Direct, UnseenUsed
+from .. import tracing
+from .block_graph import Direct, UnseenUsed
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
 
 
@@ -41,8 +42,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             direct = joint.direct = Direct(
                 {id(call_ins[i]): k - n for k, i in enumerate(lay.grad_of) if call_ins[i] is f_ins[i]}
                 if direct_grads else {}, {id(f_ins[i]): i for i in unseen})
-            DIRECT.append(direct)
-            try:
+            with tracing.scope(direct=direct):
                 versions = [version_counter(t) for t in call_ins]
                 with torch.set_grad_enabled(grad_enabled):
                     outs = flat_fn(*call_ins)
@@ -73,8 +73,6 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                             direct.missed = True
                         elif i not in unseen:
                             grads[k] = g
-            finally:
-                DIRECT.pop()
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
     joint.eager_saved = joint.quiet = ()

@@ -16,13 +16,14 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._torch import (
-    FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor, get_mkldnn_enabled,
-    has_own_dispatch, is_functional_tensor, plain_fake, set_mkldnn_enabled, simple_registry,
+    FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
+    has_own_dispatch, is_functional_tensor, plain_fake,
     storage_key, symbolic_dispatch, sync,
 )
+from .. import tracing
 from ..runtime.modes import baked
-from ..scoped import EAGER_PATHS, Shared, Stack
-from .block_graph import DIRECT, UnseenUsed
+from ..tracing.patches import TRACEABLE
+from .block_graph import UnseenUsed
 
 
 @dataclass
@@ -74,34 +75,13 @@ class Session:
             yield
 
 
-# Ops PyTorch marks as ordered side effects that return nothing: error checks
-# (``linalg.cholesky`` raising on a non-positive-definite input) and printing.
-# Threading effect tokens through the joint graph buys nothing for them: we
-# keep them as ordinary nodes that dead-code elimination and the partitioner
-# treat as side effects (see analysis.ops.has_side_effect).
-_PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
-
-
-# Seeds the traced function set, per thread (a capture in another thread must not see them);
-# capture refuses them if random ops follow.
-SEEDED = Stack("aotgrad.seeded")
-
-
-def _record_seed(seeder):
-    def manual_seed(seed):
-        if _TRACING:        # another thread's seeding is its own business
-            SEEDED.append(seed)
-        return seeder(seed)
-    return manual_seed
-
-
 @contextlib.contextmanager
 def traceable_ops():
     """Settings under which traced graphs run correctly outside the trace, in this thread.
 
-    * effect-only checks become plain nodes (above);
-    * seeding the global RNG is recorded (``SEEDED``): the graph would not
-      repeat it, so capture refuses it when the graph draws random numbers;
+    * effect-only checks become plain nodes (``tracing.patches.PLAIN_EFFECTS``);
+    * seeding the global RNG is noted (the capture's ``Trace.seeds``): the graph
+      would not repeat it, so capture refuses it when the graph draws random numbers;
     * oneDNN is off, so RNNs trace into plain ATen ops: the fused
       ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
       that Python cannot pass back to its backward (a process-wide flag: an
@@ -111,41 +91,8 @@ def traceable_ops():
       mask helpers skip data-dependent shortcuts when they see it); other
       threads get PyTorch's own answer.
     """
-    with _TRACEABLE():
-        _TRACING.append(True)
-        try:
-            yield
-        finally:
-            _TRACING.pop()
-
-
-_TRACING = Stack("aotgrad.traceable")     # this thread's traces under traceable_ops (innermost last)
-
-
-def _set_traceable():
-    """Apply traceable_ops' settings (process-wide; the patched functions read this thread's
-    state); return the function that restores the previous ones."""
-    holders = [simple_registry.find(name).effect for name in _PLAIN_EFFECTS]
-    saved = [h.effect for h in holders]
-    mkldnn = get_mkldnn_enabled()
-    seeders = (torch.manual_seed, torch.random.manual_seed)
-    for h in holders:
-        h.register(None)
-    set_mkldnn_enabled(False)
-    torch.manual_seed = torch.random.manual_seed = _record_seed(seeders[1])
-    is_compiling = torch.compiler.is_compiling
-    torch.compiler.is_compiling = lambda: (bool(_TRACING) and not EAGER_PATHS) or is_compiling()
-
-    def restore():
-        torch.compiler.is_compiling = is_compiling
-        torch.manual_seed, torch.random.manual_seed = seeders
-        set_mkldnn_enabled(mkldnn)
-        for h, effect in zip(holders, saved):
-            h.register(effect)
-    return restore
-
-
-_TRACEABLE = Shared(_set_traceable)      # process-wide settings: applied once for concurrent captures
+    with TRACEABLE(), tracing.scope(traceable=True):
+        yield
 
 
 def to_functional(t):
@@ -184,7 +131,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                     "inside the captured function: aotgrad traces plain tensors only (the subclass's autograd "
                     "and outputs would not be kept); build it outside, on the compiled function's outputs",
                     user_line=caller_line())
-        direct = DIRECT[-1] if DIRECT else None
+        direct = tracing.current().direct
         if direct is not None and direct.unseen and direct.touches(args, kwargs or {}):
             raise UnseenUsed(f"{func} reads an input only repeated blocks were to read")
         written = _written(func)

@@ -22,27 +22,11 @@ from .._torch import compiled_autograd_engine
 from .. import backends
 from ..errors import InputMismatchError, UnsupportedError, caller_line
 from ..observe import timed
-from ..scoped import Shared
 from . import opaque, tape
 from .guards import DecisionGuard, picker
 from .segments import SegmentedBackward
 
 _engine = compiled_autograd_engine
-
-
-def engine_compiler_off():
-    """Compiled autograd off while a capture traces (its autograd.grad is traced, not captured)."""
-    return _COMPILER_OFF()
-
-
-def _compiler_off():
-    prior = _engine.set_autograd_compiler(None, False)
-    return lambda: _engine.set_autograd_compiler(*prior)
-
-
-# The engine's compiler slot is process-wide: turned off once for all the captures tracing now, in
-# any thread (each saving and restoring it, interleaved, left the slot's dynamic flag changed).
-_COMPILER_OFF = Shared(_compiler_off)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from .._torch import pytree
 import torch
 
 from .. import errors
-from ..compiled_autograd.runtime import engine_compiler_off
+from ..tracing.patches import COMPILED_AUTOGRAD_OFF
 from . import reads, resolve
 
 
@@ -24,7 +24,7 @@ def recorded(fn, trace, leaves, name):
     rec = None
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
-        with reads.record(fn) as rec, engine_compiler_off():
+        with reads.record(fn) as rec, COMPILED_AUTOGRAD_OFF():
             captured = trace()
     finally:
         written = rec.undo_writes() if rec is not None else []

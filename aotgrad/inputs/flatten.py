@@ -16,7 +16,9 @@ import torch
 
 from .._torch import pytree, subclass_kind
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
-from ..scoped import HOLDING, Shared, Stack
+from .. import tracing
+from ..scoped import HOLDING
+from ..tracing.patches import FORWARD_ONLY
 
 
 @dataclass(frozen=True)
@@ -87,57 +89,8 @@ def forward_only():
     """While the user's forward is traced in this thread: ``backward()`` and reading an input's
     ``.grad`` are refused with the user's line (the trace would differentiate fake values, or read
     a ``.grad`` that eager has and the trace does not). Other threads' backwards run as usual."""
-    with _FORWARD_ONLY():
-        _TRACING_FORWARD.append(True)
-        try:
-            yield
-        finally:
-            _TRACING_FORWARD.pop()
-
-
-def _refuse_forward_only():
-    """Apply forward_only's patches (process-wide, each reading this thread's state); return the
-    function that removes them."""
-    from .._torch import FunctionalTensor
-    backward = torch.autograd.backward
-
-    def checked_backward(*args, **kwargs):
-        mode = _TRACING_FORWARD[-1] if _TRACING_FORWARD else None
-        if mode is True:
-            _refuse_backward()
-        if mode:            # a whole training step is traced: its own backward (inputs.step)
-            return mode(*args, **kwargs)
-        return backward(*args, **kwargs)
-
-    def grad(self, *value):
-        if _TRACING_FORWARD and _TRACING_FORWARD[-1] is True:
-            _refuse_grad_read()
-        return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
-    torch.autograd.backward = checked_backward
-    FunctionalTensor.grad = property(grad, grad)
-
-    def restore():
-        torch.autograd.backward = backward
-        del FunctionalTensor.grad
-    return restore
-
-
-_FORWARD_ONLY = Shared(_refuse_forward_only)     # applied once for captures tracing at the same time
-_TRACING_FORWARD = Stack("aotgrad.forward_only")   # this thread's traces of a user forward (innermost last)
-
-
-def _refuse_backward():
-    from ..errors import UnsupportedError, caller_line
-    raise UnsupportedError("backward() inside the captured function: aotgrad captures the backward itself; "
-                           "return the loss and call .backward() on the compiled function's result",
-                           user_line=caller_line())
-
-
-def _refuse_grad_read():
-    from ..errors import UnsupportedError, caller_line
-    raise UnsupportedError("reading or setting .grad of a traced tensor inside the captured function: the graph "
-                           "cannot see eager's accumulated gradients; read .grad outside it",
-                           user_line=caller_line())
+    with FORWARD_ONLY(), tracing.scope(backward=tracing.REFUSE):
+        yield
 
 
 def _refuse_argument(name: str, leaf) -> None:

@@ -31,7 +31,7 @@ import torch
 from .._torch import data_dependent_errors, pytree
 from ..guards.cache import code_names
 from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
-from ..scoped import EAGER_PATHS
+from .. import tracing
 from . import flatten
 
 _REFUSED = {"LBFGS": "its step(closure) re-evaluates the loss a data-dependent number of times",
@@ -129,19 +129,16 @@ class Root(torch.nn.Module):
         b = self.binding
         leaves = b.stand_ins()
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
-        flatten._TRACING_FORWARD.append(functools.partial(_accumulate, leaves, arguments))
-        try:
-            with warnings.catch_warnings(), b.optimizers_holding(leaves, state["optimizer"]):
-                # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
-                warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
-                for t, name in zip(leaves, b.names):
-                    t.grad = state["grad"][name]
-                out = self.step_fn(*args, **kwargs)
-                new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
-                for t in leaves:
-                    t.grad = None
-        finally:
-            flatten._TRACING_FORWARD.pop()
+        with tracing.scope(backward=functools.partial(_accumulate, leaves, arguments)), warnings.catch_warnings(), \
+                b.optimizers_holding(leaves, state["optimizer"]):
+            # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
+            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+            for t, name in zip(leaves, b.names):
+                t.grad = state["grad"][name]
+            out = self.step_fn(*args, **kwargs)
+            new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
+            for t in leaves:
+                t.grad = None
         flat, spec = pytree.tree_flatten(out)
         needs = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
         out = pytree.tree_unflatten([t.detach() if n else t for t, n in zip(flat, needs)], spec)
@@ -340,15 +337,12 @@ def _group_inputs(group: dict) -> dict:
 @contextlib.contextmanager
 def eager_paths():
     """Inside a trace, ``torch.compiler.is_compiling()`` answers False again (the tracing session's
-    patch reads ``EAGER_PATHS``), so ``torch.optim`` takes the path it takes in eager: it reads its step
+    patch reads ``Trace.eager_path``), so ``torch.optim`` takes the path it takes in eager: it reads its step
     count with ``.item()`` and does its scalar arithmetic in Python floats (double precision), which
     the trace records as symbolic float operations, exact as eager's. Its compile path would round
     them in float32 tensors instead."""
-    EAGER_PATHS.append(True)
-    try:
+    with tracing.scope(eager_path=True):
         yield
-    finally:
-        EAGER_PATHS.pop()
 
 
 def _eager_step(step, name: str):

@@ -135,3 +135,25 @@ def forward_values(call_ins, outs, analysis: Analysis) -> list:
         if info.kind == "intermediate_view":
             bases[info.index] = o._base
     return mutated + plain + bases
+
+
+@dataclass(frozen=True)
+class InputHook:
+    """``flat input index``, the registering method's name, the hook (None for retain_grad)."""
+    index: int
+    method: str
+    hook: Any
+    line: str | None
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """What a captured program registers for autograd to run later (``runtime.hooks``), as data:
+    hooks on its inputs, replayed by every call; the ids (into ``runtime.hooks.HOOKS``) of hooks on
+    intermediates, called by the graph's ``aotgrad::tensor_hook`` nodes; ``(output, slot, line)``
+    of each returned tensor it called ``retain_grad()`` on; ``(output, input)`` of each input a
+    custom Function returned as is."""
+    input_hooks: tuple = ()
+    graph_hooks: tuple = ()
+    retained_outputs: tuple = ()
+    returned_inputs: tuple = ()

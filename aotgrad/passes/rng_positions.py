@@ -23,8 +23,8 @@ import torch
 import torch.fx as fx
 
 from .. import errors
-from .._torch import replace_checkpoint_is_compiling
-from ..scoped import Shared, Stack
+from .. import tracing
+from ..tracing.patches import RNG_STATE
 from ..analysis.ops import RNG_META as META, is_random
 
 ENDS = "aotgrad_rng_ends"     # gm.meta: {(device, phase): (epoch, index) the stream stands at when the phase ends}
@@ -74,8 +74,21 @@ class _Log:
         self.ends.update({(d, self.phase): at for d, at in self.pos.items()})
         self.pos.clear()
 
+    def got(self, state, device, default: str) -> None:
+        """``get_rng_state`` returned ``state``: it stands where the stream is now."""
+        if self.sync():
+            self.states[id(state)] = (state, self.pos.get(_device(device, default), (self.phase, 0)))
 
-_ACTIVE = Stack("aotgrad.rng_log")
+    def setting(self, new_state, device, default: str) -> None:
+        """``set_rng_state(new_state)``: the stream goes back to where that state was taken."""
+        if self.sync():
+            held = self.states.get(id(new_state))
+            if held is None or held[0] is not new_state:
+                raise errors.UnsupportedError(
+                    "torch.set_rng_state with a state that was not taken inside the captured function: the "
+                    "compiled graph cannot replay it; save and restore the state inside the function or "
+                    "outside it", user_line=errors.caller_line())
+            self.pos[_device(device, default)] = held[1]
 
 
 def _proxy_mode():
@@ -90,79 +103,18 @@ def _device(dev=None, default="cpu") -> str:
     return str(d)
 
 
-def _getter(real, default):
-    def get_rng_state(device=None):
-        state = real() if default == "cpu" else real(device if device is not None else default)
-        log = _ACTIVE[-1] if _ACTIVE else None
-        if log is not None and log.sync():
-            dev = _device(device, default)
-            log.states[id(state)] = (state, log.pos.get(dev, (log.phase, 0)))
-        return state
-    return get_rng_state
-
-
-def _setter(real, default):
-    def set_rng_state(new_state, device=None):
-        log = _ACTIVE[-1] if _ACTIVE else None
-        if log is not None and log.sync():
-            held = log.states.get(id(new_state))
-            if held is None or held[0] is not new_state:
-                raise errors.UnsupportedError(
-                    "torch.set_rng_state with a state that was not taken inside the captured function: the "
-                    "compiled graph cannot replay it; save and restore the state inside the function or "
-                    "outside it", user_line=errors.caller_line())
-            log.pos[_device(device, default)] = held[1]
-        return real(new_state) if default == "cpu" else real(new_state, device if device is not None else default)
-    return set_rng_state
-
-
-def _patch_targets():
-    """(module, attribute, wrapper factory, default device) for each RNG-state function to watch."""
-    targets = [(m, name, make, "cpu") for m in (torch, torch.random)
-               for name, make in (("get_rng_state", _getter), ("set_rng_state", _setter))]
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        targets += [(cuda, "get_rng_state", _getter, "cuda"), (cuda, "set_rng_state", _setter, "cuda")]
-    return targets
-
-
 @contextlib.contextmanager
 def _recording(log: _Log):
     """Watch RNG-state saves and restores; let checkpoint's selective contexts act as they do
     eagerly (under a proxy mode they would cache every op and leave recomputation to a compiler)."""
-    with _WATCHING():
-        _ACTIVE.append(log)
-        try:
-            yield log
-        finally:
-            _ACTIVE.pop()
-
-
-def _watch():
-    """Install the RNG-state watchers (they read this thread's log); return the undo."""
-    targets = _patch_targets()
-    originals = [getattr(m, name) for m, name, _, _ in targets]
-    for (m, name, make, default), real in zip(targets, originals):
-        setattr(m, name, make(real, default))
-    undo_checkpoint = replace_checkpoint_is_compiling(
-        lambda real: lambda *a, **k: False if _ACTIVE else real(*a, **k))
-
-    def restore():
-        undo_checkpoint()
-        for (m, name, _, _), real in zip(targets, originals):
-            setattr(m, name, real)
-    return restore
-
-
-# The watched functions are process-wide: installed once for every capture recording now, in
-# any thread (each one saving and restoring them itself would, interleaved, leave them patched).
-_WATCHING = Shared(_watch)
+    with RNG_STATE(), tracing.scope(rng=log):
+        yield log
 
 
 def backward_begins() -> None:
     """Called by the joint function right before ``autograd.grad``: draws from here on read the
     RNG as it stands when the user calls ``backward()``, not the forward's stream."""
-    log = _ACTIVE[-1] if _ACTIVE else None
+    log = tracing.current().rng
     if log is not None and log.sync():
         log.end_phase()
         log.phase = "bw"
@@ -173,7 +125,7 @@ def reserve(devices) -> tuple | None:
     block's random ops, see :mod:`aotgrad.capture.block_graph`), one per device in ``devices``, taken
     here in the stream as if they were traced now: ``((device, epoch, index), phase)`` each, or None
     when no graph is being traced with positions."""
-    log = _ACTIVE[-1] if _ACTIVE else None
+    log = tracing.current().rng
     if log is None or not log.sync():
         return None
     out = []

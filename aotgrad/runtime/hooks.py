@@ -31,7 +31,10 @@ import torch
 
 from .._torch import FunctionalTensor
 from .. import errors
-from ..scoped import Shared, Stack
+from .. import tracing
+from ..scoped import Stack
+from ..ir.records import HookRecord, InputHook
+from ..tracing.patches import FUNCTIONS, TENSOR_HOOKS
 
 # id -> user hook, read by aotgrad::tensor_hook at run time. A registry, not scoped state: each
 # id comes from _ids once, so threads never share an entry (a backward may run on another thread).
@@ -86,15 +89,6 @@ torch.library.register_fake("aotgrad::retain_grad", lambda grad, slot: torch.emp
 def is_opaque(target) -> bool:
     """Graph targets that call user Python: a graph holding one cannot be stored on disk."""
     return target in (torch.ops.aotgrad.tensor_hook.default, torch.ops.aotgrad.retain_grad.default)
-
-
-@dataclass(frozen=True)
-class InputHook:
-    """``flat input index``, the registering method's name, the hook (None for retain_grad)."""
-    index: int
-    method: str
-    hook: Callable | None
-    line: str | None
 
 
 class _TraceHandle:
@@ -153,6 +147,15 @@ class Recorder:
         elif tensor.requires_grad and not tensor.is_leaf:
             self.retained.append((tensor, line))
 
+    def record(self) -> HookRecord:
+        """What this trace registered, as data (no traced tensor in it)."""
+        return HookRecord(tuple(self.input_hooks), tuple(self.graph_hooks), tuple(self.retained_outputs),
+                          tuple(self.returned_inputs))
+
+    def applied(self, cls, args, out, line) -> None:
+        """A custom Function ran in the program: refuse its backward's in-place writes (:func:`_watch`)."""
+        _watch(cls, args, out, line, self)
+
     def _same_as_input(self, o):
         """The input a custom Function returned unchanged (``return x``, ``x.view_as(x)``) as output ``o``."""
         if not isinstance(o, torch.Tensor) or not custom_view(o):
@@ -191,85 +194,22 @@ def _tracing(flat) -> bool:
     return any(isinstance(t, FunctionalTensor) for t in flat)
 
 
-# The recorder of the observing wrapper running now in this thread: an inner one (around a
-# rebased function) defers to it.
-_ACTIVE = Stack("aotgrad.observing")
-
-
-def observed(flat_fn):
-    """``flat_fn`` that, while traced, intercepts hook registration (see module docstring);
-    ``observed.recorded`` is the last trace's :class:`Recorder`. Eager calls pass straight through."""
+def observed(flat_fn, records: list):
+    """``flat_fn`` that, while traced, intercepts hook registration (see module docstring) and
+    appends each trace's :class:`Recorder` to ``records``. Eager calls pass straight through."""
     def run(*flat):
-        if _ACTIVE or not _tracing(flat):
+        if tracing.current().hooks is not None or not _tracing(flat):     # an inner one defers to the outer
             return flat_fn(*flat)
         rec = Recorder(flat)
-        with _INTERCEPTED(), _FUNCTIONS_CHECKED():
-            _ACTIVE.append(rec)
-            try:
-                outs = flat_fn(*flat)
-            finally:
-                _ACTIVE.pop()
+        with TENSOR_HOOKS(), FUNCTIONS(), tracing.scope(hooks=rec):
+            outs = flat_fn(*flat)
         rec.check_outputs(outs)
-        run.recorded = rec
+        records.append(rec)
         return outs
-    run.recorded = None
     run.__name__ = flat_fn.__name__
     if hasattr(flat_fn, "module_state"):
         run.module_state = flat_fn.module_state
     return run
-
-
-def _intercept_hooks():
-    """Route Tensor hook registration to the recorder of the capture tracing in this thread
-    (straight through elsewhere); return the undo."""
-    T = torch.Tensor
-    originals = {name: T.__dict__.get(name) for name in
-                 ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")}
-    plain = {name: getattr(T, name) for name in originals}
-
-    def method(name):
-        def intercepted(self, hook):
-            rec = _ACTIVE[-1] if _ACTIVE else None
-            return plain[name](self, hook) if rec is None else rec.register(plain[name], self, hook, name)
-        return intercepted
-    T.register_hook = method("register_hook")
-    T.register_post_accumulate_grad_hook = method("register_post_accumulate_grad_hook")
-    T.retain_grad = lambda self: plain["retain_grad"](self) if not _ACTIVE else _ACTIVE[-1].retain(
-        plain["retain_grad"], self)
-
-    def restore():
-        for name, value in originals.items():
-            if value is None:
-                delattr(T, name)
-            else:
-                setattr(T, name, value)
-    return restore
-
-
-def _check_functions():
-    """Custom Functions applied while a capture traces in this thread get node hooks that refuse
-    a backward writing in place to an input or output of the program (see :func:`_watch`);
-    return the undo."""
-    Function = torch.autograd.Function
-    original = Function.__dict__["apply"]
-
-    def apply(cls, *args, **kwargs):
-        out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
-        if _ACTIVE and not getattr(cls, "aotgrad_writes_nothing", False):      # aotgrad's own Functions
-            _watch(cls, args, out, errors.caller_line(), _ACTIVE[-1])
-        return out
-    Function.apply = classmethod(apply)
-
-    def restore():
-        Function.apply = original
-    return restore
-
-
-# Tensor and autograd.Function are process-wide: patched once for all the captures tracing now in
-# any thread, each patch reading this thread's recorder (each capture patching and restoring them
-# itself, interleaved, left Tensor.retain_grad bound to a finished capture's recorder).
-_INTERCEPTED = Shared(_intercept_hooks)
-_FUNCTIONS_CHECKED = Shared(_check_functions)
 
 
 def _watch(cls, args, out, line, rec):
@@ -300,15 +240,13 @@ def _watch(cls, args, out, line, rec):
 def has_opaque_calls(captured) -> bool:
     """Whether ``captured`` calls user hooks or returns an input through a custom Function (then it is
     not stored on disk: the hooks are live objects, and the store does not keep the latter fact)."""
-    rec = getattr(captured.setup.flat_fn, "recorded", None)
-    return rec is not None and bool(rec.input_hooks or rec.graph_hooks or rec.retained_outputs
-                                    or rec.returned_inputs)
+    rec = captured.hooks
+    return bool(rec.input_hooks or rec.graph_hooks or rec.retained_outputs or rec.returned_inputs)
 
 
 def input_hooks(captured) -> tuple:
     """The input hooks the forward of ``captured`` must register on every call."""
-    rec = getattr(captured.setup.flat_fn, "recorded", None)
-    hooks = tuple(rec.input_hooks) if rec is not None else ()
+    hooks = captured.hooks.input_hooks
     if hooks and captured.is_inference:
         raise errors.UnsupportedError(
             f"{hooks[0].method} on an input inside a function called without grad cannot be replayed by "
@@ -319,8 +257,8 @@ def input_hooks(captured) -> tuple:
 def retained_outputs(captured) -> tuple:
     """``(slot, forward value index)`` of each returned tensor the program called retain_grad on:
     the compiled forward keeps a weak reference to that output for the backward's retain_grad node."""
-    rec = getattr(captured.setup.flat_fn, "recorded", None)
-    if rec is None or not rec.retained_outputs:
+    rec = captured.hooks
+    if not rec.retained_outputs:
         return ()
     outs, n_mut = captured.analysis.outputs, len(captured.analysis.mutated())
     found = []
@@ -337,10 +275,9 @@ def returned_inputs(captured) -> tuple:
     """``(forward value index, input index)`` of each output a custom Function returned as its
     input: the graph computes it (so the custom backward runs), and the compiled forward returns
     the input itself in its place, so it is a view of the input as in eager."""
-    rec = getattr(captured.setup.flat_fn, "recorded", None)
     outs, n_mut = captured.analysis.outputs, len(captured.analysis.mutated())
     return tuple((n_mut + sum(o.kind == "plain" for o in outs[:j]), i)
-                 for j, i in (rec.returned_inputs if rec is not None else ()) if outs[j].kind == "plain")
+                 for j, i in captured.hooks.returned_inputs if outs[j].kind == "plain")
 
 
 def install_input_hooks(hooks, primals) -> None:

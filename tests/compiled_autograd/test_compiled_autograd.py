@@ -9,6 +9,7 @@ import torch.nn as nn
 import aotgrad
 from aotgrad.compiled_autograd import compiled_autograd, opaque, reset, runtime
 from aotgrad.errors import UnsupportedError
+from aotgrad.tracing.patches import COMPILED_AUTOGRAD_OFF
 from dataclasses import replace
 
 from examples.models import GPT_TINY, make_cnn, make_gpt, make_mlp
@@ -152,7 +153,7 @@ def test_capture_with_lifted_sizes_keeps_other_dims_constant_and_guards_them():
             torch.manual_seed(batch)
             got = step(batch, c)
             torch.manual_seed(batch)
-            with runtime.engine_compiler_off():
+            with COMPILED_AUTOGRAD_OFF():
                 want = step(batch, c)
             for g, e in zip(got, want):
                 torch.testing.assert_close(g, e)
@@ -177,7 +178,7 @@ def _match_eager_per_batch(model, batches, atol=None):
         model.zero_grad(set_to_none=True)
         model(x, y).backward()
         got = grads_of(model.parameters())
-        with runtime.engine_compiler_off():
+        with COMPILED_AUTOGRAD_OFF():
             model.zero_grad(set_to_none=True)
             model(x, y).backward()
         if atol is None:
@@ -582,7 +583,7 @@ def test_aotgrad_backward_is_inlined():
             f(x, w).exp().sum().backward()
             got = w.grad
             w.grad = None
-            with runtime.engine_compiler_off():
+            with COMPILED_AUTOGRAD_OFF():
                 f(x, w).exp().sum().backward()
             torch.testing.assert_close(got, w.grad)
     for c in ca.captures:
@@ -728,7 +729,7 @@ def test_cnn_captured_at_batch_one_is_recaptured_for_larger_batches():
             model(*batch).backward()
             got = grads_of(model.parameters())
             model.zero_grad(set_to_none=True)
-            with runtime.engine_compiler_off():
+            with COMPILED_AUTOGRAD_OFF():
                 model(*batch).backward()
             assert_same(grads_of(model.parameters()), got, atol=1e-5)
     reasons = [c.reason.split(":")[0] for c in ca.captures][1:]

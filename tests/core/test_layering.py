@@ -1,10 +1,10 @@
 """aotgrad's import graph follows the layer order of docs/design.md: no cycle between parts, and
 no part imports one of a higher layer. Imports inside functions count as much as module-level ones
 (only ``if TYPE_CHECKING:`` blocks, which never run, are left out)."""
-import ast
 from pathlib import Path
 
 import aotgrad
+from benchmarks import code_shape
 
 ROOT = Path(aotgrad.__file__).resolve().parent
 
@@ -12,6 +12,7 @@ ROOT = Path(aotgrad.__file__).resolve().parent
 # longest prefix of its dotted name; "" is the package's own __init__ (the public API).
 LAYERS = (
     ("errors", "generated", "_torch", "scoped", "options"),
+    ("tracing",),
     ("ir",),
     ("analysis",),
     ("passes", "partition", "runtime"),
@@ -35,47 +36,12 @@ KNOWN: dict = {}
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _runs(tree):
-    """Every node except the bodies of ``if TYPE_CHECKING:`` blocks."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                todo.extend(child.orelse)
-            else:
-                todo.append(child)
+    return code_shape.module_name(path, ROOT)
 
 
 def imports(path: Path, modules: set) -> set:
     """The aotgrad modules ``path`` imports, at module level or inside functions."""
-    name, is_pkg = module_name(path), path.name == "__init__.py"
-    found = set()
-    for node in _runs(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if name else []
-                base = base if is_pkg else base[:-1]
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif (node.module or "").startswith("aotgrad"):
-                target = node.module.removeprefix("aotgrad").lstrip(".")
-            else:
-                continue
-            for alias in node.names:
-                sub = f"{target}.{alias.name}".lstrip(".")
-                found.add(sub if sub in modules else target)
-        elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("aotgrad").lstrip(".") for a in node.names
-                      if a.name.split(".")[0] == "aotgrad"}
-    return found - {name}
+    return code_shape.imports(path, module_name(path), modules)
 
 
 def part_of(module: str) -> str:
@@ -116,32 +82,7 @@ def part_cycles(edges: dict, skip=()) -> list:
             pa, pb = part_of(a), part_of(b)
             if pa != pb and (a, b) not in skip:
                 nxt.setdefault(pa, set()).add(pb)
-    index, low, stack, on, comps = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in nxt.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                comps.append(sorted(comp))
-    for v in list(nxt):
-        if v not in index:
-            visit(v)
-    return comps
+    return code_shape.cycles(nxt)
 
 
 def test_every_module_belongs_to_a_part():

@@ -5,8 +5,8 @@ import threading
 import torch
 
 import aotgrad
-from aotgrad import scoped
-from aotgrad.capture import session
+from aotgrad import scoped, tracing
+from aotgrad.tracing import patches
 
 from ..eager_check import check
 
@@ -74,8 +74,9 @@ def test_seed_in_one_capture_is_not_seen_by_a_capture_in_another_thread():
     join_a = _in_thread(lambda: aotgrad.capture(fa, xa).compile())
     step_b, step_a = join_b(), join_a()
     torch.manual_seed(0)
-    assert not session.SEEDED, "capture left torch.manual_seed recording seeds"
-    assert not session._TRACEABLE.users and _process_wide() == patched, "capture left torch patched"
+    assert tracing.current() == tracing.Trace(), "capture left this thread's trace context set"
+    assert not any(p.users for p in patches.PATCHES.values()) and _process_wide() == patched, \
+        "capture left torch patched"
     check(fb, (torch.randn(4, 4, requires_grad=True),), compile=lambda *_a, **_k: step_b)
     check(fa, (torch.randn(3),), compile=lambda *_a, **_k: step_a)
 
@@ -114,7 +115,6 @@ class _Waiting(torch.nn.Module):
 def test_block_reuse_in_two_threads_leaves_module_call_unpatched():
     """A's capture starts reusing blocks, B's starts, A's ends, B's ends: with each capture patching
     Module.__call__ and putting back what it found, B put back A's patch for good."""
-    from aotgrad.capture import blocks
     a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
     _EVENTS.update(a=(a_in, b_in), b=(b_in, a_done))
     torch.manual_seed(0)
@@ -132,7 +132,7 @@ def test_block_reuse_in_two_threads_leaves_module_call_unpatched():
     assert a_in.wait(30)
     join_b = _in_thread(lambda: aotgrad.capture(mb, x).compile())
     step_a, step_b = join_a(), join_b()
-    assert torch.nn.Module.__dict__["__call__"] is before and not blocks._INTERCEPTED.users
+    assert torch.nn.Module.__dict__["__call__"] is before and not patches.MODULE_CALLS.users
     for m, step in ((ma, step_a), (mb, step_b)):
         eager = [g.detach() for g in torch.autograd.grad(m(x), list(m.parameters()))]
         loss = step(x)

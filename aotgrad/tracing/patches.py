@@ -1,0 +1,257 @@
+"""Every process-wide change aotgrad makes while it traces, in one place.
+
+PyTorch offers no per-thread way to intercept these functions, so each is replaced process-wide,
+for as long as some capture in some thread needs it (``scoped.Shared``: the first scope in applies
+it, the last one out restores it). Each replacement reads the running thread's
+:class:`~aotgrad.tracing.context.Trace` and passes straight through where it holds nothing, so
+another thread never sees a capture's effect. The replacements only dispatch: what a call means to
+a capture is a method of the object the capture put in its context.
+
+=====================  ===========================================================  ======================
+patch                  what it replaces                                             the context field read
+=====================  ===========================================================  ======================
+``TRACEABLE``          ``torch.manual_seed``, ``torch.random.manual_seed``,         ``traceable``,
+                       ``torch.compiler.is_compiling``; oneDNN off; the effect      ``seeds``,
+                       tokens of ``aten::_linalg_check_errors``/``aten::_print``    ``eager_path``
+``MODULE_CALLS``       ``torch.nn.Module.__call__`` (and the copy ``torch.fx``'s    ``blocks``
+                       tracer calls modules through)
+``TENSOR_HOOKS``       ``Tensor.register_hook``, ``register_post_accumulate_grad_   ``hooks``
+                       hook``, ``retain_grad``
+``FUNCTIONS``          ``torch.autograd.Function.apply``                            ``hooks``
+``RNG_STATE``          ``torch[.random|.cuda].get_rng_state``/``set_rng_state``;   ``rng``
+                       ``torch.utils.checkpoint``'s ``_is_compiling``
+``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad`` of a FunctionalTensor ``backward``
+``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
+_OFF                   ``autograd.grad`` is traced, not compiled)
+=====================  ===========================================================  ======================
+
+What a trace changes elsewhere is per object or per thread, not process-wide: a held module's
+``_parameters``/``_buffers`` become per-thread views (``inputs.flatten.holding``), a module whose
+scalar attributes are watched is an instance of a watching subclass for the length of a block
+template's trace (``guards.reads.attribute_reads``), a captured optimizer's ``step`` is wrapped on
+the instance (``inputs.step``), and the read recording is this thread's ``sys.setprofile``
+(``guards.reads.record``). At run time (not while tracing) a compiled backward swaps the autograd
+engine object for one that keeps queued callbacks (``compiled_autograd.opaque``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import errors
+from .._torch import (
+    FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
+    replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
+)
+from ..scoped import Shared
+from .context import REFUSE, current
+
+# Ops that exist only for their side effect (they raise, or print) carry an effect token when
+# traced, which aotgrad's graphs do not model; with their effect unregistered they are plain nodes
+# that dead-code elimination and the partitioner treat as side effects (analysis.ops.has_side_effect).
+PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
+
+
+def _traceable():
+    """The settings under which traced graphs run correctly outside the trace
+    (``capture.session.traceable_ops``): effect-only checks are plain nodes, oneDNN is off (RNNs
+    trace into plain ATen ops), ``torch.manual_seed`` notes the seed, ``is_compiling()`` is True."""
+    holders = [simple_registry.find(name).effect for name in PLAIN_EFFECTS]
+    saved = [h.effect for h in holders]
+    mkldnn = get_mkldnn_enabled()
+    seeders = (torch.manual_seed, torch.random.manual_seed)
+    is_compiling = torch.compiler.is_compiling
+    seed = seeders[1]
+
+    def manual_seed(s):
+        t = current()
+        if t.traceable and t.seeds is not None:     # another thread's seeding is its own business
+            t.seeds.append(s)
+        return seed(s)
+
+    def compiling():
+        t = current()
+        return (t.traceable and not t.eager_path) or is_compiling()
+
+    for h in holders:
+        h.register(None)
+    set_mkldnn_enabled(False)
+    torch.manual_seed = torch.random.manual_seed = manual_seed
+    torch.compiler.is_compiling = compiling
+
+    def restore():
+        torch.compiler.is_compiling = is_compiling
+        torch.manual_seed, torch.random.manual_seed = seeders
+        set_mkldnn_enabled(mkldnn)
+        for h, effect in zip(holders, saved):
+            h.register(effect)
+    return restore
+
+
+def _module_calls():
+    """Module calls go to this thread's block reuse (``Trace.blocks.call``)."""
+    fx_call = getattr(fx_symbolic_trace, "_orig_module_call", None)
+    before = _BEFORE["call"] = torch.nn.Module.__dict__["__call__"]
+
+    def dispatch(module, *args, **kwargs):
+        reuse = current().blocks
+        if reuse is not None:
+            return reuse.call(module, args, kwargs)
+        return before(module, *args, **kwargs)
+    torch.nn.Module.__call__ = dispatch
+    if fx_call is not None:     # make_fx's tracer calls modules through the __call__ it keeps
+        fx_symbolic_trace._orig_module_call = dispatch
+
+    def restore():
+        torch.nn.Module.__call__ = before
+        if fx_call is not None:
+            fx_symbolic_trace._orig_module_call = fx_call
+    return restore
+
+
+_BEFORE: dict = {}      # "call": Module.__call__ as it was before MODULE_CALLS
+
+
+def flat_call(module, *args, **kwargs):
+    """Call ``module`` as ``Module.__call__`` does without ``MODULE_CALLS`` (a block run flat)."""
+    return _BEFORE["call"](module, *args, **kwargs)
+
+
+def _tensor_hooks():
+    """Hook registration goes to this thread's recorder (``Trace.hooks.register`` / ``.retain``)."""
+    T = torch.Tensor
+    originals = {name: T.__dict__.get(name) for name in
+                 ("register_hook", "register_post_accumulate_grad_hook", "retain_grad")}
+    plain = {name: getattr(T, name) for name in originals}
+
+    def method(name):
+        def intercepted(self, hook):
+            rec = current().hooks
+            return plain[name](self, hook) if rec is None else rec.register(plain[name], self, hook, name)
+        return intercepted
+
+    def retain_grad(self):
+        rec = current().hooks
+        return plain["retain_grad"](self) if rec is None else rec.retain(plain["retain_grad"], self)
+    T.register_hook = method("register_hook")
+    T.register_post_accumulate_grad_hook = method("register_post_accumulate_grad_hook")
+    T.retain_grad = retain_grad
+
+    def restore():
+        for name, value in originals.items():
+            if value is None:
+                delattr(T, name)
+            else:
+                setattr(T, name, value)
+    return restore
+
+
+def _functions():
+    """Custom Functions applied in a traced program are shown to this thread's recorder
+    (``Trace.hooks.applied``), which checks what their backward writes."""
+    Function = torch.autograd.Function
+    original = Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
+        rec = current().hooks
+        if rec is not None and not getattr(cls, "aotgrad_writes_nothing", False):      # aotgrad's own Functions
+            rec.applied(cls, args, out, errors.caller_line())
+        return out
+    Function.apply = classmethod(apply)
+
+    def restore():
+        Function.apply = original
+    return restore
+
+
+def _rng_targets():
+    """(module, attribute, default device) of each RNG-state function."""
+    targets = [(m, name, "cpu") for m in (torch, torch.random) for name in ("get_rng_state", "set_rng_state")]
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        targets += [(cuda, "get_rng_state", "cuda"), (cuda, "set_rng_state", "cuda")]
+    return targets
+
+
+def _rng_state():
+    """RNG-state saves and restores go to this thread's RNG log (``Trace.rng.got`` / ``.setting``);
+    checkpoint's selective contexts act as they do eagerly while one is kept."""
+    targets = _rng_targets()
+    originals = [getattr(m, name) for m, name, _ in targets]
+
+    def getter(real, default):
+        def get_rng_state(device=None):
+            state = real() if default == "cpu" else real(device if device is not None else default)
+            log = current().rng
+            if log is not None:
+                log.got(state, device, default)
+            return state
+        return get_rng_state
+
+    def setter(real, default):
+        def set_rng_state(new_state, device=None):
+            log = current().rng
+            if log is not None:
+                log.setting(new_state, device, default)
+            return real(new_state) if default == "cpu" else real(new_state, device if device is not None else default)
+        return set_rng_state
+    for (m, name, default), real in zip(targets, originals):
+        setattr(m, name, (getter if name == "get_rng_state" else setter)(real, default))
+    undo_checkpoint = replace_checkpoint_is_compiling(
+        lambda real: lambda *a, **k: False if current().rng is not None else real(*a, **k))
+
+    def restore():
+        undo_checkpoint()
+        for (m, name, _), real in zip(targets, originals):
+            setattr(m, name, real)
+    return restore
+
+
+def _forward_only():
+    """While a user forward is traced in this thread (``Trace.backward``): ``backward()`` and reading
+    a traced tensor's ``.grad`` are refused with the user's line, or a whole step's backward runs."""
+    backward = torch.autograd.backward
+
+    def checked_backward(*args, **kwargs):
+        mode = current().backward
+        if mode is REFUSE:
+            raise errors.UnsupportedError(
+                "backward() inside the captured function: aotgrad captures the backward itself; return the "
+                "loss and call .backward() on the compiled function's result", user_line=errors.caller_line())
+        if mode is not None:        # a whole training step is traced: its own backward (inputs.step)
+            return mode(*args, **kwargs)
+        return backward(*args, **kwargs)
+
+    def grad(self, *value):
+        if current().backward is REFUSE:
+            raise errors.UnsupportedError(
+                "reading or setting .grad of a traced tensor inside the captured function: the graph cannot "
+                "see eager's accumulated gradients; read .grad outside it", user_line=errors.caller_line())
+        return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
+    torch.autograd.backward = checked_backward
+    FunctionalTensor.grad = property(grad, grad)
+
+    def restore():
+        torch.autograd.backward = backward
+        del FunctionalTensor.grad
+    return restore
+
+
+def _compiled_autograd_off():
+    """The engine's compiler slot emptied (a capture's ``autograd.grad`` is traced, not compiled)."""
+    prior = compiled_autograd_engine.set_autograd_compiler(None, False)
+    return lambda: compiled_autograd_engine.set_autograd_compiler(*prior)
+
+
+TRACEABLE = Shared(_traceable)
+MODULE_CALLS = Shared(_module_calls)
+TENSOR_HOOKS = Shared(_tensor_hooks)
+FUNCTIONS = Shared(_functions)
+RNG_STATE = Shared(_rng_state)
+FORWARD_ONLY = Shared(_forward_only)
+COMPILED_AUTOGRAD_OFF = Shared(_compiled_autograd_off)
+
+PATCHES = {"TRACEABLE": TRACEABLE, "MODULE_CALLS": MODULE_CALLS, "TENSOR_HOOKS": TENSOR_HOOKS,
+           "FUNCTIONS": FUNCTIONS, "RNG_STATE": RNG_STATE, "FORWARD_ONLY": FORWARD_ONLY,
+           "COMPILED_AUTOGRAD_OFF": COMPILED_AUTOGRAD_OFF}
+"""Every capture-time patch, by name (tests check none is left applied after a capture)."""
