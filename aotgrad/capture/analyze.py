@@ -33,7 +33,11 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
-        rg = tuple(v.requires_grad for v in fw)
+        # A write autograd did not see, traced under no_grad: the joint's copy of that input (cloned
+        # under the captured grad mode) has no history to differentiate, and eager's written tensor
+        # keeps none from it (a leaf parameter an optimizer updates stays the leaf it was).
+        hidden = [not session.grad_enabled and i.mutation_hidden for i in inputs if i.mutates_data]
+        rg = tuple(v.requires_grad and not (k < len(hidden) and hidden[k]) for k, v in enumerate(fw))
         fake_outs = tuple(from_functional(v) for v in fw)
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 

@@ -25,6 +25,7 @@ from ..observe import timed
 from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
 from ..passes.checkpoint_regions import untag_checkpoints
+from ..passes.cleanup import copy_module
 from ..stages import Setup
 from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
@@ -48,7 +49,38 @@ def _desc(node: torch.fx.Node, index: int) -> Desc:
     return InputDesc(f"{index} ({text or node.name})")
 
 
+def _lift_state(gm: torch.fx.GraphModule) -> tuple:
+    """``(graph, names)``: Dynamo hands an optimizer's parameters and state (``exp_avg``, ``step``...)
+    to the backend as the graph's own parameters and buffers, read with ``get_attr`` and written in
+    place by the graph. Each becomes a leading input of a copy of the graph, so a write is the
+    write-back of an input mutation onto that very tensor, as eager's ``opt.step()`` writes it."""
+    owned = {name for name, _ in gm.named_parameters(remove_duplicate=False)} | \
+        {name for name, _ in gm.named_buffers(remove_duplicate=False)}
+    names = list(dict.fromkeys(n.target for n in gm.graph.nodes if n.op == "get_attr" and n.target in owned))
+    if not names:
+        return gm, ()
+    gm = copy_module(gm)
+    first = next(iter(gm.graph.nodes))
+    inputs = {}
+    for name in names:
+        with gm.graph.inserting_before(first):
+            inputs[name] = gm.graph.placeholder(re.sub(r"\W", "_", f"state_{name}"))
+    for n in [n for n in gm.graph.nodes if n.op == "get_attr" and n.target in inputs]:
+        inputs[n.target].meta.update(n.meta)
+        n.replace_all_uses_with(inputs[n.target])
+        gm.graph.erase_node(n)
+    gm.recompile()
+    return gm, tuple(names)
+
+
+def _lifted_desc(gm, name: str) -> Desc:
+    return (ParamDesc if isinstance(getattr(gm, name), torch.nn.Parameter) else BufferDesc)(name)
+
+
 def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
+    body, lifted = _lift_state(gm)
+    state = [gm.get_parameter(n) if isinstance(getattr(gm, n), torch.nn.Parameter) else gm.get_buffer(n)
+             for n in lifted]
     fake_mode = detect_fake_mode(example_inputs)
     if fake_mode is None:
         from .._torch import FakeTensorMode
@@ -57,7 +89,8 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     session = Session(dynamic=None, grad_enabled=torch.is_grad_enabled(),
                       shape_env=fake_mode.shape_env, fake_mode=fake_mode)
     ph = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    descs = tuple(_desc(node, i) for i, node in enumerate(ph))
+    descs = tuple(_lifted_desc(gm, n) for n in lifted) + tuple(_desc(node, i) for i, node in enumerate(ph))
+    example_inputs = (*state, *example_inputs)
     for desc, t in zip(descs, example_inputs):
         if isinstance(t, torch.Tensor):
             refuse_tensor(str(desc), t)
@@ -65,11 +98,12 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
         t, FakeTensor) else t for t in example_inputs]
     n = len(fakes)
     sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
-    body = untag_checkpoints(gm)
+    body = untag_checkpoints(body)
 
     def flat_fn(*flat):
         return outputs(body(*flat))
     flat_fn.__name__ = "dynamo_graph"
+    flat_fn.lifted = tuple(state)       # passed before Dynamo's arguments on every call (_callable)
     return Setup(gm, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
 
@@ -98,7 +132,7 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
         compiled = captured.compile(options=options)
         if key is not None:
             _store(key, compiled)
-    return _callable(compiled)
+    return _callable(compiled, setup.flat_fn.lifted)
 
 
 def _key(gm, setup, example_inputs, options) -> str | None:
@@ -132,19 +166,21 @@ def _store(key, compiled) -> None:
         log.info("not caching a Dynamo graph on disk: %s", e)
 
 
-def _callable(compiled):
+def _callable(compiled, lifted: tuple):
+    """``(*args) -> outputs`` for Dynamo; ``lifted``: the graph's own parameters and buffers, its
+    leading inputs (``_lift_state``), the very tensors Dynamo's graph holds."""
     captured = compiled.captured
     run, rebase = compiled.path.run, captured.setup.rebase
     if rebase is None:
         def call(*args):
-            return run(list(args))
+            return run([*lifted, *args])
     else:
         aliasing = alias_check(captured.setup, captured.analysis)
 
         guards = captured.guards
 
         def call(*args):       # inputs that share storage and are written: passed as their synthetic base
-            flat = list(args)
+            flat = [*lifted, *args]
             why = aliasing(flat)
             if not why:         # Dynamo guards the inputs it sees, not their base: the base's guards are ours
                 flat = rebase.graph_inputs(flat)

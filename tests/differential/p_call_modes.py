@@ -34,11 +34,27 @@ class _ParamView(nn.Module):
         return self.w.view(-1), self.w.t(), (x @ self.w).relu()
 
 
+class _ParamWritten(nn.Module):
+    """Writes its own weight in place where autograd does not see it (an update by hand, as an
+    optimizer or a weight EMA does), then uses it: the written parameter stays the leaf it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.fc.weight.mul_(0.5).add_(0.1)
+        return self.fc(x).tanh()
+
+
 for _name, _outer in {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
                       "grad_disabled": _no_grad_off}.items():
     program(f"batchnorm_train_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(*(lambda m, a: (m, *a))(*_bn(n))))
     program(f"param_views_under_{_name}", M, outer=_outer)(lambda n=4: fn(_ParamView(), r(n, 3)))
+    program(f"param_written_without_grad_under_{_name}", M, outer=_outer, must_match=True)(
+        lambda n=4: fn(_ParamWritten(), r(n, 3)))
     program(f"input_written_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(lambda x, w: (x.mul_(2), (x @ w).sum()), r(n, 3), r(3, 2, rg=True)))
 

@@ -8,7 +8,7 @@ thing a whole-step capture could get wrong: state the optimizer creates on its f
 learning rate a scheduler changes, gradients accumulated over two backwards, ``.grad`` zeroed in
 place or set to None (before or after the update), a frozen parameter, a parameter the loss does
 not reach (no gradient: the optimizer skips it), two optimizers, tied weights, BatchNorm buffers,
-dropout (eager's random stream), gradient clipping.
+dropout (eager's random stream), gradient clipping, optimizer state loaded back between steps.
 """
 from __future__ import annotations
 
@@ -107,6 +107,22 @@ def _set_hyper(opt_name, **values):
     return make
 
 
+def _reloaded(opt_name):
+    """A twin whose optimizer state is loaded back between steps (a checkpoint restored): the same
+    values in new tensor objects, which the step must read and write from then on."""
+    def make():
+        import copy
+        step, args, objects, _ = _plain(opt_name)()
+
+        def between(i):
+            if i == 1:
+                objects[1].load_state_dict(copy.deepcopy(objects[1].state_dict()))
+        return step, args, objects, between
+    return make
+
+
+case("adam_state_reloaded")(_reloaded("adam"))
+case("sgd_momentum_state_reloaded")(_reloaded("sgd_momentum_nesterov_wd"))
 case("adamw_betas_weight_decay_changed")(_set_hyper("adamw", betas=(0.5, 0.9), weight_decay=0.5))
 case("sgd_momentum_changed")(_set_hyper("sgd_momentum_nesterov_wd", momentum=0.5))
 case("adam_maximize_eps_changed")(_set_hyper("adam", maximize=True, eps=1e-3))
