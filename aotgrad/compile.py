@@ -63,8 +63,10 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
     if lay.is_inference:
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
         part, fw_gm, bw_gm = None, captured.joint, None
-        if options.fw_compiler == "inductor" and captured.setup.rebase is None:
-            fw_gm = writes_in_graph(fw_gm, captured.analysis)     # fused into the kernels that compute them
+        if options.fw_compiler in ("inductor", "eager") and captured.setup.rebase is None:
+            # Inductor fuses the writes into the kernels that compute them; the eager backend runs each
+            # as soon as it can, freeing the new value (a whole step: eager's peak memory).
+            fw_gm = writes_in_graph(fw_gm, captured.analysis, early=options.fw_compiler == "eager")
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)) as step:
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "inference", function_id=id(captured)), step),
                               captured.analysis, fw_gm)

@@ -11,6 +11,12 @@ For the GPT of ``examples/`` and a 12-layer GPT, on CPU (and CUDA where there is
 interleaved rounds, as ratios to eager (lower is faster); compile time is left out (warm-up steps).
 
     python -m benchmarks.train_step [--rounds 7] [--steps 5] [--device cpu|cuda]
+    python -m benchmarks.train_step --memory      # peak memory of one step: eager vs the whole step
+
+``--memory``: the peak of the storages one step's ATen ops create (``aotgrad.partition.measure_peak``;
+parameters, optimizer state and the batch excluded) for eager and for the whole step captured
+(``aotgrad.capture`` after one eager step, eager backend), with AdamW's for-loop and foreach code.
+``torch.compile`` is not in this table: Dynamo runs eagerly under the meter's dispatch mode.
 """
 from __future__ import annotations
 
@@ -101,12 +107,41 @@ def measure(cfg, device, rounds: int, steps: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def memory(cfg, foreach: bool) -> dict:
+    """``{"eager": bytes, "aotgrad step": bytes}``: the peak of one step after two warm-up steps."""
+    from aotgrad.partition import measure_peak
+    batch = gpt_batch(cfg, batch=4)
+    out = {}
+    for name in ("eager", "aotgrad step"):
+        torch.manual_seed(0)
+        model = GPT(cfg).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, foreach=foreach)
+        step = _step_of(model, opt)
+        step(*batch)
+        if name != "eager":
+            step = aotgrad.capture(step, *batch).compile()
+        step(*batch)
+        out[name] = measure_peak(lambda: step(*batch))
+    out["parameters"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--memory", action="store_true", help="peak memory of one step instead of step time")
     args = ap.parse_args()
+    if args.memory:
+        print("| model | AdamW | parameters MB | eager peak MB | aotgrad step peak MB | × eager |")
+        print("|---|---|---:|---:|---:|---:|")
+        for model, cfg in MODELS.items():
+            for foreach in (False, True):
+                m = memory(cfg, foreach)
+                print(f"| {model} | {'foreach' if foreach else 'for-loop'} | {m['parameters'] / 1e6:.2f} | "
+                      f"{m['eager'] / 1e6:.2f} | {m['aotgrad step'] / 1e6:.2f} | {m['aotgrad step'] / m['eager']:.2f} |")
+        return
     for model, cfg in MODELS.items():
         ms = measure(cfg, args.device, args.rounds, args.steps)
         print(f"\n### {model}, AdamW, {args.device} (torch {torch.__version__})\n")

@@ -78,7 +78,7 @@ def _lifted_desc(gm, name: str) -> Desc:
 
 
 def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
-    body, lifted = _lift_state(gm)
+    graph, lifted = _lift_state(gm)
     state = [gm.get_parameter(n) if isinstance(getattr(gm, n), torch.nn.Parameter) else gm.get_buffer(n)
              for n in lifted]
     fake_mode = detect_fake_mode(example_inputs)
@@ -98,13 +98,13 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
         t, FakeTensor) else t for t in example_inputs]
     n = len(fakes)
     sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
-    body = untag_checkpoints(body)
+    body = untag_checkpoints(graph)
 
     def flat_fn(*flat):
         return outputs(body(*flat))
     flat_fn.__name__ = "dynamo_graph"
     flat_fn.lifted = tuple(state)       # passed before Dynamo's arguments on every call (_callable)
-    return Setup(gm, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
+    return Setup(graph, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
 
 def _keywords(options: dict) -> dict:
@@ -125,7 +125,7 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
     with timed(history, "setup (dynamo)") as info:
         setup = _setup(gm, example_inputs)
         info["inputs"] = len(example_inputs)
-    key = _key(gm, setup, example_inputs, options)
+    key = _key(setup.fn, setup, setup.fake_inputs, options)     # the lifted state by its layout, not its values
     compiled = None if key is None else _load(key, setup, options)
     if compiled is None:
         captured = capture_setup(setup, history)

@@ -107,3 +107,81 @@ def _(n=4):
         p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.01)
         return p.norm()
     return fn(f, r(n, 3), torch.zeros(n, 3), torch.zeros(n, 3), r(n, 3))
+
+
+# The eager backend brings each write forward (``early``): right after its value and the last read of
+# the input's storage. These twins read the old value late, or through a view, or through the other
+# written input, or make the written value feed an output and a random op too.
+
+
+@_p("old_value_read_late")
+def _(n=4):
+    def f(x, y):
+        old = x * 1             # a new tensor: x's old value, read again at the end
+        x.add_(y)
+        h = (y * 3).tanh()
+        return h + x.sum() * 0 + old.sum(), (h * x).sum()
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("view_read_after_new_value")
+def _(n=4):
+    def f(x, y):
+        v = x.t()               # a view of the input, read after x's new value is known
+        new = x * 0.5 + y
+        s = (v @ y).sum()
+        x.copy_(new)
+        return s, x.sum()
+    return fn(f, r(n, n), r(n, n))
+
+
+@_p("two_inputs_swapped")
+def _(n=4):
+    def f(x, y):
+        nx, ny = y * 2, x + 1   # each new value reads the other input's old value
+        x.copy_(nx)
+        y.copy_(ny)
+        return x.sum() + y.sum()
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("written_value_also_returned")
+def _(n=4):
+    def f(m, g):
+        m.lerp_(g, 0.1)
+        return m * 2, g.sum()
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("update_then_random", calls=2)
+def _(n=4):
+    def f(x, g):
+        x.sub_(g, alpha=0.1)
+        noise = torch.rand_like(x)          # eager's stream: its position must not move
+        return (x * noise).sum(), torch.rand(2)
+    return fn(f, r(n, 3), r(n, 3))
+
+
+@_p("per_parameter_updates_between_reads", calls=3)
+def _(n=4):
+    def f(w1, w2, m1, m2, x):
+        h = torch.tanh(x @ w1)
+        out = h @ w2
+        g2 = h.t() @ torch.ones_like(out)    # w2's "gradient", ready before w1 is last read
+        m2.mul_(0.9).add_(g2)
+        w2.sub_(m2, alpha=0.01)
+        g1 = x.t() @ ((torch.ones_like(out) @ (w2 * 1).t()) * (1 - h * h))   # reads w2's new value
+        m1.mul_(0.9).add_(g1)
+        w1.sub_(m1, alpha=0.01)
+        return out.sum()
+    return fn(f, r(3, 4), r(4, 2), torch.zeros(3, 4), torch.zeros(4, 2), r(n, 3))
+
+
+@_p("update_ready_before_old_value_reads", calls=2)
+def _(n=4):
+    def f(x, g, y):
+        h = (y @ x).tanh()                  # reads x's old value
+        s = (h @ x.t()).sum()               # and through a view of it
+        x.sub_(g, alpha=0.1)                # needs only inputs: brought to the top, its write must wait
+        return s
+    return fn(f, r(3, 3), r(3, 3), r(n, 3))

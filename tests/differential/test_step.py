@@ -1,10 +1,14 @@
 """Whole training steps (``p_step.py``) through ``capture`` (after one eager step, so the
-optimizer's state exists), the same exported and loaded back (``aotgrad.load``), ``aotgrad.jit`` (the first call creates that state inside the graph) and
-``aotgrad.jit(fw_compiler="inductor")``, compared with eager after every step: the step's outputs
-and their ``requires_grad``, every parameter, buffer and ``.grad`` (None where eager's is None, the
-same object across steps where eager's is), every optimizer state tensor, the learning rates and the
-global RNG. The eager backend is bit for bit; Inductor within float rounding (it fuses the update).
-``make test`` runs the eager backend; the Inductor column is ``slow``."""
+optimizer's state exists), the same exported and loaded back (``aotgrad.load``), ``aotgrad.jit`` (the
+first call creates that state inside the graph), ``aotgrad.jit(fw_compiler="inductor")`` and
+``torch.compile(backend="aotgrad")`` (cold, and served from the disk cache a first run under other
+values stored), compared with eager after every step: the step's outputs and their
+``requires_grad``, every parameter, buffer and ``.grad`` (None where eager's is None, the same object
+across steps where eager's is), every optimizer state tensor, the learning rates and the global RNG.
+The eager backend is bit for bit; Inductor within float rounding (it fuses the update); under Dynamo
+bit for bit with ``torch.compile(backend="aot_eager")`` (Dynamo traces the optimizer's compile path)
+and within rounding of eager. ``make test`` runs the eager backend cold; the Inductor and warm
+Dynamo columns are ``slow``."""
 from __future__ import annotations
 
 import os
@@ -14,6 +18,7 @@ import pytest
 import torch
 
 import aotgrad
+from aotgrad.frontend import dynamo as dynamo_frontend
 
 from .p_step import CASES
 
@@ -59,7 +64,8 @@ ENTRIES = {"capture_warm": (_capture_warm, True),
            "export_warm": (_export_warm, True),
            "jit": (lambda fn, args: aotgrad.jit(fn), False),
            "jit_inductor": (lambda fn, args: aotgrad.jit(fn, fw_compiler="inductor"), False),
-           "dynamo": (_dynamo("aotgrad"), False)}
+           "dynamo": (_dynamo("aotgrad"), False),
+           "dynamo_warm": (_dynamo("aotgrad"), False)}
 
 
 def _leaves(out):
@@ -117,17 +123,25 @@ def _equal(a, b, exact: bool) -> bool:
     return type(a) is type(b) and a == b
 
 
-@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.slow) if e == "jit_inductor" else e
+@pytest.mark.parametrize("entry", [pytest.param(e, marks=pytest.mark.slow) if e in ("jit_inductor", "dynamo_warm") else e
                                    for e in ENTRIES])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_step_matches_eager(case, entry):
+def test_step_matches_eager(case, entry, monkeypatch):
     compile, warm = ENTRIES[entry]
-    if entry.endswith("_warm") and case.endswith("_changed"):   # a staged or loaded step does not capture again
+    if entry in ("capture_warm", "export_warm") and case.endswith("_changed"):   # staged or loaded: no capture again
         with pytest.raises(aotgrad.errors.InputMismatchError, match="optimizer hyperparameter changed"):
             _run(case, compile=compile)
         return
     if entry == "export_warm" and case.endswith("_reloaded"):
         pytest.skip("the loaded step trains optimizer state of its own: a reload of the user's does not reach it")
+    if entry == "dynamo_warm":
+        _stored_first(case)
+        captures = []
+        real = dynamo_frontend.capture_setup
+        monkeypatch.setattr(dynamo_frontend, "capture_setup", lambda *a, **k: captures.append(1) or real(*a, **k))
+        _compare(_run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile), exact=True)
+        assert not captures, f"{len(captures)} of the step's Dynamo graphs were captured again, not loaded"
+        return
     if entry == "dynamo":
         # Dynamo traces the optimizer itself, on its compile path (``is_compiling()``): scalar math in
         # float32 tensors where eager's is in Python floats. The same graphs through PyTorch's own
@@ -136,6 +150,22 @@ def test_step_matches_eager(case, entry):
         _compare(_run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile), exact=True)
         return
     _compare(_run(case, warm=warm), _run(case, compile=compile), exact=entry != "jit_inductor")
+
+
+def _stored_first(case):
+    """What a first process does: the same step built under another seed (other weights, batch and
+    optimizer state: what is stored must not depend on values) trained through
+    ``torch.compile(backend="aotgrad")``, which stores every graph Dynamo hands over on disk."""
+    make, steps = CASES[case]
+    state = torch.random.get_rng_state()
+    torch.manual_seed(1)
+    fn, args, _, between = make()
+    first = _dynamo("aotgrad")(fn, args)
+    for i in range(steps):
+        first(*args)
+        if between is not None:
+            between(i)
+    torch.random.set_rng_state(state)
 
 
 def _compare(reference, compiled, exact: bool) -> None:
