@@ -204,3 +204,29 @@ def test_repeated_blocks_are_compiled_once(monkeypatch, n):
     monkeypatch.setattr(regions, "ENABLED", False)
     check_training(make, steps=1, fw_compiler="inductor", rtol=1e-4, atol=1e-4)
     assert len(compiles) == 2 and max(compiles) > 2 * n, compiles
+
+
+@pytest.mark.parametrize("step", [False, True])
+def test_regions_only_where_the_blocks_are_most_of_the_graph(monkeypatch, step):
+    """Regional compilation runs what lies between the blocks eagerly: worth it for a GPT's forward
+    (embeddings, head and loss around the blocks), not for a whole training step, whose optimizer
+    update (most of the graph, and what Inductor fuses best) would run op by op."""
+    mod = importlib.import_module("aotgrad.backends.inductor")
+    chosen = []
+    monkeypatch.setattr(mod, "_regional", lambda gm, found: chosen.append("regional") or gm.forward)
+    monkeypatch.setattr(mod, "_compile", lambda gm, examples: chosen.append("whole") or gm.forward)
+    model, args = models.make_gpt(models.GPT_SDPA)
+    if step:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def fn(*a):
+            loss = model(*a)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        fn(*args)
+    else:
+        fn = model
+    aotgrad.capture(fn, *args).compile(fw_compiler="inductor")
+    assert chosen[0] == ("whole" if step else "regional")
