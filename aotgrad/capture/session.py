@@ -135,6 +135,8 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         if direct is not None and direct.unseen and direct.touches(args, kwargs or {}):
             raise UnseenUsed(f"{func} reads an input only repeated blocks were to read")
         written = _written(func)
+        if written and func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
+            _refuse_overlapping_foreach(func, args, kwargs or {})
         if written:
             for t in _args_at(func, written, args, kwargs or {}):
                 if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
@@ -164,6 +166,30 @@ def _device(t):
 
 
 _WRITTEN: dict = {}     # a true cache: an operator's schema never changes
+
+
+def _refuse_overlapping_foreach(func, args, kwargs) -> None:
+    """An in-place ``_foreach_*_`` whose other arguments read an element of the list it writes at
+    another index (``_foreach_add_([a, b], [c, a])``): eager's kernel updates the elements one after
+    the other, so ``b`` gets the new ``a`` on CPU (and either, on CUDA's fused kernel); a functional
+    graph computes every element from the old values."""
+    def key(t):
+        return t.untyped_storage()._cdata if isinstance(t, torch.Tensor) else None
+    written: dict = {}      # storage -> the indices that write into it (views of one base share one)
+    for i, t in enumerate(args[0]):
+        if isinstance(t, torch.Tensor):
+            written.setdefault(key(t), set()).add(i)
+    for arg in (*args[1:], *kwargs.values()):
+        items = arg if isinstance(arg, (list, tuple)) else [arg] * len(args[0])
+        for j, t in enumerate(items):
+            i = min(written.get(key(t), set()) - {j}, default=None) if isinstance(t, torch.Tensor) else None
+            if i is not None:
+                from ..errors import UnsupportedError, caller_line
+                raise UnsupportedError(
+                    f"{func.__name__} writes element {i} of its list and reads it as element {j} of another "
+                    "argument: eager updates the elements one after another (the result depends on the order "
+                    "its kernel takes them), the compiled graph computes all from the old values; pass "
+                    "separate tensors or update them one by one", user_line=caller_line())
 
 
 def _written(func) -> tuple:

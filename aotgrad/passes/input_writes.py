@@ -15,7 +15,9 @@ write forward, right after its value and the last node that reads the input or a
 the operators' schemas): a whole training step's optimizer then holds each new parameter and state
 value only until its write, as eager's in-place update does, instead of every one of them until the
 epilogue. The computations themselves keep their traced order (run inside the backward, an update
-would add its temporaries to the backward's peak).
+would add its temporaries to the backward's peak). A functional ``_foreach_*`` op whose first list
+holds written inputs runs as its in-place twin where nothing needs their values any more
+(``_foreach_in_place``): the ``foreach`` optimizers' update needs no second copy of their state.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .._torch import OpOverload
 from .cleanup import copy_module
 
 _COPY = torch.ops.aten.copy_.default
@@ -53,9 +56,82 @@ def writes_in_graph(gm: fx.GraphModule, analysis, early: bool = False) -> fx.Gra
         values[k] = write
     out.args = (type(out.args[0])(values),)
     if early:
+        _foreach_in_place(new.graph)
         _bring_forward(new.graph)
     new.recompile()
     return new
+
+
+def _foreach_in_place(graph: fx.Graph) -> None:
+    """Run a functional ``_foreach_*`` op in place (its ``_foreach_*_`` twin) on the written inputs its
+    first list holds, where nothing reads their current values after it and each input's final write
+    is of that chain's last value: the optimizer's ``foreach`` update then needs no second list of
+    every state tensor, as eager's in-place ``_foreach_mul_`` does not. The writes of such values
+    become no-ops and go; the graph returns the input itself."""
+    writes = {n.args[0]: n for n in graph.nodes if n.op == "call_function" and n.target is _COPY
+              and n.args[0].op == "placeholder"}
+    position = {n: k for k, n in enumerate(graph.nodes)}
+    home = {p: p for p in writes}       # value node -> the written input whose memory holds it
+    done = []
+    for n in list(graph.nodes):
+        twin = _in_place_twin(n)
+        if twin is None or not isinstance(n.args[0], (list, tuple)):
+            continue
+        elements = list(n.args[0])
+        targets = [home.get(e) for e in elements]
+        items = [u for u in n.users]
+        if None in targets or len(set(targets)) != len(targets) or \
+                any(u.target is not operator.getitem or not isinstance(u.args[1], int) for u in items):
+            continue
+        if any(position[r] > position[n] and r is not n and a is not writes[t] and not (r is writes[t] and a is t)
+               for e, t in zip(elements, targets) for a in _aliases(e) for r in a.users):
+            continue            # a current value is read after the op (the final write's value is too)
+        if _reads_across(n, targets, home):
+            continue            # element i would read what element j already overwrote
+        for u in items:
+            home[u] = targets[u.args[1]]
+        done.append((n, twin, targets))
+    for n, twin, targets in done:
+        n.target = twin
+        n.args = (list(targets), *n.args[1:])
+        n.meta.pop("val", None)
+        for u in list(n.users):
+            u.replace_all_uses_with(targets[u.args[1]])
+            graph.erase_node(u)
+    for w in writes.values():
+        if w.args[1] is w.args[0]:      # the chain ran in the input itself
+            w.replace_all_uses_with(w.args[0])
+            graph.erase_node(w)
+
+
+def _reads_across(n: fx.Node, targets: list, home: dict) -> bool:
+    """Whether an argument of ``n`` other than its first list reads the memory of one of ``targets``
+    anywhere but at its own index (directly or through a view)."""
+    def held(a):
+        while a not in home and a.op == "call_function" and _may_alias(a.target) and a.args \
+                and isinstance(a.args[0], fx.Node):
+            a = a.args[0]
+        return home.get(a)
+    for arg in (*n.args[1:], *n.kwargs.values()):
+        if isinstance(arg, fx.Node) and held(arg) in targets:
+            return True
+        if isinstance(arg, (list, tuple)):
+            for j, a in enumerate(arg):
+                if isinstance(a, fx.Node) and held(a) in targets and targets.index(held(a)) != j:
+                    return True
+    return False
+
+
+def _in_place_twin(n: fx.Node):
+    """``aten._foreach_X_.overload`` for a functional ``aten._foreach_X.overload`` node, else None."""
+    t = n.target
+    if n.op != "call_function" or not isinstance(t, OpOverload):
+        return None
+    name = t._schema.name
+    if not name.startswith("aten::_foreach_") or name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name.split("::")[1] + "_", None)
+    return getattr(packet, t._overloadname, None) if packet is not None else None
 
 
 def _bring_forward(graph: fx.Graph) -> None:

@@ -185,3 +185,58 @@ def _(n=4):
         x.sub_(g, alpha=0.1)                # needs only inputs: brought to the top, its write must wait
         return s
     return fn(f, r(3, 3), r(3, 3), r(n, 3))
+
+
+# The eager backend runs a functional ``_foreach_*`` op in place on the written inputs of its first
+# list (an optimizer's foreach update) where nothing needs their values any more: these twins need
+# them (another index reads one, an intermediate of the chain is written or returned).
+
+
+@_p("foreach_chain", calls=3)
+def _(n=4):
+    def f(a, b, ga, gb):
+        ys = torch._foreach_mul([a, b], 0.9)
+        zs = torch._foreach_add(ys, [ga, gb], alpha=0.1)
+        torch._foreach_copy_([a, b], zs)
+        return a.sum() + b.sum()
+    return fn(f, r(n, 3), r(3), r(n, 3), r(3))
+
+
+@program("writes_foreach_in_place_reads_another_index", W, backward=False)      # refused, with the user's line
+def _(n=4):
+    def f(a, b, c):
+        torch._foreach_add_([a, b], [c, a])          # eager: b gets a's new value (element by element)
+        return a.sum() + b.sum()
+    return fn(f, r(n, 3), r(n, 3), r(n, 3))
+
+
+@_p("foreach_intermediate_written", calls=2)
+def _(n=4):
+    def f(v, w, g):
+        nv = torch._foreach_addcmul(torch._foreach_mul([v, w], 0.9), [g, g], [g, g], value=0.1)
+        d = torch._foreach_sqrt(nv)                  # nv is what is written: sqrt must not overwrite it
+        v.copy_(nv[0])
+        w.copy_(nv[1])
+        return d[0].sum() + d[1].sum()
+    return fn(f, r(n, 3).abs(), r(n, 3).abs(), r(n, 3))
+
+
+@_p("foreach_intermediate_returned", calls=2)
+def _(n=4):
+    def f(x0, x1, g0, g1):
+        ys = torch._foreach_mul([x0, x1], 2.0)
+        zs = torch._foreach_add(ys, [g0, g1])
+        x0.copy_(zs[0])
+        x1.copy_(zs[1])
+        return ys[0].sum(), ys[1] * 1
+    return fn(f, r(n, 3), r(n, 3), r(n, 3), r(n, 3))
+
+
+@_p("foreach_same_input_twice")
+def _(n=4):
+    def f(a, b):
+        ys = torch._foreach_mul([a, a, b], 2.0)
+        a.copy_(ys[1] + 1)
+        b.copy_(ys[2])
+        return ys[0].sum()
+    return fn(f, r(n, 3), r(n, 3))

@@ -95,3 +95,41 @@ def test_a_target_without_a_schema_counts_as_a_view():
     gm = writes_in_graph(_graph(build), _written(2, {0}), early=True)
     names = _order(gm)
     assert names.index("copy_") > names.index("sum")
+
+
+def _foreach_graph(second_other):
+    """``zs = _foreach_add(_foreach_mul([x, y], 2), second_other(x, y))``, written back into x and y."""
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    for p in (x, y):
+        p.meta["val"] = torch.empty(3)
+    ys = g.call_function(aten._foreach_mul.Scalar, ([x, y], 2.0))
+    y0, y1 = (g.call_function(operator.getitem, (ys, i)) for i in range(2))
+    zs = g.call_function(aten._foreach_add.List, ([y0, y1], second_other(x, y, y0, y1)))
+    z0, z1 = (g.call_function(operator.getitem, (zs, i)) for i in range(2))
+    for n in (y0, y1, z0, z1):
+        n.meta["val"] = torch.empty(3)
+    g.output([z0, z1])
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_foreach_chain_runs_in_place_on_the_written_inputs():
+    gm = writes_in_graph(_foreach_graph(lambda x, y, y0, y1: [y0, y1]), _written(2, {0, 1}), early=True)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten._foreach_mul_.Scalar in targets and aten._foreach_add_.List in targets
+    assert aten.copy_.default not in targets
+    x, y = torch.randn(3), torch.randn(3)
+    xs, ys = x.clone(), y.clone()
+    gm(xs, ys)
+    assert torch.equal(xs, x * 2 + x * 2) and torch.equal(ys, y * 2 + y * 2)
+
+
+def test_foreach_reading_another_index_of_its_written_list_stays_functional():
+    """The second op reads element 0 of the list it would overwrite as its element 1 (and x's old
+    value as its element 0): in place, element 1 would read element 0's new value."""
+    gm = writes_in_graph(_foreach_graph(lambda x, y, y0, y1: [y1, y0]), _written(2, {0, 1}), early=True)
+    assert aten._foreach_add.List in [n.target for n in gm.graph.nodes]    # [y1, y0]: crossed indices
+    x, y = torch.randn(3), torch.randn(3)
+    xs, ys = x.clone(), y.clone()
+    gm(xs, ys)
+    assert torch.equal(xs, x * 2 + y * 2) and torch.equal(ys, y * 2 + x * 2)
