@@ -40,7 +40,7 @@ def compile_cached(captured, fw_compiler="eager", bw_compiler=None, partitioner=
 @_keywords_checked("aotgrad.explain")
 def explain(obj) -> str:
     """Plain-text account of a ``jit`` function (entries, recompile reasons), a ``Compiled`` or a ``Captured``:
-    stages with durations, graph sizes, saved activations, guards."""
+    stages with durations, graph sizes, saved activations, guards: ``obj.explain()``."""
     from .observe.explain import explain as explain_text
     return explain_text(obj)
 

@@ -127,6 +127,11 @@ class Captured:
         step = Step("with_joint", 0.0, {"nodes": len(gm.graph.nodes)})
         return replace(self, joint=gm, history=self.history + (step,))
 
+    def explain(self) -> str:
+        """Stages with durations, the joint graph's size and the guards (``aotgrad.explain``)."""
+        from .observe.explain import explain_captured
+        return explain_captured(self)
+
     def __str__(self) -> str:
         from .observe.printing import format_captured
         return format_captured(self)
@@ -189,6 +194,19 @@ class Compiled:
         from .observe.printing import format_program
         return format_program(self)
 
+    def explain(self) -> str:
+        """Stages with durations, graph sizes, saved activations and guards (``aotgrad.explain``)."""
+        from .observe.explain import explain_compiled
+        return explain_compiled(self)
+
+    def compiled_entries(self) -> list:
+        """``[(compiled, why it was compiled)]``: what a report shows (a ``Jit`` has one per entry)."""
+        return [(self, None)]
+
+    def summary(self) -> None:
+        """A ``Jit``'s account of its entries; a ``Compiled`` is one entry and has none."""
+        return None
+
     def __str__(self) -> str:
         from .observe.printing import format_compiled
         return format_compiled(self)
@@ -244,6 +262,9 @@ class Exported:
     def program(self) -> str:
         """The loaded step as the Python a call runs (``Compiled.program``)."""
         return self.compiled.program()
+
+    def explain(self) -> str:
+        return self.compiled.explain()
 
     def named_parameters(self):
         return self.state.named_parameters()

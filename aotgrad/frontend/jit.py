@@ -266,6 +266,16 @@ class Jit:
                                                                    e.state) for k, e in enumerate(self.entries))
 
     def explain(self) -> str:
+        """Every entry: why it was compiled, its stages, graphs, saved activations, guards and the Python
+        state it reads (``aotgrad.explain``)."""
+        from ..observe.explain import explain_jit
+        return explain_jit(self)
+
+    def compiled_entries(self) -> list:
+        return [(e.compiled, e.reason) for e in self.entries]
+
+    def summary(self) -> str:
+        """One line per entry: why it was compiled, its sizes, assumptions and how much state it reads."""
         lines = [f"aotgrad.jit({_name(self.fn)}): {len(self.entries)} compiled entr{'y' if len(self.entries) == 1 else 'ies'}"
                  + (f", {self.fallbacks} eager fallback call(s) past the recompile limit" if self.fallbacks else "")]
         for k, e in enumerate(self.entries):

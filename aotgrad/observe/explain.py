@@ -6,24 +6,21 @@ it was recompiled.
 """
 from __future__ import annotations
 
-from .facts import fmt_bytes, graph_sizes, guard_lines, kind_of, name_of, saved_rows
+from .facts import fmt_bytes, graph_sizes, guard_lines, name_of, saved_rows
 
 
 def explain(obj) -> str:
-    """Explain a ``Jit``, a ``Compiled`` or a ``Captured``."""
-    kind = kind_of(obj)
-    if kind == "jit":
-        return explain_jit(obj)
-    if kind == "compiled":
-        return explain_compiled(obj)
-    if kind == "captured":
-        return explain_captured(obj)
-    raise TypeError(f"aotgrad.explain takes an aotgrad.jit function, a Compiled or a Captured, "
-                    f"not {type(obj).__name__}; wrap a plain function with aotgrad.jit and call it first")
+    """Explain anything with an ``explain()`` method (a ``Jit``, ``Compiled``, ``Captured``, ``Exported``, a
+    ``compiled_autograd`` block): each object says what it is, nothing here guesses it from its fields."""
+    method = getattr(type(obj), "explain", None)
+    if method is None:
+        raise TypeError(f"aotgrad.explain takes an aotgrad.jit function, a Compiled or a Captured, "
+                        f"not {type(obj).__name__}; wrap a plain function with aotgrad.jit and call it first")
+    return method(obj)
 
 
 def explain_jit(j) -> str:
-    parts = [j.explain()]
+    parts = [j.summary()]
     for k, e in enumerate(j.entries):
         why = "first call" if e.reason is None else f"recompiled because {e.reason}"
         parts.append(f"\n=== entry {k} ({why}) ===\n" + explain_compiled(e.compiled))

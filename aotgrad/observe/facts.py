@@ -17,18 +17,6 @@ class SavedRow:
     source: str | None          # the user's line that produced it
 
 
-def kind_of(obj) -> str | None:
-    """``"jit"``, ``"compiled"`` or ``"captured"``, told by what the object holds: observe sits below
-    the layers that define those classes (docs/design.md), so it does not import them."""
-    if hasattr(obj, "entries") and hasattr(obj, "recompile_limit"):
-        return "jit"
-    if hasattr(obj, "forward_graph") and hasattr(obj, "captured"):
-        return "compiled"
-    if hasattr(obj, "joint") and hasattr(obj, "layout"):
-        return "captured"
-    return None
-
-
 def graph_size(gm: fx.GraphModule | None) -> dict | None:
     if gm is None:
         return None

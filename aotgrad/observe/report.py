@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from .facts import fmt_bytes, graph_sizes, guard_lines, kind_of, name_of, saved_rows
+from .facts import fmt_bytes, graph_sizes, guard_lines, name_of, saved_rows
 from .printing import format_graph
 
 _CSS = """
@@ -34,15 +34,13 @@ document.documentElement.setAttribute('data-rendered',
 
 def report_html(obj) -> str:
     """The page for a ``Jit`` (every entry), a ``Compiled``, or a callable's result."""
-    if kind_of(obj) == "jit":
-        if not obj.entries:
-            raise ValueError("this aotgrad.jit function has not been called yet, so nothing was compiled")
-        title = f"aotgrad report: jit({name_of(obj.entries[0].compiled)})"
-        entries = [(e.compiled, e.reason, k) for k, e in enumerate(obj.entries)]
-        intro = f"<pre>{_e(obj.explain())}</pre>"
-    else:
-        title = f"aotgrad report: {name_of(obj)}"
-        entries, intro = [(obj, None, 0)], ""
+    entries, summary = obj.compiled_entries(), obj.summary()     # a Jit: every entry, and its summary
+    if not entries:
+        raise ValueError("this aotgrad.jit function has not been called yet, so nothing was compiled")
+    name = name_of(entries[0][0])
+    title = f"aotgrad report: jit({name})" if summary is not None else f"aotgrad report: {name}"
+    intro = f"<pre>{_e(summary)}</pre>" if summary is not None else ""
+    entries = [(c, reason, k) for k, (c, reason) in enumerate(entries)]
     body = [f"<h1>{_e(title)}</h1>", "<nav id='toc'></nav>", intro]
     body += [_entry(c, reason, k, open_=(k == len(entries) - 1)) for c, reason, k in entries]
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"

@@ -32,3 +32,24 @@ def test_explain_captured_and_uncalled_jit(mlp):
 def test_explain_plain_function_says_what_to_do():
     with pytest.raises(TypeError, match="aotgrad.jit"):
         aotgrad.explain(lambda x: x)
+
+
+def test_explain_is_the_objects_own_method(compiled, mlp, tmp_path):
+    """aotgrad.explain(obj) is obj.explain(): a loaded artifact and a compiled_autograd block explain
+    themselves too, and an object whose fields merely look like a stage's is not explained."""
+    assert aotgrad.explain(compiled) == compiled.explain()
+    x = torch.randn(2, 4)
+    captured = aotgrad.capture(mlp, x)
+    path = tmp_path / "mlp.aotgrad"
+    captured.export(str(path))
+    loaded = aotgrad.load(str(path))
+    assert "saved for backward" in aotgrad.explain(loaded)
+    with aotgrad.compiled_autograd("eager") as ca:
+        mlp(x).sum().backward()
+    assert "compiled_autograd: 1 capture(s)" in aotgrad.explain(ca)
+
+    class LooksLikeAStage:          # what the old field sniffing took for a Compiled
+        forward_graph = captured = None
+
+    with pytest.raises(TypeError, match="aotgrad.jit"):
+        aotgrad.explain(LooksLikeAStage())
