@@ -361,9 +361,16 @@ def _scan(code):
     n_args = code.co_argcount + code.co_kwonlyargcount
     args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
     found, stores, cur, line, pending = [], [], None, None, None
+    typed = False       # ``cur`` is the one argument of a call of ``type`` (``type(self).x`` reads self.__class__.x)
     for ins in dis.get_instructions(code):
         line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
         op = ins.opname
+        if typed and cur is not None and (op == "PRECALL" or op == "CALL" and ins.argval == 1):
+            if op == "CALL":
+                cur, typed = Chain(cur.root, cur.name, cur.steps + (("attr", "__class__"),), cur.line), False
+            continue
+        typed = typed and op in _ATTR + ("LOAD_CONST", "BINARY_SUBSCR")
+        ended_type = cur is not None and cur.root == "global" and cur.name == "type" and not cur.steps
         if cur is not None and op in _ATTR:
             cur = Chain(cur.root, cur.name, cur.steps + (("attr", ins.argval),), cur.line)
             continue
@@ -390,6 +397,9 @@ def _scan(code):
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
         if root is not None:
+            # ``type`` loaded just before (a bare global chain, ended by this load): ``type(<this>)``
+            typed = bool(found) and found[-1].root == "global" and found[-1].name == "type" and \
+                not found[-1].steps and ended_type
             cur = Chain(root, ins.argval, (), line)
         elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
             stores.append(Store(ins.argval, line))

@@ -27,6 +27,8 @@ def locate(obj, kind, key):
     library constant or not found in a place a guard can watch."""
     if kind == "item":
         return (obj, key) if isinstance(obj, dict) and key in obj else None
+    if key == "__class__":      # ``self.__class__.x``, ``type(self).x``: the class the object has now
+        return None if isinstance(obj, type) else (obj, key)
     if kind == "cell":
         code = getattr(obj, "__code__", None)
         if code is None or key not in code.co_freevars:
@@ -226,7 +228,7 @@ class Resolver:
         # monkeypatch) is another program under the same function object.
         self._add(Read(f"{source}.__code__", path + (("attr", "__code__"),) if path else None, fn, "__code__",
                        fn.__code__, "id"))
-        for c in chains(fn.__code__)[0]:
+        for c in _cell_chains(fn.__code__, self.executed):
             if c.root == "deref":
                 where, _ = locate(fn, "cell", c.name)
                 cpath = path + (("cell", c.name),) if path else None
@@ -237,6 +239,22 @@ class Resolver:
                     continue            # an empty cell: the code would have raised
                 self._add_value(where, None, csource, cpath)
                 self._follow(where.cell_contents, cpath, csource, c.steps)
+
+
+def _cell_chains(code, executed) -> list:
+    """The chains of ``code`` and of the nested code in it that ran (a lambda, an inner function, a
+    comprehension) that load one of ``code``'s free variables: each nested load of such a name reads
+    the function's own cell (nested code closes over the same cell)."""
+    found = list(chains(code)[0])
+    free = set(code.co_freevars)
+    todo = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    while todo:
+        inner = todo.pop()
+        todo.extend(c for c in inner.co_consts if isinstance(c, types.CodeType))
+        if inner in executed and free & set(inner.co_freevars):
+            found += [c for c in chains(inner)[0] if c.root == "deref" and c.name in free
+                      and c.name not in inner.co_cellvars]
+    return found
 
 
 def read_at(where, key):

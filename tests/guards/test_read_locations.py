@@ -2,8 +2,9 @@
 the first call, ``jit`` recompiles (the result is eager's, ``explain`` names the read) and a
 ``capture().compile()`` step raises ``InputMismatchError`` naming it, before anything runs.
 
-Kinds: an attribute of the module, a class attribute, a global, a dict item of a global, a
-module's ``training`` flag, an attribute of an object argument. Locations: the function itself, a
+Kinds: an attribute of the module, a class attribute (also through ``type(self)`` and
+``self.__class__``), a global, a dict item of a global, a module's ``training`` flag, an attribute
+of an object argument, a closure cell of the function (read in nested code too). Locations: the function itself, a
 list comprehension and a generator expression (their own code objects), a lambda, a nested
 function, ``functools.partial``, a property, a helper method of another object, and the function
 itself where nested code closes over ``self`` (then a cell of its frame)."""
@@ -30,7 +31,9 @@ class Knob:
 
 
 READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_item": 'CONFIG["scale"]',
-        "training": "(1.0 if self.training else 0.5)"}
+        "training": "(1.0 if self.training else 0.5)",
+        # the class reached through the object: a call of ``type`` and the ``__class__`` attribute
+        "type_of_self": "type(self).ck", "class_of_self": "self.__class__.ck"}
 
 # The read written out at each place (not through a helper: a helper's own frame would be recorded).
 AT = {
@@ -73,7 +76,7 @@ def _change(m, kind):
     global SHIFT
     if kind == "attr":
         m.k = -m.k
-    elif kind == "class_attr":
+    elif kind in ("class_attr", "type_of_self", "class_of_self"):
         type(m).ck = -type(m).ck
     elif kind == "global":
         SHIFT = -SHIFT
@@ -83,7 +86,7 @@ def _change(m, kind):
         m.train(not m.training)
 
 
-KINDS = ("attr", "class_attr", "global", "global_item", "training")
+KINDS = ("attr", "class_attr", "global", "global_item", "training", "type_of_self", "class_of_self")
 WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property", "beside_closure")
 
 
@@ -122,3 +125,37 @@ def test_an_object_arguments_attribute_read_in_a_generator_is_guarded():
     knob.k = 7.0
     assert torch.equal(step(x, knob), f(x, knob))
     assert "k" in str(aotgrad.explain(step))
+
+
+# A closure cell of the traced function, read where the function reads it: nested code closes over the
+# same cell (a lambda, a comprehension, an inner function), so each such load reads the function's cell.
+CELL_AT = {
+    "function": "x * box[0]",
+    "listcomp": "sum([t * box[0] for t in (x, x)])",
+    "genexpr": "sum(t * box[0] for t in (x, x))",
+    "lambda": "(lambda t: t * box[0])(x)",
+    "nested": "_inner(x)",
+    "lambda_in_lambda": "(lambda t: (lambda u: u * box[0])(t))(x)",
+}
+
+
+@pytest.mark.parametrize("where", CELL_AT)
+def test_a_changed_closure_cell_recompiles_or_is_refused(where):
+    src = (f"def _factory():\n"
+           f"    box = [2.0]\n"
+           f"    def step(x):\n"
+           f"        def _inner(t):\n"
+           f"            return t * box[0]\n"
+           f"        return {CELL_AT[where]}\n"
+           f"    return step, box\n")
+    scope: dict = {}
+    exec(compile(src, __file__, "exec"), {**globals(), "__builtins__": __builtins__}, scope)
+    fn, box = scope["_factory"]()
+    x = torch.randn(3)
+    jitted, captured = aotgrad.jit(fn), aotgrad.capture(fn, x).compile()
+    assert torch.equal(jitted(x), fn(x))
+    box[0] = -5.0
+    assert torch.equal(jitted(x), fn(x)), f"a cell read in {where}: a stale graph"
+    assert len(jitted.entries) == 2 and "box" in aotgrad.explain(jitted), f"a cell read in {where}: not guarded"
+    with pytest.raises(errors.InputMismatchError, match="box"):
+        captured(x)
