@@ -56,9 +56,13 @@ def kind_of(code, module_name) -> int:
     if path.startswith(_NN):    # a torch module's own methods read its settings; the base class's, its internals
         is_method = code.co_argcount and code.co_varnames[0] == "self" and path != _NN + "module.py"
         return NN_METHOD if is_method else SKIP
-    if path.startswith((_TORCH, _OURS, *_STDLIB)) or os.sep + "site-packages" + os.sep in path:
+    if path.startswith((_TORCH, _OURS)):
         return SKIP
-    return USER
+    if os.sep + "site-packages" + os.sep in path:     # (a virtual environment's site-packages is under its stdlib)
+        # An installed model library's module methods (HF's ``self.config.output_hidden_states``,
+        # ``self.training``) read the user's settings as torch's own modules do: their ``self.x``.
+        return NN_METHOD if code.co_argcount and code.co_varnames[0] == "self" else SKIP
+    return SKIP if path.startswith(_STDLIB) else USER
 
 
 def is_library(obj) -> bool:
@@ -96,6 +100,7 @@ class Recording:
     kinds: dict = field(default_factory=dict)       # code -> kind
     writes: Writes = field(default_factory=lambda: Writes(is_library))   # state a write could change
 
+    trees: set = field(default_factory=set)         # ids of modules whose tree's hooks are copied
     root: object = None         # the traced function's code, or its module: recording stops when it returns
     root_frame: object = None
     stop: object = None
@@ -125,6 +130,9 @@ class Recording:
                 return
             if kind == MODULE_CALL:     # a module being called is the user's (methods may build new ones)
                 self.writes.attrs(self_obj)
+                if id(self_obj) not in self.trees:
+                    self.trees.add(id(self_obj))
+                    self.writes.module_hooks(self_obj)
             self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
             return
         # Arguments and the free variables nested code (a comprehension, a generator expression, a
@@ -361,16 +369,28 @@ def _scan(code):
     n_args = code.co_argcount + code.co_kwonlyargcount
     args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
     found, stores, cur, line, pending = [], [], None, None, None
-    typed = False       # ``cur`` is the one argument of a call of ``type`` (``type(self).x`` reads self.__class__.x)
-    for ins in dis.get_instructions(code):
+    ins_list = list(dis.get_instructions(code))
+    callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
+    skip = 0
+    for at, ins in enumerate(ins_list):
         line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
-        op = ins.opname
-        if typed and cur is not None and (op == "PRECALL" or op == "CALL" and ins.argval == 1):
-            if op == "CALL":
-                cur, typed = Chain(cur.root, cur.name, cur.steps + (("attr", "__class__"),), cur.line), False
+        if skip:
+            skip -= 1
             continue
-        typed = typed and op in _ATTR + ("LOAD_CONST", "BINARY_SUBSCR")
-        ended_type = cur is not None and cur.root == "global" and cur.name == "type" and not cur.steps
+        op = ins.opname
+        if callee is not None and cur is not None:
+            step, skip = _through(callee, ins_list, at)
+            if step is not None:        # ``type(x)``, ``vars(x)``, ``getattr(x, "k"[, d])``, ``hasattr(x, "k")``
+                cur, callee = Chain(cur.root, cur.name, cur.steps + (step,), cur.line), None
+                continue
+            if callee in ("getattr", "hasattr") and op not in _ATTR and not (
+                    op == "LOAD_CONST" and at + 1 < len(ins_list) and ins_list[at + 1].opname == "BINARY_SUBSCR"):
+                # a name computed at run time (``getattr(self, name)``): any attribute may be the one read
+                cur = Chain(cur.root, cur.name, cur.steps + (("any", None),), cur.line)
+                callee = None
+        if op not in _ATTR + ("LOAD_CONST", "BINARY_SUBSCR"):
+            callee = None
+        ended = cur.name if cur is not None and cur.root == "global" and not cur.steps else None
         if cur is not None and op in _ATTR:
             cur = Chain(cur.root, cur.name, cur.steps + (("attr", ins.argval),), cur.line)
             continue
@@ -397,15 +417,37 @@ def _scan(code):
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
         if root is not None:
-            # ``type`` loaded just before (a bare global chain, ended by this load): ``type(<this>)``
-            typed = bool(found) and found[-1].root == "global" and found[-1].name == "type" and \
-                not found[-1].steps and ended_type
+            callee = ended if ended in _THROUGH else None    # the builtin loaded just before this chain
             cur = Chain(root, ins.argval, (), line)
         elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
             stores.append(Store(ins.argval, line))
     if cur is not None:
         found.append(cur)
     return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+# Builtins whose call with a chain as first argument reads on along it: ``type(x).k`` is
+# ``x.__class__.k``, ``vars(x)["k"]`` is ``x.__dict__["k"]``, ``getattr(x, "k")`` and ``hasattr(x, "k")`` read ``x.k``.
+_THROUGH = ("type", "vars", "getattr", "hasattr")
+
+
+def _through(callee, ins, at):
+    """``(step, instructions to skip after this one)`` where ``ins[at:]`` ends the call of ``callee``
+    whose first argument was just loaded, else ``(None, 0)``."""
+    def call(k, n):         # ``ins[k:]`` is the call itself with ``n`` arguments (3.11: PRECALL first)
+        if k < len(ins) and ins[k].opname == "PRECALL":
+            k += 1
+        return k < len(ins) and ins[k].opname == "CALL" and ins[k].argval == n and k
+    if callee in ("type", "vars"):
+        end = call(at, 1)
+        return ((("attr", "__class__" if callee == "type" else "__dict__"), end - at) if end is not False
+                else (None, 0))
+    if ins[at].opname != "LOAD_CONST" or not isinstance(ins[at].argval, str):
+        return None, 0
+    end = call(at + 1, 2)
+    if end is False and callee == "getattr" and at + 1 < len(ins) and ins[at + 1].opname == "LOAD_CONST":
+        end = call(at + 2, 3)   # with a constant default
+    return (("attr", ins[at].argval), end - at) if end is not False else (None, 0)
 
 
 def _text(chain: Chain) -> str:

@@ -27,8 +27,9 @@ def locate(obj, kind, key):
     library constant or not found in a place a guard can watch."""
     if kind == "item":
         return (obj, key) if isinstance(obj, dict) and key in obj else None
-    if key == "__class__":      # ``self.__class__.x``, ``type(self).x``: the class the object has now
-        return None if isinstance(obj, type) else (obj, key)
+    if key in ("__class__", "__dict__"):    # ``type(self).x``, ``vars(self)["x"]``: the object's class, its dict
+        return None if isinstance(obj, type) or key == "__dict__" and not isinstance(
+            getattr(obj, "__dict__", None), dict) else (obj, key)
     if kind == "cell":
         code = getattr(obj, "__code__", None)
         if code is None or key not in code.co_freevars:
@@ -55,6 +56,13 @@ def locate(obj, kind, key):
 
 
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
+
+
+def _state_of_library(obj) -> bool:
+    """An instance of a library class holding its own attributes (a config, ``types.SimpleNamespace``,
+    ``argparse.Namespace``): its values are the user's, so loads the code makes from it are followed."""
+    return not isinstance(obj, (type, types.ModuleType, torch.Tensor)) and type(obj) not in _EQ_TYPES \
+        and isinstance(getattr(obj, "__dict__", None), dict)
 
 
 def _stops(obj) -> bool:
@@ -158,19 +166,43 @@ class Resolver:
 
     def _follow(self, obj, path, source, steps):
         for kind, key in steps:
-            if _stops(obj):
+            if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, dict)):
+                return
+            if kind == "any":
+                self._any(obj, path, source)
                 return
             loc = locate(obj, kind, key)
             if loc is None:
+                self._absent(obj, kind, key, path, source)
                 return
             where, k = loc
             path = path + ((kind, key),) if path is not None else None
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
-            if id(where) in self.skip:
-                obj = where[k]
+            if id(where) in self.skip or k == "__dict__":      # guarded elsewhere; a dict is read by its items
+                obj = read_at(where, k)
                 continue
             self._add_value(where, k, source, path)
             obj = read_at(where, k)
+
+    def _any(self, obj, path, source):
+        """``getattr(obj, name)`` with a name computed at run time: every plain value the object holds
+        (its own dict's numbers, strings, flags...) is read."""
+        d = getattr(obj, "__dict__", None)
+        if not isinstance(d, dict) or isinstance(obj, (type, types.ModuleType, *_CALLABLES)):
+            return
+        for key, value in list(d.items()):
+            if isinstance(key, str) and guard_kind(value) == "eq":
+                self._add(Read(f"{source}.{key}", path + (("attr", "__dict__"), ("item", key)) if path else None,
+                               d, key, value, "eq"))
+
+    def _absent(self, obj, kind, key, path, source):
+        """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``: the attribute's absence is read
+        too (where it would be set: the object's own dict)."""
+        d = getattr(obj, "__dict__", None) if kind == "attr" and isinstance(key, str) else None
+        if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, *_CALLABLES)) \
+                and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
+            self._add(Read(f"{source}.{key}", path + (("attr", "__dict__"), ("item", key)) if path else None,
+                           d, key, None, "absent"))
 
     def _add_value(self, where, key, source, path):
         value = read_at(where, key)
@@ -303,8 +335,10 @@ def _resolve_path(fn, leaves, path):
 
 
 def _step(obj, kind, key):
-    if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES):
+    if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES) and not _state_of_library(obj):
         return None
+    if kind == "item" and isinstance(obj, dict) and key not in obj:
+        return obj, key         # an absent entry (``hasattr`` False): the read says "absent"
     return locate(obj, kind, key)
 
 

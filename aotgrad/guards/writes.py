@@ -38,7 +38,7 @@ class Snap:
     before: object      # its shallow copy when the trace first reached it
     owner: object       # what a message names: the object whose __dict__ it is, a module name, a chain's text
     kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
-                        # (a container the traced function was called with), "cell"
+                        # (a container the traced function was called with), "cell", "hooks" (a module's hook dict)
 
 
 class Writes:
@@ -58,6 +58,17 @@ class Writes:
             self.snaps[id(d)] = Snap(d, dict(d), obj, "attrs")
         for cls in type(obj).__mro__[:-1]:
             self.klass(cls)
+
+    def module_hooks(self, module):
+        """Copy the hook dicts of ``module`` and every module under it, before any of them runs: a
+        module's forward may register hooks on its children (HF's output capturing does, once, and
+        marks the model so)."""
+        for m in module.modules():
+            d = _own_dict(m)
+            for key in _MODULE_HOOKS:
+                hooks = d.get(key) if d is not None else None
+                if isinstance(hooks, dict) and id(hooks) not in self.snaps:
+                    self.snaps[id(hooks)] = Snap(hooks, dict(hooks), m, "hooks")
 
     def klass(self, cls):
         if isinstance(cls, type) and not self.is_library(cls) and id(cls) not in self.snaps:
@@ -196,6 +207,16 @@ def _undo_attrs(s, is_library):
     return done
 
 
+def _undo_hooks(s, is_library):
+    """Hooks the traced code registered on a module are removed; a library module's forward installing
+    its own (with a flag among its private attributes, put back too) is not refused."""
+    if s.obj.keys() == s.before.keys() and all(s.obj[k] is s.before[k] for k in s.before):
+        return []
+    s.obj.clear()
+    s.obj.update(s.before)
+    return [] if is_library(type(s.owner)) else [(f"registers a hook on {_owner_text(s.owner)}", "register")]
+
+
 def _undo_class(s, is_library):
     cls, before, now = s.obj, s.before, dict(vars(s.obj))
     done = []
@@ -261,4 +282,6 @@ def _count(before, obj) -> int:
 
 
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
-         "cell": _undo_cell}
+         "cell": _undo_cell, "hooks": _undo_hooks}
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")

@@ -9,6 +9,7 @@ list comprehension and a generator expression (their own code objects), a lambda
 function, ``functools.partial``, a property, a helper method of another object, and the function
 itself where nested code closes over ``self`` (then a cell of its frame)."""
 import functools
+import types
 
 import pytest
 import torch
@@ -33,7 +34,13 @@ class Knob:
 READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_item": 'CONFIG["scale"]',
         "training": "(1.0 if self.training else 0.5)",
         # the class reached through the object: a call of ``type`` and the ``__class__`` attribute
-        "type_of_self": "type(self).ck", "class_of_self": "self.__class__.ck"}
+        "type_of_self": "type(self).ck", "class_of_self": "self.__class__.ck",
+        # the attribute named to a builtin, or read through the object's dict
+        "getattr": 'getattr(self, "k")', "getattr_default": 'getattr(self, "k", 0.5)',
+        "getattr_computed": "getattr(self, NAMES[0])", "own_dict": 'self.__dict__["k"]', "vars": 'vars(self)["k"]',
+        "hasattr": '(2.0 if hasattr(self, "extra") else 0.5)', "namespace": "NS.k"}
+NAMES = ["k"]
+NS = types.SimpleNamespace(k=1.5)     # a library class's instance holding the user's values
 
 # The read written out at each place (not through a helper: a helper's own frame would be recorded).
 AT = {
@@ -74,8 +81,12 @@ def _module(kind, where):
 
 def _change(m, kind):
     global SHIFT
-    if kind == "attr":
+    if kind in ("attr", "getattr", "getattr_default", "getattr_computed", "own_dict", "vars"):
         m.k = -m.k
+    elif kind == "hasattr":
+        m.extra = 1
+    elif kind == "namespace":
+        NS.k = -NS.k
     elif kind in ("class_attr", "type_of_self", "class_of_self"):
         type(m).ck = -type(m).ck
     elif kind == "global":
@@ -86,15 +97,16 @@ def _change(m, kind):
         m.train(not m.training)
 
 
-KINDS = ("attr", "class_attr", "global", "global_item", "training", "type_of_self", "class_of_self")
+KINDS = tuple(READ)
 WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property", "beside_closure")
 
 
 @pytest.fixture(autouse=True)
 def _restore():
     global SHIFT
-    saved, shift = dict(CONFIG), SHIFT
+    saved, shift, ns = dict(CONFIG), SHIFT, NS.k
     yield
+    NS.k = ns
     CONFIG.clear()
     CONFIG.update(saved)
     SHIFT = shift
@@ -159,3 +171,18 @@ def test_a_changed_closure_cell_recompiles_or_is_refused(where):
     assert len(jitted.entries) == 2 and "box" in aotgrad.explain(jitted), f"a cell read in {where}: not guarded"
     with pytest.raises(errors.InputMismatchError, match="box"):
         captured(x)
+
+
+def test_a_changed_setting_read_by_an_installed_model_library_recompiles():
+    """HF's model code (an installed package) reads ``self.config.output_hidden_states``; the user
+    changes the config after the first call. The config is a library class's instance holding the
+    user's values, read by a library module's method: both are followed."""
+    from tests.models.zoo import make_gpt2
+    model, (ids, labels) = make_gpt2()
+    hf = model.model
+    step = aotgrad.jit(hf)
+    assert step(ids).hidden_states is None
+    hf.config.output_hidden_states = True
+    out, want = step(ids), hf(ids)
+    assert out.hidden_states is not None and len(out.hidden_states) == len(want.hidden_states)
+    assert len(step.entries) == 2 and "output_hidden_states" in aotgrad.explain(step)
