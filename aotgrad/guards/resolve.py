@@ -278,14 +278,13 @@ def _cell_chains(code, executed) -> list:
     comprehension) that load one of ``code``'s free variables: each nested load of such a name reads
     the function's own cell (nested code closes over the same cell)."""
     found = list(chains(code)[0])
-    free = set(code.co_freevars)
-    todo = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    todo = [(c, frozenset(code.co_freevars)) for c in code.co_consts if isinstance(c, types.CodeType)]
     while todo:
-        inner = todo.pop()
-        todo.extend(c for c in inner.co_consts if isinstance(c, types.CodeType))
+        inner, free = todo.pop()
+        free = free - set(inner.co_cellvars)    # a name the nested code defines itself shadows the cell
+        todo.extend((c, free) for c in inner.co_consts if isinstance(c, types.CodeType))
         if inner in executed and free & set(inner.co_freevars):
-            found += [c for c in chains(inner)[0] if c.root == "deref" and c.name in free
-                      and c.name not in inner.co_cellvars]
+            found += [c for c in chains(inner)[0] if c.root == "deref" and c.name in free]
     return found
 
 
