@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..guards.writes import _HOOK_EXTRAS
+from ..guards.writes import _HOOKS as _CALL_HOOKS
 from ..runtime.call import bits
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-          "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+_HOOKS = _CALL_HOOKS + _HOOK_EXTRAS
 _OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
 
 

@@ -100,7 +100,6 @@ class Recording:
     kinds: dict = field(default_factory=dict)       # code -> kind
     writes: Writes = field(default_factory=lambda: Writes(is_library))   # state a write could change
 
-    trees: set = field(default_factory=set)         # ids of modules whose tree's hooks are copied
     root: object = None         # the traced function's code, or its module: recording stops when it returns
     root_frame: object = None
     stop: object = None
@@ -130,9 +129,7 @@ class Recording:
                 return
             if kind == MODULE_CALL:     # a module being called is the user's (methods may build new ones)
                 self.writes.attrs(self_obj)
-                if id(self_obj) not in self.trees:
-                    self.trees.add(id(self_obj))
-                    self.writes.module_hooks(self_obj)
+                self.writes.module_hooks(self_obj)
             self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
             return
         # Arguments and the free variables nested code (a comprehension, a generator expression, a

@@ -34,12 +34,11 @@ from .. import errors
 from ..generated import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
+from .writes import _HOOK_EXTRAS, _HOOKS
 
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()
 _FROZEN_LIMIT = 256
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
                  "_global_forward_hooks_always_called")

@@ -30,6 +30,9 @@ _CONTAINERS = (list, dict, set, bytearray)
 _GONE = object()
 # Entries Python itself writes while code runs: the warnings module's once-per-location registry.
 _BOOKKEEPING = frozenset({"__warningregistry__"})
+# A module's hook dicts (the extras are read only where a forward hook exists).
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Writes:
     def __init__(self, is_library):
         self.snaps: dict = {}       # id(obj) -> Snap
         self.built: set = set()     # ids of objects constructed while recording
+        self.hooked: set = set()    # ids of the module dicts whose hook dicts are copied
         self.is_library = is_library
 
     # ------------------------------------------------------------ before
@@ -62,13 +66,20 @@ class Writes:
     def module_hooks(self, module):
         """Copy the hook dicts of ``module`` and every module under it, before any of them runs: a
         module's forward may register hooks on its children (HF's output capturing does, once, and
-        marks the model so)."""
-        for m in module.modules():
+        marks the model so). A subtree already copied is not walked again."""
+        todo = [module]
+        while todo:
+            m = todo.pop()
             d = _own_dict(m)
-            for key in _MODULE_HOOKS:
-                hooks = d.get(key) if d is not None else None
+            if d is None or id(d) in self.hooked:
+                continue
+            self.hooked.add(id(d))
+            for key in _HOOKS + _HOOK_EXTRAS:
+                hooks = d.get(key)
                 if isinstance(hooks, dict) and id(hooks) not in self.snaps:
                     self.snaps[id(hooks)] = Snap(hooks, dict(hooks), m, "hooks")
+            children = d.get("_modules")
+            todo.extend(children.values() if isinstance(children, dict) else ())
 
     def klass(self, cls):
         if isinstance(cls, type) and not self.is_library(cls) and id(cls) not in self.snaps:
@@ -283,5 +294,4 @@ def _count(before, obj) -> int:
 
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
          "cell": _undo_cell, "hooks": _undo_hooks}
-_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
