@@ -4,7 +4,9 @@ Every call of a jitted function checks, before it runs a graph, the modes, the
 Python state the trace read (module structure, hooks, attributes, globals:
 :mod:`aotgrad.guards.state`) and the arguments (pytree, constants, tensor
 metadata). This times those checks alone on a model with hundreds of modules,
-and Dynamo's guard check for the same model compiled by ``torch.compile``.
+and Dynamo's guard check for the same model compiled by ``torch.compile``: with its
+defaults, and with the two skips its config documents as unsafe turned off (hooks
+added after compiling; parameters taken as unchanged while their module's dict is).
 
     python -m benchmarks.guard_cost [--layers 24]
 """
@@ -46,15 +48,22 @@ def aotgrad_guards(model, args) -> dict:
             "reads": len(state.reads), "inputs": len(entry.compiled.captured.guards.specs)}
 
 
-def dynamo_guards(model, args) -> dict | None:
+# Dynamo's defaults skip two kinds of checks, each documented as unsafe in torch/_dynamo/config.py:
+# hooks added to or removed from a module after compiling, and parameters whose module dict is
+# unchanged (taken as unchanged tensors). aotgrad checks both; "every check" turns them on.
+_EVERY_CHECK = {"skip_nnmodule_hook_guards": False, "skip_tensor_guards_with_matching_dict_tags": False}
+
+
+def dynamo_guards(model, args, every_check=False) -> dict | None:
     """Dynamo's guard check of the compiled ``forward`` frame, called on that frame's locals."""
     import torch._dynamo
     get_entries = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
     if get_entries is None:
         return None
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=lambda gm, example_inputs: gm.forward)
-    compiled(*args)
+    flags = {k: v for k, v in _EVERY_CHECK.items() if hasattr(torch._dynamo.config, k)} if every_check else {}
+    with torch._dynamo.config.patch(**flags):
+        torch.compile(model, backend=lambda gm, example_inputs: gm.forward)(*args)
     entries = get_entries(type(model).forward.__code__)
     if not entries:
         return None
@@ -79,12 +88,16 @@ def main():
     print(f"| system | guard µs / call | detail |\n|---|---:|---|")
     print(f"| aotgrad.jit | {ours['total']:.1f} | modes {ours['modes']:.1f}, Python state {ours['state']:.1f} "
           f"({ours['reads']} reads), arguments {ours['arguments']:.1f} ({ours['inputs']} tensors) |")
-    theirs = None if a.no_dynamo else dynamo_guards(model, args)
-    if theirs is not None:
-        print(f"| torch.compile (Dynamo) | {theirs['total']:.1f} | guard_manager.check on the forward frame |")
-    elif not a.no_dynamo:
-        print("| torch.compile (Dynamo) | n/a | this torch does not expose its guard manager |")
-
+    if a.no_dynamo:
+        return
+    for every_check in (False, True):
+        theirs = dynamo_guards(model, args, every_check)
+        what = "hook and dict-tag skips off" if every_check else "defaults"
+        if theirs is None:
+            print(f"| torch.compile (Dynamo, {what}) | n/a | this torch does not expose its guard manager |")
+        else:
+            print(f"| torch.compile (Dynamo, {what}) | {theirs['total']:.1f} | guard_manager.check on the "
+                  "forward frame |")
 
 if __name__ == "__main__":
     main()
