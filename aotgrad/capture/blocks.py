@@ -115,14 +115,19 @@ class Reuse:
             return flat_call(module, *args, **kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1
-        state = [md[kind][attr] for md, kind, attr in m.firsts]
-        call = _Call.of(args, kwargs)
+        with reads.paused():        # our own bookkeeping: no user code runs in it
+            state = [md[kind][attr] for md, kind, attr in m.firsts]
+            call = _Call.of(args, kwargs)
+            try:
+                ins = (*state, *call.tensors)
+                if len({id(t) for t in ins}) < len(ins):
+                    # Its trace would sum the gradients of the two uses inside, a template's outside: other bits.
+                    raise _Flat("it is given one tensor twice")
+                key = _call_key(m, state, call)
+            except _Flat as flat:
+                key, why = None, str(flat)
         try:
-            ins = (*state, *call.tensors)
-            if len({id(t) for t in ins}) < len(ins):
-                # Its trace would sum the gradients of the two uses inside, a template's outside: other bits.
-                raise _Flat("it is given one tensor twice")
-            e = self._entry(_call_key(m, state, call), module, m, state, call)
+            e = self._entry(key, module, m, state, call) if key is not None else _Entry((), None, why)
         except _Flat as flat:
             e = _Entry((), None, str(flat))
         hit = e.traced
@@ -134,9 +139,9 @@ class Reuse:
             return flat_call(module, *args, **kwargs)
         self.calls += 1
         self.whole += not m.inner
-        if module is not hit.owner and self.recording is not None:
-            _replay_reads(self.recording, hit.frames, m.paths)
         with reads.paused():        # our Function and kernel: no user code runs in them
+            if module is not hit.owner and self.recording is not None:
+                _replay_reads(self.recording, hit.frames, m.paths)
             outs = block_graph.apply(hit.template, [*state, *call.tensors], origin)
         return pytree.tree_unflatten(_with_views(outs, hit.template.views), hit.template.out_spec)
 

@@ -92,8 +92,11 @@ class Resolver:
     def resolve(self) -> list:
         frames = list(self.rec.frames.values())
         for _ in range(3):      # a self or argument reached later gets its path on the next round
+            known = len(self.paths)
             for f in frames:
                 self._frame(f)
+            if len(self.paths) == known:
+                break           # no path was added: another round would make the same calls, all no-ops
         return list(self.reads.values())
 
     def _roots(self, fn, leaves):

@@ -40,11 +40,13 @@ class Signature:
 
 
 def _slots(module: torch.nn.Module):
-    named = []
+    named, owners = [], None
     for kind, items in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
         for name, t in items:
             owner, _, attr = name.rpartition(".")
-            sub = module.get_submodule(owner) if owner else module
+            if owners is None:      # one walk, not a get_submodule walk from the root per tensor
+                owners = dict(module.named_modules(remove_duplicate=False))
+            sub = owners.get(owner) or module.get_submodule(owner)
             named.append((name, t, Slot(sub, attr, kind == "param")))
     return named
 
