@@ -21,7 +21,7 @@ from ..inputs.jit_options import root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
-from ..passes.rng_positions import traced_with_positions
+from ..passes.rng_positions import ENDS as RNG_ENDS, traced_with_positions
 from .. import tracing
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
@@ -119,7 +119,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
     name_placeholders(joint, in_descs)      # before simplify, whose recompile writes the names in
     with timed(history, "simplify") as info:
-        joint = share_recomputed_randomness(joint)
+        if joint.meta.get(RNG_ENDS) or any(is_random(n) for n in joint.graph.nodes):
+            joint = share_recomputed_randomness(joint)      # nothing to share or rewind otherwise
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
@@ -159,7 +160,8 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
         saved = joint.meta.pop("aotgrad eager saved", ((), ()))
-        return joint, inline_blocks(joint, *joint.meta.pop("aotgrad block calls")), saved, len(unseen)
+        calls = joint.meta.pop("aotgrad block calls")
+        return joint, inline_blocks(joint, *calls) if reuse.members else 0, saved, len(unseen)
     attempts = [(False, frozenset())]
     if reuse.members:
         unseen = unseen_inputs(reuse, setup, analysis)

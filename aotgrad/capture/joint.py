@@ -39,9 +39,11 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             call_ins = [f.clone() if info.mutates_data and info.requires_grad and lay.grad_of else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
+            # Only repeated blocks' calls read it: none are reused in this trace, none is made.
             direct = joint.direct = Direct(
                 {id(call_ins[i]): k - n for k, i in enumerate(lay.grad_of) if call_ins[i] is f_ins[i]}
-                if direct_grads else {}, {id(f_ins[i]): i for i in unseen})
+                if direct_grads else {}, {id(f_ins[i]): i for i in unseen}) \
+                if direct_grads or unseen or tracing.current().blocks is not None else None
             with tracing.scope(direct=direct):
                 versions = [version_counter(t) for t in call_ins]
                 with torch.set_grad_enabled(grad_enabled):
@@ -55,7 +57,8 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 if lay.grad_of:
                     joint.eager_saved = eager_saved_inputs([fw[i] for i in lay.tangent_of], call_ins)
                     backward_begins()
-                    direct.backward = True
+                    if direct is not None:
+                        direct.backward = True
                     # The backward runs where .backward() is called, outside the caller's autocast
                     # (autocast regions are for the forward): its casts are the forward's alone.
                     # On this thread (not the engine's device threads): the per-thread state the
@@ -70,7 +73,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                             [to_functional(t) for t in tangents], allow_unused=True)
                     for k, (i, g) in enumerate(zip(lay.grad_of, got)):
                         if i in unseen and g is not None:   # a gradient the block did not write itself
-                            direct.missed = True
+                            direct.missed = True        # (unseen inputs come with a Direct)
                         elif i not in unseen:
                             grads[k] = g
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]

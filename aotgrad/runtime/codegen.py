@@ -107,10 +107,12 @@ def python_function(gm: fx.GraphModule, name: str = "graph", boxed: bool = False
     """
     name = re.sub(r"\W", "_", name)
     name = name if name.isidentifier() else f"graph_{name}"
-    if found is None:
-        found = regions.repeated(gm.graph) if regions.ENABLED else ()
+    if found is None:       # copies exist only where block reuse tagged nodes
+        tagged = regions.ENABLED and any(regions.TAG in n.meta for n in gm.graph.nodes)
+        found = regions.repeated(gm.graph) if tagged else ()
     fn = _function(gm, gm.graph, name, boxed, found, compile_region or _python_region)
-    regions.used(gm, found)
+    if found:
+        regions.used(gm, found)
     return fn
 
 

@@ -251,7 +251,7 @@ def test_backward_inside_the_traced_forward_is_still_refused_with_other_threads_
             (x * 2).sum().backward()
             return x
 
-    stop = threading.Event()
+    stop, running = threading.Event(), threading.Event()
 
     def eager_backwards():
         w = torch.ones(3, requires_grad=True)
@@ -259,9 +259,11 @@ def test_backward_inside_the_traced_forward_is_still_refused_with_other_threads_
         while not stop.is_set():
             (w * 2).sum().backward()
             n += 1
+            running.set()
         return n
     join = _start(eager_backwards)
     try:
+        assert running.wait(WAIT), "the eager thread never ran a backward"   # the capture overlaps it
         with pytest.raises(aotgrad.errors.UnsupportedError, match="backward\\(\\) inside the captured function"):
             aotgrad.capture(Bad(), torch.randn(3, requires_grad=True))
     finally:
