@@ -68,7 +68,7 @@ def dynamo_guards(model, args, every_check=False) -> dict | None:
     entries = get_entries(type(model).forward.__code__)
     if len(graphs) != 1 or not entries:
         # No graph, or a graph break: the entry found may not guard the whole forward. (A 0.9 us
-        # figure came up twice, each right as another process started; not reproduced since.)
+        # figure came up twice in one session, cause not found; not reproduced since.)
         return None
     manager = getattr(entries[0], "guard_manager", None)
     frame_locals = {"self": model, "idx": args[0], "targets": args[1]}
