@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..guards.writes import _HOOK_EXTRAS
-from ..guards.writes import _HOOKS as _CALL_HOOKS
+from ..guards.writes import HOOK_EXTRAS, HOOKS
 from ..runtime.call import bits
 
-_HOOKS = _CALL_HOOKS + _HOOK_EXTRAS
+_HOOKS = HOOKS + HOOK_EXTRAS
 _OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
 
 

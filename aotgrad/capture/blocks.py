@@ -126,10 +126,8 @@ class Reuse:
                 key = _call_key(m, state, call)
             except _Flat as flat:
                 key, why = None, str(flat)
-        try:
-            e = self._entry(key, module, m, state, call) if key is not None else _Entry((), None, why)
-        except _Flat as flat:
-            e = _Entry((), None, str(flat))
+        # _entry may trace the template (user code, watched); its _Flat cases are caught in _trace.
+        e = self._entry(key, module, m, state, call) if key is not None else _Entry((), None, why)
         hit = e.traced
         if hit is not None and origin in self.refused:
             e, hit = _Entry((), None, self.refused[origin]), None

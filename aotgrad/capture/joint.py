@@ -39,7 +39,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             call_ins = [f.clone() if info.mutates_data and info.requires_grad and lay.grad_of else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
-            # Only repeated blocks' calls read it: none are reused in this trace, none is made.
+            # Read only by calls of reused blocks: a trace with none makes none.
             direct = joint.direct = Direct(
                 {id(call_ins[i]): k - n for k, i in enumerate(lay.grad_of) if call_ins[i] is f_ins[i]}
                 if direct_grads else {}, {id(f_ins[i]): i for i in unseen}) \

@@ -19,7 +19,8 @@ import torch
 
 from .. import errors
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
-from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, _HOOK_EXTRAS, _HOOKS, Read, freeze, guard_kind
+from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
+from .writes import HOOK_EXTRAS, HOOKS
 
 
 def locate(obj, kind, key):
@@ -153,7 +154,7 @@ class Resolver:
 
     def _called(self, module, path, source):
         d = vars(module)
-        for key in _HOOKS + (_HOOK_EXTRAS if d.get("_forward_hooks") or d.get("_forward_pre_hooks") else ()):
+        for key in HOOKS + (HOOK_EXTRAS if d.get("_forward_hooks") or d.get("_forward_pre_hooks") else ()):
             self._hook(d, key, path + (("attr", key),) if path else None, f"{source}.{key}")
 
     def _global(self, g, c):
@@ -195,8 +196,7 @@ class Resolver:
             return
         for key, value in list(d.items()):
             if isinstance(key, str) and guard_kind(value) == "eq":
-                self._add(Read(f"{source}.{key}", path + (("attr", "__dict__"), ("item", key)) if path else None,
-                               d, key, value, "eq"))
+                self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, value, "eq"))
 
     def _absent(self, obj, kind, key, path, source):
         """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``: the attribute's absence is read
@@ -204,8 +204,7 @@ class Resolver:
         d = getattr(obj, "__dict__", None) if kind == "attr" and isinstance(key, str) else None
         if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, *_CALLABLES)) \
                 and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
-            self._add(Read(f"{source}.{key}", path + (("attr", "__dict__"), ("item", key)) if path else None,
-                           d, key, None, "absent"))
+            self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
 
     def _add_value(self, where, key, source, path):
         value = read_at(where, key)
@@ -274,6 +273,11 @@ class Resolver:
                     continue            # an empty cell: the code would have raised
                 self._add_value(where, None, csource, cpath)
                 self._follow(where.cell_contents, cpath, csource, c.steps)
+
+
+def _own_item(path, key):
+    """The path of entry ``key`` of the object's own dict at ``path`` (None where it has none)."""
+    return path + (("attr", "__dict__"), ("item", key)) if path else None
 
 
 def _cell_chains(code, executed) -> list:

@@ -34,7 +34,6 @@ from .. import errors
 from ..generated import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from .reads import MODULE_CALL, USER, attr_names, chains, is_library
-from .writes import _HOOK_EXTRAS, _HOOKS
 
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()

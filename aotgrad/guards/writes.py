@@ -31,8 +31,8 @@ _GONE = object()
 # Entries Python itself writes while code runs: the warnings module's once-per-location registry.
 _BOOKKEEPING = frozenset({"__warningregistry__"})
 # A module's hook dicts (the extras are read only where a forward hook exists).
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Writes:
             if d is None or id(d) in self.hooked:
                 continue
             self.hooked.add(id(d))
-            for key in _HOOKS + _HOOK_EXTRAS:
+            for key in HOOKS + HOOK_EXTRAS:
                 hooks = d.get(key)
                 if isinstance(hooks, dict) and id(hooks) not in self.snaps:
                     self.snaps[id(hooks)] = Snap(hooks, dict(hooks), m, "hooks")
