@@ -115,9 +115,9 @@ class Reuse:
             return flat_call(module, *args, **kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1
+        state = [md[kind][attr] for md, kind, attr in m.firsts]
+        call = _Call.of(args, kwargs)       # watched: a registered pytree node's flatten is user code
         with reads.paused():        # our own bookkeeping: no user code runs in it
-            state = [md[kind][attr] for md, kind, attr in m.firsts]
-            call = _Call.of(args, kwargs)
             try:
                 ins = (*state, *call.tensors)
                 if len({id(t) for t in ins}) < len(ins):

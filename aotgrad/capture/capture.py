@@ -239,11 +239,12 @@ def name_placeholders(gm, descs) -> None:
 
 
 def make_setup(fn, args, kwargs, dynamic, dynamic_dims) -> Setup:
-    with reads.paused():        # walks over the module tree and the arguments: no user code to watch
-        sig, tensors, descs = signature(fn, args, kwargs)
-        session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
+    # Watched: a module's own named_parameters (or a pytree node's flatten) is user code that may read state.
+    sig, tensors, descs = signature(fn, args, kwargs)
+    session = Session.for_inputs(tensors, dynamic or (None if dynamic_dims else False), torch.is_grad_enabled())
+    with reads.paused():        # torch's own Python: no user code to watch
         fakes = session.fakeify_all(tensors, dynamic_dims)
-        return Setup(fn, sig, tuple(descs), flat_function(fn, sig), session, tuple(fakes), tuple(tensors))
+    return Setup(fn, sig, tuple(descs), flat_function(fn, sig), session, tuple(fakes), tuple(tensors))
 
 
 def rebased(setup: Setup, rb) -> Setup:
