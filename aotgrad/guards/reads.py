@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import functools
 import os
 import sys
 import sysconfig
@@ -387,11 +388,15 @@ def _scan(code):
                 callee = None
         if op not in _ATTR + ("LOAD_CONST", "BINARY_SUBSCR"):
             callee = None
-        ended = cur.name if cur is not None and cur.root == "global" and not cur.steps else None
+        ended = _callee(cur)
         if cur is not None and op in _ATTR:
             cur = Chain(cur.root, cur.name, cur.steps + (("attr", ins.argval),), cur.line)
             continue
         if cur is not None and op == "LOAD_CONST" and isinstance(ins.argval, (str, int)):
+            step, skip = _method_read(cur, ins_list, at)
+            if step is not None:        # ``x.__getattribute__("k")``, ``x.__dict__.get("k"[, d])``
+                cur = Chain(cur.root, cur.name, cur.steps[:-1] + (step,), cur.line)
+                continue
             pending = ins.argval
             continue
         if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
@@ -401,6 +406,10 @@ def _scan(code):
             stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
         if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             stores.append(Store(_text(cur) + "[...]", line))
+        if cur is not None and cur.steps and cur.steps[-1] in _GETATTRS:
+            # ``x.__getattribute__(name)`` with a name computed at run time; a class's own
+            # (``object.__getattribute__``) is a library object, where following stops at once
+            cur = Chain(cur.root, cur.name, cur.steps[:-1] + (("any", None),), cur.line)
         if cur is not None:
             found.append(cur)
             if cur.steps and cur.steps[-1] in _MUTATORS:
@@ -414,7 +423,7 @@ def _scan(code):
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
         if root is not None:
-            callee = ended if ended in _THROUGH else None    # the builtin loaded just before this chain
+            callee = ended if ended in _THROUGH else None    # the reading function loaded just before this chain
             cur = Chain(root, ins.argval, (), line)
         elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
             stores.append(Store(ins.argval, line))
@@ -423,18 +432,50 @@ def _scan(code):
     return tuple(dict.fromkeys(found)), tuple(stores)
 
 
-# Builtins whose call with a chain as first argument reads on along it: ``type(x).k`` is
-# ``x.__class__.k``, ``vars(x)["k"]`` is ``x.__dict__["k"]``, ``getattr(x, "k")`` and ``hasattr(x, "k")`` read ``x.k``.
+# Functions whose call with a chain as first argument reads on along it: ``type(x).k`` is
+# ``x.__class__.k``, ``vars(x)["k"]`` is ``x.__dict__["k"]``, ``getattr(x, "k")`` and ``hasattr(x, "k")`` read
+# ``x.k``, and so do ``object.__getattribute__(x, "k")``, ``nn.Module.__getattr__(x, "k")`` and
+# ``inspect.getattr_static(x, "k")`` (each a "getattr" here).
 _THROUGH = ("type", "vars", "getattr", "hasattr")
+_GETATTRS = frozenset(("attr", n) for n in ("__getattribute__", "__getattr__", "getattr_static"))
+
+
+def _callee(chain) -> str | None:
+    """Which reading function of ``_THROUGH`` the chain just loaded is, if it is one."""
+    if chain is None:
+        return None
+    if chain.steps:
+        return "getattr" if chain.steps[-1] in _GETATTRS else None
+    return ("getattr" if chain.name == "getattr_static" else chain.name) if chain.root == "global" else None
+
+
+def _method_read(chain, ins, at):
+    """``(step, instructions to skip)`` where the chain's last step is a method that reads an entry named
+    by the constant at ``ins[at]`` and is called with it: ``x.__getattribute__("k")`` reads ``x.k``,
+    ``d.get("k"[, default])`` reads ``d["k"]`` where ``d`` is a dict (a "get" step)."""
+    last = chain.steps[-1] if chain.steps else None
+    if last in _GETATTRS and isinstance(ins[at].argval, str):
+        end = _call_at(ins, at + 1, 1)
+        return (("attr", ins[at].argval), end - at) if end is not False else (None, 0)
+    if last == ("attr", "get"):
+        end = _call_at(ins, at + 1, 1)
+        if end is False and at + 1 < len(ins) and ins[at + 1].opname == "LOAD_CONST":
+            end = _call_at(ins, at + 2, 2)
+        return (("get", ins[at].argval), end - at) if end is not False else (None, 0)
+    return None, 0
+
+
+def _call_at(ins, k, n):
+    """The index of the call of ``n`` arguments that ``ins[k:]`` is (3.11: PRECALL first), else False."""
+    if k < len(ins) and ins[k].opname == "PRECALL":
+        k += 1
+    return k < len(ins) and ins[k].opname == "CALL" and ins[k].argval == n and k
 
 
 def _through(callee, ins, at):
     """``(step, instructions to skip after this one)`` where ``ins[at:]`` ends the call of ``callee``
     whose first argument was just loaded, else ``(None, 0)``."""
-    def call(k, n):         # ``ins[k:]`` is the call itself with ``n`` arguments (3.11: PRECALL first)
-        if k < len(ins) and ins[k].opname == "PRECALL":
-            k += 1
-        return k < len(ins) and ins[k].opname == "CALL" and ins[k].argval == n and k
+    call = functools.partial(_call_at, ins)
     if callee in ("type", "vars"):
         end = call(at, 1)
         return ((("attr", "__class__" if callee == "type" else "__dict__"), end - at) if end is not False

@@ -12,6 +12,8 @@ code loads by name.
 from __future__ import annotations
 
 import functools
+import gc
+import operator
 import sys
 import types
 
@@ -133,7 +135,9 @@ class Resolver:
                       else Read(source, path, d, key, None, "empty"))
 
     def _add(self, read):
-        self.reads.setdefault((id(read.where), read.key), read)
+        where = read.where      # a class's ``vars`` is a new proxy each time: the dict it shows is the place
+        place = id(gc.get_referents(where)[0]) if type(where) is types.MappingProxyType else id(where)
+        self.reads.setdefault((place, read.key), read)
 
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)
@@ -141,6 +145,8 @@ class Resolver:
             self._called(f.self_obj, path, source or _anon(f.self_obj))
             return
         found, _ = chains(f.code)
+        if f.kind == USER and _reflects(f, found):
+            self._reflective(f, found)
         for c in found:
             if c.root == "fast" and c.name == "self" and f.self_obj is not None:
                 self._follow(f.self_obj, path, source or _anon(f.self_obj), c.steps)
@@ -151,6 +157,21 @@ class Resolver:
                 self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:
                 self._global(f.globals, c)
+
+    def _reflective(self, f, found):
+        """Code that reads attributes in a way the bytecode does not name (``operator.attrgetter(n)(x)``,
+        ``type.__getattribute__(type(x), n)``, a getter held in a variable): every plain value of every
+        object it was handed or loaded from a global is read."""
+        objs = [(f.self_obj, self.paths.get(id(f.self_obj), (None, _anon(f.self_obj))))] if f.self_obj is not None \
+            else []
+        objs += [(v, self.paths.get(id(v), (None, _anon(v)))) for v in f.args.values()]
+        for c in found:
+            if c.root == "global" and c.name in f.globals and not _stops(f.globals[c.name]):
+                modname = f.globals.get("__name__")
+                path = ("G", modname, ("attr", c.name)) if isinstance(modname, str) else None
+                objs.append((f.globals[c.name], (path, c.name)))
+        for obj, (path, source) in objs:
+            self._any(obj, path, source)
 
     def _called(self, module, path, source):
         d = vars(module)
@@ -170,6 +191,8 @@ class Resolver:
 
     def _follow(self, obj, path, source, steps):
         for kind, key in steps:
+            if kind == "get":       # ``d.get("k")``: an entry of a dict, else the object's ``get``
+                kind, key = ("item", key) if isinstance(obj, dict) else ("attr", "get")
             if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, dict)):
                 return
             if kind == "any":
@@ -197,14 +220,24 @@ class Resolver:
         for key, value in list(d.items()):
             if isinstance(key, str) and guard_kind(value) == "eq":
                 self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, value, "eq"))
+        for i, c in _user_classes(obj):       # and the plain values of its classes the object does not shadow
+            for key, value in list(vars(c).items()):
+                if isinstance(key, str) and not key.startswith("__") and key not in d and guard_kind(value) == "eq":
+                    self._add(Read(f"{source}.{key}", _class_item(path, i, key), vars(c), key, value, "eq"))
 
     def _absent(self, obj, kind, key, path, source):
-        """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``: the attribute's absence is read
-        too (where it would be set: the object's own dict)."""
+        """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``, ``d.get("k")``: the absence is
+        read too, wherever the entry could be set: the dict; the object's own dict and its classes'."""
+        if kind == "item" and isinstance(obj, dict) and id(obj) not in self.skip:
+            self._add(Read(f"{source}[{key!r}]", path + (("item", key),) if path else None, obj, key, None,
+                           "absent"))
+            return
         d = getattr(obj, "__dict__", None) if kind == "attr" and isinstance(key, str) else None
         if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, *_CALLABLES)) \
                 and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
             self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
+            for i, c in _user_classes(obj):
+                self._add(Read(f"{source}.{key}", _class_item(path, i, key), vars(c), key, None, "absent"))
 
     def _add_value(self, where, key, source, path):
         value = read_at(where, key)
@@ -275,9 +308,30 @@ class Resolver:
                 self._follow(where.cell_contents, cpath, csource, c.steps)
 
 
+# Names whose use reads attributes named by a value (``operator.attrgetter("k")``), or a getter the
+# bytecode may not see called with its object and name together.
+_REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__"))
+
+
+def _reflects(f, found) -> bool:
+    return not _REFLECTING.isdisjoint(f.code.co_names) or any(
+        c.root == "global" and isinstance(f.globals.get(c.name), (operator.attrgetter, operator.methodcaller))
+        for c in found)
+
+
 def _own_item(path, key):
     """The path of entry ``key`` of the object's own dict at ``path`` (None where it has none)."""
     return path + (("attr", "__dict__"), ("item", key)) if path else None
+
+
+def _class_item(path, i, key):
+    """The path of entry ``key`` of the own dict of class ``type(obj).__mro__[i]`` of the object at ``path``."""
+    return path + (("class", i), ("own", key)) if path else None
+
+
+def _user_classes(obj):
+    """``(i, cls)`` for the classes of ``obj``'s type's MRO that are the user's (a library's are constant)."""
+    return [(i, c) for i, c in enumerate(type(obj).__mro__) if not is_library(c)]
 
 
 def _cell_chains(code, executed) -> list:
@@ -298,7 +352,7 @@ def _cell_chains(code, executed) -> list:
 def read_at(where, key):
     if isinstance(where, types.CellType):
         return where.cell_contents
-    return where[key] if isinstance(where, (dict, types.MappingProxyType)) else getattr(where, key)
+    return where[key] if isinstance(where, (dict, types.MappingProxyType, tuple)) else getattr(where, key)
 
 
 def _frozen_ok(v) -> bool:
@@ -341,6 +395,10 @@ def _resolve_path(fn, leaves, path):
 
 
 def _step(obj, kind, key):
+    if kind == "class":
+        return type(obj).__mro__, key
+    if kind == "own":
+        return vars(obj), key
     if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES) and not _state_of_library(obj):
         return None
     if kind == "item" and isinstance(obj, dict) and key not in obj:

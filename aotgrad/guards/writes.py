@@ -96,7 +96,7 @@ class Writes:
             return False
         if isinstance(v, _CONTAINERS):
             if id(v) not in self.snaps and len(v) <= 4096:
-                self.snaps[id(v)] = Snap(v, v.copy(), source, "items")
+                self.snaps[id(v)] = Snap(v, dict(dict.items(v)) if isinstance(v, dict) else v.copy(), source, "items")
             return True
         if isinstance(v, type):
             self.klass(v)
@@ -255,8 +255,8 @@ def _undo_items(s, snaps):
 
 def _changed(s) -> bool:
     obj, before = s.obj, s.before
-    if isinstance(obj, dict):
-        return obj.keys() != before.keys() or any(not _same(obj[k], before[k]) for k in before)
+    if isinstance(obj, dict):       # its own entries: a capture's layer on a module's dict is not state
+        return dict.keys(obj) != before.keys() or any(not _same(dict.__getitem__(obj, k), before[k]) for k in before)
     if isinstance(obj, set):
         return obj != before
     return len(obj) != len(before) or any(not _same(a, b) for a, b in zip(obj, before))

@@ -9,6 +9,9 @@ list comprehension and a generator expression (their own code objects), a lambda
 function, ``functools.partial``, a property, a helper method of another object, and the function
 itself where nested code closes over ``self`` (then a cell of its frame)."""
 import functools
+import inspect
+import operator
+import re
 import types
 
 import pytest
@@ -38,8 +41,17 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         # the attribute named to a builtin, or read through the object's dict
         "getattr": 'getattr(self, "k")', "getattr_default": 'getattr(self, "k", 0.5)',
         "getattr_computed": "getattr(self, NAMES[0])", "own_dict": 'self.__dict__["k"]', "vars": 'vars(self)["k"]',
-        "hasattr": '(2.0 if hasattr(self, "extra") else 0.5)', "namespace": "NS.k"}
-NAMES = ["k"]
+        "hasattr": '(2.0 if hasattr(self, "extra") else 0.5)', "namespace": "NS.k",
+        # reads through the object model itself, and getters that name the attribute as a value
+        "object_getattribute": 'object.__getattribute__(self, "k")', "own_getattribute": 'self.__getattribute__("k")',
+        "getattr_static": 'inspect.getattr_static(self, "k")', "dict_get": 'self.__dict__.get("k", 0.5)',
+        "vars_get": 'vars(self).get("k", 0.5)', "attrgetter": 'operator.attrgetter("k")(self)',
+        "attrgetter_held": "GET_K(self)",
+        # the class's value, named at run time or through ``type``'s own getter; a class attribute set later
+        "class_computed": "getattr(self, CLASS_NAMES[0])", "type_getattribute": 'type.__getattribute__(type(self), "ck")',
+        "hasattr_class": '(2.0 if hasattr(self, "class_extra") else 0.5)'}
+NAMES, CLASS_NAMES = ["k"], ["ck"]
+GET_K = operator.attrgetter("k")
 NS = types.SimpleNamespace(k=1.5)     # a library class's instance holding the user's values
 
 # The read written out at each place (not through a helper: a helper's own frame would be recorded).
@@ -54,6 +66,9 @@ AT = {
     # ``self`` closed over by nested code is a cell of forward's frame: read there with LOAD_DEREF.
     "beside_closure": "(lambda: self) and h * {r}",
 }
+
+
+_SELF = re.compile(r"\bself\b")
 
 
 def _module(kind, where):
@@ -74,20 +89,23 @@ def _module(kind, where):
            f"            def inner(t):\n"
            f"                return t * {r}\n"
            f"            return inner(h)\n"
-           f"        return F.relu({AT[where].format(r=r, rm=r.replace('self.', 'mm.'))})\n")
+           f"        return F.relu({AT[where].format(r=r, rm=_SELF.sub('mm', r))})\n")
     exec(compile(src, __file__, "exec"), globals())      # its globals are this module's
     return globals()["Made"]()
 
 
 def _change(m, kind):
     global SHIFT
-    if kind in ("attr", "getattr", "getattr_default", "getattr_computed", "own_dict", "vars"):
+    if kind in ("attr", "getattr", "getattr_default", "getattr_computed", "own_dict", "vars", "object_getattribute",
+                "own_getattribute", "getattr_static", "dict_get", "vars_get", "attrgetter", "attrgetter_held"):
         m.k = -m.k
     elif kind == "hasattr":
         m.extra = 1
+    elif kind == "hasattr_class":
+        type(m).class_extra = 1
     elif kind == "namespace":
         NS.k = -NS.k
-    elif kind in ("class_attr", "type_of_self", "class_of_self"):
+    elif kind in ("class_attr", "type_of_self", "class_of_self", "class_computed", "type_getattribute"):
         type(m).ck = -type(m).ck
     elif kind == "global":
         SHIFT = -SHIFT
@@ -186,3 +204,54 @@ def test_a_changed_setting_read_by_an_installed_model_library_recompiles():
     out, want = step(ids), hf(ids)
     assert out.hidden_states is not None and len(out.hidden_states) == len(want.hidden_states)
     assert len(step.entries) == 2 and "output_hidden_states" in aotgrad.explain(step)
+
+
+class _OwnBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.register_buffer("b", torch.tensor([3.0]))
+
+    def forward(self, x):
+        return self.fc(x) * self._buffers["b"][0] + self._parameters.get("missing", 0.0)
+
+
+def test_reading_a_modules_own_parameter_and_buffer_dicts_is_a_read_not_a_write():
+    """``self._buffers["b"]`` inside the trace reads the capture's own layer of the dict (the traced
+    value); that is not a change to the user's dict (it was refused as one)."""
+    torch.manual_seed(0)
+    m, x = _OwnBuffers(), torch.randn(2, 3)
+    step = aotgrad.jit(m)
+    assert torch.equal(step(x), m(x))
+    m.b.mul_(-1)
+    assert torch.equal(step(x), m(x)) and len(step.entries) == 1
+
+
+class _Hiding(nn.Module):
+    """A module whose own ``named_parameters`` (which capture calls to lift the parameters) reads a flag."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.hide = nn.Linear(3, 3), nn.Linear(3, 3), False
+
+    def named_parameters(self, *args, **kwargs):
+        for name, p in super().named_parameters(*args, **kwargs):
+            if not (self.hide and name.startswith("b.")):
+                yield name, p
+
+    def forward(self, x):
+        return self.b(self.a(x)).sum()
+
+
+def test_a_flag_read_by_the_modules_own_named_parameters_is_guarded():
+    """Capture's setup runs the module's ``named_parameters``: its reads decide which tensors are lifted,
+    so a change to them recompiles (here the new lifting hides a parameter that needs a gradient, which
+    is refused) and a staged step refuses the call, instead of running the graph lifted before."""
+    m, x = _Hiding(), torch.randn(2, 3)
+    step, captured = aotgrad.jit(m), aotgrad.capture(m, x).compile()
+    step(x).backward()
+    m.hide = True
+    with pytest.raises(errors.UnsupportedError, match="requires grad but is not an input"):
+        step(x)
+    with pytest.raises(errors.InputMismatchError, match="hide"):
+        captured(x)
