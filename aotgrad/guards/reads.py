@@ -376,6 +376,16 @@ def _scan(code):
             skip -= 1
             continue
         op = ins.opname
+        if cur is not None and cur.root == "global" and cur.name == "super" and not cur.steps \
+                and code.co_argcount and _call_at(ins_list, at, 0) is not False:
+            end = _call_at(ins_list, at, 0)     # ``super().k`` (3.11): ``k`` of a class of the first argument
+            if end + 1 < len(ins_list) and ins_list[end + 1].opname in _ATTR:
+                cur = Chain("fast", code.co_varnames[0], (("anyclass", ins_list[end + 1].argval),), line)
+                skip = end + 1 - at
+                continue
+        if op == "LOAD_SUPER_ATTR" and cur is not None and cur.root == "fast" and not cur.steps:
+            cur = Chain(cur.root, cur.name, (("anyclass", ins.argval),), cur.line)     # ``super().k`` (3.12)
+            continue
         if callee is not None and cur is not None:
             step, skip = _through(callee, ins_list, at)
             if step is not None:        # ``type(x)``, ``vars(x)``, ``getattr(x, "k"[, d])``, ``hasattr(x, "k")``

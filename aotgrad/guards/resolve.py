@@ -29,7 +29,11 @@ def locate(obj, kind, key):
     """``(where, key)`` that ``obj.key`` / ``obj[key]`` reads from, or None where the value is a
     library constant or not found in a place a guard can watch."""
     if kind == "item":
-        return (obj, key) if isinstance(obj, dict) and key in obj else None
+        if isinstance(obj, tuple):      # immutable: read where the tuple was (``type(self).__mro__[1]``)
+            return (obj, key) if type(key) is int and -len(obj) <= key < len(obj) else None
+        return (obj, key) if isinstance(obj, (dict, types.MappingProxyType)) and key in obj else None
+    if isinstance(obj, type) and key in ("__dict__", "__mro__", "__bases__", "__base__"):
+        return None if is_library(obj) else (obj, key)      # a user class's own dict, its bases
     if key in ("__class__", "__dict__"):    # ``type(self).x``, ``vars(self)["x"]``: the object's class, its dict
         return None if isinstance(obj, type) or key == "__dict__" and not isinstance(
             getattr(obj, "__dict__", None), dict) else (obj, key)
@@ -50,7 +54,11 @@ def locate(obj, kind, key):
     cls = obj if isinstance(obj, type) else type(obj)
     for c in cls.__mro__:
         if key in vars(c):
-            return None if is_library(c) else (vars(c), key)
+            if is_library(c):
+                return None
+            # a ``__slots__`` member holds the object's own value, read through the object
+            slot = isinstance(vars(c)[key], types.MemberDescriptorType) and cls is not obj
+            return (obj, key) if slot else (vars(c), key)
     if isinstance(obj, torch.nn.Module):
         for store in ("_parameters", "_buffers", "_modules"):
             if key in d[store]:
@@ -58,6 +66,7 @@ def locate(obj, kind, key):
     return None
 
 
+_KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
 
 
@@ -193,10 +202,13 @@ class Resolver:
         for kind, key in steps:
             if kind == "get":       # ``d.get("k")``: an entry of a dict, else the object's ``get``
                 kind, key = ("item", key) if isinstance(obj, dict) else ("attr", "get")
-            if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, dict)):
+            if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
             if kind == "any":
                 self._any(obj, path, source)
+                return
+            if kind == "anyclass":
+                self._in_classes(obj, key, path, source)
                 return
             loc = locate(obj, kind, key)
             if loc is None:
@@ -205,7 +217,8 @@ class Resolver:
             where, k = loc
             path = path + ((kind, key),) if path is not None else None
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
-            if id(where) in self.skip or k == "__dict__":      # guarded elsewhere; a dict is read by its items
+            if id(where) in self.skip or k == "__dict__" or isinstance(where, tuple):
+                # guarded elsewhere; a dict is read by its items; a tuple's item where the tuple was read
                 obj = read_at(where, k)
                 continue
             self._add_value(where, k, source, path)
@@ -224,6 +237,14 @@ class Resolver:
             for key, value in list(vars(c).items()):
                 if isinstance(key, str) and not key.startswith("__") and key not in d and guard_kind(value) == "eq":
                     self._add(Read(f"{source}.{key}", _class_item(path, i, key), vars(c), key, value, "eq"))
+
+    def _in_classes(self, obj, key, path, source):
+        """``super().key``: the entry ``key`` of each user class of the object, or its absence there."""
+        for i, c in _user_classes(obj):
+            if key in vars(c):
+                self._add_value(vars(c), key, f"{source}.{key}", _class_item(path, i, key))
+            else:
+                self._add(Read(f"{source}.{key}", _class_item(path, i, key), vars(c), key, None, "absent"))
 
     def _absent(self, obj, kind, key, path, source):
         """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``, ``d.get("k")``: the absence is
@@ -310,7 +331,8 @@ class Resolver:
 
 # Names whose use reads attributes named by a value (``operator.attrgetter("k")``), or a getter the
 # bytecode may not see called with its object and name together.
-_REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__"))
+# ``super(C, self).k`` too: the bytecode names neither the object nor the classes searched.
+_REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__", "super"))
 
 
 def _reflects(f, found) -> bool:

@@ -49,8 +49,24 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         "attrgetter_held": "GET_K(self)",
         # the class's value, named at run time or through ``type``'s own getter; a class attribute set later
         "class_computed": "getattr(self, CLASS_NAMES[0])", "type_getattribute": 'type.__getattribute__(type(self), "ck")',
-        "hasattr_class": '(2.0 if hasattr(self, "class_extra") else 0.5)'}
+        "hasattr_class": '(2.0 if hasattr(self, "class_extra") else 0.5)',
+        "class_dict": 'type(self).__dict__["ck"]', "mro": "type(self).__mro__[0].ck",
+        "super_explicit": "super(Made, self).bk", "slots": "SLOTS.k"}
 NAMES, CLASS_NAMES = ["k"], ["ck"]
+
+
+class Based(nn.Module):
+    bk = 4.0
+
+
+class Slotted:
+    __slots__ = ("k",)
+
+    def __init__(self):
+        self.k = 1.5
+
+
+SLOTS = Slotted()
 GET_K = operator.attrgetter("k")
 NS = types.SimpleNamespace(k=1.5)     # a library class's instance holding the user's values
 
@@ -75,7 +91,7 @@ def _module(kind, where):
     """A module class whose forward makes the read at ``where``; its code is compiled from this
     file's globals, so it is user code of this module."""
     r = READ[kind]
-    src = (f"class Made(nn.Module):\n"
+    src = (f"class Made(Based):\n"
            f"    ck = 5.0\n"
            f"    def __init__(self):\n"
            f"        super().__init__()\n"
@@ -105,7 +121,12 @@ def _change(m, kind):
         type(m).class_extra = 1
     elif kind == "namespace":
         NS.k = -NS.k
-    elif kind in ("class_attr", "type_of_self", "class_of_self", "class_computed", "type_getattribute"):
+    elif kind == "slots":
+        SLOTS.k = -SLOTS.k
+    elif kind == "super_explicit":
+        Based.bk = -Based.bk
+    elif kind in ("class_attr", "type_of_self", "class_of_self", "class_computed", "type_getattribute",
+                  "class_dict", "mro"):
         type(m).ck = -type(m).ck
     elif kind == "global":
         SHIFT = -SHIFT
@@ -122,9 +143,9 @@ WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "prop
 @pytest.fixture(autouse=True)
 def _restore():
     global SHIFT
-    saved, shift, ns = dict(CONFIG), SHIFT, NS.k
+    saved, shift, ns, slots, bk = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk
     yield
-    NS.k = ns
+    NS.k, SLOTS.k, Based.bk = ns, slots, bk
     CONFIG.clear()
     CONFIG.update(saved)
     SHIFT = shift
@@ -255,3 +276,29 @@ def test_a_flag_read_by_the_modules_own_named_parameters_is_guarded():
         step(x)
     with pytest.raises(errors.InputMismatchError, match="hide"):
         captured(x)
+
+
+class _Super(Based):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x) * super().bk
+
+
+def test_a_class_attribute_read_through_super_is_guarded():
+    """``super().bk`` loads no chain the bytecode names (3.11: a call of ``super``; 3.12: its own
+    instruction): it reads ``bk`` in every class of ``self`` (a value set on any of them later counts)."""
+    m, x = _Super(), torch.randn(2, 3)
+    step, captured = aotgrad.jit(m), aotgrad.capture(m, x).compile()
+    assert torch.equal(step(x), m(x))
+    _Super.bk = 7.0             # now shadows Based.bk for super() too
+    try:
+        assert torch.equal(step(x), m(x)) and len(step.entries) == 2
+        with pytest.raises(errors.InputMismatchError, match="bk"):
+            captured(x)
+    finally:
+        del _Super.bk
+    Based.bk = -Based.bk
+    assert torch.equal(step(x), m(x)) and len(step.entries) == 3
