@@ -7,6 +7,7 @@
 """
 from . import backends, errors
 from .analysis.verify import verify
+from .capture.block_groups import block
 from .capture.capture import capture
 from .compiled_autograd import compiled_autograd
 from .frontend.jit import Jit, jit
@@ -45,7 +46,7 @@ def explain(obj) -> str:
     return explain_text(obj)
 
 
-__all__ = ["capture", "Captured", "Compiled", "Exported", "Setup", "load", "jit", "Jit", "backend", "explain", "trace",
+__all__ = ["capture", "block", "Captured", "Compiled", "Exported", "Setup", "load", "jit", "Jit", "backend", "explain", "trace",
            "compile_cached",
            "compiled_autograd",
            "backends", "errors", "verify"]

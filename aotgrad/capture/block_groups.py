@@ -7,15 +7,50 @@ device, requires_grad, tying), no hooks, recursively.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from .. import errors
 from ..guards.writes import HOOK_EXTRAS, HOOKS
 from ..runtime.call import bits
 
 _HOOKS = HOOKS + HOOK_EXTRAS
 _OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
+
+
+_MARKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # module or module class -> reuse
+
+
+def block(obj=None, *, reuse: bool = True):
+    """Mark a module, or a module class (every instance, subclasses included), for block reuse.
+
+    ``reuse=True`` makes it a block candidate though it has no submodules (a layer written with
+    raw parameters); twins are still found by structure, and a call a template cannot stand for
+    still runs flat. ``reuse=False`` keeps it out: it is always traced flat (blocks inside it are
+    still candidates). An instance's mark wins over its class's. Works as a decorator, with or
+    without arguments: ``@aotgrad.block``, ``@aotgrad.block(reuse=False)``. Marks change how a
+    capture is traced, never its numbers: a model already compiled keeps its graph."""
+    if obj is None:
+        return lambda o: block(o, reuse=reuse)
+    if not isinstance(reuse, bool):
+        raise errors.OptionError(f"aotgrad.block: reuse must be True or False, not {reuse!r}")
+    if not (isinstance(obj, torch.nn.Module) or isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+        raise errors.OptionError(f"aotgrad.block marks an nn.Module or an nn.Module class, not {type(obj).__name__}: "
+                                 "block reuse finds repeated submodules (wrap a repeated function in a module)")
+    _MARKS[obj] = reuse
+    return obj
+
+
+def marked(m: torch.nn.Module) -> bool | None:
+    """The mark :func:`block` gave ``m`` or its nearest marked class, or None."""
+    if not _MARKS:
+        return None
+    mark = _MARKS.get(m)
+    if mark is None:
+        mark = next((_MARKS[c] for c in type(m).__mro__ if c in _MARKS), None)
+    return mark
 
 
 class _Unlike(Exception):
@@ -127,7 +162,7 @@ def _varying(grp) -> tuple:
 
 
 def find_groups(root: torch.nn.Module) -> dict:
-    """``id(module) -> Member`` for the submodules (with children) that have a twin: twins when
+    """``id(module) -> Member`` for the submodules (with children, or marked by :func:`block`) that have a twin: twins when
     they differ only in the values of scalar attributes (``layer_idx``), which a template compares
     where its trace read them. A block inside another group's block is ``inner``: its calls come
     only when the outer block runs flat (its template refused, or read a value that block has alone)."""
@@ -137,7 +172,8 @@ def find_groups(root: torch.nn.Module) -> dict:
     keys: dict = {}
     by_key: dict = {}
     for name, m in root.named_modules():
-        if not name or not m._modules:
+        mark = marked(m) if name else False
+        if mark is False or not m._modules and mark is not True:
             continue
         try:
             k = (_module_key(m, keys), _ties(m))

@@ -35,13 +35,14 @@ _STDLIB = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["std
                                                        sysconfig.get_paths()["platstdlib"]})
 _CALL_IMPL = MODULE_CALL_CODES
 
-SKIP, USER, NN_METHOD, MODULE_CALL = 0, 1, 2, 3
+SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 
 
 def kind_of(code, module_name) -> int:
     """How much of a code object's reads matter: all of user code's; only ``self.x`` of
-    ``torch.nn`` modules' methods; the hooks of a module a ``_call_impl`` ran for."""
+    ``torch.nn`` modules' methods; ``self.x`` and plain globals (flags, settings) of installed
+    libraries' code; the hooks of a module a ``_call_impl`` ran for."""
     if code in _CALL_IMPL:
         return MODULE_CALL
     path = code.co_filename
@@ -61,8 +62,9 @@ def kind_of(code, module_name) -> int:
         return SKIP
     if os.sep + "site-packages" + os.sep in path:     # (a virtual environment's site-packages is under its stdlib)
         # An installed model library's module methods (HF's ``self.config.output_hidden_states``,
-        # ``self.training``) read the user's settings as torch's own modules do: their ``self.x``.
-        return NN_METHOD if code.co_argcount and code.co_varnames[0] == "self" else SKIP
+        # ``self.training``) read the user's settings as torch's own modules do: their ``self.x``;
+        # its functions read its own settings (a flag its ``set_...`` function assigns): plain globals.
+        return LIBRARY
     return SKIP if path.startswith(_STDLIB) else USER
 
 
@@ -125,6 +127,11 @@ class Recording:
         n_args = code.co_argcount + code.co_kwonlyargcount
         names = code.co_varnames[:n_args]
         self_obj = f_locals.get("self") if names[:1] == ("self",) else None
+        if kind == LIBRARY:
+            g = frame.f_globals
+            self_obj = self_obj if isinstance(self_obj, torch.nn.Module) else None
+            self.frames.setdefault((code, id(g), id(self_obj), ()), Frame(code, kind, g, self_obj))
+            return
         if kind != USER:
             if not isinstance(self_obj, torch.nn.Module):
                 return

@@ -20,7 +20,7 @@ import types
 import torch
 
 from .. import errors
-from .reads import MODULE_CALL, USER, attr_names, chains, is_library
+from .reads import LIBRARY, MODULE_CALL, USER, attr_names, chains, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS
 
@@ -66,6 +66,7 @@ def locate(obj, kind, key):
     return None
 
 
+_FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    # modules whose state is constant
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
 
@@ -166,6 +167,8 @@ class Resolver:
                 self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:
                 self._global(f.globals, c)
+            elif c.root == "global" and f.kind == LIBRARY:
+                self._setting(f.globals, c)
 
     def _reflective(self, f, found):
         """Code that reads attributes in a way the bytecode does not name (``operator.attrgetter(n)(x)``,
@@ -197,6 +200,21 @@ class Resolver:
             return
         self._add_value(g, c.name, source, path)
         self._follow(g[c.name], path, source, c.steps)
+
+    def _setting(self, g, c):
+        """A plain value an installed library's code loads from its module (or a module it imports):
+        a setting such as timm's ``_USE_FUSED_ATTN`` that its ``set_...`` function assigns. Torch's,
+        numpy's and the standard library's modules are constant."""
+        where, key = g, c.name
+        for kind, name in c.steps:
+            value = where.get(key)
+            if not isinstance(value, types.ModuleType) or kind != "attr" or name not in vars(value):
+                break
+            where, key = vars(value), name
+        module = where.get("__name__")
+        if isinstance(module, str) and module.split(".")[0] not in _FIXED and key in where and not key.startswith("__") \
+                and type(where.get(key)) in _EQ_TYPES:
+            self._add(Read(f"{module}.{key}", ("G", module, ("attr", key)), where, key, where[key], "eq"))
 
     def _follow(self, obj, path, source, steps):
         for kind, key in steps:

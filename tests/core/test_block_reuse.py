@@ -369,3 +369,42 @@ def test_calls_a_template_cannot_stand_for_cost_one_more_trace_in_all(monkeypatc
         torch.manual_seed(0)
         return Transposing(4), (torch.randn(8, 8, requires_grad=True),)
     check_training(make, steps=1)
+
+
+def test_the_block_marker_takes_modules_and_module_classes_only():
+    with pytest.raises(errors.OptionError, match="nn.Module"):
+        aotgrad.block(lambda x: x)
+    with pytest.raises(errors.OptionError, match="reuse"):
+        aotgrad.block(nn.Linear(2, 2), reuse="no")
+    lin = nn.Linear(2, 2)
+    assert aotgrad.block(lin, reuse=False) is lin and block_groups.marked(lin) is False
+
+    @aotgrad.block(reuse=False)
+    class Off(Block):
+        pass
+
+    class Under(Off):
+        pass
+    under = Under()
+    assert block_groups.marked(under) is False and block_groups.marked(Block()) is None
+    aotgrad.block(under)
+    assert block_groups.marked(under) is True      # the instance's mark wins
+
+
+def test_a_marked_leaf_block_traces_once_and_trains_like_eager():
+    """Four raw-parameter layers (no submodules) are no block until their class is marked; marked,
+    one template stands for all four and the step trains exactly like eager."""
+    class RawLayer(nn.Module):
+        def __init__(self, d=8):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(d, d) / 3), nn.Parameter(torch.zeros(d))
+
+        def forward(self, x):
+            return x + F.gelu(x @ self.w + self.b)
+
+    def make_block():
+        return RawLayer()
+    make = make_stack(make_block)
+    assert compiled_and_reused(make) == 0
+    aotgrad.block(RawLayer)
+    assert compiled_and_reused(make) == 4

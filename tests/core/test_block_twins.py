@@ -39,6 +39,9 @@ REUSED = {
     "blocks_one_call_passes_one_tensor_twice": 3,       # the call given x twice runs flat
     "blocks_input_used_twice_inside_and_shared": 0,
     "blocks_one_intermediate_read_after_its_call": 3,   # block 1's kept output has an expand as gradient
+    # aotgrad.block: a leaf block only when marked; a block marked off runs flat; an instance's mark wins
+    "blocks_raw_unmarked": 0, "blocks_raw_class_marked": 3, "blocks_one_instance_marked_off": 3,
+    "blocks_class_marked_off": 0, "blocks_instance_mark_wins_over_class": 2, "blocks_torch_leaves_marked": 2,
 }
 
 # The forward's copies that share one compiled block (runtime/regions.py): (by the eager backend,

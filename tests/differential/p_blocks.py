@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import aotgrad
+
 from .programs import fn, program, r, transposed_leaf
 
 G = "blocks"
@@ -501,3 +503,70 @@ def _(n=4):
                 kept = h if i == 1 else kept
             return self.head(x) + kept.sum()
     return fn(Read([Both() for _ in range(4)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+# ---------------------------------------------------------------- the aotgrad.block marker
+
+class Raw(nn.Module):
+    """A block written with raw parameters (no submodules): not a candidate unless marked."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, d) / 2)
+        self.b = nn.Parameter(torch.zeros(d))
+        self.ln = None
+
+    def forward(self, x, eps=None):
+        return x + torch.tanh(x @ self.w + self.b)
+
+
+@aotgrad.block
+class MarkedRaw(Raw):
+    pass
+
+
+@aotgrad.block(reuse=False)
+class Unmarked(Block):
+    pass
+
+
+@program("blocks_raw_unmarked", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Raw() for _ in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_raw_class_marked", G, must_match=True)
+def _(n=4):
+    return fn(Stack([MarkedRaw() for _ in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_one_instance_marked_off", G, must_match=True)
+def _(n=4):
+    stack = _stack(4)
+    aotgrad.block(stack.blocks[1], reuse=False)
+    return fn(stack, r(n, 4))
+
+
+@program("blocks_class_marked_off", G, must_match=True)
+def _(n=4):
+    return fn(Stack([Unmarked() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+@program("blocks_instance_mark_wins_over_class", G, must_match=True)
+def _(n=4):
+    stack = Stack([Unmarked() for _ in range(3)], nn.Linear(4, 3))
+    for b in stack.blocks[:2]:
+        aotgrad.block(b)
+    return fn(stack, r(n, 4))
+
+
+@program("blocks_torch_leaves_marked", G, must_match=True)
+def _(n=4):
+    """Every ``nn.Linear`` of a plain MLP marked: each is a one-op block, and the first and last
+    (other shapes) are twins of none."""
+    mlp = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(),
+                        nn.Linear(4, 2))
+    for m in mlp:
+        if isinstance(m, nn.Linear):
+            aotgrad.block(m)
+    return fn(mlp, r(n, 3, rg=True))

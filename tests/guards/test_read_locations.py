@@ -12,6 +12,7 @@ import functools
 import inspect
 import operator
 import re
+import sys
 import types
 
 import pytest
@@ -302,3 +303,55 @@ def test_a_class_attribute_read_through_super_is_guarded():
         del _Super.bk
     Based.bk = -Based.bk
     assert torch.equal(step(x), m(x)) and len(step.entries) == 3
+
+
+_LIBRARY = '''
+import torch
+
+_SCALE = 2.0
+
+
+def set_scale(value):
+    global _SCALE
+    _SCALE = value
+
+
+def scaled(x):
+    return x * _SCALE
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x):
+        return x * _SCALE + 1
+'''
+
+
+@pytest.fixture
+def installed_library(tmp_path, monkeypatch):
+    """A package installed in a ``site-packages`` folder: library code, as far as the guards can tell."""
+    root = tmp_path / "site-packages"
+    (root / "aotgrad_fakelib").mkdir(parents=True)
+    (root / "aotgrad_fakelib" / "__init__.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(root))
+    import aotgrad_fakelib
+    yield aotgrad_fakelib
+    sys.modules.pop("aotgrad_fakelib", None)
+
+
+@pytest.mark.parametrize("through", ["function", "module"])
+def test_a_setting_an_installed_library_reads_from_its_module_is_guarded(installed_library, through):
+    """An installed library's function or module method reads its own module's flag, which its
+    ``set_...`` function changes after the first call (timm's ``set_fused_attn`` style)."""
+    lib = installed_library
+    layer = lib.Scaled()
+
+    def f(x):
+        return lib.scaled(x).relu() if through == "function" else layer(x).relu()
+    x = torch.randn(3)
+    step, captured = aotgrad.jit(f), aotgrad.capture(f, x).compile()
+    assert torch.equal(step(x), f(x))
+    lib.set_scale(-3.0)
+    assert torch.equal(step(x), f(x)) and len(step.entries) == 2
+    assert "aotgrad_fakelib._SCALE" in aotgrad.explain(step)
+    with pytest.raises(errors.InputMismatchError, match="_SCALE"):
+        captured(x)
