@@ -25,11 +25,37 @@ from .epilogue import epilogue
 from .trees import leaf_paths, tree_difference
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallPath:
+    """How one compiled entry is called: ``match`` (the generated prologue) checks the user's
+    arguments and flattens them; ``run`` runs the compiled graph on them, replays the writes
+    to inputs and rebuilds the user's outputs (``epilogue``). All of it is data printed by
+    ``Compiled.program()``."""
     match: Callable     # (args, kwargs) -> (flat, None) | (None, reason); generated, its source is the prologue's
-    run: Callable       # flat -> user outputs
-    epilogue: Callable | None = None    # generated (flat, values, symbols) -> outputs; None when outputs are plain
+    graph: Callable     # flat -> the graph's values (the compiled autograd function's apply, or the forward)
+    epilogue: Callable | None     # generated (flat, values, symbols) -> outputs; None when outputs are plain
+    unflatten: Callable           # flat outputs -> the user's output structure
+    symbols: Callable | None      # flat -> the symbolic sizes' values, where the epilogue needs them
+    quiet: tuple        # inputs the graph writes without a version bump (batch norm statistics)
+    written: tuple      # inputs it writes otherwise
+    after: Callable | None = None     # (flat, values) once the call has written its inputs back
+
+    def run(self, flat):
+        quiet = self.quiet
+        for i in quiet:
+            _QUIET[id(flat[i])] = flat[i]
+        kept = [(flat[i], version_counter(flat[i])) for i in (*quiet, *_quiet_unseen(flat, self.written))]
+        values = self.graph(flat)
+        finish = self.epilogue
+        outs = list(values) if finish is None else finish(flat, values, self.symbols(flat) if self.symbols else None)
+        # Written as eager's kernel writes them (batch norm's running statistics): no version bump,
+        # so the version eager's backward checks holds whoever wrote them (the graph, the write-back).
+        for t, v in kept:
+            if v is not None:
+                set_version_counter(t, v)
+        if self.after is not None:
+            self.after(flat, values)
+        return self.unflatten(outs)
 
 
 # Constants compared by value (and exact type) on every call; any other object must be the same object.
@@ -69,29 +95,14 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
-    match = _generated_match(captured)
-    unflatten = _unflattener(captured.out_spec)
-    finish = None if simple else epilogue(analysis, setup.session.grad_enabled)
-    needs_symbols = _needs_symbols(analysis)
     quiet = analysis.quiet_writes
-    written = tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet)
-
-    def run(flat):
-        for i in quiet:
-            _QUIET[id(flat[i])] = flat[i]
-        kept = [(flat[i], version_counter(flat[i])) for i in (*quiet, *_quiet_unseen(flat, written))]
-        values = run_graph(flat)
-        outs = list(values) if simple else finish(flat, values, guards.bind(flat) if needs_symbols else None)
-        # Written as eager's kernel writes them (batch norm's running statistics): no version bump,
-        # so the version eager's backward checks holds whoever wrote them (the graph, the write-back).
-        for t, v in kept:
-            if v is not None:
-                set_version_counter(t, v)
-        if after is not None:
-            after(flat, values)
-        return unflatten(outs)
-
-    return CallPath(match, run, finish)
+    return CallPath(match=_generated_match(captured), graph=run_graph,
+                    epilogue=None if simple else epilogue(analysis, setup.session.grad_enabled),
+                    unflatten=_unflattener(captured.out_spec),
+                    symbols=guards.bind if not simple and _needs_symbols(analysis) else None,
+                    quiet=tuple(quiet),
+                    written=tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet),
+                    after=after)
 
 
 # Tensors a compiled program writes without a version bump (eager's batch norm statistics), by id. A
