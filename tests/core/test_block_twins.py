@@ -42,6 +42,9 @@ REUSED = {
     # aotgrad.block: a leaf block only when marked; a block marked off runs flat; an instance's mark wins
     "blocks_raw_unmarked": 0, "blocks_raw_class_marked": 3, "blocks_one_instance_marked_off": 3,
     "blocks_class_marked_off": 0, "blocks_instance_mark_wins_over_class": 2, "blocks_torch_leaves_marked": 2,
+    "blocks_marked_leaf_writes_a_buffer": 0, "blocks_marked_leaf_dropout": 3, "blocks_marked_leaves_tie_a_weight": 2,
+    "blocks_marked_leaf_scales_differ": 2, "blocks_marked_leaf_one_in_eval_one_under_no_grad": 3,
+    "blocks_marked_leaf_checkpointed": 2, "blocks_marked_torch_layernorms": 2,
 }
 
 # The forward's copies that share one compiled block (runtime/regions.py): (by the eager backend,

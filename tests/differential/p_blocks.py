@@ -570,3 +570,92 @@ def _(n=4):
         if isinstance(m, nn.Linear):
             aotgrad.block(m)
     return fn(mlp, r(n, 3, rg=True))
+
+
+@aotgrad.block
+class MarkedStats(nn.Module):
+    """A marked leaf that updates a running buffer in place while training (batch norm's way)."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, d) / 2)
+        self.register_buffer("mean", torch.zeros(d))
+
+    def forward(self, x, eps=None):
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(x.mean(0), alpha=0.1)
+        return x + torch.tanh((x - self.mean) @ self.w)
+
+
+@aotgrad.block
+class MarkedDrop(Raw):
+    def __init__(self, p=0.25):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x, eps=None):
+        return x + F.dropout(torch.tanh(x @ self.w + self.b), self.p, self.training)
+
+
+@aotgrad.block
+class MarkedScaled(Raw):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, eps=None):
+        return x + self.scale * torch.tanh(x @ self.w + self.b)
+
+
+@program("blocks_marked_leaf_writes_a_buffer", G, must_match=True)
+def _(n=4):
+    return fn(Stack([MarkedStats() for _ in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_marked_leaf_dropout", G, "random", must_match=True)
+def _(n=4):
+    return fn(Stack([MarkedDrop() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+@program("blocks_marked_leaves_tie_a_weight", G, must_match=True)
+def _(n=4):
+    blocks = [MarkedRaw() for _ in range(3)]
+    blocks[2].w = blocks[0].w       # block 2 shares block 0's weight: its tying is not its twins'
+    return fn(Stack(blocks, nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_marked_leaf_scales_differ", G, must_match=True)
+def _(n=4):
+    return fn(Stack([MarkedScaled(s) for s in (0.5, 2.0, 0.5, -0.0)], nn.Linear(4, 3)), r(n, 4))
+
+
+@program("blocks_marked_leaf_one_in_eval_one_under_no_grad", G, must_match=True)
+def _(n=4):
+    m = Stack([MarkedDrop(0.0) for _ in range(4)], nn.Linear(4, 3), around=lambda i: torch.no_grad() if i == 3
+              else _nothing())
+    m.blocks[1].eval()
+    return fn(m, r(n, 4, rg=True))
+
+
+@program("blocks_marked_leaf_checkpointed", G)
+def _(n=4):
+    from torch.utils.checkpoint import checkpoint
+
+    class Checked(Stack):
+        def forward(self, x):
+            for i, b in enumerate(self.blocks):
+                x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
+            return self.head(x)
+    return fn(Checked([MarkedRaw() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+@program("blocks_marked_torch_layernorms", G, must_match=True)
+def _(n=4):
+    """Marked ``nn.LayerNorm`` s (one with another eps, one without affine) between linears."""
+    norms = [nn.LayerNorm(4), nn.LayerNorm(4), nn.LayerNorm(4, eps=1e-3), nn.LayerNorm(4, elementwise_affine=False)]
+    layers = []
+    for ln in norms:
+        aotgrad.block(ln)
+        layers += [ln, nn.Linear(4, 4)]
+    return fn(nn.Sequential(*layers), r(n, 4, rg=True))
