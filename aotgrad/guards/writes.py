@@ -17,6 +17,7 @@ of a function whose defining frame is running in the trace.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import types
@@ -209,6 +210,8 @@ def _undo_attrs(s, is_library):
     done = []
     for key in [k for k in d.keys() | before.keys() if k not in _BOOKKEEPING
                 and not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+        if key not in before and _cached_once(s.owner, key, d[key]):
+            continue        # eager's first call caches it too, and no later call writes it again
         if key in before:
             d[key] = before[key]
         else:
@@ -216,6 +219,18 @@ def _undo_attrs(s, is_library):
         if not (caches and str(key).startswith("_")):
             done.append((f"assigns `{key}` of {_owner_text(s.owner)}", key))
     return done
+
+
+def _cached_once(owner, key, value) -> bool:
+    """Whether ``owner.key = value`` is a ``functools.cached_property`` caching a plain value (no
+    traced tensor can hide in it): a write eager makes once, which the read guards then check."""
+    if isinstance(owner, str) or type(value) not in VALUE_TYPES:
+        return False
+    for cls in type(owner).__mro__:
+        attr = vars(cls).get(key)
+        if attr is not None:
+            return isinstance(attr, functools.cached_property) and attr.attrname == key
+    return False
 
 
 def _undo_hooks(s, is_library):

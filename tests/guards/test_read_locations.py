@@ -355,3 +355,45 @@ def test_a_setting_an_installed_library_reads_from_its_module_is_guarded(install
     assert "aotgrad_fakelib._SCALE" in aotgrad.explain(step)
     with pytest.raises(errors.InputMismatchError, match="_SCALE"):
         captured(x)
+
+
+class _Cached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.k = nn.Linear(3, 3), 2.0
+
+    @functools.cached_property
+    def factor(self):
+        return self.k * 2
+
+    @functools.cached_property
+    def weight_norm(self):
+        return self.fc.weight.norm()
+
+    def forward(self, x):
+        return self.fc(x) * self.factor
+
+
+def test_a_cached_property_caches_like_eager_and_is_guarded():
+    """``functools.cached_property`` writes the instance's dict on the first call (eager's too, and
+    never again): a plain cached value is kept, not refused as a write, and guarded; a cache emptied
+    by the user recompiles with the value computed anew."""
+    m, x = _Cached(), torch.randn(2, 3)
+    step = aotgrad.jit(m)
+    assert torch.equal(step(x), _Cached.forward(m, x)) and m.__dict__["factor"] == 4.0
+    captured = aotgrad.capture(m, x).compile()
+    del m.__dict__["factor"]
+    m.k = -1.0
+    assert torch.equal(step(x), m(x)) and len(step.entries) == 2
+    with pytest.raises(errors.InputMismatchError, match="factor"):
+        captured(x)
+
+
+def test_a_cached_property_holding_a_traced_tensor_is_refused():
+    class Held(_Cached):
+        def forward(self, x):
+            return self.fc(x) * self.weight_norm
+    m, x = Held(), torch.randn(2, 3)
+    with pytest.raises(errors.UnsupportedError, match="weight_norm"):
+        aotgrad.jit(m)(x)
+    assert "weight_norm" not in m.__dict__         # nothing of the trace left in the user's module
