@@ -10,7 +10,8 @@ how to compare it (Dynamo's guard kinds are the reference):
 * ``frozen``: a container compared element by element the same way;
 * ``len``/``empty``: a dict of the module tree (hooks, parameters) still has as many entries;
 * ``dict``: a dict whose entries must stay the same objects (children, non-empty hooks);
-* ``absent``: a global the code looked up that must stay absent (a builtin).
+* ``absent``: a name the code looked up that must stay absent (a global that is a builtin, an
+  attribute ``hasattr`` found missing, a dict entry ``get`` found missing).
 
 Each read has a ``path`` from a root (``fn``, ``G:<module>``, ``arg:<i>``) that a
 fresh process can resolve again: the disk cache compares those, so the cache
@@ -134,7 +135,8 @@ def describe(read: Read) -> str:
     """Why ``read`` fails now, as ``explain`` shows it."""
     now = current(read)
     if read.kind == "absent":
-        return f"`{read.source}` was not defined when captured (a builtin), now it is {_short(now)}"
+        builtin = " (a builtin)" if isinstance(read.where, dict) and "__builtins__" in read.where else ""
+        return f"`{read.source}` was not defined when captured{builtin}, now it is {_short(now)}"
     if now is _MISSING:
         return f"`{read.source}` was {_short(_shown(read))} when captured, now it is gone"
     if read.kind in ("len", "empty"):
