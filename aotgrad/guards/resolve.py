@@ -11,10 +11,12 @@ code loads by name.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import gc
 import operator
 import sys
+import threading
 import types
 
 import torch
@@ -49,6 +51,8 @@ def locate(obj, kind, key):
     if isinstance(obj, types.ModuleType):
         return None if is_library(obj) or key not in vars(obj) else (vars(obj), key)
     d = getattr(obj, "__dict__", None)
+    if isinstance(obj, threading.local):    # its ``__dict__`` is the reading thread's: read through it
+        return (obj, key) if key in d else None
     if isinstance(d, dict) and key in d and not isinstance(obj, type):
         return d, key
     cls = obj if isinstance(obj, type) else type(obj)
@@ -220,6 +224,13 @@ class Resolver:
         for kind, key in steps:
             if kind == "get":       # ``d.get("k")``: an entry of a dict, else the object's ``get``
                 kind, key = ("item", key) if isinstance(obj, dict) else ("attr", "get")
+            if isinstance(obj, contextvars.ContextVar) and (kind, key) == ("attr", "get"):
+                # its value in the calling context (each thread, each asyncio task has its own)
+                value = obj.get(_UNSET)
+                kind = "id" if value is _UNSET else guard_kind(value)
+                self._add(Read(f"{source}.get()", None, _ContextValue(obj), "value",
+                               freeze(value) if kind == "frozen" else value, kind))
+                return
             if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
             if kind == "any":
@@ -272,7 +283,8 @@ class Resolver:
                            "absent"))
             return
         d = getattr(obj, "__dict__", None) if kind == "attr" and isinstance(key, str) else None
-        if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, *_CALLABLES)) \
+        if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, threading.local,
+                                                                         *_CALLABLES)) \
                 and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
             self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
             for i, c in _user_classes(obj):
@@ -357,6 +369,22 @@ def _reflects(f, found) -> bool:
     return not _REFLECTING.isdisjoint(f.code.co_names) or any(
         c.root == "global" and isinstance(f.globals.get(c.name), (operator.attrgetter, operator.methodcaller))
         for c in found)
+
+
+_UNSET = object()
+
+
+class _ContextValue:
+    """A ``contextvars.ContextVar`` read where a guard reads: ``.value`` is its value in the context
+    the check runs in (a value guard fails where it has none)."""
+    __slots__ = ("var",)
+
+    def __init__(self, var):
+        self.var = var
+
+    @property
+    def value(self):
+        return self.var.get(_UNSET)
 
 
 def _own_item(path, key):

@@ -8,11 +8,13 @@ of an object argument, a closure cell of the function (read in nested code too).
 list comprehension and a generator expression (their own code objects), a lambda, a nested
 function, ``functools.partial``, a property, a helper method of another object, and the function
 itself where nested code closes over ``self`` (then a cell of its frame)."""
+import contextvars
 import functools
 import inspect
 import operator
 import re
 import sys
+import threading
 import types
 
 import pytest
@@ -397,3 +399,36 @@ def test_a_cached_property_holding_a_traced_tensor_is_refused():
     with pytest.raises(errors.UnsupportedError, match="weight_norm"):
         aotgrad.jit(m)(x)
     assert "weight_norm" not in m.__dict__         # nothing of the trace left in the user's module
+
+
+PER_THREAD = threading.local()
+PER_CONTEXT = contextvars.ContextVar("PER_CONTEXT", default=1.0)
+
+
+@pytest.mark.parametrize("kind", ["thread_local", "context_var"])
+def test_a_per_thread_or_per_context_setting_is_read_where_the_call_runs(kind):
+    """``threading.local()`` and ``ContextVar`` hold one value per thread (per context): a guard must
+    read the calling thread's, not the one the capture ran in."""
+    PER_THREAD.scale = 2.0
+
+    def f(x):
+        return (x * (PER_THREAD.scale if kind == "thread_local" else PER_CONTEXT.get())).relu()
+    x = torch.randn(4)
+    step, captured = aotgrad.jit(f), aotgrad.capture(f, x).compile()
+    assert torch.equal(step(x), f(x))
+    seen = {}
+
+    def other():
+        if kind == "thread_local":
+            PER_THREAD.scale = -5.0
+        else:
+            PER_CONTEXT.set(-5.0)
+        seen["same"] = torch.equal(step(x), f(x))
+        with pytest.raises(errors.InputMismatchError):
+            captured(x)
+        seen["refused"] = True
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == {"same": True, "refused": True} and len(step.entries) == 2
+    assert torch.equal(step(x), f(x)) and len(step.entries) == 2      # this thread's value: the first entry
