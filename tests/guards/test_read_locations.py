@@ -2,12 +2,17 @@
 the first call, ``jit`` recompiles (the result is eager's, ``explain`` names the read) and a
 ``capture().compile()`` step raises ``InputMismatchError`` naming it, before anything runs.
 
-Kinds: an attribute of the module, a class attribute (also through ``type(self)`` and
-``self.__class__``), a global, a dict item of a global, a module's ``training`` flag, an attribute
-of an object argument, a closure cell of the function (read in nested code too). Locations: the function itself, a
-list comprehension and a generator expression (their own code objects), a lambda, a nested
-function, ``functools.partial``, a property, a helper method of another object, and the function
-itself where nested code closes over ``self`` (then a cell of its frame)."""
+Kinds: an attribute of the module, a class attribute (also through ``type(self)``,
+``self.__class__``, the class's ``__dict__`` and ``__mro__``, ``super``), a global, a dict item of a
+global, an item of a global list, another module's state, a module's ``training`` flag, an attribute
+of an object argument, a ``__slots__`` member, a closure cell of the function (read in nested code
+too), and every way of naming an attribute as a value (``getattr``, ``object.__getattribute__``,
+``inspect.getattr_static``, ``operator.attrgetter``, a dict's ``get``, ``vars``, ``hasattr``).
+Locations: the function itself, a list comprehension and a generator expression (their own code
+objects), a lambda, a nested function, ``functools.partial``, a property, the class's
+``__getattr__``, and the function itself where nested code closes over ``self`` (then a cell of its
+frame). Also: state read by the module's own ``named_parameters``, by an installed library's code,
+per thread (``threading.local``) or per context (``ContextVar``), and ``functools.cached_property``."""
 import contextvars
 import functools
 import inspect
@@ -54,7 +59,8 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         "class_computed": "getattr(self, CLASS_NAMES[0])", "type_getattribute": 'type.__getattribute__(type(self), "ck")',
         "hasattr_class": '(2.0 if hasattr(self, "class_extra") else 0.5)',
         "class_dict": 'type(self).__dict__["ck"]', "mro": "type(self).__mro__[0].ck",
-        "super_explicit": "super(Made, self).bk", "slots": "SLOTS.k"}
+        "super_explicit": "super(Made, self).bk", "slots": "SLOTS.k",
+        "list_item": "SCALES[1]", "other_module": "HELPERS.FLAG"}
 NAMES, CLASS_NAMES = ["k"], ["ck"]
 
 
@@ -70,6 +76,9 @@ class Slotted:
 
 
 SLOTS = Slotted()
+SCALES = [1.0, 2.5]
+HELPERS = types.ModuleType("read_location_helpers")     # another (user) module's state
+HELPERS.FLAG = 1.5
 GET_K = operator.attrgetter("k")
 NS = types.SimpleNamespace(k=1.5)     # a library class's instance holding the user's values
 
@@ -84,6 +93,7 @@ AT = {
     "property": "h * self.prop",
     # ``self`` closed over by nested code is a cell of forward's frame: read there with LOAD_DEREF.
     "beside_closure": "(lambda: self) and h * {r}",
+    "getattr_hook": "h * self.dyn",         # the class's own ``__getattr__`` makes the read
 }
 
 
@@ -102,6 +112,10 @@ def _module(kind, where):
            f"    @property\n"
            f"    def prop(self):\n"
            f"        return {r}\n"
+           f"    def __getattr__(self, name):\n"
+           f"        if name == 'dyn':\n"
+           f"            return {r}\n"
+           f"        return nn.Module.__getattr__(self, name)\n"
            f"    def forward(self, x):\n"
            f"        h = self.fc(x)\n"
            f"        def _nested(self, h):\n"
@@ -126,6 +140,10 @@ def _change(m, kind):
         NS.k = -NS.k
     elif kind == "slots":
         SLOTS.k = -SLOTS.k
+    elif kind == "list_item":
+        SCALES[1] = -SCALES[1]
+    elif kind == "other_module":
+        HELPERS.FLAG = -HELPERS.FLAG
     elif kind == "super_explicit":
         Based.bk = -Based.bk
     elif kind in ("class_attr", "type_of_self", "class_of_self", "class_computed", "type_getattribute",
@@ -140,15 +158,15 @@ def _change(m, kind):
 
 
 KINDS = tuple(READ)
-WHERE = ("function", "listcomp", "genexpr", "lambda", "nested", "partial", "property", "beside_closure")
+WHERE = tuple(AT)
 
 
 @pytest.fixture(autouse=True)
 def _restore():
     global SHIFT
-    saved, shift, ns, slots, bk = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk
+    saved, shift, ns, slots, bk, scales, flag = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk, list(SCALES), HELPERS.FLAG
     yield
-    NS.k, SLOTS.k, Based.bk = ns, slots, bk
+    NS.k, SLOTS.k, Based.bk, SCALES[:], HELPERS.FLAG = ns, slots, bk, scales, flag
     CONFIG.clear()
     CONFIG.update(saved)
     SHIFT = shift
