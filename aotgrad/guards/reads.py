@@ -423,6 +423,8 @@ def _scan(code):
             stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
         if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             stores.append(Store(_text(cur) + "[...]", line))
+        if cur is not None and op == "GET_ITER":      # ``for v in self.it``: iterated (an iterator: advanced)
+            cur = Chain(cur.root, cur.name, cur.steps + (("iter", None),), cur.line)
         if cur is not None and cur.steps and cur.steps[-1] in _GETATTRS:
             # ``x.__getattribute__(name)`` with a name computed at run time; a class's own
             # (``object.__getattribute__``) is a library object, where following stops at once
@@ -453,7 +455,7 @@ def _scan(code):
 # ``x.__class__.k``, ``vars(x)["k"]`` is ``x.__dict__["k"]``, ``getattr(x, "k")`` and ``hasattr(x, "k")`` read
 # ``x.k``, and so do ``object.__getattribute__(x, "k")``, ``nn.Module.__getattr__(x, "k")`` and
 # ``inspect.getattr_static(x, "k")`` (each a "getattr" here).
-_THROUGH = ("type", "vars", "getattr", "hasattr")
+_THROUGH = ("type", "vars", "getattr", "hasattr", "next")
 _GETATTRS = frozenset(("attr", n) for n in ("__getattribute__", "__getattr__", "getattr_static"))
 
 
@@ -493,6 +495,11 @@ def _through(callee, ins, at):
     """``(step, instructions to skip after this one)`` where ``ins[at:]`` ends the call of ``callee``
     whose first argument was just loaded, else ``(None, 0)``."""
     call = functools.partial(_call_at, ins)
+    if callee == "next":        # ``next(x)``, ``next(x, default)``: x advanced
+        end = call(at, 1)
+        if end is False and ins[at].opname == "LOAD_CONST":
+            end = call(at + 1, 2)
+        return (("next", None), end - at) if end is not False else (None, 0)
     if callee in ("type", "vars"):
         end = call(at, 1)
         return ((("attr", "__class__" if callee == "type" else "__dict__"), end - at) if end is not False
@@ -506,7 +513,8 @@ def _through(callee, ins, at):
 
 
 def _text(chain: Chain) -> str:
-    return chain.name + "".join(f".{s}" if k == "attr" else f"[{s!r}]" for k, s in chain.steps)
+    return chain.name + "".join(f".{s}" if k == "attr" else f"[{s!r}]" for k, s in chain.steps
+                                if k not in ("next", "iter"))
 
 
 def attr_names(codes) -> set:
@@ -525,8 +533,10 @@ def store_line(rec: Recording, key) -> str | None:
             t, k = s.target, str(key)
             if t == k or t.endswith("." + k) or t.startswith((k + ".", k + "[")):
                 return f"{f.code.co_filename}:{s.line} in {f.code.co_name}"
+    module = sys.modules.get(str(key))
     for f in rec.frames.values():       # a container changed through a local name: where it was loaded
         for c in chains(f.code)[0]:
-            if _text(c) == str(key) or c.name == str(key):
+            if _text(c) == str(key) or c.name == str(key) or module is not None and c.root == "global" \
+                    and f.globals is not None and f.globals.get(c.name) is module:     # ``import numpy as np``
                 return f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
     return None

@@ -233,6 +233,8 @@ class Resolver:
                 return
             if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
+            if kind in ("next", "iter"):        # consumed, not read: the write undo tells whether it moved
+                return
             if kind == "any":
                 self._any(obj, path, source)
                 return

@@ -17,10 +17,13 @@ of a function whose defining frame is running in the trace.
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
 import gc
+import random
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +45,8 @@ class Snap:
     before: object      # its shallow copy when the trace first reached it
     owner: object       # what a message names: the object whose __dict__ it is, a module name, a chain's text
     kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
-                        # (a container the traced function was called with), "cell", "hooks" (a module's hook dict)
+                        # (a container the traced function was called with), "cell", "hooks" (a module's hook
+                        # dict), "iterator" (one the code advances: ``next(ITER)``, ``for v in self.it``)
 
 
 class Writes:
@@ -51,6 +55,7 @@ class Writes:
         self.built: set = set()     # ids of objects constructed while recording
         self.hooked: set = set()    # ids of the module dicts whose hook dicts are copied
         self.is_library = is_library
+        self.generators = _generator_states()       # Python's and numpy's global random streams
 
     # ------------------------------------------------------------ before
 
@@ -124,15 +129,28 @@ class Writes:
     def chain(self, root, steps, source):
         """Copy every object a load chain reaches from ``root`` (a value from before the call)."""
         obj = root
-        if not self.value(obj, source):
+        if steps and steps[-1][0] in ("next", "iter"):      # consumed: where an iterator is, its position
+            steps, consumed = steps[:-1], True
+        else:
+            consumed = False
+        if not self.value(obj, source) and not (consumed and not steps):
             return
         for kind, key in steps:
             obj = peek(obj, kind, key, self.is_library)
             if obj is _GONE:
                 return
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
-            if not self.value(obj, source):
+            if not self.value(obj, source) and not (consumed and (kind, key) == steps[-1]):
                 return
+        if consumed:
+            self.iterator(obj, source)
+
+    def iterator(self, it, source):
+        """The position of an iterator that outlives the call (a library's: a list iterator,
+        ``itertools.count``; or a generator), which the code advances."""
+        if id(it) not in self.snaps and isinstance(it, collections.abc.Iterator) and (
+                isinstance(it, types.GeneratorType) or self.is_library(type(it))):
+            self.snaps[id(it)] = Snap(it, _position(it), source, "iterator")
 
     def cells(self, code, names):
         """The cells ``names`` of the functions running ``code`` (assigned by ``nonlocal``)."""
@@ -150,7 +168,38 @@ class Writes:
         done = []
         for s in self.snaps.values():
             done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
-        return done
+        return done + _undo_generators(self.generators)
+
+
+def _generator_states() -> dict:
+    """The global random streams Python code draws from besides torch's: ``random``'s, and numpy's
+    (where numpy is imported)."""
+    states = {"random": (random.getstate, random.setstate)}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        states["numpy.random"] = (np.random.get_state, np.random.set_state)
+    return {name: (get(), get, put) for name, (get, put) in states.items()}
+
+
+def _same_state(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    eq = a == b
+    return bool(eq.all()) if hasattr(eq, "all") else bool(eq)      # numpy's key is an array
+
+
+def _undo_generators(states: dict) -> list:
+    """A trace that drew from such a stream: the graph holds the numbers it drew, the same on every
+    call, where eager draws new ones; the stream is put back where it was."""
+    done = []
+    for name, (before, get, put) in states.items():
+        if not _same_state(get(), before):
+            put(before)
+            done.append((f"draws from `{name}` (Python's or numpy's random stream, not torch's): the compiled "
+                         "graph would hold the numbers this trace drew and use them on every call, where eager "
+                         "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
+                         name.split(".")[0]))
+    return done
 
 
 def _own_dict(obj):
@@ -233,6 +282,28 @@ def _cached_once(owner, key, value) -> bool:
     return False
 
 
+def _position(it):
+    """Where an iterator is: a generator's frame position, a library iterator's own account of its state (`__reduce__`)."""
+    if isinstance(it, types.GeneratorType):
+        return it.gi_frame.f_lasti if it.gi_frame is not None else None
+    try:
+        with warnings.catch_warnings():     # itertools: deprecated (3.12+)
+            warnings.simplefilter("ignore")
+            return it.__reduce__()
+    except Exception:       # not picklable: its position cannot be told
+        return None
+
+
+def _undo_iterator(s, _):
+    if _position(s.obj) == s.before:
+        return []
+    before = s.before
+    if isinstance(before, tuple) and len(before) > 2 and hasattr(s.obj, "__setstate__"):
+        s.obj.__setstate__(before[2])       # a list or range iterator goes back where it was
+    return [(f"advances the iterator `{s.owner}` (a {type(s.obj).__name__}), which outlives the call: the "
+             "compiled graph would use the items this trace took on every call", s.owner)]
+
+
 def _undo_hooks(s, is_library):
     """Hooks the traced code registered on a module are removed; a library module's forward installing
     its own (with a flag among its private attributes, put back too) is not refused."""
@@ -308,5 +379,5 @@ def _count(before, obj) -> int:
 
 
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
-         "cell": _undo_cell, "hooks": _undo_hooks}
+         "cell": _undo_cell, "hooks": _undo_hooks, "iterator": _undo_iterator}
 

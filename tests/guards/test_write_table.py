@@ -4,9 +4,11 @@ and the user's state is left as it was (the compiled graph would never repeat th
 return ``[4.35, 4.35, 4.35]`` where eager returns ``[2.17, 4.35, 6.52]``). Writes to state made and
 dropped inside the call are allowed and the results equal eager."""
 import itertools
+import random
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,7 +28,17 @@ KINDS = {
     "dict through a local alias": ("d = self.cache; d['k'] = 1", lambda ns, m: dict(m.cache), "`self.cache`"),
     "nonlocal cell": ("BUMP()", lambda ns, m: ns["COUNTER"](), "`c`"),
     "module state": ("cfgmod.K += 1", lambda ns, m: ns["cfgmod"].K, "`K`"),
+    # state hidden in library objects: Python's and numpy's random streams, an iterator's position
+    "python random": ("random.random()", lambda ns, m: random.getstate(), "`random`"),
+    "numpy random": ("np.random.rand()", lambda ns, m: _np_position(), "`numpy.random`"),
+    "next of an iterator": ("next(ITER)", lambda ns, m: ns["ITER"].__reduce__(), "`ITER`"),
+    "for over an iterator": ("for _ in CFG.it: break", lambda ns, m: ns["CFG"].it.__reduce__(), "`CFG.it`"),
 }
+
+
+def _np_position():
+    state = np.random.get_state()
+    return state[1].tobytes(), state[2:]
 
 # location: the forward's body, ``{W}`` the write (one statement)
 WHERE = {
@@ -37,9 +49,13 @@ WHERE = {
 }
 
 SOURCE = '''
+import random
+
+import numpy as np
 import torch
 
 COUNT = 0
+ITER = iter(range(1000))
 HIST = []
 TABLE = {{}}
 
@@ -50,6 +66,7 @@ class _Cfg:
 
 CFG = _Cfg()
 CFG.n = 0
+CFG.it = iter([1, 2, 3] * 100)
 
 
 def _counter():
@@ -183,3 +200,32 @@ def test_a_list_the_caller_passes_in_is_lasting_state():
     with pytest.raises(errors.UnsupportedError, match="`log`"):
         aotgrad.jit(f)(torch.randn(3), log)
     assert log == []
+
+
+def test_a_generator_the_code_advances_is_refused():
+    """A generator started before the call: advancing it is a write no graph repeats (and cannot be
+    put back: the refusal names it)."""
+    def numbers():
+        v = 1.0
+        while True:
+            yield v
+            v += 1
+    gen = numbers()
+
+    def f(x):
+        return x * next(gen)
+    with pytest.raises(errors.UnsupportedError, match="`gen`.*generator"):
+        aotgrad.jit(f)(torch.randn(3))
+
+
+def test_iterating_a_container_or_a_fresh_iterator_is_not_a_write():
+    """``for t in self.items`` (a list), ``next(iter(xs))`` and ``next(m.parameters())``: nothing that
+    outlives the call is advanced."""
+    items = [1.0, 2.0]
+    lin = torch.nn.Linear(3, 3).requires_grad_(False)
+
+    def f(x):
+        for t in items:
+            x = x * t
+        return x + next(iter(items)) + next(lin.parameters()).sum()
+    check(f, (torch.randn(3, requires_grad=True),))
