@@ -450,3 +450,58 @@ def test_a_per_thread_or_per_context_setting_is_read_where_the_call_runs(kind):
     t.join()
     assert seen == {"same": True, "refused": True} and len(step.entries) == 2
     assert torch.equal(step(x), f(x)) and len(step.entries) == 2      # this thread's value: the first entry
+
+
+class _Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.out = _Inner(), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.out(self.inner(x))
+
+
+def _sigmoid_forward(self, x):
+    return self.fc(x).sigmoid()
+
+
+def _tripled_forward(self, x):
+    return self.out(self.inner(x)) * 3
+
+
+_REPLACED = {
+    "a child's forward on the instance": lambda m: setattr(m.inner, "forward", types.MethodType(_sigmoid_forward,
+                                                                                                m.inner)),
+    "a child's class forward": lambda m: setattr(_Inner, "forward", _sigmoid_forward),
+    "the root's forward on the instance": lambda m: setattr(m, "forward", types.MethodType(_tripled_forward, m)),
+    "the root's class forward": lambda m: setattr(_Outer, "forward", _tripled_forward),
+    "a torch class's forward": lambda m: setattr(nn.Linear, "forward", lambda self, x: F.linear(x, self.weight) * 2),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_REPLACED))
+def test_a_replaced_forward_recompiles_or_is_refused(how):
+    """Monkeypatching ``forward`` (on the instance, as libraries' hooks do, or on a class, torch's
+    included) after the first call: the call runs another program."""
+    saved = _Inner.forward, _Outer.forward, nn.Linear.forward
+    try:
+        torch.manual_seed(0)
+        m, x = _Outer(), torch.randn(2, 3)
+        step, captured = aotgrad.jit(m), aotgrad.capture(m, x).compile()
+        assert torch.equal(step(x), m(x))
+        _REPLACED[how](m)
+        assert torch.equal(step(x), m(x)) and len(step.entries) == 2, f"{how}: a stale graph"
+        assert "forward" in aotgrad.explain(step)
+        with pytest.raises(errors.InputMismatchError, match="forward"):
+            captured(x)
+    finally:
+        _Inner.forward, _Outer.forward, nn.Linear.forward = saved
