@@ -21,17 +21,27 @@ def call_leaves(args, kwargs) -> list:
 
 def recorded(fn, trace, leaves, name):
     """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read."""
-    rec = None
+    rec, written = None, []
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
         with reads.record(fn) as rec, COMPILED_AUTOGRAD_OFF():
             captured = trace()
-    finally:
+    except Exception as e:
         written = rec.undo_writes() if rec is not None else []
+        if written:     # the write is the cause (a buffer registered in the first trace broke the next)
+            raise _refused(written, rec) from e
+        raise
+    finally:
+        if rec is not None and not written:
+            written = rec.undo_writes()
     if written:
-        what, key = written[0]
-        raise errors.UnsupportedError(
-            f"the traced code {what} (Python state outside the tensors that outlives the call); the compiled "
-            "graph would not repeat the write, so later calls would differ from eager. Keep that state "
-            "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))
+        raise _refused(written, rec)
     return captured, resolve.assumed(fn, leaves, name, rec)
+
+
+def _refused(written, rec) -> errors.UnsupportedError:
+    what, key = written[0]
+    return errors.UnsupportedError(
+        f"the traced code {what} (Python state outside the tensors that outlives the call); the compiled "
+        "graph would not repeat the write, so later calls would differ from eager. Keep that state "
+        "in a tensor buffer or update it outside the compiled function", user_line=reads.store_line(rec, key))

@@ -46,7 +46,8 @@ class Snap:
     owner: object       # what a message names: the object whose __dict__ it is, a module name, a chain's text
     kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
                         # (a container the traced function was called with), "cell", "hooks" (a module's hook
-                        # dict), "iterator" (one the code advances: ``next(ITER)``, ``for v in self.it``)
+                        # dict), "state" (a module's parameter, buffer or child dict), "iterator" (one the
+                        # code advances: ``next(ITER)``, ``for v in self.it``)
 
 
 class Writes:
@@ -84,6 +85,10 @@ class Writes:
                 hooks = d.get(key)
                 if isinstance(hooks, dict) and id(hooks) not in self.snaps:
                     self.snaps[id(hooks)] = Snap(hooks, dict(hooks), m, "hooks")
+            for key in _STATE:      # registering a buffer, a parameter or a submodule (lazy initialisation)
+                state = d.get(key)
+                if isinstance(state, dict) and id(state) not in self.snaps:
+                    self.snaps[id(state)] = Snap(state, dict(dict.items(state)), (m, key), "state")
             children = d.get("_modules")
             todo.extend(children.values() if isinstance(children, dict) else ())
 
@@ -304,6 +309,31 @@ def _undo_iterator(s, _):
              "compiled graph would use the items this trace took on every call", s.owner)]
 
 
+_STATE = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
+
+
+def _undo_state(s, _):
+    """A module's parameters, buffers or children registered (or dropped) by the trace: what it
+    registered holds traced values (or was built while tracing), and no graph would register it
+    again. Only entries added, removed, or set where there was None (``bias``) count, and only they
+    are put back: another thread's eager call rebinding a buffer meanwhile replaces a value (the
+    trace's own rebinds go to its per-thread layer and are replayed)."""
+    d, before = s.obj, s.before
+    module, key = s.owner
+    now = dict(dict.items(d))       # its own entries (a capture's layer of traced values is not state)
+    changed = [k for k in now.keys() | before.keys() if k not in now or k not in before
+               or (before[k] is None or key == "_modules") and now[k] is not before[k]]
+    if not changed:
+        return []
+    for k in changed:
+        if k in before:
+            dict.__setitem__(d, k, before[k])
+        else:
+            dict.__delitem__(d, k)
+    return [(f"registers or replaces the {_STATE[key]} `{changed[0]}` of {type(module).__name__} (lazy "
+             "initialisation in forward); run the module once eagerly before compiling it", changed[0])]
+
+
 def _undo_hooks(s, is_library):
     """Hooks the traced code registered on a module are removed; a library module's forward installing
     its own (with a flag among its private attributes, put back too) is not refused."""
@@ -379,5 +409,5 @@ def _count(before, obj) -> int:
 
 
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
-         "cell": _undo_cell, "hooks": _undo_hooks, "iterator": _undo_iterator}
+         "cell": _undo_cell, "hooks": _undo_hooks, "iterator": _undo_iterator, "state": _undo_state}
 

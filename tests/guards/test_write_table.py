@@ -229,3 +229,49 @@ def test_iterating_a_container_or_a_fresh_iterator_is_not_a_write():
             x = x * t
         return x + next(iter(items)) + next(lin.parameters()).sum()
     check(f, (torch.randn(3, requires_grad=True),))
+
+
+class _LazyBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        if not hasattr(self, "ref"):
+            self.register_buffer("ref", x.detach().mean(0))
+        return self.fc(x) - self.ref
+
+
+class _LazyChild(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        if not hasattr(self, "extra"):
+            self.extra = torch.nn.Linear(3, 3)
+        return self.extra(self.fc(x))
+
+
+class _LazyParameter(_LazyChild):
+    def forward(self, x):
+        if "scale" not in self._parameters:
+            self.scale = torch.nn.Parameter(torch.ones(3))
+        return self.fc(x) * self.scale
+
+
+@pytest.mark.parametrize("cls,what", [(_LazyBuffer, "buffer `ref`"), (_LazyChild, "submodule `extra`"),
+                                      (_LazyParameter, "parameter `scale`")])
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_lazy_initialisation_in_forward_is_refused_and_leaves_the_module_as_it_was(cls, what, entry):
+    """Registering a buffer, parameter or submodule on the first call: the trace's would hold traced
+    tensors (the module was left holding a FunctionalTensor buffer, and the next trace failed with a
+    raw RuntimeError). Refused, named, nothing left behind; once run eagerly it compiles."""
+    torch.manual_seed(0)
+    m, x = cls(), torch.randn(2, 3)
+    names = [n for n, _ in m.named_parameters()] + [n for n, _ in m.named_buffers()]
+    with pytest.raises(errors.UnsupportedError, match=what):
+        aotgrad.jit(m)(x) if entry == "jit" else aotgrad.capture(m, x)
+    assert [n for n, _ in m.named_parameters()] + [n for n, _ in m.named_buffers()] == names
+    m(x)
+    check(m, (x,))
