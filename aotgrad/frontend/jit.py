@@ -31,6 +31,7 @@ from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..store import disk
 from ..guards.recorded import call_leaves, recorded
+from ..guards.reads import watch_again
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
 from ..inputs.step import Root, step_root
@@ -192,6 +193,7 @@ class Jit:
             if self.dynamic is not None or not self.dynamic_dims:
                 raise
             log.info("%s does not trace with symbolic sizes (%s); capturing static sizes", self.name, e)
+            watch_again()       # the failed trace stopped the read recording where it failed
             return capture_call(self.fn, args, kwargs, dynamic=False)
 
     def _key(self, modes, args, kwargs) -> cache.JitKey | None:

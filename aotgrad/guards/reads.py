@@ -109,8 +109,11 @@ class Recording:
 
     def event(self, frame, event, arg):
         if event != "call":
-            if event == "return" and frame is self.root_frame:
-                self.stop()
+            if event == "return":
+                if frame is self.root_frame:
+                    self.stop()
+                elif self.writes.memoized and frame.f_code in self.writes.memoized:
+                    self.writes.memoizes(frame.f_code, arg)
             return
         code = frame.f_code
         kind = self.kinds.get(code)
@@ -217,11 +220,27 @@ def record(fn=None):
             rec.event(frame, what, arg)
             previous(frame, what, arg)
     rec.stop = lambda: sys.setprofile(previous)
+    rec.restart = lambda: (setattr(rec, "root_frame", None), sys.setprofile(event))
+    outer = getattr(_ACTIVE, "rec", None)
+    _ACTIVE.rec = rec
     sys.setprofile(event)
     try:
         yield rec
     finally:
         sys.setprofile(previous)
+        _ACTIVE.rec = outer
+
+
+_ACTIVE = threading.local()     # the recording whose block this thread is in
+
+
+def watch_again():
+    """The recording of this thread's block, stopped when the traced function returned, watches its
+    next call too: a trace retried (symbolic sizes failed, static ones next) runs its Python again,
+    maybe further than the failed one got."""
+    rec = getattr(_ACTIVE, "rec", None)
+    if rec is not None:
+        rec.restart()
 
 
 def watching() -> Recording | None:

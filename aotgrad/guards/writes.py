@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._torch import pytree
 from ..runtime.call import VALUE_TYPES, same_value
 
 _CONTAINERS = (list, dict, set, bytearray)
@@ -57,6 +58,8 @@ class Writes:
         self.hooked: set = set()    # ids of the module dicts whose hook dicts are copied
         self.is_library = is_library
         self.generators = _generator_states()       # Python's and numpy's global random streams
+        self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
+        self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
 
     # ------------------------------------------------------------ before
 
@@ -102,6 +105,11 @@ class Writes:
 
     def value(self, v, source):
         """Copy what a write could change in ``v``; True where loads from it are followed further."""
+        if isinstance(v, functools._lru_cache_wrapper):
+            fn = getattr(v, "__wrapped__", None)
+            if isinstance(fn, types.FunctionType):      # its misses are watched (see memoizes)
+                self.memoized[fn.__code__] = (v, source)
+            return False
         if type(v) in VALUE_TYPES or isinstance(v, (torch.Tensor, types.FunctionType, types.BuiltinFunctionType,
                                                     types.MethodType, types.CodeType)):
             return False
@@ -168,9 +176,22 @@ class Writes:
 
     # ------------------------------------------------------------ after
 
+    def memoizes(self, code, value):
+        """A function an lru_cache wraps returned ``value`` inside the trace (a miss: the cache keeps
+        it): a traced tensor in it would stay in the user's cache, for every later eager call."""
+        if any(isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter)
+               for t in pytree.tree_leaves(value)):
+            wrapper, source = self.memoized[code]
+            self.poisoned[id(wrapper)] = (wrapper, source)
+
     def undo(self) -> list:
         """Put back everything the traced code changed; ``(text, key)`` for each change it made."""
         done = []
+        for wrapper, source in self.poisoned.values():
+            wrapper.cache_clear()       # no single entry can be taken out; the others are computed again
+            done.append((f"calls `{source}`, an lru_cache'd function, which cached a tensor computed while "
+                         "tracing (eager's first call caches a real one); call it once eagerly with these "
+                         "arguments before compiling, so the trace reads the cached tensor", source))
         for s in self.snaps.values():
             done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
         return done + _undo_generators(self.generators)

@@ -505,3 +505,35 @@ def test_a_replaced_forward_recompiles_or_is_refused(how):
             captured(x)
     finally:
         _Inner.forward, _Outer.forward, nn.Linear.forward = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _mask(n):
+    return torch.triu(torch.ones(n, n), 1)
+
+
+AFTER = 2.0
+
+
+def _after(t):
+    return t * AFTER
+
+
+def test_reads_of_a_trace_retried_with_static_sizes_are_recorded():
+    """A new length makes ``jit`` try symbolic sizes first; a memoized call keyed by the size fails
+    there and the capture is retried with static sizes. The read recording had stopped where the
+    symbolic trace failed, so what the code read after that point (``AFTER``) went unguarded."""
+    global AFTER
+
+    def f(x):
+        return _after((x @ x.T * _mask(x.shape[0])).sum(-1))     # a helper entered after the failure point
+    x4, x6 = torch.randn(4, 3), torch.randn(6, 3)
+    f(x4), f(x6)        # the masks are cached for real
+    step = aotgrad.jit(f)
+    step(x4)
+    assert torch.equal(step(x6), f(x6)) and len(step.entries) == 2
+    AFTER = -3.0
+    try:
+        assert torch.equal(step(x6), f(x6)) and len(step.entries) == 3, "a stale graph"
+    finally:
+        AFTER = 2.0

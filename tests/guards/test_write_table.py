@@ -3,6 +3,7 @@ every location, is refused with a typed error naming it and the user's line, bef
 and the user's state is left as it was (the compiled graph would never repeat the write: jit would
 return ``[4.35, 4.35, 4.35]`` where eager returns ``[2.17, 4.35, 6.52]``). Writes to state made and
 dropped inside the call are allowed and the results equal eager."""
+import functools
 import itertools
 import random
 import sys
@@ -275,3 +276,42 @@ def test_lazy_initialisation_in_forward_is_refused_and_leaves_the_module_as_it_w
     assert [n for n, _ in m.named_parameters()] + [n for n, _ in m.named_buffers()] == names
     m(x)
     check(m, (x,))
+
+
+@functools.lru_cache(maxsize=None)
+def _causal(n):
+    return torch.triu(torch.full((n, n), float("-inf")), 1)
+
+
+class _Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (h @ h.transpose(-1, -2) + _causal(x.shape[0])).softmax(-1)
+
+
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_an_lru_cache_missed_inside_the_trace_is_refused_and_emptied(entry):
+    """A memoized tensor factory (a causal mask) first called inside the trace would cache the trace's
+    tensor: every later eager call failed ("FunctionalTensor on its own"). Refused and the cache emptied;
+    once it holds the real tensor (an eager call), the trace reads it and matches eager."""
+    _causal.cache_clear()
+    m, x = _Masked(), torch.randn(4, 4)
+    with pytest.raises(errors.UnsupportedError, match="_causal.*lru_cache"):
+        aotgrad.jit(m)(x) if entry == "jit" else aotgrad.capture(m, x)
+    assert _causal.cache_info().currsize == 0
+    m(x)
+    check(m, (x,), **({"compile": _jit_compile} if entry == "jit" else {}))
+    if entry == "jit":      # a new length recompiles (symbolic first, then static): its miss is refused too
+        step = aotgrad.jit(m)
+        step(x)
+        with pytest.raises(errors.UnsupportedError, match="_causal"):
+            step(torch.randn(6, 4))
+        assert type(_causal(6)) is torch.Tensor
+
+
+def _jit_compile(fn, args, kwargs, **_):
+    return aotgrad.jit(fn)
