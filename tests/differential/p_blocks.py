@@ -432,16 +432,19 @@ def _(n=4):
     return fn(Noisy([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
 
 
+class Checked(Stack):
+    """Block 1 runs under a non-reentrant checkpoint."""
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        for i, b in enumerate(self.blocks):
+            x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
+        return self.head(x)
+
+
 # Not must_match: compiled autograd refuses an eager checkpoint's saved-tensor hooks (typed).
 @program("blocks_dropout_one_checkpointed", G, "random")
 def _(n=4):
-    from torch.utils.checkpoint import checkpoint
-
-    class Checked(Stack):
-        def forward(self, x):
-            for i, b in enumerate(self.blocks):
-                x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
-            return self.head(x)
     return fn(Checked([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
 
 
@@ -640,13 +643,6 @@ def _(n=4):
 
 @program("blocks_marked_leaf_checkpointed", G)
 def _(n=4):
-    from torch.utils.checkpoint import checkpoint
-
-    class Checked(Stack):
-        def forward(self, x):
-            for i, b in enumerate(self.blocks):
-                x = checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
-            return self.head(x)
     return fn(Checked([MarkedRaw() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
 
 

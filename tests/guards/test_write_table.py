@@ -232,17 +232,6 @@ def test_iterating_a_container_or_a_fresh_iterator_is_not_a_write():
     check(f, (torch.randn(3, requires_grad=True),))
 
 
-class _LazyBuffer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(3, 3)
-
-    def forward(self, x):
-        if not hasattr(self, "ref"):
-            self.register_buffer("ref", x.detach().mean(0))
-        return self.fc(x) - self.ref
-
-
 class _LazyChild(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -252,6 +241,13 @@ class _LazyChild(torch.nn.Module):
         if not hasattr(self, "extra"):
             self.extra = torch.nn.Linear(3, 3)
         return self.extra(self.fc(x))
+
+
+class _LazyBuffer(_LazyChild):
+    def forward(self, x):
+        if not hasattr(self, "ref"):
+            self.register_buffer("ref", x.detach().mean(0))
+        return self.fc(x) - self.ref
 
 
 class _LazyParameter(_LazyChild):
