@@ -402,15 +402,9 @@ def _scan(code):
             skip -= 1
             continue
         op = ins.opname
-        if cur is not None and cur.root == "global" and cur.name == "super" and not cur.steps \
-                and code.co_argcount and _call_at(ins_list, at, 0) is not False:
-            end = _call_at(ins_list, at, 0)     # ``super().k`` (3.11): ``k`` of a class of the first argument
-            if end + 1 < len(ins_list) and ins_list[end + 1].opname in _ATTR:
-                cur = Chain("fast", code.co_varnames[0], (("anyclass", ins_list[end + 1].argval),), line)
-                skip = end + 1 - at
-                continue
-        if op == "LOAD_SUPER_ATTR" and cur is not None and cur.root == "fast" and not cur.steps:
-            cur = Chain(cur.root, cur.name, (("anyclass", ins.argval),), cur.line)     # ``super().k`` (3.12)
+        sup, skip = _super(cur, code, ins_list, at) if cur is not None else (None, 0)
+        if sup is not None:
+            cur = sup
             continue
         if callee is not None and cur is not None:
             step, skip = _through(callee, ins_list, at)
@@ -442,13 +436,8 @@ def _scan(code):
             stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
         if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             stores.append(Store(_text(cur) + "[...]", line))
-        if cur is not None and op == "GET_ITER":      # ``for v in self.it``: iterated (an iterator: advanced)
-            cur = Chain(cur.root, cur.name, cur.steps + (("iter", None),), cur.line)
-        if cur is not None and cur.steps and cur.steps[-1] in _GETATTRS:
-            # ``x.__getattribute__(name)`` with a name computed at run time; a class's own
-            # (``object.__getattribute__``) is a library object, where following stops at once
-            cur = Chain(cur.root, cur.name, cur.steps[:-1] + (("any", None),), cur.line)
         if cur is not None:
+            cur = _ended(cur, op)
             found.append(cur)
             if cur.steps and cur.steps[-1] in _MUTATORS:
                 stores.append(Store(_text(cur), line))
@@ -468,6 +457,29 @@ def _scan(code):
     if cur is not None:
         found.append(cur)
     return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+def _super(cur, code, ins, at):
+    """``(chain, instructions to skip)`` where ``cur`` with ``ins[at:]`` is ``super().k``: ``k`` read in
+    every class of the first argument (3.11: a call of ``super``; 3.12: its own instruction)."""
+    if ins[at].opname == "LOAD_SUPER_ATTR" and cur.root == "fast" and not cur.steps:
+        return Chain(cur.root, cur.name, (("anyclass", ins[at].argval),), cur.line), 0
+    if cur.root == "global" and cur.name == "super" and not cur.steps and code.co_argcount:
+        end = _call_at(ins, at, 0)
+        if end is not False and end + 1 < len(ins) and ins[end + 1].opname in _ATTR:
+            return Chain("fast", code.co_varnames[0], (("anyclass", ins[end + 1].argval),), cur.line), end + 1 - at
+    return None, 0
+
+
+def _ended(cur, op) -> Chain:
+    """The chain ``cur`` as the instruction ``op`` ends it: iterated (``for v in self.it``: an iterator
+    is advanced), or ``x.__getattribute__(name)`` with a name computed at run time (a class's own,
+    ``object.__getattribute__``, is a library object where following stops at once)."""
+    if op == "GET_ITER":
+        return Chain(cur.root, cur.name, cur.steps + (("iter", None),), cur.line)
+    if cur.steps and cur.steps[-1] in _GETATTRS:
+        return Chain(cur.root, cur.name, cur.steps[:-1] + (("any", None),), cur.line)
+    return cur
 
 
 # Functions whose call with a chain as first argument reads on along it: ``type(x).k`` is
