@@ -181,24 +181,23 @@ def test_concurrent_captures_of_one_model():
     model, x = Net(), torch.randn(5, 4)
     params = [(model, [id(p) for p in model.parameters()])]
     both = threading.Barrier(2, timeout=WAIT)
-    # One event per capturing thread, made before its capture (a ``threading.local`` flag is guarded
-    # per thread, so a step captured with it set would be refused in the main thread, where it is not).
-    met, capturers = {}, []
+    met, capturers = threading.local(), []
 
     def pause(net):
-        first = met.get(threading.get_ident())
-        if first is not None and not first.is_set():
-            first.set()
+        if threading.get_ident() in capturers and not getattr(met, "done", False):
+            met.done = True
             assert _traced(net.fc1.weight)
             both.wait()
 
     def capture():
         capturers.append(threading.get_ident())
-        met[threading.get_ident()] = threading.Event()
         return aotgrad.capture(model, x).compile()
     model.pause = pause
     joins = [_start(capture) for _ in range(2)]
     compiled = [j() for j in joins]
+    # The steps read ``met.done`` (a ``threading.local``: guarded per thread) as their capturing threads
+    # left it; this thread's own value must match for them to run here.
+    met.done = True
     _assert_nothing_left(model, params=params)
     for c in compiled:
         model.zero_grad()
