@@ -393,7 +393,7 @@ def _scan(code):
     n_args = code.co_argcount + code.co_kwonlyargcount
     args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
     found, stores, cur, line, pending = [], [], None, None, None
-    ins_list = list(dis.get_instructions(code))
+    ins_list = _normalized(code)
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
     skip = 0
     for at, ins in enumerate(ins_list):
@@ -457,6 +457,27 @@ def _scan(code):
     if cur is not None:
         found.append(cur)
     return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"), "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
+_SAME = {"LOAD_FAST_CHECK": "LOAD_FAST", "LOAD_FAST_BORROW": "LOAD_FAST"}
+
+
+def _normalized(code) -> list:
+    """``code``'s instructions as 3.11 spells them: newer Pythons' paired loads and stores
+    (``LOAD_FAST_LOAD_FAST (x, self)``, 3.13) are two instructions, and ``PUSH_NULL`` (which 3.13
+    puts between a called function and its arguments) is dropped."""
+    out = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "PUSH_NULL":
+            continue
+        pair = _PAIRS.get(ins.opname)
+        if pair is not None and isinstance(ins.argval, tuple) and len(ins.argval) == 2:
+            out += [ins._replace(opname=op, argval=name) for op, name in zip(pair, ins.argval)]
+        else:
+            out.append(ins._replace(opname=_SAME[ins.opname]) if ins.opname in _SAME else ins)
+    return out
 
 
 def _super(cur, code, ins, at):
