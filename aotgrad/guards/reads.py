@@ -389,11 +389,11 @@ def chains(code) -> tuple:
     return hit
 
 
-def _scan(code):
+def _scan(code, instructions=None):
     n_args = code.co_argcount + code.co_kwonlyargcount
     args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
     found, stores, cur, line, pending = [], [], None, None, None
-    ins_list = _normalized(code)
+    ins_list = _normalized(dis.get_instructions(code) if instructions is None else instructions)
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
     skip = 0
     for at, ins in enumerate(ins_list):
@@ -464,12 +464,12 @@ _PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"), "STORE_FAST_LOAD_FA
 _SAME = {"LOAD_FAST_CHECK": "LOAD_FAST", "LOAD_FAST_BORROW": "LOAD_FAST"}
 
 
-def _normalized(code) -> list:
-    """``code``'s instructions as 3.11 spells them: newer Pythons' paired loads and stores
+def _normalized(instructions) -> list:
+    """Instructions as 3.11 spells them: newer Pythons' paired loads and stores
     (``LOAD_FAST_LOAD_FAST (x, self)``, 3.13) are two instructions, and ``PUSH_NULL`` (which 3.13
     puts between a called function and its arguments) is dropped."""
     out = []
-    for ins in dis.get_instructions(code):
+    for ins in instructions:
         if ins.opname == "PUSH_NULL":
             continue
         pair = _PAIRS.get(ins.opname)

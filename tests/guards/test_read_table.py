@@ -7,6 +7,8 @@ naming what was read, and return eager's result; a ``capture().compile()`` of th
 raise ``InputMismatchError`` naming it. The values are chosen so that a stale graph gives another
 number (``0.0`` and ``-0.0`` flip the sign of ``x / v``).
 """
+import dis
+import inspect
 import itertools
 import re
 import sys
@@ -17,6 +19,7 @@ import torch
 
 import aotgrad
 from aotgrad import errors
+from aotgrad.guards import reads
 
 # kind: (read expression, where ``{s}`` is the object holding the attributes; the change; the name
 # the messages must show)
@@ -161,3 +164,31 @@ def test_nan_keeps_its_entry_and_signed_zero_does_not():
         out = f(x)
         torch.testing.assert_close(out, m(x), equal_nan=True)
     assert len(f.entries) == 3, [e.reason for e in f.entries]
+
+
+def _spelled_as_313(code, edit):
+    """``code``'s instructions with ``edit`` applied: how Python 3.13 spells the same code."""
+    ins = list(dis.get_instructions(code))
+    return edit(ins)
+
+
+def test_reads_are_found_in_newer_pythons_instructions():
+    """3.13 loads two locals with one ``LOAD_FAST_LOAD_FAST (x, self)`` and puts ``PUSH_NULL`` between
+    a called function and its arguments; the scanner read ``x * self.k`` without ``self.k`` and
+    ``inspect.getattr_static(self, "k")`` without its callee there (CI runs 3.11: spelled by hand)."""
+    def product(self, x):
+        return x * self.k
+
+    def static(self):
+        return inspect.getattr_static(self, "k")
+
+    def paired(ins):
+        i = next(i for i, x in enumerate(ins) if x.opname == "LOAD_FAST" and x.argval == "x")
+        return ins[:i] + [ins[i]._replace(opname="LOAD_FAST_LOAD_FAST", argval=("x", "self"))] + ins[i + 2:]
+
+    def null_first(ins):
+        i = next(i for i, x in enumerate(ins) if x.opname == "LOAD_FAST" and x.argval == "self")
+        return ins[:i] + [ins[i]._replace(opname="PUSH_NULL", argval=None)] + ins[i:]
+    for fn, edit in ((product, paired), (static, null_first)):
+        found, _ = reads._scan(fn.__code__, _spelled_as_313(fn.__code__, edit))
+        assert any(c.name == "self" and c.steps == (("attr", "k"),) for c in found), (fn.__name__, found)
