@@ -21,7 +21,7 @@ def call_leaves(args, kwargs) -> list:
 
 def recorded(fn, trace, leaves, name):
     """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read."""
-    rec, written = None, []
+    rec, written = None, None       # undone once, whichever way the trace ends
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
         with reads.record(fn) as rec, COMPILED_AUTOGRAD_OFF():
@@ -32,7 +32,7 @@ def recorded(fn, trace, leaves, name):
             raise _refused(written, rec) from e
         raise
     finally:
-        if rec is not None and not written:
+        if written is None and rec is not None:
             written = rec.undo_writes()
     if written:
         raise _refused(written, rec)

@@ -183,9 +183,7 @@ class Resolver:
         objs += [(v, self.paths.get(id(v), (None, _anon(v)))) for v in f.args.values()]
         for c in found:
             if c.root == "global" and c.name in f.globals and not _stops(f.globals[c.name]):
-                modname = f.globals.get("__name__")
-                path = ("G", modname, ("attr", c.name)) if isinstance(modname, str) else None
-                objs.append((f.globals[c.name], (path, c.name)))
+                objs.append((f.globals[c.name], (_global_path(f.globals, c.name), c.name)))
         for obj, (path, source) in objs:
             self._any(obj, path, source)
 
@@ -209,7 +207,7 @@ class Resolver:
         modname = g.get("__name__")
         own = getattr(self.fn, "__globals__", None) is g
         source = c.name if own or modname in (None, "__main__") else f"{modname}.{c.name}"
-        path = ("G", modname, ("attr", c.name)) if isinstance(modname, str) else None
+        path = _global_path(g, c.name)
         if c.name not in g:
             self._add(Read(source, path, g, c.name, None, "absent"))
             return
@@ -229,7 +227,7 @@ class Resolver:
         module = where.get("__name__")
         if isinstance(module, str) and module.split(".")[0] not in _FIXED and key in where and not key.startswith("__") \
                 and type(where.get(key)) in _EQ_TYPES:
-            self._add(Read(f"{module}.{key}", ("G", module, ("attr", key)), where, key, where[key], "eq"))
+            self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, where[key], "eq"))
 
     def _follow(self, obj, path, source, steps):
         for kind, key in steps:
@@ -398,6 +396,12 @@ class _ContextValue:
     @property
     def value(self):
         return self.var.get(_UNSET)
+
+
+def _global_path(g: dict, name: str):
+    """The path of global ``name`` of the module whose globals are ``g`` (None where it has no name)."""
+    module = g.get("__name__")
+    return ("G", module, ("attr", name)) if isinstance(module, str) else None
 
 
 def _own_item(path, key):

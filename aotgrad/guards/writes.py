@@ -91,7 +91,7 @@ class Writes:
             for key in _STATE:      # registering a buffer, a parameter or a submodule (lazy initialisation)
                 state = d.get(key)
                 if isinstance(state, dict) and id(state) not in self.snaps:
-                    self.snaps[id(state)] = Snap(state, dict(dict.items(state)), (m, key), "state")
+                    self.snaps[id(state)] = Snap(state, _entries(state), (m, key), "state")
             children = d.get("_modules")
             todo.extend(children.values() if isinstance(children, dict) else ())
 
@@ -115,7 +115,7 @@ class Writes:
             return False
         if isinstance(v, _CONTAINERS):
             if id(v) not in self.snaps and len(v) <= 4096:
-                self.snaps[id(v)] = Snap(v, dict(dict.items(v)) if isinstance(v, dict) else v.copy(), source, "items")
+                self.snaps[id(v)] = Snap(v, _entries(v) if isinstance(v, dict) else v.copy(), source, "items")
             return True
         if isinstance(v, type):
             self.klass(v)
@@ -226,6 +226,13 @@ def _undo_generators(states: dict) -> list:
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
                          name.split(".")[0]))
     return done
+
+
+def _entries(d: dict) -> dict:
+    """A dict's own entries, copied: a module's parameter or buffer dict read by a capturing thread
+    answers with that thread's layer of traced values (``inputs.flatten._PerThread``), which is not
+    the user's state."""
+    return dict(dict.items(d))
 
 
 def _own_dict(obj):
@@ -341,7 +348,7 @@ def _undo_state(s, _):
     trace's own rebinds go to its per-thread layer and are replayed)."""
     d, before = s.obj, s.before
     module, key = s.owner
-    now = dict(dict.items(d))       # its own entries (a capture's layer of traced values is not state)
+    now = _entries(d)
     changed = [k for k in now.keys() | before.keys() if k not in now or k not in before
                or (before[k] is None or key == "_modules") and now[k] is not before[k]]
     if not changed:
@@ -392,8 +399,9 @@ def _undo_items(s, snaps):
 
 def _changed(s) -> bool:
     obj, before = s.obj, s.before
-    if isinstance(obj, dict):       # its own entries: a capture's layer on a module's dict is not state
-        return dict.keys(obj) != before.keys() or any(not _same(dict.__getitem__(obj, k), before[k]) for k in before)
+    if isinstance(obj, dict):
+        now = _entries(obj)
+        return now.keys() != before.keys() or any(not _same(now[k], before[k]) for k in before)
     if isinstance(obj, set):
         return obj != before
     return len(obj) != len(before) or any(not _same(a, b) for a, b in zip(obj, before))
