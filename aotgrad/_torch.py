@@ -117,41 +117,61 @@ def functionalize_was_storage_changed(elem) -> bool:
 
 
 def register_stack_trace_anchor(fn) -> None:
-    """Make make_fx keep ``fn``'s own frames in stack traces (only ``forward`` methods otherwise),
-    so errors found in a traced plain function can name its line. torch 2.11 has no anchors:
-    there the same frame filter is installed on the tracer (once)."""
-    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-    if register is not None:
-        register(fn)
-        return
+    """Keep ``fn``'s own frames in the stack traces :func:`user_stack_traces` records (only
+    ``forward`` methods' otherwise), so errors found in a traced plain function can name its line."""
     code = getattr(fn, "__code__", None)
     if code is not None:
         _ANCHORS.add((code.co_filename, code.co_name))
-        _install_anchor_filter()
 
 
-_ANCHORS: set = set()      # (file, function) pairs whose frames stack traces keep, on torch 2.11
+_ANCHORS: set = set()      # (file, function) pairs whose frames stack traces keep
 
 
-def _install_anchor_filter() -> None:
-    """torch 2.13's ``TracerBase._filter_traceback_frames`` for ``forward``-only traces (forward
-    frames, ``torch/__init__.py`` and anchors) on a torch that predates anchors."""
-    import traceback
-    tracer = torch.fx.proxy.TracerBase
-    original = tracer._filter_traceback_frames
-    if getattr(original, "aotgrad_anchors", False):
+def user_stack_traces() -> None:
+    """Make the running make_fx trace (one recording stack traces) record each node's the way
+    make_fx's forward-only recording does (``TracerBase._filter_traceback_frames``: frames of
+    ``forward`` methods and anchors, torch's uninteresting files left out), at a fraction of the
+    cost: fx symbolizes the whole stack of every node (every frame's source line, some 60 frames
+    deep in a capture: 150 us a node, a fifth of capturing a small model) and then keeps a few;
+    this walks the frames and reads the lines of those it keeps. Set on the tracer object alone:
+    other traces, in this thread or another, are unchanged."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    tracer = getattr(get_proxy_mode(), "tracer", None)
+    if not getattr(tracer, "record_stack_traces", False) or "create_node" in vars(tracer):
         return
+    create = tracer.create_node
+    anchors = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", set())
 
-    def filter_frames(self, summary):
-        if not self._record_forward_stack_traces_only:
-            return original(self, summary)
-        from torch.fx.experimental.symbolic_shapes import uninteresting_files
-        skip = uninteresting_files()
-        return traceback.StackSummary.from_list([
-            f for f in summary if (f.name == "forward" or f.filename.endswith("torch/__init__.py")
-                                   or (f.filename, f.name) in _ANCHORS) and f.filename not in skip])
-    filter_frames.aotgrad_anchors = True
-    tracer._filter_traceback_frames = filter_frames
+    def create_node(*args, **kwargs):
+        if not tracer.record_stack_traces:      # no_stack_traces() turned it off
+            return create(*args, **kwargs)
+        tracer.record_stack_traces = False
+        try:
+            node = create(*args, **kwargs)
+        finally:
+            tracer.record_stack_traces = True
+        if not node.stack_trace:
+            trace = _forward_frames(anchors)
+            if trace:
+                node.stack_trace = trace
+        return node
+    tracer.create_node = create_node
+
+
+def _forward_frames(anchors) -> str:
+    """The running thread's frames fx's forward-only filter keeps, formatted as fx formats them."""
+    import traceback
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
+    skip = uninteresting_files()
+    kept = []
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        where = (code.co_filename, code.co_name)
+        if (code.co_name == "forward" or where in _ANCHORS or where in anchors) and code.co_filename not in skip:
+            kept.append(traceback.FrameSummary(code.co_filename, f.f_lineno, code.co_name))
+        f = f.f_back
+    return "".join(traceback.StackSummary.from_list(kept[::-1]).format()).strip()
 
 
 def fresh_fakes(mode, metas) -> list:
@@ -160,6 +180,15 @@ def fresh_fakes(mode, metas) -> list:
     with torch._C._DisableTorchDispatch():
         return [FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device)
                 for shape, stride, dtype, device in metas]
+
+
+def layouts(tensors) -> tuple:
+    """``(shape, stride, storage offset, dtype, device, requires_grad)`` of each tensor, read with
+    torch-function modes off: inside a make_fx trace every ``t.stride()`` of a traced tensor would
+    otherwise pass through the proxy mode's Python ``__torch_function__`` (18 us a tensor)."""
+    with torch._C.DisableTorchFunction():
+        return tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+                     for t in tensors)
 
 
 def fake_like(t):

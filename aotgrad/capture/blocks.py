@@ -38,7 +38,7 @@ import torch
 
 from .._torch import (
     FunctionalTensor, disable_current_modes, functorch_interpreter_active,
-    is_any_autocast_enabled, pytree, top_saved_tensors_default_hooks,
+    is_any_autocast_enabled, layouts, pytree, top_saved_tensors_default_hooks,
 )
 from ..analysis.ops import is_random
 from ..inputs.flatten import holding
@@ -288,7 +288,7 @@ def _call_key(m: Member, state, call: _Call):
         raise _Flat("a tensor it reads is not an input of the trace")
     if _unusual_modes():
         raise _Flat("called under autocast, a checkpoint, inference mode or a functorch transform")
-    metas = tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad) for t in ins)
+    metas = layouts(ins)
     if any(isinstance(s, torch.SymInt) for meta in metas for s in (*meta[0], *meta[1], meta[2])):
         raise _Flat("symbolic sizes")
     return m.group, torch.is_grad_enabled(), metas, repr(call.spec), constants

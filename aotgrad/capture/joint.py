@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .._torch import fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, version_counter
+from .._torch import (
+    fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, user_stack_traces, version_counter,
+)
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..inputs.flatten import module_state
@@ -30,6 +32,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
     unseen = unseen or {}
 
     def joint(*flat):
+        user_stack_traces()
         n_seen = lay.n_primals - len(unseen)
         seen, tangents = iter(flat[:n_seen]), flat[n_seen:]
         with functional_mode():

@@ -29,7 +29,8 @@ What a trace changes elsewhere is per object or per thread, not process-wide: a 
 ``_parameters``/``_buffers`` become per-thread views (``inputs.flatten.holding``), a module whose
 scalar attributes are watched is an instance of a watching subclass for the length of a block
 template's trace (``guards.reads.attribute_reads``), a captured optimizer's ``step`` is wrapped on
-the instance (``inputs.step``), and the read recording is this thread's ``sys.setprofile``
+the instance (``inputs.step``), the joint trace's own fx tracer records stack traces its cheaper way
+(``_torch.user_stack_traces``), and the read recording is this thread's ``sys.setprofile``
 (``guards.reads.record``). At run time (not while tracing) a compiled backward swaps the autograd
 engine object for one that keeps queued callbacks (``compiled_autograd.opaque``).
 """
