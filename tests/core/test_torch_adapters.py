@@ -88,3 +88,45 @@ def test_gc_pause_restores_the_collector_in_any_interleaving():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x).relu() * 2
+
+
+def _anchored(m, x):
+    h = m(x)
+    return (h + x).sum()       # a plain function's own line: kept through its anchor
+
+
+def _stack_traces(cheap: bool) -> list:
+    m = _Inner()
+    _torch.register_stack_trace_anchor(_anchored)
+
+    def f(x):
+        if cheap:
+            _torch.user_stack_traces()
+        return _anchored(m, x)
+    gm = make_fx(f, record_stack_traces=True)(torch.randn(2, 3))
+    return [(n.name, n.meta.get("stack_trace")) for n in gm.graph.nodes]
+
+
+def test_user_stack_traces_are_the_ones_fx_records():
+    """The joint trace's cheap stack traces are fx's forward-only ones, text for text (a torch that
+    formats or filters them otherwise fails here, not in a user's error message). fx is told of the
+    anchor only for this comparison (aotgrad keeps its anchors to its own traces)."""
+    cheap = _stack_traces(True)
+    register = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if register is not None:        # torch 2.11 has no anchors: fx would drop the plain function's frames
+        register(_anchored)
+        plain = _stack_traces(False)
+        torch.fx.proxy._STACK_TRACE_ANCHORS.discard((_anchored.__code__.co_filename, "_anchored"))
+        assert cheap == plain
+    traced = [t for _, t in cheap if t]
+    assert any("in forward" in t and "self.fc(x).relu()" in t for t in traced)
+    assert any("in _anchored" in t and "(h + x).sum()" in t for t in traced)
