@@ -182,6 +182,28 @@ def fresh_fakes(mode, metas) -> list:
                 for shape, stride, dtype, device in metas]
 
 
+def known_true(b) -> bool:
+    """Whether ``b`` (a bool, or a SymBool of a trace with symbolic sizes) is true for every size
+    the trace stands for, without adding a guard."""
+    if not isinstance(b, torch.SymBool):
+        return bool(b)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    return statically_known_true(b)
+
+
+def suggest_memory_format(t) -> torch.memory_format:
+    """``Tensor.suggest_memory_format()`` (C++ only): channels-last for 4-d/5-d tensors strided so,
+    else contiguous; torch's own Python twin where this torch has one."""
+    import torch._prims_common as prims_common
+    twin = getattr(prims_common, "suggest_memory_format", None)
+    if twin is not None:
+        return twin(t)
+    if t.layout == torch.strided and t.dim() in (4, 5) and prims_common.are_strides_like_channels_last(
+            t.shape, t.stride()):
+        return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    return torch.contiguous_format
+
+
 def layouts(tensors) -> tuple:
     """``(shape, stride, storage offset, dtype, device, requires_grad)`` of each tensor, read with
     torch-function modes off: inside a make_fx trace every ``t.stride()`` of a traced tensor would

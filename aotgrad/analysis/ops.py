@@ -6,7 +6,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload
+from .._torch import OpOverload, known_true, suggest_memory_format
 
 
 def is_random(node: fx.Node) -> bool:
@@ -144,3 +144,33 @@ def is_expensive(node: fx.Node) -> bool:
 RUNS_IN_FORWARD = "aotgrad_runs_in_forward"
 """Node meta key: the partitioners run the node in the forward even though no forward output needs
 it (a pass's smaller stand-in for a value the backward reads, ``passes.compact_saved``)."""
+
+
+# Ops whose fake (meta) kernel may lay an output out otherwise than the real kernel does: batch norm
+# keeps a transposed 3-d input's layout where its CPU kernel returns a contiguous result, and its
+# backward takes the gradient's layout where the CPU kernel follows the input's. The trace lays their
+# outputs out as the real kernels do (:func:`laid_out_as_kernel`), so that what is traced after them
+# (views, reshapes, the layout an output is returned in) is what eager does.
+FAKE_LAYOUT_DIFFERS = frozenset(getattr(torch.ops.aten, name) for name in (
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "batch_norm_backward",
+    "cudnn_batch_norm", "cudnn_batch_norm_backward", "miopen_batch_norm", "miopen_batch_norm_backward")
+    if hasattr(torch.ops.aten, name))
+# Where a batch norm op takes the input its real kernels lay the result out like (0 otherwise).
+_LAYOUT_FROM = {torch.ops.aten.native_batch_norm_backward: 1, torch.ops.aten.batch_norm_backward: 1}
+
+
+def laid_out_as_kernel(func, args, out, clone):
+    """``out`` of a :data:`FAKE_LAYOUT_DIFFERS` op with its first value laid out as the real kernels lay
+    it out, ``empty_like(input, input.suggest_memory_format())``, where the fake kernel kept the input's
+    layout: ``clone(value, memory_format)`` traces the copy (one copy at run time, only there). With
+    symbolic sizes a layout the trace cannot decide without a guard is copied too."""
+    values = out if isinstance(out, (tuple, list)) else (out,)
+    first, base = values[0], args[_LAYOUT_FROM.get(func._overloadpacket, 0)]
+    if not (isinstance(first, torch.Tensor) and isinstance(base, torch.Tensor)):
+        return out
+    fmt = suggest_memory_format(base)
+    if known_true(first.is_contiguous(memory_format=fmt)):
+        return out
+    laid = clone(first, fmt)
+    return type(out)((laid, *values[1:])) if isinstance(out, (tuple, list)) else laid

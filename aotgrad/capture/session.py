@@ -21,6 +21,7 @@ from .._torch import (
     storage_key, symbolic_dispatch, sync,
 )
 from .. import tracing
+from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed
@@ -146,10 +147,15 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                         "input of the captured function (a global, or a tensor attribute that is not a registered "
                         "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
                         "it as an argument", user_line=caller_line())
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func._overloadpacket in FAKE_LAYOUT_DIFFERS:     # traced after it: the layout eager's kernel makes
+            out = laid_out_as_kernel(func, args, out, lambda t, fmt: self.__torch_dispatch__(
+                _CLONE, (type(t),), (t,), {"memory_format": fmt}))
+        return out
 
 
 _DEVICE = torch.ops.prim.device.default
+_CLONE = torch.ops.aten.clone.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 
 

@@ -28,7 +28,8 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic, ShapeEnv, StatelessSymbolicContext)
 
-from .._torch import FakeTensorMode, dynamo_source, enable_python_dispatcher, suppress_guards
+from .._torch import FakeTensorMode, TorchDispatchMode, dynamo_source, enable_python_dispatcher, suppress_guards
+from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque
@@ -48,6 +49,18 @@ def _mark_used_grads(graph) -> None:
 class Structure:
     """What the engine told us about the autograd graph, in call order (for miss reasons)."""
     steps: list = field(default_factory=list)
+
+
+class _KernelLayouts(TorchDispatchMode):
+    """Above the proxy mode: a batch norm's result laid out as its real kernels lay it out (its fake
+    kernel keeps the input's layout), so that the views traced after it hold at run time."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._overloadpacket in FAKE_LAYOUT_DIFFERS:
+            out = laid_out_as_kernel(func, args, out, lambda t, fmt: torch.ops.aten.clone.default(
+                t, memory_format=fmt))
+        return out
 
 
 class _Session:
@@ -75,6 +88,7 @@ class _Session:
         self._modes.enter_context(enable_python_dispatcher())
         self._modes.enter_context(self.fake_mode)
         self._modes.enter_context(self.proxy_mode)
+        self._modes.enter_context(_KernelLayouts())
         # Sizes are lifted inputs and must not specialise. Recording guards makes the
         # symbolic reasoning several times slower (a GPT block: minutes), so they are
         # not recorded; the decisions they would guard are logged instead (guards.py).

@@ -20,13 +20,6 @@ KNOWN = {
        "strides only: an output computed from an input written in place with non-contiguous strides is laid "
        "out by the functional op (functionalization reports those strides too); values are eager's"
        for e in ("jit", "jit_inductor", "dynamo", "dynamo_inductor")},
-    **{(p, e):
-       "strides only, at the call with transposed inputs: batch norm's fake (meta) kernel keeps a non-contiguous "
-       "input's layout, its CPU kernel returns a contiguous result; Inductor lays outputs out as the fake values "
-       "say (the eager backend runs the kernel); values are eager's"
-       for p in ("batchnorm2d_eval", "batchnorm_train", "aot_batchnorm_inference_mutation",
-                 "aot_batchnorm_functional_train", "aot_input_mutation_batchnorm", "aotd_buffer_batch_norm")
-       for e in ("jit_inductor", "dynamo_inductor")},
     ("checkpoint_deterministic", "compiled_autograd"):
         "an eager forward's checkpoint under compiled autograd needs saved-tensor hooks, refused with a typed "
         "error; compiling the forward works",
