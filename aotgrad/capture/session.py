@@ -148,7 +148,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                         "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
                         "it as an argument", user_line=caller_line())
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        if func._overloadpacket in FAKE_LAYOUT_DIFFERS:     # traced after it: the layout eager's kernel makes
+        if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:     # traced after it: eager's layout
             out = laid_out_as_kernel(func, args, out, lambda t, fmt: self.__torch_dispatch__(
                 _CLONE, (type(t),), (t,), {"memory_format": fmt}))
         return out

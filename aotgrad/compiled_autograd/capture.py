@@ -53,11 +53,13 @@ class Structure:
 
 class _KernelLayouts(TorchDispatchMode):
     """Above the proxy mode: a batch norm's result laid out as its real kernels lay it out (its fake
-    kernel keeps the input's layout), so that the views traced after it hold at run time."""
+    kernel keeps the input's layout), so that the views traced after it hold at run time. A higher
+    order operator passes through to the modes below, as it did before this mode was there."""
+    supports_higher_order_operators = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func._overloadpacket in FAKE_LAYOUT_DIFFERS:
+        if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:
             out = laid_out_as_kernel(func, args, out, lambda t, fmt: torch.ops.aten.clone.default(
                 t, memory_format=fmt))
         return out

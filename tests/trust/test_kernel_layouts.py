@@ -58,3 +58,14 @@ def test_only_a_layout_the_fake_kernel_got_wrong_is_copied():
     assert clones(bn, torch.randn(2, 4, 3, 3, requires_grad=True)) == 0
     assert clones(bn, torch.randn(2, 4, 3, 3, requires_grad=True).to(memory_format=torch.channels_last)) == 1
     assert clones(_SeqNorm("output"), torch.randn(4, 5, 8, requires_grad=True)) == 2      # forward, backward
+
+
+def test_compiled_autograds_layout_mode_lets_higher_order_operators_through():
+    """The mode compiled autograd's trace gained passes a higher order operator to the modes below
+    (without it, torch refuses any HOP under a mode with no rule for it)."""
+    from torch._higher_order_ops.cond import cond
+    from aotgrad.compiled_autograd.capture import _KernelLayouts
+    x = torch.randn(3)
+    with _KernelLayouts():
+        got = cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))
+    torch.testing.assert_close(got, x + 1 if x.sum() > 0 else x - 1, rtol=0, atol=0)
