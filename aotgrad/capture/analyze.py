@@ -28,7 +28,8 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
         with reads.paused():        # torch's own Python: no user code to watch
             f_ins = [to_functional(t) for t in fake_inputs]
         grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
-        f_outs = flat_fn(*f_ins)
+        with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
+            f_outs = flat_fn(*f_ins)
         inputs = tuple(_input_info(f, t, g) for f, t, g in zip(f_ins, fake_inputs, grad_fns))
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]

@@ -19,6 +19,7 @@ from ..inputs.flatten import module_state
 from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
 from .. import tracing
+from ..guards import reads
 from .block_graph import Direct, UnseenUsed
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
 
@@ -49,7 +50,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 if direct_grads or unseen or tracing.current().blocks is not None else None
             with tracing.scope(direct=direct):
                 versions = [version_counter(t) for t in call_ins]
-                with torch.set_grad_enabled(grad_enabled):
+                with torch.set_grad_enabled(grad_enabled), reads.user_code():
                     outs = flat_fn(*call_ins)
                 fw = forward_values(call_ins, outs, analysis)
                 grads = [None] * n
@@ -67,7 +68,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     # On this thread (not the engine's device threads): the per-thread state the
                     # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
                     with module_state(flat_fn, call_ins), autocast_off(), \
-                            torch.autograd.set_multithreading_enabled(False):
+                            torch.autograd.set_multithreading_enabled(False), reads.user_code():
                         # Every differentiated input, unseen stand-ins included: the engine runs
                         # only the backward nodes on a path to an input it is asked for, and a
                         # block's parameters get their gradients from its backward (written directly).

@@ -7,6 +7,7 @@ function and get results back, never a context manager to keep open.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -147,7 +148,17 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                         "input of the captured function (a global, or a tensor attribute that is not a registered "
                         "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
                         "it as an argument", user_line=caller_line())
-        out = super().__torch_dispatch__(func, types, args, kwargs)
+        watch = sys.getprofile()
+        if watch is not None and getattr(watch, "between_user_code", False):
+            # Another thread's writes are told apart by watching this one (guards.attribution); no
+            # user code runs inside an op (subclasses with their own dispatch are refused above).
+            sys.setprofile(None)
+            try:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                sys.setprofile(watch)
+        else:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
         if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:     # traced after it: eager's layout
             out = laid_out_as_kernel(func, args, out, lambda t, fmt: self.__torch_dispatch__(
                 _CLONE, (type(t),), (t,), {"memory_format": fmt}))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._torch import MODULE_CALL_CODES
+from . import attribution
 from .writes import Writes
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -106,6 +107,8 @@ class Recording:
     root: object = None         # the traced function's code, or its module: recording stops when it returns
     root_frame: object = None
     stop: object = None
+    light: object = None        # the watch alone (``user_code``), where other threads run
+    watch: object = None        # other threads ran meanwhile: what this thread ran (``.attribution``)
 
     def event(self, frame, event, arg):
         if event != "call":
@@ -114,8 +117,12 @@ class Recording:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
                     self.writes.memoizes(frame.f_code, arg)
+            elif event == "c_call" and self.watch is not None:
+                self.watch.c_call(arg)
             return
         code = frame.f_code
+        if self.watch is not None:
+            self.watch.ran.add(code)
         kind = self.kinds.get(code)
         if kind is None:
             kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
@@ -186,7 +193,12 @@ class Recording:
         self.root_frame = None      # its locals are the call's own state, not the user's
         for f in self.frames.values():      # a local list held here would look like lasting state
             f.containers = ()
-        return self.writes.undo()
+        return self.writes.undo(self.watch)
+
+    def raced(self, reads) -> str | None:
+        """The source of a read whose value another thread changed while this was traced, if any."""
+        foreign = {(id(d), k) for d, k in self.writes.foreign}
+        return next((r.source for r in reads if (id(r.where), r.key) in foreign), None)
 
 
 def _defined_in_trace(frame, name) -> bool:
@@ -212,13 +224,16 @@ def record(fn=None):
     returns: capture runs ``fn`` once per trace, the same Python each time, and profiling
     costs every trace it watches about as much again. An existing profiler keeps running."""
     root = getattr(getattr(fn, "func", fn), "__code__", None) if not isinstance(fn, torch.nn.Module) else fn
-    rec = Recording(root=root)
+    rec = Recording(root=root, watch=attribution.watch(lambda code: kind_of(code, None) == USER))
     previous = sys.getprofile()
     event = rec.event
     if previous is not None:
         def event(frame, what, arg):
             rec.event(frame, what, arg)
             previous(frame, what, arg)
+    if rec.watch is not None:       # this thread is watched while user code runs, not only while recording
+        rec.watch.rec = rec
+        rec.light = rec.watch.profile(previous)
     rec.stop = lambda: sys.setprofile(previous)
     rec.restart = lambda: (setattr(rec, "root_frame", None), sys.setprofile(event))
     outer = getattr(_ACTIVE, "rec", None)
@@ -243,15 +258,39 @@ def watch_again():
         rec.restart()
 
 
+@contextlib.contextmanager
+def user_code():
+    """The block runs the user's code again after the read recording stopped (the joint trace): where
+    other threads run too, this thread stays watched meanwhile (:mod:`.attribution`), for the writes
+    and random draws the trace makes there. (Watching costs a profile event per call: only here.)"""
+    rec = getattr(_ACTIVE, "rec", None)
+    light = rec.light if rec is not None else None
+    if light is None or sys.getprofile() is light or watching() is not None:
+        yield
+        return
+    previous = sys.getprofile()
+    sys.setprofile(light)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
 def watching() -> Recording | None:
     """The :class:`Recording` watching this thread, or None."""
-    event = sys.getprofile()
-    owner = getattr(event, "__self__", None)
-    if isinstance(owner, Recording):
-        return owner
-    for cell in getattr(event, "__closure__", None) or ():
-        if isinstance(cell.cell_contents, Recording):
-            return cell.cell_contents
+    return _recording_of(sys.getprofile())
+
+
+def _recording_of(event, depth=0) -> Recording | None:
+    """The Recording a profile function is (part of): a bound method, or a closure chaining them."""
+    owner = getattr(event, "__self__", None) or getattr(event, "watch", None)
+    if isinstance(owner, (Recording, attribution.Watch)):
+        return owner if isinstance(owner, Recording) else owner.rec
+    for cell in (getattr(event, "__closure__", None) or ()) if depth < 3 else ():
+        found = cell.cell_contents if isinstance(cell.cell_contents, Recording) else \
+            _recording_of(cell.cell_contents, depth + 1) if callable(cell.cell_contents) else None
+        if found is not None:
+            return found
     return None
 
 

@@ -19,8 +19,25 @@ def call_leaves(args, kwargs) -> list:
     return [None if isinstance(v, torch.Tensor) else v for v in pytree.tree_leaves((tuple(args), dict(kwargs)))]
 
 
+_ATTEMPTS = 3
+
+
 def recorded(fn, trace, leaves, name):
-    """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read."""
+    """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace that
+    read a global another thread changed meanwhile runs again (its graph may hold either value)."""
+    for _ in range(_ATTEMPTS):
+        captured, rec = _recorded_once(fn, trace)
+        reads_ = resolve.assumed(fn, leaves, name, rec)
+        raced = rec.raced(reads_)
+        if raced is None:
+            return captured, reads_
+    raise errors.UnsupportedError(
+        f"another thread changed `{raced}`, which the traced code reads, while it was captured, "
+        f"{_ATTEMPTS} times: the graph may hold either value. Change it outside the first call, or "
+        "make the first call before starting the thread that changes it", user_line=None)
+
+
+def _recorded_once(fn, trace):
     rec, written = None, None       # undone once, whichever way the trace ends
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
@@ -36,7 +53,7 @@ def recorded(fn, trace, leaves, name):
             written = rec.undo_writes()
     if written:
         raise _refused(written, rec)
-    return captured, resolve.assumed(fn, leaves, name, rec)
+    return captured, rec
 
 
 def _refused(written, rec) -> errors.UnsupportedError:

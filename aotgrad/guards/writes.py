@@ -60,6 +60,7 @@ class Writes:
         self.generators = _generator_states()       # Python's and numpy's global random streams
         self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
+        self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
 
     # ------------------------------------------------------------ before
 
@@ -184,8 +185,12 @@ class Writes:
             wrapper, source = self.memoized[code]
             self.poisoned[id(wrapper)] = (wrapper, source)
 
-    def undo(self) -> list:
-        """Put back everything the traced code changed; ``(text, key)`` for each change it made."""
+    def undo(self, watch=None) -> list:
+        """Put back everything the traced code changed; ``(text, key)`` for each change it made. With
+        ``watch`` (other threads ran meanwhile: :mod:`.attribution`), changes the capturing thread did
+        not make are left, and listed in ``self.foreign``."""
+        if watch is not None:
+            self.foreign = watch.adopt(self.snaps.values())
         done = []
         for wrapper, source in self.poisoned.values():
             wrapper.cache_clear()       # no single entry can be taken out; the others are computed again
@@ -194,7 +199,7 @@ class Writes:
                          "arguments before compiling, so the trace reads the cached tensor", source))
         for s in self.snaps.values():
             done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
-        return done + _undo_generators(self.generators)
+        return done + _undo_generators(self.generators, watch)
 
 
 def _generator_states() -> dict:
@@ -214,13 +219,18 @@ def _same_state(a, b) -> bool:
     return bool(eq.all()) if hasattr(eq, "all") else bool(eq)      # numpy's key is an array
 
 
-def _undo_generators(states: dict) -> list:
+def _undo_generators(states: dict, watch) -> list:
     """A trace that drew from such a stream: the graph holds the numbers it drew, the same on every
-    call, where eager draws new ones; the stream is put back where it was."""
+    call, where eager draws new ones; the stream is put back where it was (unless other threads ran
+    meanwhile: then it is the trace's draw only if its thread called the stream, and it is not put
+    back, since their draws were real)."""
     done = []
     for name, (before, get, put) in states.items():
         if not _same_state(get(), before):
-            put(before)
+            if watch is not None and name not in watch.drew:
+                continue
+            if watch is None:
+                put(before)
             done.append((f"draws from `{name}` (Python's or numpy's random stream, not torch's): the compiled "
                          "graph would hold the numbers this trace drew and use them on every call, where eager "
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",

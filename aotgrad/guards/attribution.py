@@ -1,0 +1,122 @@
+"""Whose write was it: the capture's own thread's, or another thread's.
+
+A capture finds the Python state its trace wrote by comparing copies (:mod:`.writes`). When other
+threads run meanwhile (a data-loading thread drawing from ``random``, a logger bumping a global), a
+change found may be theirs: undoing it would take their write back (and repeat their random numbers),
+and refusing the capture for it would be a false alarm. So a capture that starts with other threads
+alive watches its own thread for the whole capture (``sys.setprofile`` is per thread): the code
+objects that ran and the calls it made into a global random stream.
+
+* A changed module global is the capture's when code that ran in its thread could write that name:
+  a ``global`` or attribute store of it, ``globals()`` or ``vars()`` in user code, the name as a constant where
+  ``setattr``/``__dict__`` is used; or when it now holds a traced tensor. Otherwise it is left as the
+  other thread made it, and a global the trace *read* that changed meanwhile makes the capture run
+  again (its graph may have used either value).
+* A changed random stream (``random``'s, numpy's) is the capture's when its thread called one of the
+  stream's methods; it is refused then, but not rewound: the other threads' draws were real.
+
+Every other kind of state (the traced module's own attributes, hooks and parameters, the containers
+and cells the trace reached) stays the capture's: another thread writing those while the same
+objects are captured races with the capture as it would with an eager call.
+"""
+from __future__ import annotations
+
+import dis
+import random
+import sys
+import threading
+
+import torch
+
+from .writes import _GONE, _same
+
+_STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
+_ANY_NAME = frozenset({"globals", "vars"})                      # whole-dict access: any global may be written
+_NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})    # a name given as data
+_scanned: dict = {}     # code -> (names it could write, whether it could write any): code is immutable
+
+
+class Watch:
+    """What the capturing thread ran and drew during one capture."""
+
+    def __init__(self, is_user):
+        self.is_user = is_user      # code -> whether it is the user's (library code's globals() are its own)
+        self.ran: set = set()       # code objects
+        self.drew: set = set()      # names of the random streams it called into
+        self.owners = _stream_owners()
+        self.rec = None             # the read recording it goes with (``reads.record``)
+
+    def c_call(self, arg):
+        owner = self.owners.get(id(getattr(arg, "__self__", None)))
+        if owner is not None:
+            self.drew.add(owner[0])
+
+    def profile(self, previous):
+        """The profile function of this thread while the read recording is off (``previous``: a
+        user's profiler, kept running)."""
+        ran, owners, drew = self.ran, self.owners, self.drew
+
+        def watch(frame, what, arg):
+            if what == "call":
+                ran.add(frame.f_code)
+            elif what == "c_call":
+                owner = owners.get(id(getattr(arg, "__self__", None)))
+                if owner is not None:
+                    drew.add(owner[0])
+            if previous is not None:
+                previous(frame, what, arg)
+        watch.between_user_code = True      # ops pause it (capture.session): no user code runs in them
+        watch.watch = self
+        return watch
+
+    def could_write(self, key) -> bool:
+        ran = tuple(self.ran)
+        return any(key in _writes(c)[0] or _writes(c)[1] and self.is_user(c) for c in ran)
+
+    def adopt(self, snaps) -> list:
+        """Take into the copies of module globals the changes this thread could not have made, so that
+        they are neither undone nor refused; ``[(globals dict, name)]`` of those."""
+        foreign = []
+        for s in snaps:
+            if s.kind != "attrs" or not (s.owner is None or isinstance(s.owner, str)):
+                continue        # not a module's globals
+            d, before = s.obj, s.before
+            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+                if _traced(d.get(key)) or self.could_write(key):
+                    continue
+                if key in d:
+                    before[key] = d[key]
+                else:
+                    del before[key]
+                foreign.append((d, key))
+        return foreign
+
+
+def watch(is_user) -> Watch | None:
+    """A watch for a capture starting now, where other Python threads are alive; None where not."""
+    return Watch(is_user) if threading.active_count() > 1 else None
+
+
+def _stream_owners() -> dict:
+    """id -> (name, object) of the global random streams a draw is a method call of."""
+    owners = {id(random._inst): ("random", random._inst)}
+    np_random = getattr(sys.modules.get("numpy"), "random", None)
+    rand = getattr(getattr(np_random, "mtrand", None), "_rand", None)
+    if rand is not None:
+        owners[id(rand)] = ("numpy.random", rand)
+    return owners
+
+
+def _writes(code) -> tuple:
+    hit = _scanned.get(code)
+    if hit is None:
+        names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _STORES}
+        co_names = set(code.co_names)
+        if co_names & _NAMED:
+            names |= {c for c in code.co_consts if isinstance(c, str)}
+        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME))
+    return hit
+
+
+def _traced(v) -> bool:
+    return isinstance(v, torch.Tensor) and type(v) not in (torch.Tensor, torch.nn.Parameter)
