@@ -15,6 +15,7 @@ import contextvars
 import functools
 import gc
 import operator
+import os
 import sys
 import threading
 import types
@@ -231,6 +232,15 @@ class Resolver:
 
     def _follow(self, obj, path, source, steps):
         for kind, key in steps:
+            if obj is os and key == "environ":
+                obj = os.environ
+                continue
+            if obj is os and key in ("getenv", "environb", "getenvb"):
+                self._environment(None)     # ``os.getenv(k)``
+                return
+            if obj is os.environ:
+                self._environment((kind, key))
+                return
             if kind == "get":       # ``d.get("k")``: an entry of a dict, else the object's ``get``
                 kind, key = ("item", key) if isinstance(obj, dict) else ("attr", "get")
             if isinstance(obj, contextvars.ContextVar) and (kind, key) == ("attr", "get"):
@@ -263,6 +273,21 @@ class Resolver:
                 continue
             self._add_value(where, k, source, path)
             obj = read_at(where, k)
+        if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
+            self._environment(None)
+
+    def _environment(self, step):
+        """The process environment, read by the traced code: the entry the chain names (``environ["K"]``,
+        ``environ.get("K")``), else all of it (``os.getenv(k)``, ``"K" in environ``, iterating it)."""
+        data, base = os.environ._data, ("G", "os", ("attr", "environ"), ("attr", "_data"))
+        kind, key = step or (None, None)
+        if kind in ("get", "item") and isinstance(key, str):
+            k = os.environ.encodekey(key)
+            source = f"os.environ[{key!r}]"
+            self._add(Read(source, base + (("item", k),), data, k, data[k], "eq") if k in data
+                      else Read(source, base + (("item", k),), data, k, None, "absent"))
+            return
+        self._add(Read("os.environ", base, os.environ, "_data", dict(data), "dict"))
 
     def _any(self, obj, path, source):
         """``getattr(obj, name)`` with a name computed at run time: every plain value the object holds

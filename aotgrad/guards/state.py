@@ -301,7 +301,7 @@ def _rule(r: Read) -> str:
     if r.kind in ("len", "empty"):
         return f"has {r.value or 0} entries"
     if r.kind == "dict":
-        return f"same entries {_short(list(r.value))}"
+        return f"same entries ({len(r.value)}: {_short(list(r.value))})"
     return "not defined" if r.kind == "absent" else f"is the same {type(r.value).__name__} object"
 
 

@@ -12,11 +12,13 @@ Locations: the function itself, a list comprehension and a generator expression 
 objects), a lambda, a nested function, ``functools.partial``, a property, the class's
 ``__getattr__``, and the function itself where nested code closes over ``self`` (then a cell of its
 frame). Also: state read by the module's own ``named_parameters``, by an installed library's code,
-per thread (``threading.local``) or per context (``ContextVar``), and ``functools.cached_property``."""
+per thread (``threading.local``) or per context (``ContextVar``), and ``functools.cached_property``;
+the process environment (``os.environ[...]``, ``.get``, ``in``, ``os.getenv``)."""
 import contextvars
 import functools
 import inspect
 import operator
+import os
 import re
 import sys
 import threading
@@ -60,7 +62,11 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         "hasattr_class": '(2.0 if hasattr(self, "class_extra") else 0.5)',
         "class_dict": 'type(self).__dict__["ck"]', "mro": "type(self).__mro__[0].ck",
         "super_explicit": "super(Made, self).bk", "slots": "SLOTS.k",
-        "list_item": "SCALES[1]", "other_module": "HELPERS.FLAG"}
+        "list_item": "SCALES[1]", "other_module": "HELPERS.FLAG",
+        # the process environment: one variable by name, and through calls that read all of it
+        "environ_get": '(2.0 if os.environ.get("AOTGRAD_TEST_READ") == "1" else 0.5)',
+        "environ_in": '(2.0 if "AOTGRAD_TEST_READ" in os.environ else 0.5)',
+        "getenv": '(2.0 if os.getenv("AOTGRAD_TEST_READ") else 0.5)'}
 NAMES, CLASS_NAMES = ["k"], ["ck"]
 
 
@@ -155,6 +161,8 @@ def _change(m, kind):
         CONFIG["scale"] = -CONFIG["scale"]
     elif kind == "training":
         m.train(not m.training)
+    elif kind in ("environ_get", "environ_in", "getenv"):
+        os.environ["AOTGRAD_TEST_READ"] = "1"
 
 
 KINDS = tuple(READ)
@@ -165,7 +173,9 @@ WHERE = tuple(AT)
 def _restore():
     global SHIFT
     saved, shift, ns, slots, bk, scales, flag = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk, list(SCALES), HELPERS.FLAG
+    os.environ.pop("AOTGRAD_TEST_READ", None)
     yield
+    os.environ.pop("AOTGRAD_TEST_READ", None)
     NS.k, SLOTS.k, Based.bk, SCALES[:], HELPERS.FLAG = ns, slots, bk, scales, flag
     CONFIG.clear()
     CONFIG.update(saved)
