@@ -4,24 +4,27 @@ A capture finds the Python state its trace wrote by comparing copies (:mod:`.wri
 threads run meanwhile (a data-loading thread drawing from ``random``, a logger bumping a global), a
 change found may be theirs: undoing it would take their write back (and repeat their random numbers),
 and refusing the capture for it would be a false alarm. So a capture that starts with other threads
-alive watches its own thread for the whole capture (``sys.setprofile`` is per thread): the code
-objects that ran and the calls it made into a global random stream.
+alive watches its own thread while user code runs in it (``sys.setprofile`` is per thread: the read
+recording, then a lighter watch around the joint's forward and backward, paused inside ops): the
+code objects that ran and the calls it made into a global random stream.
 
-* A changed module global is the capture's when code that ran in its thread could write that name:
-  a ``global`` or attribute store of it, ``globals()`` or ``vars()`` in user code, the name as a constant where
-  ``setattr``/``__dict__`` is used; or when it now holds a traced tensor. Otherwise it is left as the
-  other thread made it, and a global the trace *read* that changed meanwhile makes the capture run
-  again (its graph may have used either value).
+* A changed module global or user class attribute is the capture's when code that ran in its thread
+  could write that name: a ``global`` or attribute store of it; in user code ``globals()``, ``vars()``,
+  ``setattr`` or ``__dict__`` (any name); in library code the name as a constant where those are used;
+  or when it now holds a traced tensor. Otherwise it is left as the other thread made it, and one
+  the trace *read* that changed meanwhile makes the capture run again (its graph may have used
+  either value).
 * A changed random stream (``random``'s, numpy's) is the capture's when its thread called one of the
   stream's methods; it is refused then, but not rewound: the other threads' draws were real.
 
-Every other kind of state (the traced module's own attributes, hooks and parameters, the containers
+Every other kind of state (instances' attributes, the traced modules' hooks and parameters, the containers
 and cells the trace reached) stays the capture's: another thread writing those while the same
 objects are captured races with the capture as it would with an eager call.
 """
 from __future__ import annotations
 
 import dis
+import gc
 import random
 import sys
 import threading
@@ -31,9 +34,10 @@ import torch
 from .writes import _GONE, _same
 
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
-_ANY_NAME = frozenset({"globals", "vars"})                      # whole-dict access: any global may be written
-_NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})    # a name given as data
-_scanned: dict = {}     # code -> (names it could write, whether it could write any): code is immutable
+# Whole-dict access (any global may be written); in user code, also setters given the name as data.
+_ANY_NAME = frozenset({"globals", "vars"})
+_NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})
+_scanned: dict = {}     # code -> (names it writes, whole-dict access, setters): code is immutable
 
 
 class Watch:
@@ -71,23 +75,29 @@ class Watch:
 
     def could_write(self, key) -> bool:
         ran = tuple(self.ran)
-        return any(key in _writes(c)[0] or _writes(c)[1] and self.is_user(c) for c in ran)
+        return any(key in names or (any_name or named) and self.is_user(c)
+                   for c in ran for names, any_name, named in (_writes(c),))
+
+    def _foreign(self, s) -> list:
+        """The changed names of a module's globals or a user class's dict (snapshot ``s``) that this
+        thread could not have written."""
+        now = s.obj if s.kind == "attrs" else dict(vars(s.obj))
+        return [k for k in now.keys() | s.before.keys() if not _same(now.get(k, _GONE), s.before.get(k, _GONE))
+                and not _traced(now.get(k)) and not self.could_write(k)]
 
     def adopt(self, snaps) -> list:
         """Take into the copies of module globals the changes this thread could not have made, so that
         they are neither undone nor refused; ``[(globals dict, name)]`` of those."""
         foreign = []
         for s in snaps:
-            if s.kind != "attrs" or not (s.owner is None or isinstance(s.owner, str)):
-                continue        # not a module's globals
-            d, before = s.obj, s.before
-            for key in [k for k in d.keys() | before.keys() if not _same(d.get(k, _GONE), before.get(k, _GONE))]:
-                if _traced(d.get(key)) or self.could_write(key):
-                    continue
+            if not (s.kind == "class" or s.kind == "attrs" and (s.owner is None or isinstance(s.owner, str))):
+                continue        # not a module's globals or a class's attributes
+            d = s.obj if s.kind == "attrs" else gc.get_referents(vars(s.obj))[0]     # (a class's own dict)
+            for key in self._foreign(s):
                 if key in d:
-                    before[key] = d[key]
+                    s.before[key] = d[key]
                 else:
-                    del before[key]
+                    del s.before[key]
                 foreign.append((d, key))
         return foreign
 
@@ -112,9 +122,9 @@ def _writes(code) -> tuple:
     if hit is None:
         names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _STORES}
         co_names = set(code.co_names)
-        if co_names & _NAMED:
+        if co_names & _NAMED:       # library code: the names it holds as constants
             names |= {c for c in code.co_consts if isinstance(c, str)}
-        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME))
+        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME), bool(co_names & _NAMED))
     return hit
 
 

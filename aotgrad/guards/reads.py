@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import gc
 import os
 import sys
 import sysconfig
@@ -198,7 +199,8 @@ class Recording:
     def raced(self, reads) -> str | None:
         """The source of a read whose value another thread changed while this was traced, if any."""
         foreign = {(id(d), k) for d, k in self.writes.foreign}
-        return next((r.source for r in reads if (id(r.where), r.key) in foreign), None)
+        place = lambda w: gc.get_referents(w)[0] if type(w) is types.MappingProxyType else w     # noqa: E731
+        return next((r.source for r in reads if (id(place(r.where)), r.key) in foreign), None)
 
 
 def _defined_in_trace(frame, name) -> bool:

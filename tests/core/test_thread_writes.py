@@ -23,6 +23,11 @@ SCALE = 2.0         # read by the traced forward
 OWN = 0             # written by the traced forward
 
 
+class Counter:
+    beats = 0       # a class attribute another thread bumps
+    scale = 2.0     # one the traced forward reads
+
+
 @pytest.fixture(autouse=True)
 def _traced_each_time(monkeypatch):
     """Every first call traces (a disk-cache hit would run no forward to overlap with)."""
@@ -161,3 +166,60 @@ def test_a_global_the_trace_read_changed_meanwhile_is_captured_again(entry):
         assert_close(model.fc(x).detach() * 3.0, out.detach(), entry, 0, 0)
     finally:
         SCALE = 2.0
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_another_threads_class_attribute_writes_are_kept_and_a_read_one_captures_again(entry):
+    Counter.beats, Counter.scale = 0, 2.0
+
+    def body(m, x, pause):
+        h = m.fc(x) * Counter.scale
+        pause()
+        return h
+
+    def bump():
+        Counter.beats += 1
+        Counter.scale = 3.0
+    try:
+        out, model, x = _overlapping(body, bump, entry)
+        assert Counter.beats == 1       # before: put back to 0, and the capture refused
+        assert_close(model.fc(x).detach() * 3.0, out.detach(), entry, 0, 0)
+    finally:
+        Counter.scale = 2.0
+
+
+def test_a_global_written_through_globals_in_the_capturing_thread_is_still_its_own():
+    """Code that writes a global whose name the bytecode does not hold (``globals()[name]``) could have
+    written any global: a change found is the capture's (refused and put back)."""
+    global OWN
+    OWN = 5
+    name = "OWN"
+
+    def body(m, x, pause):
+        globals()[name] += 1
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="assigns `OWN`"):
+        _overlapping(body, lambda: None)
+    assert OWN == 5
+
+
+class _Noisy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * random.random()
+
+
+def test_a_draw_in_a_traced_backward_of_the_capturing_thread_is_still_refused():
+    """A custom Function's backward is traced in the joint, after the read recording stopped: the
+    capturing thread is still watched there where other threads run."""
+    def body(m, x, pause):
+        h = _Noisy.apply(m.fc(x))
+        pause()
+        return h.sum()
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="draws from `random`"):
+        _overlapping(body, lambda: [random.random() for _ in range(5)])
