@@ -14,8 +14,10 @@ code objects that ran and the calls it made into a global random stream.
   or when it now holds a traced tensor. Otherwise it is left as the other thread made it, and one
   the trace *read* that changed meanwhile makes the capture run again (its graph may have used
   either value).
-* A changed random stream (``random``'s, numpy's) is the capture's when its thread called one of the
-  stream's methods; it is refused then, but not rewound: the other threads' draws were real.
+* A changed ``random`` stream is the capture's when its thread called one of the stream's methods; it
+  is then refused and put back as without threads (a draw another thread made meanwhile is then made
+  again: the rare case of both at once). numpy's global stream cannot be told apart (its draws are
+  Cython functions, which profiling does not see): a change is the capture's, as without threads.
 
 Every other kind of state (instances' attributes, the traced modules' hooks and parameters, the containers
 and cells the trace reached) stays the capture's: another thread writing those while the same
@@ -49,6 +51,12 @@ class Watch:
         self.drew: set = set()      # names of the random streams it called into
         self.owners = _stream_owners()
         self.rec = None             # the read recording it goes with (``reads.record``)
+
+    def drew_from(self, name) -> bool:
+        """Whether this thread drew from the stream ``name``: a call of its methods was seen (Python's
+        ``random``). numpy's draws are Cython functions, which profiling does not see: a change of its
+        stream is always the capture's (refused and put back, as without threads)."""
+        return name in self.drew or name == "numpy.random"
 
     def c_call(self, arg):
         owner = self.owners.get(id(getattr(arg, "__self__", None)))

@@ -221,16 +221,14 @@ def _same_state(a, b) -> bool:
 
 def _undo_generators(states: dict, watch) -> list:
     """A trace that drew from such a stream: the graph holds the numbers it drew, the same on every
-    call, where eager draws new ones; the stream is put back where it was (unless other threads ran
-    meanwhile: then it is the trace's draw only if its thread called the stream, and it is not put
-    back, since their draws were real)."""
+    call, where eager draws new ones; the stream is put back where it was. (Where other threads ran
+    meanwhile, only if the capturing thread drew: :mod:`.attribution`.)"""
     done = []
     for name, (before, get, put) in states.items():
         if not _same_state(get(), before):
-            if watch is not None and name not in watch.drew:
+            if watch is not None and not watch.drew_from(name):
                 continue
-            if watch is None:
-                put(before)
+            put(before)
             done.append((f"draws from `{name}` (Python's or numpy's random stream, not torch's): the compiled "
                          "graph would hold the numbers this trace drew and use them on every call, where eager "
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
