@@ -26,14 +26,11 @@ objects are captured races with the capture as it would with an eager call.
 from __future__ import annotations
 
 import dis
-import gc
 import random
 import sys
 import threading
 
-import torch
-
-from .writes import _GONE, _same
+from .writes import _GONE, _same, held_dict, traced
 
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
 # Whole-dict access (any global may be written); in user code, also setters given the name as data.
@@ -68,7 +65,7 @@ class Watch:
         user's profiler, kept running)."""
         ran, owners, drew = self.ran, self.owners, self.drew
 
-        def watch(frame, what, arg):
+        def watch(frame, what, arg):        # (c_call inlined: called for every event)
             if what == "call":
                 ran.add(frame.f_code)
             elif what == "c_call":
@@ -91,7 +88,7 @@ class Watch:
         thread could not have written."""
         now = s.obj if s.kind == "attrs" else dict(vars(s.obj))
         return [k for k in now.keys() | s.before.keys() if not _same(now.get(k, _GONE), s.before.get(k, _GONE))
-                and not _traced(now.get(k)) and not self.could_write(k)]
+                and not traced(now.get(k)) and not self.could_write(k)]
 
     def adopt(self, snaps) -> list:
         """Take into the copies of module globals the changes this thread could not have made, so that
@@ -100,7 +97,7 @@ class Watch:
         for s in snaps:
             if not (s.kind == "class" or s.kind == "attrs" and (s.owner is None or isinstance(s.owner, str))):
                 continue        # not a module's globals or a class's attributes
-            d = s.obj if s.kind == "attrs" else gc.get_referents(vars(s.obj))[0]     # (a class's own dict)
+            d = s.obj if s.kind == "attrs" else held_dict(vars(s.obj))
             for key in self._foreign(s):
                 if key in d:
                     s.before[key] = d[key]
@@ -134,7 +131,3 @@ def _writes(code) -> tuple:
             names |= {c for c in code.co_consts if isinstance(c, str)}
         hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME), bool(co_names & _NAMED))
     return hit
-
-
-def _traced(v) -> bool:
-    return isinstance(v, torch.Tensor) and type(v) not in (torch.Tensor, torch.nn.Parameter)

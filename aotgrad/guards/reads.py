@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
-import gc
 import os
 import sys
 import sysconfig
@@ -28,7 +27,7 @@ import torch
 
 from .._torch import MODULE_CALL_CODES
 from . import attribution
-from .writes import Writes
+from .writes import Writes, held_dict
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _NN = os.path.join(_TORCH, "nn", "modules") + os.sep
@@ -199,8 +198,7 @@ class Recording:
     def raced(self, reads) -> str | None:
         """The source of a read whose value another thread changed while this was traced, if any."""
         foreign = {(id(d), k) for d, k in self.writes.foreign}
-        place = lambda w: gc.get_referents(w)[0] if type(w) is types.MappingProxyType else w     # noqa: E731
-        return next((r.source for r in reads if (id(place(r.where)), r.key) in foreign), None)
+        return next((r.source for r in reads if (id(held_dict(r.where)), r.key) in foreign), None)
 
 
 def _defined_in_trace(frame, name) -> bool:
@@ -267,7 +265,7 @@ def user_code():
     and random draws the trace makes there. (Watching costs a profile event per call: only here.)"""
     rec = getattr(_ACTIVE, "rec", None)
     light = rec.light if rec is not None else None
-    if light is None or sys.getprofile() is light or watching() is not None:
+    if light is None or watching() is not None:      # none, or recording, or watching already
         yield
         return
     previous = sys.getprofile()

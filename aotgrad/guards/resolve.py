@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import gc
 import operator
 import os
 import sys
@@ -25,7 +24,7 @@ import torch
 from .. import errors
 from .reads import LIBRARY, MODULE_CALL, USER, attr_names, chains, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
-from .writes import HOOK_EXTRAS, HOOKS
+from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
 def locate(obj, kind, key):
@@ -151,8 +150,7 @@ class Resolver:
 
     def _add(self, read):
         where = read.where      # a class's ``vars`` is a new proxy each time: the dict it shows is the place
-        place = id(gc.get_referents(where)[0]) if type(where) is types.MappingProxyType else id(where)
-        self.reads.setdefault((place, read.key), read)
+        self.reads.setdefault((id(held_dict(where)), read.key), read)
 
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)

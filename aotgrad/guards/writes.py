@@ -180,8 +180,7 @@ class Writes:
     def memoizes(self, code, value):
         """A function an lru_cache wraps returned ``value`` inside the trace (a miss: the cache keeps
         it): a traced tensor in it would stay in the user's cache, for every later eager call."""
-        if any(isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter)
-               for t in pytree.tree_leaves(value)):
+        if any(traced(t) for t in pytree.tree_leaves(value)):
             wrapper, source = self.memoized[code]
             self.poisoned[id(wrapper)] = (wrapper, source)
 
@@ -234,6 +233,16 @@ def _undo_generators(states: dict, watch) -> list:
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
                          name.split(".")[0]))
     return done
+
+
+def traced(v) -> bool:
+    """Whether ``v`` is a tensor of the trace (fake, functional), not a real one."""
+    return isinstance(v, torch.Tensor) and type(v) not in (torch.Tensor, torch.nn.Parameter)
+
+
+def held_dict(where):
+    """The dict a class's ``vars()`` shows (a new mappingproxy each time); anything else as it is."""
+    return gc.get_referents(where)[0] if type(where) is types.MappingProxyType else where
 
 
 def _entries(d: dict) -> dict:
