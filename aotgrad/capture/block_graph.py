@@ -300,6 +300,7 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
     direct: dict = {}       # output slot -> the gradient's node
     for n in calls:
         t = TEMPLATES[n.args[1]]
+        _hold_constants(gm, t)
         primals = t.bw_ins[:t.n_in]
         call, unseen, slots = recorded[n.args[2]]
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
@@ -323,6 +324,18 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
     if calls:
         gm.recompile()
     return len(direct)
+
+
+def _hold_constants(gm: fx.GraphModule, t: Template) -> None:
+    """The template's constant tensors (``torch.tensor([])`` in the block) as attributes of ``gm``,
+    under names of the template's own: one tensor for every copy (a graph never writes a constant)."""
+    for node in (*t.fw_nodes, *t.bw_nodes):
+        if node.op == "get_attr" and not node.target.startswith(f"_aotgrad_block{t.key}_"):
+            name = f"_aotgrad_block{t.key}_{node.target}"
+            setattr(t.graph, name, getattr(t.graph, node.target))
+            node.target = name
+        if node.op == "get_attr" and not hasattr(gm, node.target):
+            setattr(gm, node.target, getattr(t.graph, node.target))
 
 
 def _summed_reaching_more(calls: list, recorded: dict, origins: dict, fw_op) -> dict:

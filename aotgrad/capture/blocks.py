@@ -47,7 +47,7 @@ from ..guards.resolve import locate, read_at
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
-from . import block_graph
+from . import block_graph, per_call
 from .block_groups import Member, find_groups
 from ..ir.records import layout
 from ..runtime.call import bits
@@ -73,6 +73,7 @@ class Traced:
     template: block_graph.Template
     owner: torch.nn.Module
     frames: tuple       # (Frame, self path or None, {arg name: path})
+    effects: tuple = ()     # per_call.Effect of each cache update; their tensors end the outputs
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,20 @@ class Reuse:
             self.ran_flat.add(id(module))
             self.why.setdefault(type(module).__name__, e.why)
             return flat_call(module, *args, **kwargs)
+        layers = per_call.layers_for(hit.effects, call.leaves, m.values) if hit.effects else ()
+        if layers is None:
+            self.ran_flat.add(id(module))
+            self.why.setdefault(type(module).__name__, "the cache layer it updates is not as its template's was")
+            return flat_call(module, *args, **kwargs)
         self.calls += 1
         self.whole += not m.inner
         with reads.paused():        # our Function and kernel: no user code runs in them
             if module is not hit.owner and self.recording is not None:
                 _replay_reads(self.recording, hit.frames, m.paths)
-            outs = block_graph.apply(hit.template, [*state, *call.tensors], origin)
-        return pytree.tree_unflatten(_with_views(outs, hit.template.views), hit.template.out_spec)
+            outs = _with_views(block_graph.apply(hit.template, [*state, *call.tensors], origin), hit.template.views)
+            n = hit.template.out_spec.num_leaves
+            per_call.replay(hit.effects, layers, outs[n:])
+        return pytree.tree_unflatten(outs[:n], hit.template.out_spec)
 
     def _entry(self, key, module, m: Member, state, call) -> _Entry:
         """The entry standing for this call, traced first if none does. A block whose values at
@@ -165,29 +173,53 @@ class Reuse:
         return e
 
     def _trace(self, module, m: Member, state, call) -> _Entry:
+        """The template of this call: traced with the block's varying ints standing for every
+        twin's (``per_call``), and again with its own values when one of them was used."""
         rec = self.recording
         before = set(rec.frames)
-        self.off = True
-        try:
-            with _hooks_unchanged() as same, disable_current_modes(), _watching(m) as read:
-                template = _trace_template(self.session, module, m, state, call)
-                if not same():
-                    raise _Flat("it registers a hook")
-        except _Flat as flat:
-            return _Entry.of(m, read, why=str(flat))
-        except Exception as e:       # the flat run raises it again, with the user's line
-            return _Entry.of(m, range(len(m.varying)), why=f"its trace raised {type(e).__name__}")
-        finally:
-            self.off = False
+        log: list = []
+        stands = per_call.stands(m, log)
+        e = self._trace_with(module, m, state, call, stands, log) if stands else None
+        if e is None:
+            e = self._trace_with(module, m, state, call, {}, [])
+        if e is None:
+            return _Entry.of(m, range(len(m.varying)), why="it uses its cache argument other than by update(..., layer_idx)")
+        if e.traced is None:
+            return e
         where = {id(sub): path for path, sub in m.paths.items()}
         new = [f for k, f in rec.frames.items() if k not in before]
         if _reaches_blocks(new, where, self._block_objects()):
             # The trace may depend on which block it is: each runs its own code.
             return _Entry((), None, "its code reaches a block other than through itself (self is REGISTRY[0])")
-        block_graph.TEMPLATES[template.key] = template
+        block_graph.TEMPLATES[e.traced.template.key] = e.traced.template
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
-        return _Entry.of(m, read, Traced(template, module, tuple(x for x in frames if x[1] is not None or x[2])))
+        e.traced.frames = tuple(x for x in frames if x[1] is not None or x[2])
+        return e
+
+    def _trace_with(self, module, m: Member, state, call, stands: dict, log: list) -> _Entry | None:
+        """The call's entry, its template traced with ``stands`` read for the block's varying
+        ints; None when one of them (or a cache argument) was used other than passed along."""
+        self.off = True
+        raw: list = []
+        try:
+            with _hooks_unchanged() as same, disable_current_modes(), _watching(m, stands, raw) as read:
+                template, effects = _trace_template(self.session, module, m, state, call, stands, log)
+                if not same():
+                    raise _Flat("it registers a hook")
+        except per_call.Escaped:
+            return None
+        except _Flat as flat:
+            return None if log else _Entry.of(m, read, why=str(flat))
+        except Exception as e:       # the flat run raises it again, with the user's line
+            return None if log else _Entry.of(m, range(len(m.varying)), why=f"its trace raised {type(e).__name__}")
+        finally:
+            self.off = False
+        if log:
+            return None
+        if not any(raw):        # the stands were all it read of those: it stands for any values there
+            read = read - stands.keys()
+        return _Entry.of(m, read, Traced(template, module, (), effects))
 
     def count(self) -> int:
         """Block calls that a template stood for in the last trace."""
@@ -262,15 +294,24 @@ class _Call:
     def tensors(self) -> tuple:
         return tuple(x for x, t in zip(self.leaves, self.is_tensor) if t)
 
-    def rebuild(self, tensors):
-        """``(args, kwargs)`` with ``tensors`` in the tensors' places."""
-        it = iter(tensors)
-        return pytree.tree_unflatten([next(it) if t else x for x, t in zip(self.leaves, self.is_tensor)], self.spec)
+    def rebuild(self, tensors, swap=None):
+        """``(args, kwargs)`` with ``tensors`` in the tensors' places (and ``swap``'s values at
+        those leaf positions)."""
+        it, swap = iter(tensors), swap or {}
+        return pytree.tree_unflatten([next(it) if t else swap.get(i, x)
+                                      for i, (x, t) in enumerate(zip(self.leaves, self.is_tensor))], self.spec)
+
+    def caches(self) -> tuple:
+        """Positions of the leaves that are caches a template can take (``per_call.cache_key``)."""
+        return tuple(i for i, (x, t) in enumerate(zip(self.leaves, self.is_tensor))
+                     if not t and type(x) not in _CONSTANT and per_call.cache_key(x) is not None)
 
     def constants(self):
-        """The other leaves by type and value, or None when one is not a plain constant."""
+        """The other leaves by type and value (a cache by its class and plain state), or None when
+        one is neither a plain constant nor such a cache."""
         rest = [x for x, t in zip(self.leaves, self.is_tensor) if not t]
-        return tuple((type(x), bits(x)) for x in rest) if all(type(x) in _CONSTANT for x in rest) else None
+        keys = tuple((type(x), bits(x)) if type(x) in _CONSTANT else per_call.cache_key(x) for x in rest)
+        return None if None in keys else keys
 
 
 def _call_key(m: Member, state, call: _Call):
@@ -281,7 +322,8 @@ def _call_key(m: Member, state, call: _Call):
     direct = tracing.current().direct
     unseen = direct.unseen if direct is not None else {}
     if constants is None:
-        odd = next(x for x, t in zip(call.leaves, call.is_tensor) if not t and type(x) not in _CONSTANT)
+        odd = next(x for x, t in zip(call.leaves, call.is_tensor)
+                   if not t and type(x) not in _CONSTANT and per_call.cache_key(x) is None)
         hint = " (HF models: config.use_cache=False to train)" if type(odd).__name__.endswith("Cache") else ""
         raise _Flat(f"an argument is a {type(odd).__name__}, neither a tensor nor a plain constant{hint}")
     if not all(isinstance(t, FunctionalTensor) or id(t) in unseen for t in ins):
@@ -311,14 +353,17 @@ def _hooks_unchanged():
 
 
 @contextlib.contextmanager
-def _watching(m: Member):
+def _watching(m: Member, stands: dict, raw: list):
     """Yields the set of indices into ``m.varying`` whose attribute the block's trace read, filled
-    when the block ends: a template stands for a twin whose other values differ only there."""
+    when the block ends: a template stands for a twin whose other values differ only there. This
+    thread reads ``stands`` (by index) in place of those attributes' values; ``raw`` gets True when
+    a read went around them (``vars(block)``)."""
     by_path: dict = {}
     for i, (path, attr) in enumerate(m.varying):
         by_path.setdefault(path, {}).setdefault(attr, []).append(i)
+    subs = [{attr: stands[ix[0]] for attr, ix in names.items() if ix[0] in stands} for names in by_path.values()]
     read: set = set()
-    with reads.attribute_reads([(m.paths[p], names) for p, names in by_path.items()]) as seen:
+    with reads.attribute_reads([(m.paths[p], names) for p, names in by_path.items()], subs, raw) as seen:
         try:
             yield read
         finally:
@@ -326,17 +371,22 @@ def _watching(m: Member):
                 read.update(i for attr in got for i in names[attr])
 
 
-def _trace_template(session: Session, module, m: Member, state, call: _Call):
+def _trace_template(session: Session, module, m: Member, state, call: _Call, stands: dict, log: list):
+    """``(template, cache effects)`` of the call; raises :class:`_Flat`, or
+    :class:`per_call.Escaped` when a stand or a cache argument was used (also noted in ``log``)."""
     from .analyze import analyze
     sess = Session(dynamic=False, grad_enabled=torch.is_grad_enabled(),
                    shape_env=session.shape_env, fake_mode=session.fake_mode)
     with sess.fake_mode:
         fakes = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                  .requires_grad_(t.requires_grad) for t in (*state, *call.tensors)]
-    n, out_specs, changed = len(state), [], []
+    n, out_specs, changed, effects = len(state), [], [], []
 
     def block_fn(*flat):
-        args, kwargs = call.rebuild(flat[n:])
+        effects.clear()
+        outs: list = []     # the tensors the cache updates set, in order: extra outputs
+        swap = {i: per_call.CacheStandIn(call.leaves[i], i, log, effects, outs) for i in call.caches()}
+        args, kwargs = call.rebuild(flat[n:], swap)
         before = pytree.tree_leaves((args, kwargs))
         with holding(m.homes, flat[:n]):
             out = module(*args, **kwargs)
@@ -346,7 +396,7 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
         changed.append(spec != call.spec or len(after) != len(before) or any(a is not b for a, b in zip(after, before)))
         leaves, spec = pytree.tree_flatten(out)
         out_specs.append(spec)
-        return leaves
+        return leaves + outs
     block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
     if any(changed):
@@ -362,8 +412,11 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     # joint trace (make_fx's Python too) would about double its cost for nothing.
     with reads.paused():
         joint = trace_joint(sess, block_fn, fakes, analysis, lay)
-    if any(x.op == "get_attr" or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
-        raise _Flat("its graph holds a constant tensor or an aotgrad run-time op")
+    if per_call.in_graph(joint, log):
+        raise per_call.Escaped("an op was given a per-call value")
+    if any(x.op == "get_attr" and not _plain_constant(getattr(joint, x.target, None))
+           or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):
+        raise _Flat("its graph holds a traced tensor as a constant or an aotgrad run-time op")
     # The clean-up capture runs on the whole joint, run once here: each copy is stamped without
     # the detaches and dead nodes it would drop from every copy again. Random ops stay: each copy
     # draws at the place in the stream its call has (block_graph.Template.random).
@@ -375,7 +428,12 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call):
     # from the stream as it then stands: not a place a forward call can take for it.
     if any(is_random(n) for n in template.bw_nodes):
         raise _Flat("its backward draws random numbers")
-    return template
+    return template, tuple(effects)
+
+
+def _plain_constant(t) -> bool:
+    """A constant the program made (``torch.tensor([])``): a real tensor, not one of the trace's."""
+    return type(t) is torch.Tensor and not t.requires_grad
 
 
 def _with_views(values: list, views: tuple) -> list:

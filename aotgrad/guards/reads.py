@@ -316,6 +316,8 @@ class _Watch:
     names: frozenset
     thread: int
     read: set = field(default_factory=set)
+    subs: dict = field(default_factory=dict)    # name -> the value the watching thread reads instead
+    raw: bool = False                           # the instance's __dict__ was read (its real values)
 
 
 _WATCHES: dict = {}         # id(object) -> [_Watch]: the object's class is its watching subclass meanwhile
@@ -346,10 +348,13 @@ def _watching_class(cls: type) -> type:
                     continue
                 if name in w.names:
                     w.read.add(name)
+                    if name in w.subs:
+                        return w.subs[name]
                 elif name == "__dict__":
                     caller = sys._getframe(1).f_code
                     if caller not in _MODULE_OWN and not caller.co_filename.startswith(_OURS):
                         w.read.update(w.names)
+                        w.raw = True
         return get(self, name)
     sub = type(cls)(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
                                             "__qualname__": cls.__qualname__})
@@ -358,17 +363,21 @@ def _watching_class(cls: type) -> type:
 
 
 @contextlib.contextmanager
-def attribute_reads(targets):
+def attribute_reads(targets, subs=None, raw=None):
     """Which of the named attributes of each object (``targets``: ``[(obj, names)]``) this thread
     reads inside the block, however it reads them (``obj.x``, ``getattr``, ``vars(obj)``, through
     another object holding ``obj``): yields one set per target, filled as they are read. Each object
     is an instance of a subclass of its class meanwhile (``__class__`` still answers the class);
     another thread reading it meanwhile reads the same values and is not counted. An object whose
-    class cannot be subclassed counts every name as read."""
+    class cannot be subclassed counts every name as read.
+
+    ``subs`` (one ``{name: value}`` per target) are what this thread reads instead of the object's
+    own values, by attribute (``vars(obj)`` still shows the real ones); ``raw`` (a list) gets True
+    appended when some read went through ``vars(obj)``/``__dict__`` (it saw the real values)."""
     watches = []
     with _WATCH_LOCK:
-        for obj, names in targets:
-            w = _Watch(frozenset(names), threading.get_ident())
+        for k, (obj, names) in enumerate(targets):
+            w = _Watch(frozenset(names), threading.get_ident(), subs=dict(subs[k]) if subs else {})
             watches.append((obj, w))
             held = _WATCHES.setdefault(id(obj), [])
             if not held:
@@ -377,11 +386,14 @@ def attribute_reads(targets):
                 except Exception:      # a class refusing subclasses (``__init_subclass__``), a fixed layout
                     del _WATCHES[id(obj)]
                     w.read.update(names)
+                    w.raw = True
                     continue
             held.append(w)
     try:
         yield [w.read for _, w in watches]
     finally:
+        if raw is not None:
+            raw.append(any(w.raw for _, w in watches))
         with _WATCH_LOCK:
             for obj, w in watches:
                 held = _WATCHES.get(id(obj))
