@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..guards import reads
 from ..runtime.call import bits
 
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -180,6 +181,9 @@ class CacheStandIn:
         vars(copy).update(vars(real))
         vars(clone).update(vars(layer))
         vars(copy)["layers"] = held = [*layers[:n], clone, *layers[n + 1:]]
+        rec = reads.watching()
+        if rec is not None:     # the copies' writes are the template's own, not the program's
+            rec.writes.made_here(copy, clone)
         bound.arguments["self"], bound.arguments["layer_idx"] = copy, n
         result = cls.update(*bound.args, **bound.kwargs)
         own = dict(vars(real), layers=held)

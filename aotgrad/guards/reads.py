@@ -153,8 +153,8 @@ class Recording:
         # Arguments and the free variables nested code (a comprehension, a generator expression, a
         # lambda, an inner function) sees: loads from them are followed like loads from ``self``.
         seen = [(n, f_locals.get(n, _GONE)) for n in (*names[1 if self_obj is not None else 0:], *code.co_freevars)]
-        args = {n: v for n, v in seen if not isinstance(v, _PLAIN) and hasattr(v, "__dict__")
-                and not is_library(type(v))}
+        args = {n: v for n, v in seen if not isinstance(v, _PLAIN) and not is_library(type(v))
+                and hasattr(v, "__dict__")}
         g = frame.f_globals
         key = (code, id(g), id(self_obj), tuple((n, id(v)) for n, v in seen if not isinstance(v, _PLAIN)))
         if key in self.frames:

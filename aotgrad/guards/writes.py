@@ -61,6 +61,12 @@ class Writes:
         self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
         self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
+        self.made: list = []        # objects aotgrad built for the trace (kept alive: their ids stay theirs)
+
+    def made_here(self, *objs) -> None:
+        """Objects aotgrad made for the trace to write (a cache layer's copy): not state from before."""
+        self.made.extend(objs)
+        self.built.update(id(o) for o in objs)
 
     # ------------------------------------------------------------ before
 

@@ -655,3 +655,131 @@ def _(n=4):
         aotgrad.block(ln)
         layers += [ln, nn.Linear(4, 4)]
     return fn(nn.Sequential(*layers), r(n, 4, rg=True))
+
+
+# ---------------------------------------------------------------- a KV cache updated by layer_idx
+
+class KVLayer:
+    """A cache layer as HF's ``DynamicLayer`` is: empty (a constant ``torch.tensor([])``) until its
+    first update, then the keys and values so far."""
+
+    def __init__(self):
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def update(self, k, v):
+        if not self.is_initialized:
+            self.keys = torch.tensor([], dtype=k.dtype)
+            self.values = torch.tensor([], dtype=v.dtype)
+            self.is_initialized = True
+        self.keys = torch.cat([self.keys, k], dim=-2)
+        self.values = torch.cat([self.values, v], dim=-2)
+        return self.keys, self.values
+
+
+class KVCache:
+    """``update(k, v, layer_idx)`` by layer, as HF's ``DynamicCache``."""
+
+    def __init__(self, n):
+        self.layers = [KVLayer() for _ in range(n)]
+        self.offloading = False
+
+    def update(self, k, v, layer_idx):
+        return self.layers[layer_idx].update(k, v)
+
+    def seen(self):
+        return self.layers[0].keys.shape[-2] if self.layers[0].is_initialized else 0
+
+
+SCALES = [1.0, 0.5, 0.25, 0.125]
+
+
+class CachedAttention(nn.Module):
+    """Attention over what its cache layer holds after ``update(k, v, self.layer_idx)``; ``how``
+    adds one other use of ``layer_idx`` or of the cache (each makes the template depend on it)."""
+
+    def __init__(self, idx, how="update", d=4):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.layer_idx, self.how = idx, how
+
+    def forward(self, x, cache=None):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if cache is not None:
+            idx = vars(self)["layer_idx"] if self.how == "vars" else self.layer_idx
+            k, v = cache.update(k, v, idx)
+            if self.how == "seen":
+                q = q * (1 + cache.seen())
+            if self.how == "twice":
+                k, v = cache.update(k, v, idx)
+        y = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        if self.how == "scaled":
+            y = y * (1 + self.layer_idx)
+        elif self.how == "listed":
+            y = y * SCALES[self.layer_idx]
+        elif self.how == "named" and f"layer{self.layer_idx}" == "layer1":
+            y = -y
+        elif self.how == "caught":
+            try:
+                y = y * float(self.layer_idx + 1)
+            except Exception:       # a program hiding a failure must not hide a stand's
+                pass
+        return x + y
+
+
+class CachedStack(Stack):
+    """A fresh cache each forward (as HF decoders make one in training), or ``given`` one; with
+    ``read_after``, the loss reads the cache's tensors too."""
+
+    def __init__(self, blocks, given=None, read_after=None):
+        super().__init__(blocks)
+        self.given, self.read_after = given, read_after
+
+    def forward(self, x):
+        cache = self.given() if self.given is not None else KVCache(len(self.blocks))
+        for b in self.blocks:
+            x = b(x, cache)
+        held = [(layer.keys, layer.values) for layer in cache.layers if layer.is_initialized]
+        if self.read_after == "squares":
+            x = x + sum(k.pow(2).sum() + v.pow(2).mean() for k, v in held)
+        elif self.read_after == "sums":     # their gradients are expanded: not a template's layout
+            x = x + sum(k.sum() + v.mean() for k, v in held)
+        return x
+
+
+def _cached(how="update", n_blocks=3, idx=None, **kw):
+    return CachedStack([CachedAttention(i if idx is None else idx, how) for i in range(n_blocks)], **kw)
+
+
+for _how in ("update", "scaled", "listed", "named", "caught", "vars", "seen", "twice"):
+    @program(f"blocks_cache_layer_index_{_how}", G, must_match=True)
+    def _(n=4, how=_how):
+        return fn(_cached(how), r(2, n, 4, rg=True))
+
+
+for _read in ("squares", "sums"):
+    @program(f"blocks_cache_read_after_{_read}", G, must_match=True)
+    def _(n=4, read=_read):
+        return fn(_cached(read_after=read), r(2, n, 4, rg=True))
+
+
+@program("blocks_cache_one_layer_for_all", G, must_match=True)
+def _(n=4):
+    # Every block updates layer 0: the second finds it full (eager concatenates).
+    return fn(_cached(idx=0, read_after="squares"), r(2, n, 4, rg=True))
+
+
+@program("blocks_cache_given_full", G, must_match=True)
+def _(n=4):
+    # A cache that already holds keys (a later generation step): no template stands for it.
+    def full():
+        c = KVCache(3)
+        for i in range(3):
+            c.update(torch.ones(2, 1, 4), torch.ones(2, 1, 4), i)
+        return c
+    return fn(_cached(given=full), r(2, n, 4, rg=True))
+
+
+@program("blocks_cache_input_without_grad", G, must_match=True)
+def _(n=4):
+    return fn(_cached(), r(2, n, 4))

@@ -5,7 +5,7 @@ autograd takes ~40 s a model on a loaded two-core machine); ``make test-models``
 import pytest
 
 import aotgrad
-from tests.eager_check import check_training
+from tests.eager_check import check, check_training
 from tests.models import zoo
 from tests.models.entries import ENTRIES
 
@@ -35,16 +35,29 @@ def test_trains_like_eager(model, entry):
     assert len(losses) == 3 and losses[0][0] != losses[-1][0]     # the model did train
 
 
-def _flat_or_reused(model: str, reuse: bool):
+# Decoder layers reused whole in their default config (a KV cache made in training, updated by
+# ``layer_idx``): the layer index is a per-call value of one template (capture/per_call.py).
+WHOLE = {"gpt2": 2, "llama": 2, "bert": 2, "t5": 4}
+
+
+def _flat_or_reused(model: str, reuse: bool, wrap=None):
     import torch
     make, _ = zoo.MODELS[model]
     module, args = make()
+    module = wrap(module) if wrap is not None else module
     captured = aotgrad.capture(module, *args, reuse_blocks=reuse)
-    used = next(s.info["reused blocks"] for s in captured.history if s.name == "trace joint")
+    info = next(s.info for s in captured.history if s.name == "trace joint")
     torch.manual_seed(2)
     loss = captured.compile()(*args)
     loss.backward()
-    return used, loss.detach(), {n: p.grad for n, p in module.named_parameters()}
+    return (info["reused blocks"], info["reused whole blocks"]), loss.detach(), \
+        {n: p.grad for n, p in module.named_parameters()}
+
+
+def _same_grads(grads, flat_grads) -> list:
+    import torch
+    return [n for n, g in grads.items() if (g is None) != (flat_grads[n] is None)
+            or g is not None and not torch.equal(g, flat_grads[n])]
 
 
 @pytest.mark.parametrize("model", [pytest.param(m, marks=[] if m == "gpt2" else [pytest.mark.slow])
@@ -53,10 +66,41 @@ def test_reused_blocks_are_bitwise_the_flat_capture(model):
     """Block reuse (and each backend's block compiled once) changes no bit of the loss or of any
     gradient: a call a template cannot stand for bit for bit runs flat."""
     import torch
-    used, loss, grads = _flat_or_reused(model, True)
-    flat_used, flat_loss, flat_grads = _flat_or_reused(model, False)
+    (used, whole), loss, grads = _flat_or_reused(model, True)
+    (flat_used, _), flat_loss, flat_grads = _flat_or_reused(model, False)
     assert flat_used == 0 and (used > 0 or model == "resnet18"), used
+    assert whole >= WHOLE.get(model, 0), whole
     assert torch.equal(loss, flat_loss)
-    differ = [n for n, g in grads.items() if (g is None) != (flat_grads[n] is None)
-              or g is not None and not torch.equal(g, flat_grads[n])]
+    differ = _same_grads(grads, flat_grads)
     assert not differ, differ
+
+
+class ReadsCache:
+    """An HF causal LM whose loss also reads every layer's cached keys and values after the model:
+    the cache a reused layer updated must hold eager's tensors, gradients flowing through them."""
+
+    def __new__(cls, loss_of):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = loss_of.model
+
+            def forward(self, ids, labels):
+                out = self.inner(input_ids=ids, labels=labels)
+                held = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                return out.loss + 0.1 * sum(k.pow(2).mean() + v.pow(2).mean() for k, v in held)
+        return Wrapped()
+
+
+@pytest.mark.parametrize("model", [pytest.param("gpt2"), pytest.param("llama", marks=pytest.mark.slow)])
+def test_a_reused_decoder_leaves_eagers_kv_cache(model):
+    import torch
+    (used, whole), loss, grads = _flat_or_reused(model, True, ReadsCache)
+    _, flat_loss, flat_grads = _flat_or_reused(model, False, ReadsCache)
+    assert whole == WHOLE[model]
+    assert torch.equal(loss, flat_loss) and not _same_grads(grads, flat_grads)
+    make, _ = zoo.MODELS[model]
+    module, args = make()
+    check(ReadsCache(module), args, calls=2)      # eager's loss, gradients and RNG, twice
