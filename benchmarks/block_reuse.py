@@ -43,8 +43,8 @@ def main():
             if "use_cache" in mode:
                 if not getattr(getattr(model.model, "config", None), "use_cache", False):
                     continue
-                # HF decoders make a KV cache even in training unless told not to; a decoder layer
-                # writing that cache object runs flat (only its MLP and attention are reused).
+                # HF decoders make a KV cache even in training unless told not to; the layers update
+                # it by layer_idx, which a template takes per call (capture/per_call.py).
                 model.model.config.use_cache = False
             used, whole, calls, groups = _counted(model, batch(0))
             rows.append((name, mode, groups, calls, whole, used))

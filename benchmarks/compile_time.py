@@ -134,13 +134,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _llama(n_layer: int):
+def _llama(n_layer: int, use_cache: bool = True):
     """HF Llama (d=64, grouped-query attention, rotary embeddings, random weights) with
-    ``n_layer`` decoder layers, trained without a KV cache (``use_cache=False``)."""
+    ``n_layer`` decoder layers, in its default config (the forward makes a KV cache, each layer
+    updates it) or without a cache (``use_cache=False``)."""
     from tests.models import zoo
     return zoo._hf("LlamaConfig", "LlamaForCausalLM", ("input_ids", "labels"), zoo.batch_lm,
                    num_hidden_layers=n_layer, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=16, use_cache=False)
+                   num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=16, use_cache=use_cache)
 
 
 def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
@@ -152,8 +153,8 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
     from benchmarks.common import SYSTEMS, train_once
     from examples import models
 
-    if sdpa == "llama":
-        model, args = _llama(n_layer)
+    if sdpa in ("llama", "llama_nocache"):
+        model, args = _llama(n_layer, use_cache=sdpa == "llama")
     else:
         model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
     t0 = time.perf_counter()
@@ -272,7 +273,9 @@ def main():
                    help="intra-op threads; one keeps timings steady on a shared machine")
     p.add_argument("--depth", action="store_true", help="the GPT depth table instead of cold/warm gpt_small")
     p.add_argument("--sdpa", action="store_true", help="the depth table's GPT with F.scaled_dot_product_attention")
-    p.add_argument("--llama", action="store_true", help="the depth table for HF Llama (no KV cache)")
+    p.add_argument("--llama", action="store_true",
+                   help="the depth table for HF Llama (default config: a KV cache each layer updates)")
+    p.add_argument("--no-cache", action="store_true", help="with --llama: use_cache=False")
     p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
     p.add_argument("--inductor", action="store_true",
                    help="first training step under Inductor at 2/6/12 layers (a fresh process and cache each)")
@@ -294,10 +297,11 @@ def main():
         print(inductor_table(run_inductor(a.repeats, a.threads)))
         return
     if a.depth:
-        model = "HF Llama (d=64)" if a.llama else f"GPT (d=64{', SDPA' if a.sdpa else ''})"
+        llama = "llama_nocache" if a.no_cache else "llama"
+        model = f"HF Llama (d=64, use_cache={not a.no_cache})" if a.llama else f"GPT (d=64{', SDPA' if a.sdpa else ''})"
         print(f"{model} capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")
         print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")),
-                                     sdpa="llama" if a.llama else a.sdpa)))
+                                     sdpa=llama if a.llama else a.sdpa)))
         return
     print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))

@@ -155,6 +155,15 @@ def _member(gid: int, m: torch.nn.Module, varying=(), values=(), inner=False) ->
                   inner)
 
 
+def hooked(m: Member) -> bool:
+    """Whether a hook was registered on the block (a submodule, or globally) since the twins were
+    found: the program registered it while running (HF installs its output-capturing hooks on the
+    first forward that asks for hidden states), and a template's calls would not run it."""
+    g = torch.nn.modules.module
+    return bool(g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
+                or any(getattr(sub, h, None) for sub in m.paths.values() for h in _HOOKS))
+
+
 def _varying(grp) -> tuple:
     """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
     scalars = [_scalars(m) for _, m in grp]

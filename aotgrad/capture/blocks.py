@@ -13,13 +13,15 @@ that call's own parameters and arguments, inlined into a copy of the template's
 nodes afterwards; an output that is a view of the block's own intermediate is
 viewed again per call, random ops draw at each call's own place in the stream.
 Anything the template cannot stand for (a mutation, a list or dict argument
-written, an output that aliases an input, a random op in the backward, constants,
+written, an object argument other than a KV cache updated by index, an output that
+aliases an input, a random op in the backward, a traced tensor held as a constant,
 hooks registered inside, symbolic sizes, autocast, saved-tensor hooks) makes the
 block run flat, as without reuse; blocks inside it may then be reused on their own.
 
 Twins may differ in scalar attributes: which of those a template's trace read is
 watched (:func:`..guards.reads.attribute_reads`), and the template stands only for
-blocks with the same values there (:class:`_Entry`).
+blocks with the same values there (:class:`_Entry`). A varying int only passed to a KV
+cache's ``update`` (``layer_idx``) is not a read: see :mod:`.per_call`.
 
 The guards stay those of a flat trace: the Python reads the template's trace
 recorded on the first block's objects are recorded again on each block's own
@@ -48,7 +50,7 @@ from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
 from . import block_graph, per_call
-from .block_groups import Member, find_groups
+from .block_groups import Member, find_groups, hooked
 from ..ir.records import layout
 from ..runtime.call import bits
 from ..runtime.epilogue import as_view
@@ -113,6 +115,10 @@ class Reuse:
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
         if m is None or self.off:
+            return flat_call(module, *args, **kwargs)
+        if hooked(m):
+            self.ran_flat.add(id(module))
+            self.why.setdefault(type(module).__name__, "a hook was registered on it while the program ran")
             return flat_call(module, *args, **kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1

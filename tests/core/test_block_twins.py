@@ -54,6 +54,7 @@ REUSED = {
     "blocks_cache_layer_index_seen": 0, "blocks_cache_layer_index_twice": 0,
     "blocks_cache_one_layer_for_all": 0,        # the second call finds layer 0 full (and the first one's keys get a sliced gradient)
     "blocks_cache_given_full": 0,
+    "blocks_hook_registered_in_the_forward": 2,     # the hooked block runs flat, with its hook
 }
 
 # The forward's copies that share one compiled block (runtime/regions.py): (by the eager backend,

@@ -783,3 +783,17 @@ def _(n=4):
 @program("blocks_cache_input_without_grad", G, must_match=True)
 def _(n=4):
     return fn(_cached(), r(2, n, 4))
+
+
+@program("blocks_hook_registered_in_the_forward", G, must_match=True)
+def _(n=4):
+    # Registered after the twins were found (HF installs its output-capturing hooks on the first
+    # forward that asks for hidden states): the hooked block must run it.
+    class Hooking(Stack):
+        def forward(self, x):
+            h = self.blocks[1].register_forward_hook(lambda mod, args, out: out * 2)
+            try:
+                return super().forward(x)
+            finally:
+                h.remove()
+    return fn(Hooking([Block() for _ in range(3)]), r(n, 4, rg=True))
