@@ -210,6 +210,19 @@ class CacheStandIn:
         return result
 
 
+def _cache_escape(self, *args, **kwargs):
+    object.__getattribute__(self, "_state")[2].append("cache operator")
+    raise Escaped("the cache was used other than by update")
+
+
+# Operators the interpreter finds on the type, not through __getattribute__: the real cache's
+# answers (its len, truthiness, items) could differ from a stand-in's, so each escapes.
+for _name in ("__bool__", "__len__", "__iter__", "__getitem__", "__setitem__", "__contains__", "__eq__",
+              "__ne__", "__call__", "__enter__", "__exit__"):
+    setattr(CacheStandIn, _name, _cache_escape)
+CacheStandIn.__hash__ = object.__hash__
+
+
 def layers_for(effects: tuple, leaves: tuple, values: tuple) -> list | None:
     """The layer each effect sets in this call (its cache among the call's ``leaves``, the index
     from the block's own varying ``values``), or None when one is not as the template's was."""

@@ -69,7 +69,8 @@ def test_the_cache_stand_in_lets_only_update_by_index_through():
     cache, log = P.KVCache(2), []
     stand_in = per_call.CacheStandIn(cache, 0, log, [], [])
     assert isinstance(stand_in, P.KVCache)
-    for use in (lambda c: c.layers, lambda c: c.seen(), lambda c: c.offloading, lambda c: vars(c)):
+    for use in (lambda c: c.layers, lambda c: c.seen(), lambda c: c.offloading, lambda c: vars(c),
+                len, bool, list, lambda c: c == c):
         with pytest.raises(per_call.Escaped):
             use(stand_in)
     k = torch.ones(1, 2, 2)
