@@ -107,6 +107,11 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
         if n.op == "call_function" and any(a in bw for a in n.all_input_nodes):
             bw.add(n)
     body = [n for n in joint.graph.nodes if n.op not in ("placeholder", "output")]
+    for n in body:      # constants named as this template's own, so copies in a joint never clash
+        if n.op == "get_attr":
+            name = f"_aotgrad_block{key}_{n.target}"
+            setattr(joint, name, getattr(joint, n.target))
+            n.target = name
     fw_nodes = tuple(n for n in body if n not in bw)
     bw_nodes = tuple(n for n in body if n in bw)
     fw_set = set(fw_nodes)
@@ -298,9 +303,10 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
         raise FlatCall(flat)
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
     direct: dict = {}       # output slot -> the gradient's node
+    for key in {n.args[1] for n in calls}:
+        _hold_constants(gm, TEMPLATES[key])
     for n in calls:
         t = TEMPLATES[n.args[1]]
-        _hold_constants(gm, t)
         primals = t.bw_ins[:t.n_in]
         call, unseen, slots = recorded[n.args[2]]
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
@@ -328,12 +334,8 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
 
 def _hold_constants(gm: fx.GraphModule, t: Template) -> None:
     """The template's constant tensors (``torch.tensor([])`` in the block) as attributes of ``gm``,
-    under names of the template's own: one tensor for every copy (a graph never writes a constant)."""
-    for node in (*t.fw_nodes, *t.bw_nodes):
-        if node.op == "get_attr" and not node.target.startswith(f"_aotgrad_block{t.key}_"):
-            name = f"_aotgrad_block{t.key}_{node.target}"
-            setattr(t.graph, name, getattr(t.graph, node.target))
-            node.target = name
+    under the names :func:`split` gave them: one tensor for every copy (a graph never writes a constant)."""
+    for node in t.fw_nodes + t.bw_nodes:
         if node.op == "get_attr" and not hasattr(gm, node.target):
             setattr(gm, node.target, getattr(t.graph, node.target))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import errors
+from ..guards.state import _GLOBAL_HOOKS
 from ..guards.writes import HOOK_EXTRAS, HOOKS
 from ..runtime.call import bits
 
@@ -159,9 +160,13 @@ def hooked(m: Member) -> bool:
     """Whether a hook was registered on the block (a submodule, or globally) since the twins were
     found: the program registered it while running (HF installs its output-capturing hooks on the
     first forward that asks for hidden states), and a template's calls would not run it."""
+    return _global_hooks() or any(getattr(sub, h, None) for sub in m.paths.values() for h in _HOOKS)
+
+
+def _global_hooks() -> bool:
+    """Whether a module hook is registered for every module (``register_module_forward_hook``...)."""
     g = torch.nn.modules.module
-    return bool(g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
-                or any(getattr(sub, h, None) for sub in m.paths.values() for h in _HOOKS))
+    return any(getattr(g, name, None) for name in _GLOBAL_HOOKS)
 
 
 def _varying(grp) -> tuple:
@@ -175,8 +180,7 @@ def find_groups(root: torch.nn.Module) -> dict:
     they differ only in the values of scalar attributes (``layer_idx``), which a template compares
     where its trace read them. A block inside another group's block is ``inner``: its calls come
     only when the outer block runs flat (its template refused, or read a value that block has alone)."""
-    g = torch.nn.modules.module
-    if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+    if _global_hooks():
         return {}
     keys: dict = {}
     by_key: dict = {}

@@ -117,9 +117,7 @@ class Reuse:
         if m is None or self.off:
             return flat_call(module, *args, **kwargs)
         if hooked(m):
-            self.ran_flat.add(id(module))
-            self.why.setdefault(type(module).__name__, "a hook was registered on it while the program ran")
-            return flat_call(module, *args, **kwargs)
+            return self._flat(module, "a hook was registered on it while the program ran", args, kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1
         state = [md[kind][attr] for md, kind, attr in m.firsts]
@@ -139,14 +137,10 @@ class Reuse:
         if hit is not None and origin in self.refused:
             e, hit = _Entry((), None, self.refused[origin]), None
         if hit is None:
-            self.ran_flat.add(id(module))
-            self.why.setdefault(type(module).__name__, e.why)
-            return flat_call(module, *args, **kwargs)
+            return self._flat(module, e.why, args, kwargs)
         layers = per_call.layers_for(hit.effects, call.leaves, m.values) if hit.effects else ()
         if layers is None:
-            self.ran_flat.add(id(module))
-            self.why.setdefault(type(module).__name__, "the cache layer it updates is not as its template's was")
-            return flat_call(module, *args, **kwargs)
+            return self._flat(module, "the cache layer it updates is not as its template's was", args, kwargs)
         self.calls += 1
         self.whole += not m.inner
         with reads.paused():        # our Function and kernel: no user code runs in them
@@ -156,6 +150,12 @@ class Reuse:
             n = hit.template.out_spec.num_leaves
             per_call.replay(hit.effects, layers, outs[n:])
         return pytree.tree_unflatten(outs[:n], hit.template.out_spec)
+
+    def _flat(self, module, why: str, args, kwargs):
+        """Run this call flat, noting why (``history``'s ``blocks run flat``, first reason per class)."""
+        self.ran_flat.add(id(module))
+        self.why.setdefault(type(module).__name__, why)
+        return flat_call(module, *args, **kwargs)
 
     def _entry(self, key, module, m: Member, state, call) -> _Entry:
         """The entry standing for this call, traced first if none does. A block whose values at
@@ -418,7 +418,7 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     # joint trace (make_fx's Python too) would about double its cost for nothing.
     with reads.paused():
         joint = trace_joint(sess, block_fn, fakes, analysis, lay)
-    if per_call.in_graph(joint, log):
+    if per_call.in_graph(joint):
         raise per_call.Escaped("an op was given a per-call value")
     if any(x.op == "get_attr" and not _plain_constant(getattr(joint, x.target, None))
            or str(x.target).startswith("aotgrad.") for x in joint.graph.nodes):

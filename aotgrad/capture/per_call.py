@@ -77,7 +77,7 @@ def stands(m, log: list) -> dict:
     return {i: Stand(i, v[1], log) for i, v in enumerate(m.values) if v[0] is int}
 
 
-def in_graph(gm, found: list) -> bool:
+def in_graph(gm) -> bool:
     """Whether a node of ``gm`` holds a :class:`Stand` among its arguments (an op given one)."""
     def has(a):
         if type(a) is Stand:
@@ -85,7 +85,7 @@ def in_graph(gm, found: list) -> bool:
         if isinstance(a, (list, tuple)):
             return any(has(x) for x in a)
         return isinstance(a, dict) and any(has(x) for x in a.values())
-    return bool(found) or any(has(n.args) or has(n.kwargs) for n in gm.graph.nodes)
+    return any(has(n.args) or has(n.kwargs) for n in gm.graph.nodes)
 
 
 # ---------------------------------------------------------------- caches
