@@ -44,7 +44,7 @@ from .._torch import (
 )
 from ..analysis.ops import is_random
 from ..inputs.flatten import holding
-from ..guards import reads
+from ..guards import bytecode, reads
 from ..guards.resolve import locate, read_at
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
@@ -247,7 +247,7 @@ def _reaches_blocks(frames, own: dict, objects: frozenset) -> bool:
             return True
         roots = []
         if f.globals is not None:
-            roots += [(f.globals.get(c.name, _MISSING), c.steps) for c in reads.chains(f.code)[0] if c.root == "global"]
+            roots += [(f.globals.get(c.name, _MISSING), c.steps) for c in bytecode.chains(f.code)[0] if c.root == "global"]
         roots += [(v, ()) for v in (*f.args.values(), *f.containers) if id(v) not in own]
         if id(f.self_obj) in objects:
             roots += [(vars(c), ()) for c in type(f.self_obj).__mro__ if not reads.is_library(c)]

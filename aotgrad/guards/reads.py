@@ -4,7 +4,7 @@ chains (``SCALE``, ``self.fc.weight``, ``helpers.act``, ``cfg['lr']``) its
 bytecode loads.
 
 ``record()`` watches the trace with ``sys.setprofile`` (call events only);
-``chains(code)`` reads a code object's loads once and caches them. What the
+``bytecode.chains(code)`` reads a code object's loads once and caches them. What the
 chains resolve to, and the guards on it, is :mod:`aotgrad.guards.state`.
 It also copies the Python state the traced code could write (:mod:`.writes`), so
 a trace that assigned or changed state outliving the call (``self.calls += 1``,
@@ -14,8 +14,6 @@ not repeat it.
 from __future__ import annotations
 
 import contextlib
-import dis
-import functools
 import os
 import sys
 import sysconfig
@@ -27,6 +25,7 @@ import torch
 
 from .._torch import MODULE_CALL_CODES
 from . import attribution
+from .bytecode import _text, chains
 from .writes import Writes, held_dict
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -403,230 +402,6 @@ def attribute_reads(targets, subs=None, raw=None):
                 if not held:
                     del _WATCHES[id(obj)]
                     object.__setattr__(obj, "__class__", _BASE[type(obj)])
-
-
-# ---------------------------------------------------------------- bytecode
-
-@dataclass(frozen=True)
-class Chain:
-    root: str            # "global", "deref" (a free variable), "fast" (an argument)
-    name: str
-    steps: tuple         # ("attr", name) or ("item", constant), in load order
-    line: int | None
-
-
-@dataclass(frozen=True)
-class Store:
-    """An assignment to state that outlives the call (a global, a closure cell, an attribute of an argument)."""
-    target: str
-    line: int | None
-
-
-_ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
-_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
-# Methods that change a list, dict or set in place: ``HISTORY.append(x)`` writes to ``HISTORY``.
-_MUTATORS = frozenset(("attr", m) for m in (
-    "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add", "discard",
-    "sort", "reverse", "__setitem__", "__delitem__", "__iadd__", "__ior__", "difference_update",
-    "intersection_update", "symmetric_difference_update"))
-_cache: dict = {}      # a true cache: code objects are immutable, so their chains never change
-
-
-def chains(code) -> tuple:
-    """``(chains, stores)`` of one code object (cached)."""
-    hit = _cache.get(code)
-    if hit is None:
-        hit = _cache[code] = _scan(code)
-    return hit
-
-
-def _scan(code, instructions=None):
-    n_args = code.co_argcount + code.co_kwonlyargcount
-    args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
-    found, stores, cur, line, pending = [], [], None, None, None
-    ins_list = _normalized(dis.get_instructions(code) if instructions is None else instructions)
-    callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
-    skip = 0
-    for at, ins in enumerate(ins_list):
-        line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
-        if skip:
-            skip -= 1
-            continue
-        op = ins.opname
-        sup, skip = _super(cur, code, ins_list, at) if cur is not None else (None, 0)
-        if sup is not None:
-            cur = sup
-            continue
-        if callee is not None and cur is not None:
-            step, skip = _through(callee, ins_list, at)
-            if step is not None:        # ``type(x)``, ``vars(x)``, ``getattr(x, "k"[, d])``, ``hasattr(x, "k")``
-                cur, callee = Chain(cur.root, cur.name, cur.steps + (step,), cur.line), None
-                continue
-            if callee in ("getattr", "hasattr") and op not in _ATTR and not (
-                    op == "LOAD_CONST" and at + 1 < len(ins_list) and ins_list[at + 1].opname == "BINARY_SUBSCR"):
-                # a name computed at run time (``getattr(self, name)``): any attribute may be the one read
-                cur = Chain(cur.root, cur.name, cur.steps + (("any", None),), cur.line)
-                callee = None
-        if op not in _ATTR + ("LOAD_CONST", "BINARY_SUBSCR"):
-            callee = None
-        ended = _callee(cur)
-        if cur is not None and op in _ATTR:
-            cur = Chain(cur.root, cur.name, cur.steps + (("attr", ins.argval),), cur.line)
-            continue
-        if cur is not None and op == "LOAD_CONST" and isinstance(ins.argval, (str, int)):
-            step, skip = _method_read(cur, ins_list, at)
-            if step is not None:        # ``x.__getattribute__("k")``, ``x.__dict__.get("k"[, d])``
-                cur = Chain(cur.root, cur.name, cur.steps[:-1] + (step,), cur.line)
-                continue
-            pending = ins.argval
-            continue
-        if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
-            cur, pending = Chain(cur.root, cur.name, cur.steps + (("item", pending),), cur.line), None
-            continue
-        if op in ("STORE_ATTR", "DELETE_ATTR"):     # ``self.n += 1`` leaves no chain before its store
-            stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
-        if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
-            stores.append(Store(_text(cur) + "[...]", line))
-        if cur is not None:
-            cur = _ended(cur, op)
-            found.append(cur)
-            if cur.steps and cur.steps[-1] in _MUTATORS:
-                stores.append(Store(_text(cur), line))
-        cur, pending = None, None
-        root = _ROOTS.get(op)
-        if root == "deref" and ins.argval in args:
-            # An argument nested code closes over (``self`` read in a comprehension too) is a cell
-            # of this frame, loaded with LOAD_DEREF: still the argument.
-            root = "fast"
-        if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
-            root = None
-        if root is not None:
-            callee = ended if ended in _THROUGH else None    # the reading function loaded just before this chain
-            cur = Chain(root, ins.argval, (), line)
-        elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
-            stores.append(Store(ins.argval, line))
-    if cur is not None:
-        found.append(cur)
-    return tuple(dict.fromkeys(found)), tuple(stores)
-
-
-_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"), "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
-          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
-_SAME = {"LOAD_FAST_CHECK": "LOAD_FAST", "LOAD_FAST_BORROW": "LOAD_FAST"}
-
-
-def _normalized(instructions) -> list:
-    """Instructions as 3.11 spells them: newer Pythons' paired loads and stores
-    (``LOAD_FAST_LOAD_FAST (x, self)``, 3.13) are two instructions, and ``PUSH_NULL`` (which 3.13
-    puts between a called function and its arguments) is dropped."""
-    out = []
-    for ins in instructions:
-        if ins.opname == "PUSH_NULL":
-            continue
-        pair = _PAIRS.get(ins.opname)
-        if pair is not None and isinstance(ins.argval, tuple) and len(ins.argval) == 2:
-            out += [ins._replace(opname=op, argval=name) for op, name in zip(pair, ins.argval)]
-        else:
-            out.append(ins._replace(opname=_SAME[ins.opname]) if ins.opname in _SAME else ins)
-    return out
-
-
-def _super(cur, code, ins, at):
-    """``(chain, instructions to skip)`` where ``cur`` with ``ins[at:]`` is ``super().k``: ``k`` read in
-    every class of the first argument (3.11: a call of ``super``; 3.12: its own instruction)."""
-    if ins[at].opname == "LOAD_SUPER_ATTR" and cur.root == "fast" and not cur.steps:
-        return Chain(cur.root, cur.name, (("anyclass", ins[at].argval),), cur.line), 0
-    if cur.root == "global" and cur.name == "super" and not cur.steps and code.co_argcount:
-        end = _call_at(ins, at, 0)
-        if end is not False and end + 1 < len(ins) and ins[end + 1].opname in _ATTR:
-            return Chain("fast", code.co_varnames[0], (("anyclass", ins[end + 1].argval),), cur.line), end + 1 - at
-    return None, 0
-
-
-def _ended(cur, op) -> Chain:
-    """The chain ``cur`` as the instruction ``op`` ends it: iterated (``for v in self.it``: an iterator
-    is advanced), or ``x.__getattribute__(name)`` with a name computed at run time (a class's own,
-    ``object.__getattribute__``, is a library object where following stops at once)."""
-    if op == "GET_ITER":
-        return Chain(cur.root, cur.name, cur.steps + (("iter", None),), cur.line)
-    if cur.steps and cur.steps[-1] in _GETATTRS:
-        return Chain(cur.root, cur.name, cur.steps[:-1] + (("any", None),), cur.line)
-    return cur
-
-
-# Functions whose call with a chain as first argument reads on along it: ``type(x).k`` is
-# ``x.__class__.k``, ``vars(x)["k"]`` is ``x.__dict__["k"]``, ``getattr(x, "k")`` and ``hasattr(x, "k")`` read
-# ``x.k``, and so do ``object.__getattribute__(x, "k")``, ``nn.Module.__getattr__(x, "k")`` and
-# ``inspect.getattr_static(x, "k")`` (each a "getattr" here).
-_THROUGH = ("type", "vars", "getattr", "hasattr", "next")
-_GETATTRS = frozenset(("attr", n) for n in ("__getattribute__", "__getattr__", "getattr_static"))
-
-
-def _callee(chain) -> str | None:
-    """Which reading function of ``_THROUGH`` the chain just loaded is, if it is one."""
-    if chain is None:
-        return None
-    if chain.steps:
-        return "getattr" if chain.steps[-1] in _GETATTRS else None
-    return ("getattr" if chain.name == "getattr_static" else chain.name) if chain.root == "global" else None
-
-
-def _method_read(chain, ins, at):
-    """``(step, instructions to skip)`` where the chain's last step is a method that reads an entry named
-    by the constant at ``ins[at]`` and is called with it: ``x.__getattribute__("k")`` reads ``x.k``,
-    ``d.get("k"[, default])`` reads ``d["k"]`` where ``d`` is a dict (a "get" step)."""
-    last = chain.steps[-1] if chain.steps else None
-    if last in _GETATTRS and isinstance(ins[at].argval, str):
-        end = _call_at(ins, at + 1, 1)
-        return (("attr", ins[at].argval), end - at) if end is not False else (None, 0)
-    if last == ("attr", "get"):
-        end = _call_at(ins, at + 1, 1)
-        if end is False and at + 1 < len(ins) and ins[at + 1].opname == "LOAD_CONST":
-            end = _call_at(ins, at + 2, 2)
-        return (("get", ins[at].argval), end - at) if end is not False else (None, 0)
-    return None, 0
-
-
-def _call_at(ins, k, n):
-    """The index of the call of ``n`` arguments that ``ins[k:]`` is (3.11: PRECALL first), else False."""
-    if k < len(ins) and ins[k].opname == "PRECALL":
-        k += 1
-    return k < len(ins) and ins[k].opname == "CALL" and ins[k].argval == n and k
-
-
-def _through(callee, ins, at):
-    """``(step, instructions to skip after this one)`` where ``ins[at:]`` ends the call of ``callee``
-    whose first argument was just loaded, else ``(None, 0)``."""
-    call = functools.partial(_call_at, ins)
-    if callee == "next":        # ``next(x)``, ``next(x, default)``: x advanced
-        end = call(at, 1)
-        if end is False and ins[at].opname == "LOAD_CONST":
-            end = call(at + 1, 2)
-        return (("next", None), end - at) if end is not False else (None, 0)
-    if callee in ("type", "vars"):
-        end = call(at, 1)
-        return ((("attr", "__class__" if callee == "type" else "__dict__"), end - at) if end is not False
-                else (None, 0))
-    if ins[at].opname != "LOAD_CONST" or not isinstance(ins[at].argval, str):
-        return None, 0
-    end = call(at + 1, 2)
-    if end is False and callee == "getattr" and at + 1 < len(ins) and ins[at + 1].opname == "LOAD_CONST":
-        end = call(at + 2, 3)   # with a constant default
-    return (("attr", ins[at].argval), end - at) if end is not False else (None, 0)
-
-
-def _text(chain: Chain) -> str:
-    return chain.name + "".join(f".{s}" if k == "attr" else f"[{s!r}]" for k, s in chain.steps
-                                if k not in ("next", "iter"))
-
-
-def attr_names(codes) -> set:
-    """Every attribute name the given code objects load (for objects reached by value)."""
-    names: set = set()
-    for code in codes:
-        for c in chains(code)[0]:
-            names.update(s for k, s in c.steps if k == "attr")
-    return names
 
 
 def store_line(rec: Recording, key) -> str | None:

@@ -22,7 +22,8 @@ import types
 import torch
 
 from .. import errors
-from .reads import LIBRARY, MODULE_CALL, USER, attr_names, chains, is_library
+from .bytecode import attr_names, chains
+from .reads import LIBRARY, MODULE_CALL, USER, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 

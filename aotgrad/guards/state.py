@@ -34,7 +34,8 @@ import torch
 from .. import errors
 from ..generated import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
-from .reads import MODULE_CALL, USER, attr_names, chains, is_library
+from .bytecode import attr_names, chains
+from .reads import MODULE_CALL, USER, is_library
 
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()

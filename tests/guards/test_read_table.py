@@ -19,7 +19,7 @@ import torch
 
 import aotgrad
 from aotgrad import errors
-from aotgrad.guards import reads
+from aotgrad.guards import bytecode
 
 # kind: (read expression, where ``{s}`` is the object holding the attributes; the change; the name
 # the messages must show)
@@ -190,5 +190,5 @@ def test_reads_are_found_in_newer_pythons_instructions():
         i = next(i for i, x in enumerate(ins) if x.opname == "LOAD_FAST" and x.argval == "self")
         return ins[:i] + [ins[i]._replace(opname="PUSH_NULL", argval=None)] + ins[i:]
     for fn, edit in ((product, paired), (static, null_first)):
-        found, _ = reads._scan(fn.__code__, _spelled_as_313(fn.__code__, edit))
+        found, _ = bytecode._scan(fn.__code__, _spelled_as_313(fn.__code__, edit))
         assert any(c.name == "self" and c.steps == (("attr", "k"),) for c in found), (fn.__name__, found)
