@@ -26,7 +26,7 @@ def recorded(fn, trace, leaves, name):
     """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace that
     read a global another thread changed meanwhile runs again (its graph may hold either value)."""
     for _ in range(_ATTEMPTS):
-        captured, rec = _recorded_once(fn, trace)
+        captured, rec = _recorded_once(fn, trace, leaves)
         reads_ = resolve.assumed(fn, leaves, name, rec)
         raced = rec.raced(reads_)
         if raced is None:
@@ -37,11 +37,15 @@ def recorded(fn, trace, leaves, name):
         "make the first call before starting the thread that changes it", user_line=None)
 
 
-def _recorded_once(fn, trace):
+def _recorded_once(fn, trace, leaves):
     rec, written = None, None       # undone once, whichever way the trace ends
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
         with reads.record(fn) as rec, COMPILED_AUTOGRAD_OFF():
+            # The objects the call was given (a KV cache): whoever writes them, a library's code
+            # included, changes the caller's state, which the compiled graph would not change again.
+            for i, v in enumerate(leaves):
+                rec.writes.given(v, f"argument {i}")
             captured = trace()
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []

@@ -143,6 +143,27 @@ class Writes:
         if isinstance(v, _CONTAINERS) and id(v) not in self.snaps:
             self.snaps[id(v)] = Snap(v, v.copy(), name, "argument")
 
+    def given(self, v, source, depth: int = 0) -> None:
+        """Copy an object the traced function was given (a non-tensor argument leaf: HF's
+        ``DynamicCache``) and what it holds, library objects included: their code is not
+        watched (``value`` stops at them), but a write to them is a write to the caller's."""
+        if depth > 3 or len(self.snaps) > 4096 or v is None or type(v) in VALUE_TYPES or isinstance(
+                v, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType,
+                    types.BuiltinFunctionType, types.MethodType, types.CodeType)):
+            return
+        if isinstance(v, (list, dict)):
+            if id(v) not in self.snaps:
+                self.snaps[id(v)] = Snap(v, v.copy(), source, "argument")
+                for x in list(v.values() if isinstance(v, dict) else v):
+                    self.given(x, source, depth + 1)
+            return
+        d = _own_dict(v)
+        if d is None or id(d) in self.snaps or id(v) in self.built:
+            return
+        self.snaps[id(d)] = Snap(d, dict(d), v, "attrs")
+        for x in list(d.values()):
+            self.given(x, source, depth + 1)
+
     def known(self, obj) -> bool:
         return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps
 
@@ -203,7 +224,7 @@ class Writes:
                          "tracing (eager's first call caches a real one); call it once eagerly with these "
                          "arguments before compiling, so the trace reads the cached tensor", source))
         for s in self.snaps.values():
-            done += _UNDO[s.kind](s, self.snaps if s.kind in ("items", "argument") else self.is_library)
+            done += _UNDO[s.kind](s, (self.snaps, self.built) if s.kind in ("items", "argument") else self.is_library)
         return done + _undo_generators(self.generators, watch)
 
 
@@ -408,8 +429,9 @@ def _undo_class(s, is_library):
     return done
 
 
-def _undo_items(s, snaps):
-    if not _changed(s) or s.kind == "items" and not _outlives(s, snaps):
+def _undo_items(s, held):
+    snaps, built = held
+    if not _changed(s) or s.kind == "items" and not _outlives(s, snaps, built):
         return []
     obj, before = s.obj, s.before
     if isinstance(obj, (dict, set)):
@@ -447,12 +469,18 @@ def _refs(snap) -> int:
 _BASE = _refs(Snap([], None, None, "items"))       # what the recording's own Snap and this call hold
 
 
-def _outlives(snap, snaps) -> bool:
+def _outlives(snap, snaps, built=frozenset()) -> bool:
     """Whether something besides the recording holds a changed container: one only the call's own
-    frames held (a local list given to a helper) went with them. Copies of other containers hold it
-    too; those references are not the user's."""
+    frames held (a local list given to a helper) went with them, and so did one only objects the
+    call built hold (a cache made in the forward: its ``is_updated`` dict). Copies of other
+    containers hold it too; those references are not the user's."""
     ours = sum(_count(o.before, snap.obj) for o in snaps.values() if o.kind in ("items", "attrs", "class"))
-    return _refs(snap) - ours > _BASE
+    extra = _refs(snap) - ours - _BASE
+    if extra <= 0:
+        return False
+    owners = [r for r in gc.get_referrers(snap.obj) if type(r) is dict]
+    return extra > sum(1 for d in owners for o in gc.get_referrers(d)
+                       if id(o) in built and _own_dict(o) is d for v in d.values() if v is snap.obj)
 
 
 def _count(before, obj) -> int:

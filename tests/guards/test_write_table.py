@@ -203,6 +203,56 @@ def test_a_list_the_caller_passes_in_is_lasting_state():
     assert log == []
 
 
+class _Layer:      # a library-like cache layer: library code's writes are not watched line by line
+    def __init__(self):
+        self.keys, self.seen = None, 0
+
+
+class _Cache:
+    def __init__(self, n):
+        self.layers = [_Layer() for _ in range(n)]
+
+    def update(self, k, layer_idx):
+        layer = self.layers[layer_idx]
+        layer.keys = k if layer.keys is None else torch.cat([layer.keys, k])
+        layer.seen += k.shape[0]
+        return layer.keys
+
+
+class _Attend(torch.nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.fc, self.layer_idx = torch.nn.Linear(4, 4), i
+
+    def forward(self, x, cache):
+        return x + cache.update(self.fc(x), self.layer_idx).sum(0)
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Attend(i) for i in range(3)])
+
+    def forward(self, x, cache):
+        for b in self.blocks:
+            x = b(x, cache)
+        return x
+
+
+@pytest.mark.parametrize("entry", ["capture", "capture_flat", "jit"])
+def test_an_object_the_caller_passes_in_is_lasting_state_whoever_writes_it(entry):
+    # A KV cache given by the caller (HF's past_key_values): its layers' writes are the caller's
+    # state whether user or library code makes them, and block reuse replays a template's updates
+    # on it; refused and undone either way (the graph would not update it again).
+    model, cache, x = _Stack(), _Cache(3), torch.randn(2, 4)
+    with pytest.raises(errors.UnsupportedError, match="`(keys|seen)` of _Layer"):
+        if entry == "jit":
+            aotgrad.jit(model)(x, cache)
+        else:
+            aotgrad.capture(model, x, cache, reuse_blocks=entry == "capture")
+    assert all(layer.keys is None and layer.seen == 0 for layer in cache.layers)
+
+
 def test_a_generator_the_code_advances_is_refused():
     """A generator started before the call: advancing it is a write no graph repeats (and cannot be
     put back: the refusal names it)."""
