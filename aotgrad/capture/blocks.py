@@ -49,7 +49,7 @@ from ..guards.resolve import locate, read_at
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
-from . import block_graph, per_call
+from . import block_graph, caches, per_call
 from .block_groups import Member, find_groups, hooked
 from ..ir.records import layout
 from ..runtime.call import bits
@@ -75,7 +75,7 @@ class Traced:
     template: block_graph.Template
     owner: torch.nn.Module
     frames: tuple       # (Frame, self path or None, {arg name: path})
-    effects: tuple = ()     # per_call.Effect of each cache update; their tensors end the outputs
+    effects: tuple = ()     # caches.Update/Ask/SetItem of its cache arguments, in order; updates' tensors end the outputs
 
 
 @dataclass(frozen=True)
@@ -138,17 +138,20 @@ class Reuse:
             e, hit = _Entry((), None, self.refused[origin]), None
         if hit is None:
             return self._flat(module, e.why, args, kwargs)
-        layers = per_call.layers_for(hit.effects, call.leaves, m.values) if hit.effects else ()
-        if layers is None:
-            return self._flat(module, "the cache layer it updates is not as its template's was", args, kwargs)
+        n = hit.template.out_spec.num_leaves
+        with reads.paused():        # the cache's methods run on copies: not the program's reads
+            steps = caches.bind(hit.effects, call.leaves, m.values) if hit.effects else ()
+        if steps is None:
+            return self._flat(module, "its cache is not as its template's was (a layer, or an answer it got)",
+                              args, kwargs)
         self.calls += 1
         self.whole += not m.inner
         with reads.paused():        # our Function and kernel: no user code runs in them
             if module is not hit.owner and self.recording is not None:
                 _replay_reads(self.recording, hit.frames, m.paths)
-            outs = _with_views(block_graph.apply(hit.template, [*state, *call.tensors], origin), hit.template.views)
-            n = hit.template.out_spec.num_leaves
-            per_call.replay(hit.effects, layers, outs[n:])
+            ins = [*state, *call.tensors]
+            outs = _with_views(block_graph.apply(hit.template, ins, origin), hit.template.views, ins)
+            caches.replay(steps, call.leaves, outs[n:])
         return pytree.tree_unflatten(outs[:n], hit.template.out_spec)
 
     def _flat(self, module, why: str, args, kwargs):
@@ -189,7 +192,7 @@ class Reuse:
         if e is None:
             e = self._trace_with(module, m, state, call, {}, [])
         if e is None:
-            return _Entry.of(m, range(len(m.varying)), why="it uses its cache argument other than by update(..., layer_idx)")
+            return _Entry.of(m, range(len(m.varying)), why="it uses its cache argument other than by update(..., layer_idx) or a question of it")
         if e.traced is None:
             return e
         where = {id(sub): path for path, sub in m.paths.items()}
@@ -308,15 +311,15 @@ class _Call:
                                       for i, (x, t) in enumerate(zip(self.leaves, self.is_tensor))], self.spec)
 
     def caches(self) -> tuple:
-        """Positions of the leaves that are caches a template can take (``per_call.cache_key``)."""
+        """Positions of the leaves that are caches a template can take (``caches.cache_key``)."""
         return tuple(i for i, (x, t) in enumerate(zip(self.leaves, self.is_tensor))
-                     if not t and type(x) not in _CONSTANT and per_call.cache_key(x) is not None)
+                     if not t and type(x) not in _CONSTANT and caches.cache_key(x) is not None)
 
     def constants(self):
         """The other leaves by type and value (a cache by its class and plain state), or None when
         one is neither a plain constant nor such a cache."""
         rest = [x for x, t in zip(self.leaves, self.is_tensor) if not t]
-        keys = tuple((type(x), bits(x)) if type(x) in _CONSTANT else per_call.cache_key(x) for x in rest)
+        keys = tuple((type(x), bits(x)) if type(x) in _CONSTANT else caches.cache_key(x) for x in rest)
         return None if None in keys else keys
 
 
@@ -329,7 +332,7 @@ def _call_key(m: Member, state, call: _Call):
     unseen = direct.unseen if direct is not None else {}
     if constants is None:
         odd = next(x for x, t in zip(call.leaves, call.is_tensor)
-                   if not t and type(x) not in _CONSTANT and per_call.cache_key(x) is None)
+                   if not t and type(x) not in _CONSTANT and caches.cache_key(x) is None)
         hint = " (HF models: config.use_cache=False to train)" if type(odd).__name__.endswith("Cache") else ""
         raise _Flat(f"an argument is a {type(odd).__name__}, neither a tensor nor a plain constant{hint}")
     if not all(isinstance(t, FunctionalTensor) or id(t) in unseen for t in ins):
@@ -391,7 +394,7 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     def block_fn(*flat):
         effects.clear()
         outs: list = []     # the tensors the cache updates set, in order: extra outputs
-        swap = {i: per_call.CacheStandIn(call.leaves[i], i, log, effects, outs) for i in call.caches()}
+        swap = caches.stand_ins(call.leaves, call.caches(), log, effects, outs)
         args, kwargs = call.rebuild(flat[n:], swap)
         before = pytree.tree_leaves((args, kwargs))
         with holding(m.homes, flat[:n]):
@@ -410,9 +413,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     # An output may be a view of the block's own intermediate (``nn.Linear`` on a 3-d input ends in
     # a view of its matmul): the template returns the base, and each call makes the view again.
     if analysis.mutated() or any(i.mutates_metadata for i in analysis.inputs) or any(
-            o.kind not in ("plain", "intermediate_view") or o.kind == "plain" and o.is_view
-            or (o.is_leaf and o.requires_grad) for o in analysis.outputs):
-        raise _Flat("it writes an input or returns one")
+            o.kind not in ("plain", "intermediate_view", "input", "constant") or o.kind == "plain" and o.is_view
+            or (o.is_leaf and o.requires_grad and o.kind != "input") for o in analysis.outputs):
+        raise _Flat("it writes an input or returns a view of one")
     lay = layout(analysis)
     # The metadata pass ran the block's Python under the read recording already; watching the
     # joint trace (make_fx's Python too) would about double its cost for nothing.
@@ -442,14 +445,18 @@ def _plain_constant(t) -> bool:
     return type(t) is torch.Tensor and not t.requires_grad
 
 
-def _with_views(values: list, views: tuple) -> list:
+def _with_views(values: list, views: tuple, ins: list) -> list:
     """The block's outputs from the template's forward values: the plain outputs, then the bases
-    the views among them (``views``: each output's ``OutputInfo``, None for a plain one) are made of."""
+    the views among them (``views``: each output's ``OutputInfo``, None for a plain one) are made of;
+    an output that is one of the block's inputs (``ins``: T5's attention returns the position bias
+    it was given) is this call's own, a number it returns the template's (what made it was read
+    by the template's key, its stands and questions)."""
     if not views:
         return values
     n_plain = sum(v is None for v in views)
     plain = iter(values[:n_plain])
-    return [next(plain) if v is None else as_view(values[n_plain + v.index], v, None) for v in views]
+    return [next(plain) if v is None else ins[v.index] if v.kind == "input" else v.value if v.kind == "constant"
+            else as_view(values[n_plain + v.index], v, None) for v in views]
 
 
 def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:

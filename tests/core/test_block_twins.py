@@ -45,15 +45,21 @@ REUSED = {
     "blocks_marked_leaf_writes_a_buffer": 0, "blocks_marked_leaf_dropout": 3, "blocks_marked_leaves_tie_a_weight": 2,
     "blocks_marked_leaf_scales_differ": 2, "blocks_marked_leaf_one_in_eval_one_under_no_grad": 3,
     "blocks_marked_leaf_checkpointed": 2, "blocks_marked_torch_layernorms": 2,
-    # layer_idx passed to a cache's update: one template for every layer; any other use of it (or of
-    # the cache) makes block 0's template its own, and the others run flat
+    # layer_idx passed to a cache's update: one template for every layer; any other use of it makes
+    # block 0's template its own, and the others run flat. A question asked of the cache (seen()) is
+    # asked again of each call's: the same answer, the same template
     "blocks_cache_layer_index_update": 3, "blocks_cache_read_after_squares": 3,
     "blocks_cache_read_after_sums": 0,         # their gradients are expanded: each call runs flat
     "blocks_cache_input_without_grad": 3,
     **{f"blocks_cache_layer_index_{how}": 1 for how in ("scaled", "listed", "named", "caught", "vars")},
-    "blocks_cache_layer_index_seen": 0, "blocks_cache_layer_index_twice": 0,
+    "blocks_cache_layer_index_seen": 3, "blocks_cache_layer_index_twice": 0,
     "blocks_cache_one_layer_for_all": 0,        # the second call finds layer 0 full (and the first one's keys get a sliced gradient)
     "blocks_cache_given_full": 0,
+    # an encoder-decoder cache: questions (get_seq_length, is_updated.get) asked again of each call's
+    # cache, a flag set per call, the bias given returned as it is, a number returned
+    "blocks_cache_encoder_decoder": 3, "blocks_cache_encoder_decoder_asked_after": 3,
+    "blocks_cache_encoder_decoder_flagged": 0,      # the layers read the cross cache's keys: flat
+    "blocks_cache_passed_twice": 0,
     "blocks_hook_registered_in_the_forward": 2,     # the hooked block runs flat, with its hook
 }
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.capture import per_call
+from aotgrad.capture import caches, per_call
 from aotgrad.guards import reads
 from tests.differential import p_blocks as P
 from tests.eager_check import check
@@ -65,22 +65,35 @@ def test_a_substituted_attribute_is_read_by_the_watching_thread_alone():
     assert m.layer_idx == 3 and type(m) is torch.nn.Linear
 
 
-def test_the_cache_stand_in_lets_only_update_by_index_through():
-    cache, log = P.KVCache(2), []
-    stand_in = per_call.CacheStandIn(cache, 0, log, [], [])
-    assert isinstance(stand_in, P.KVCache)
-    for use in (lambda c: c.layers, lambda c: c.seen(), lambda c: c.offloading, lambda c: vars(c),
-                len, bool, list, lambda c: c == c):
+def test_the_cache_stand_in_lets_only_updates_and_questions_through():
+    cache, log, record = P.KVCache(2), [], []
+    stand_in = caches.stand_ins((cache,), (0,), log, record, [])[0]
+    assert isinstance(stand_in, P.KVCache) and stand_in.offloading is False     # a plain attribute: keyed
+    for use in (lambda c: c.layers, lambda c: vars(c), len, bool, list, lambda c: c == c):
         with pytest.raises(per_call.Escaped):
             use(stand_in)
+    assert stand_in.seen() == 0         # a question: asked again of each call's cache
     k = torch.ones(1, 2, 2)
     stand_in.update(k, k, 1)
     with pytest.raises(per_call.Escaped):       # the same layer twice: the second finds it full
         stand_in.update(k, k, 1)
+    assert [type(r).__name__ for r in record] == ["Ask", "Update"]
     assert not cache.layers[1].is_initialized     # the real cache is untouched
     cache.layers[0].update(k, k)
     with pytest.raises(per_call.Escaped):       # a layer that holds tensors: no template stands for it
-        per_call.CacheStandIn(cache, 0, [], [], []).update(k, k, 0)
+        caches.stand_ins((cache,), (0,), [], [], [])[0].update(k, k, 0)
+    with pytest.raises(per_call.Escaped):       # a question that computes with a tensor
+        caches.stand_ins((cache,), (0,), [], [], [])[0].total()
+
+
+def test_a_question_is_asked_again_of_each_calls_cache():
+    fresh, full = P.KVCache(2), P.KVCache(2)
+    k = torch.ones(1, 3, 2)
+    full.layers[0].update(k, k)
+    record: list = []
+    caches.stand_ins((fresh,), (0,), [], record, [])[0].seen()
+    assert caches.bind(tuple(record), (fresh,), ()) == []
+    assert caches.bind(tuple(record), (full,), ()) is None     # seen() answers 3 there, not 0
 
 
 class Peeking(P.CachedAttention):

@@ -690,6 +690,9 @@ class KVCache:
     def seen(self):
         return self.layers[0].keys.shape[-2] if self.layers[0].is_initialized else 0
 
+    def total(self):
+        return self.layers[0].keys.sum()
+
 
 SCALES = [1.0, 0.5, 0.25, 0.125]
 
@@ -783,6 +786,120 @@ def _(n=4):
 @program("blocks_cache_input_without_grad", G, must_match=True)
 def _(n=4):
     return fn(_cached(), r(2, n, 4))
+
+
+# ------------------------------------------ an encoder-decoder cache: questions, flags, pass-through outputs
+
+class EncDecCache:
+    """As HF's ``EncoderDecoderCache``: a self-attention and a cross-attention cache, ``is_updated``
+    flags by layer; ``get_seq_length`` answers for the self-attention cache."""
+
+    def __init__(self, n):
+        self.self_attention_cache, self.cross_attention_cache = KVCache(n), KVCache(n)
+        self.is_updated = {i: False for i in range(n)}
+
+    def get_seq_length(self, layer_idx=0):
+        layer = self.self_attention_cache.layers[layer_idx]
+        return layer.keys.shape[-2] if layer.is_initialized else 0
+
+    def held(self):
+        return [(c.layers[i].keys, c.layers[i].values) for c in (self.self_attention_cache, self.cross_attention_cache)
+                for i in range(len(c.layers)) if c.layers[i].is_initialized]
+
+
+class DecoderLayer(nn.Module):
+    """Self-attention over its cache layer, cross-attention over the encoder's states (through the
+    cross cache, updated once and flagged), returning the bias it was given and a number. ``how``:
+    ``asked_after`` asks the sequence length after its own update (the answer depends on it)."""
+
+    def __init__(self, idx, how="", d=4):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.ck, self.cv = nn.Linear(d, d), nn.Linear(d, d)
+        self.layer_idx, self.how = idx, how
+
+    def forward(self, x, enc, bias, cache=None):
+        seen = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if cache is not None:
+            k, v = cache.self_attention_cache.update(k, v, self.layer_idx)
+        y = torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+        if self.how == "asked_after":
+            seen = seen + cache.get_seq_length(self.layer_idx)
+        updated = cache.is_updated.get(self.layer_idx) if cache is not None else False
+        if updated:
+            ck, cv = cache.cross_attention_cache.layers[self.layer_idx].keys, cache.cross_attention_cache.layers[self.layer_idx].values
+        else:
+            ck = self.ck(enc)       # enc used once: no sum of its gradients inside the block
+            cv = self.cv(ck)
+            if cache is not None:
+                ck, cv = cache.cross_attention_cache.update(ck, cv, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+        y = y + torch.softmax(y @ ck.transpose(-1, -2), -1) @ cv * (1 + seen)
+        return x + y, bias, x.shape[-1]
+
+
+class Decoder(nn.Module):
+    """A fresh cache each forward, or ``given`` one; the loss reads the flags and the cache's tensors."""
+
+    def __init__(self, n=3, how="", given=None):
+        super().__init__()
+        self.blocks = nn.ModuleList([DecoderLayer(i, how) for i in range(n)])
+        self.given = given
+
+    def forward(self, x, enc):
+        cache = self.given() if self.given is not None else EncDecCache(len(self.blocks))
+        bias = torch.zeros(x.shape[-2], 1)
+        width = 0
+        for b in self.blocks:
+            x, bias, width = b(x, enc, bias, cache)
+        flags = sum(cache.is_updated.values())
+        return x * flags * width + sum(k.pow(2).sum() + v.mean() for k, v in cache.held())
+
+
+for _how in ("", "asked_after"):
+    @program(f"blocks_cache_encoder_decoder{'_' + _how if _how else ''}", G, must_match=True)
+    def _(n=4, how=_how):
+        return fn(Decoder(how=how), r(2, n, 4, rg=True), r(2, 3, 4, rg=True))
+
+
+@program("blocks_cache_encoder_decoder_flagged", G, must_match=True)
+def _(n=4):
+    # Every cross-attention layer already updated and flagged (generation): the layers read its keys.
+    def flagged():
+        c = EncDecCache(3)
+        for i in range(3):
+            c.cross_attention_cache.update(torch.ones(2, 3, 4), torch.ones(2, 3, 4), i)
+            c.is_updated[i] = True
+        return c
+    return fn(Decoder(given=flagged), r(2, n, 4, rg=True), r(2, 3, 4, rg=True))
+
+
+class TwiceGiven(nn.Module):
+    """One cache passed to each block twice (two arguments naming one object)."""
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = nn.ModuleList([TwoCaches(i) for i in range(n)])
+
+    def forward(self, x):
+        cache = KVCache(len(self.blocks))
+        for b in self.blocks:
+            x = b(x, cache, cache)
+        return x + sum(layer.keys.sum() for layer in cache.layers if layer.is_initialized)
+
+
+class TwoCaches(CachedAttention):
+    def forward(self, x, cache=None, other=None):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        k, v = cache.update(k, v, self.layer_idx)
+        y = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        return x + y * (1 + other.seen())
+
+
+@program("blocks_cache_passed_twice", G, must_match=True)
+def _(n=4):
+    return fn(TwiceGiven(), r(2, n, 4, rg=True))
 
 
 @program("blocks_hook_registered_in_the_forward", G, must_match=True)
