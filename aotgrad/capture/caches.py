@@ -47,7 +47,7 @@ def _value_key(v):
     return (type, id(v)) if isinstance(v, type) else (type(v), bits(v))
 
 
-def _fingerprint(obj, skip=()) -> tuple | None:
+def _fingerprint(obj) -> tuple | None:
     """An object's own attributes by name, type and value when all are plain (None, numbers,
     strings, dtypes, devices, classes: compared by identity), else None."""
     d = getattr(obj, "__dict__", None)
@@ -55,8 +55,6 @@ def _fingerprint(obj, skip=()) -> tuple | None:
         return None
     out = []
     for k, v in d.items():
-        if k in skip:
-            continue
         if not _plain(v):
             return None
         out.append((k, *_value_key(v)))
@@ -237,14 +235,9 @@ class CacheStandIn:
     def __init__(self, trace: "_Traced", path: tuple):
         object.__setattr__(self, "_state", (trace, path))
 
-    @property
-    def __class__(self):
-        trace, path = object.__getattribute__(self, "_state")
-        return type(trace.tree.copies[path])
-
     def __getattribute__(self, name):
         trace, path = object.__getattribute__(self, "_state")
-        if name == "__class__":
+        if name == "__class__":         # isinstance(x, DynamicCache) asks for it here
             return type(trace.tree.copies[path])
         obj = trace.tree.copies[path]
         d = vars(obj)
@@ -403,7 +396,7 @@ def bind(record: tuple, leaves: tuple, values: tuple) -> list | None:
     ``values``), the template's extra outputs as fakes of theirs: the steps to :func:`replay`,
     or None when a layer is not as the template's was or a question gets another answer."""
     trees: dict = {}
-    mode = detect_fake_mode() or FakeTensorMode()
+    mode = None
     steps = []
     if len({id(leaves[r.leaf]) for r in record}) < len({r.leaf for r in record}):
         return None     # one cache passed twice: its copies would be two
@@ -434,6 +427,7 @@ def bind(record: tuple, leaves: tuple, values: tuple) -> list | None:
         layer = layers[n]
         if type(layer) is not r.kind or _fingerprint(layer) != r.before:
             return None
+        mode = mode or detect_fake_mode() or FakeTensorMode()
         for k, (kind, v, *meta) in r.sets:
             setattr(layer, k, fresh_fakes(mode, meta)[0] if kind == "out" else v)
         steps.append((r, n))

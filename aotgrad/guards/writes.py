@@ -152,16 +152,17 @@ class Writes:
                     types.BuiltinFunctionType, types.MethodType, types.CodeType)):
             return
         if isinstance(v, (list, dict)):
-            if id(v) not in self.snaps:
-                self.snaps[id(v)] = Snap(v, v.copy(), source, "argument")
-                for x in list(v.values() if isinstance(v, dict) else v):
-                    self.given(x, source, depth + 1)
-            return
-        d = _own_dict(v)
-        if d is None or id(d) in self.snaps or id(v) in self.built:
-            return
-        self.snaps[id(d)] = Snap(d, dict(d), v, "attrs")
-        for x in list(d.values()):
+            if id(v) in self.snaps:
+                return
+            self.argument(v, source)
+            held = v.values() if isinstance(v, dict) else v
+        else:
+            d = _own_dict(v)
+            if d is None or id(d) in self.snaps or id(v) in self.built:
+                return
+            self.attrs(v)
+            held = d.values()
+        for x in list(held):
             self.given(x, source, depth + 1)
 
     def known(self, obj) -> bool:
@@ -478,9 +479,11 @@ def _outlives(snap, snaps, built=frozenset()) -> bool:
     extra = _refs(snap) - ours - _BASE
     if extra <= 0:
         return False
-    owners = [r for r in gc.get_referrers(snap.obj) if type(r) is dict]
-    return extra > sum(1 for d in owners for o in gc.get_referrers(d)
-                       if id(o) in built and _own_dict(o) is d for v in d.values() if v is snap.obj)
+    built_held = 0      # references from the __dict__ of an object the call built
+    for d in gc.get_referrers(snap.obj):
+        if type(d) is dict and any(id(o) in built and _own_dict(o) is d for o in gc.get_referrers(d)):
+            built_held += sum(1 for v in d.values() if v is snap.obj)
+    return extra > built_held
 
 
 def _count(before, obj) -> int:
