@@ -16,7 +16,7 @@ from ..inputs.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads
 from ..guards import state as state_guards
-from ..guards.recorded import call_leaves, recorded
+from ..guards.recorded import call_leaves, leaf_names, recorded
 from ..inputs.jit_options import root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
@@ -55,7 +55,7 @@ def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, 
     with GC_PAUSED():
         captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
                                                               reuse_blocks=reuse_blocks),
-                                     call_leaves(args, kwargs), root_name(fn, depth=1))
+                                     call_leaves(args, kwargs), root_name(fn, depth=1), leaf_names(args, kwargs))
         # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
         # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
         return replace(captured, state=state_guards.build(assumed))

@@ -30,7 +30,7 @@ from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..store import disk
-from ..guards.recorded import call_leaves, recorded
+from ..guards.recorded import call_leaves, leaf_names, recorded
 from ..guards.reads import watch_again
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
@@ -182,7 +182,7 @@ class Jit:
 
     def _capture(self, args, kwargs, leaves):
         """Capture while recording the Python state the trace reads (``guards.recorded``)."""
-        return recorded(self.fn, lambda: self._trace(args, kwargs), leaves, self.name)
+        return recorded(self.fn, lambda: self._trace(args, kwargs), leaves, self.name, leaf_names(args, kwargs))
 
     def _trace(self, args, kwargs):
         """Capture with the dimensions automatic dynamic made symbolic; where PyTorch cannot trace

@@ -19,14 +19,24 @@ def call_leaves(args, kwargs) -> list:
     return [None if isinstance(v, torch.Tensor) else v for v in pytree.tree_leaves((tuple(args), dict(kwargs)))]
 
 
+def leaf_names(args, kwargs) -> list:
+    """How messages name each of :func:`call_leaves`: the parameter a keyword argument was passed
+    as (``past_key_values``) or ``argument 1``, with the path inside it (``config['heads']``)."""
+    names = []
+    for (top, first, *rest), _ in pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
+        head = f"argument {first.idx}" if top.idx == 0 else str(first.key)
+        names.append(head + pytree.keystr(tuple(rest)))
+    return names
+
+
 _ATTEMPTS = 3
 
 
-def recorded(fn, trace, leaves, name):
+def recorded(fn, trace, leaves, name, names=()):
     """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace that
     read a global another thread changed meanwhile runs again (its graph may hold either value)."""
     for _ in range(_ATTEMPTS):
-        captured, rec = _recorded_once(fn, trace, leaves)
+        captured, rec = _recorded_once(fn, trace, leaves, names)
         reads_ = resolve.assumed(fn, leaves, name, rec)
         raced = rec.raced(reads_)
         if raced is None:
@@ -37,7 +47,7 @@ def recorded(fn, trace, leaves, name):
         "make the first call before starting the thread that changes it", user_line=None)
 
 
-def _recorded_once(fn, trace, leaves):
+def _recorded_once(fn, trace, leaves, names):
     rec, written = None, None       # undone once, whichever way the trace ends
     try:
         # Inside a compiled_autograd block, the joint trace's autograd.grad is traced, not captured.
@@ -45,7 +55,7 @@ def _recorded_once(fn, trace, leaves):
             # The objects the call was given (a KV cache): whoever writes them, a library's code
             # included, changes the caller's state, which the compiled graph would not change again.
             for i, v in enumerate(leaves):
-                rec.writes.given(v, f"argument {i}")
+                rec.writes.given(v, names[i] if i < len(names) else f"argument {i}")
             captured = trace()
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []

@@ -155,15 +155,15 @@ class Writes:
             if id(v) in self.snaps:
                 return
             self.argument(v, source)
-            held = v.values() if isinstance(v, dict) else v
+            held = [(f"{source}[{k!r}]", x) for k, x in (v.items() if isinstance(v, dict) else enumerate(v))]
         else:
             d = _own_dict(v)
             if d is None or id(d) in self.snaps or id(v) in self.built:
                 return
             self.attrs(v)
-            held = d.values()
-        for x in list(held):
-            self.given(x, source, depth + 1)
+            held = [(f"{source}.{k}", x) for k, x in d.items()]
+        for name, x in held:
+            self.given(x, name, depth + 1)
 
     def known(self, obj) -> bool:
         return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps

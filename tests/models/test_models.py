@@ -104,3 +104,22 @@ def test_a_reused_decoder_leaves_eagers_kv_cache(model):
     make, _ = zoo.MODELS[model]
     module, args = make()
     check(ReadsCache(module), args, calls=2)      # eager's loss, gradients and RNG, twice
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_kv_cache_passed_in_is_refused_by_name_and_left_as_it_was(entry):
+    # HF's DynamicCache as past_key_values: library code fills it (not watched frame by frame); the
+    # compiled graph would never fill it again, so the capture is refused naming the argument's path
+    # and the caller's cache stays empty.
+    import torch
+    from transformers import DynamicCache
+    make, _ = zoo.MODELS["gpt2"]
+    wrapped, (ids, _) = make()
+    module, cache = wrapped.model.eval(), DynamicCache()
+    with pytest.raises(aotgrad.errors.UnsupportedError, match=r"`past_key_values\.layers` \(a list\)"):
+        with torch.no_grad():
+            if entry == "jit":
+                aotgrad.jit(module)(ids, past_key_values=cache, use_cache=True)
+            else:
+                aotgrad.capture(module, ids, past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 0
