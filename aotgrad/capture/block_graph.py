@@ -120,11 +120,19 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
     assert all(v in fw_set or v in primals for v in fw_vals), "a block output depends on a tangent"
     fw_outs = tuple(fw_vals)
     random = tuple(n for n in fw_nodes if is_random(n))
-    summed = tuple(i for i in grad_at if sum(u in fw_set for u in primals[i].users) > 1)
+    summed = tuple(i for i in grad_at if sum(_uses(u, primals[i]) for u in primals[i].users if u in fw_set) > 1)
     return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
                     tuple(primals) + tuple(tangents), bw_outs, grad_at,
                     tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views,
                     random, tuple(rng_positions.node_device(n) for n in random), summed)
+
+
+def _uses(user: fx.Node, p: fx.Node) -> int:
+    """How many of ``user``'s arguments are ``p``: ``x * x`` and ``cat([x, x])`` use ``x`` twice,
+    and autograd adds the gradients of the two uses up as it does those of two ops."""
+    seen: list = []
+    fx.node.map_arg((user.args, user.kwargs), seen.append)
+    return sum(a is p for a in seen)
 
 
 class Direct:

@@ -490,6 +490,28 @@ def _(n=4):
     return fn(Shared([PairTwice() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
 
 
+class PairSquared(Block):
+    def forward(self, x, y):
+        return x + self.fc(y * y).tanh()       # one op reads y twice: autograd adds its two gradients
+
+
+class PairCat(Block):
+    def forward(self, x, y):
+        return x + self.fc(torch.cat([y, y], -1)[..., ::2]).tanh()     # y twice in one list argument
+
+
+for _name, _cls in (("squared", PairSquared), ("in_one_cat_twice", PairCat)):
+    @program(f"blocks_input_{_name}_inside_and_shared", G, must_match=True)
+    def _(n=4, _cls=_cls):
+        class Shared(Stack):
+            def forward(self, x):
+                h = x * 2
+                for b in self.blocks:
+                    x = b(x, h)     # each block adds two gradients of h from one op
+                return self.head(x)
+        return fn(Shared([_cls() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
 class Both(Block):
     def forward(self, x, eps=None):
         h = self.fc(x)          # not saved for the backward: read after the call only where the caller keeps it
