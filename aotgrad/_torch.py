@@ -315,6 +315,12 @@ def fake_cache_off():
             mode.cache_enabled = True
 
 
+def tracing_graph():
+    """The graph the running make_fx trace in this thread is making, or None."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return getattr(getattr(get_proxy_mode(), "tracer", None), "graph", None)
+
+
 @contextlib.contextmanager
 def no_stack_traces():
     """The active make_fx trace, if any, stops recording stack traces for the nodes made inside."""

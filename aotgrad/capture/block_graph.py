@@ -93,10 +93,15 @@ class Template:
     random: tuple = ()       # the forward's random nodes, in draw order
     random_devices: tuple = ()
     summed: tuple = ()       # input positions with a gradient that the forward uses more than once
+    copies: tuple = ()       # per input after the first n_in - len(copies): the position it repeats
 
 
-def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of, views=()) -> Template:
-    """The template of a block joint ``(*ins, *tangents) -> (*outs, *grads)``."""
+def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, grad_of, views=(),
+          first_argument: int = 0) -> Template:
+    """The template of a block joint ``(*ins, *tangents) -> (*outs, *grads)``. An argument (an input
+    from ``first_argument`` on) whose gradient the engine added up from several uses is taken once
+    more per extra use (:func:`_separate`): each call passes it again, and each copy's gradient is
+    one use's, so that the joint's engine adds them up in order, with whatever else reaches it."""
     ph = [n for n in joint.graph.nodes if n.op == "placeholder"]
     primals, tangents = ph[:n_in], ph[n_in:]
     outs = list(joint.graph.output_node().args[0])
@@ -121,10 +126,54 @@ def split(key: int, joint: fx.GraphModule, n_in: int, out_spec, differentiable, 
     fw_outs = tuple(fw_vals)
     random = tuple(n for n in fw_nodes if is_random(n))
     summed = tuple(i for i in grad_at if sum(_uses(u, primals[i]) for u in primals[i].users if u in fw_set) > 1)
-    return Template(key, n_in, out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
-                    tuple(primals) + tuple(tangents), bw_outs, grad_at,
+    engine, counts = joint.meta.get("aotgrad engine sums") or (frozenset(), {})
+    parts = {i: _summands(bw_outs[grad_at.index(i)], engine, counts.get(i, 0))
+             for i in summed if i >= first_argument}
+    parts = {i: p for i, p in parts.items() if p is not None}
+    copies, extra = _separate(joint.graph, primals, parts)
+    if parts:
+        dropped = {a for p in parts.values() for a in p[0]}
+        while any(u not in dropped and u.op != "output" for a in dropped for u in a.users):
+            dropped = {a for a in dropped if all(u in dropped or u.op == "output" for u in a.users)}
+        bw_nodes = tuple(n for n in bw_nodes if n not in dropped)
+        bw_outs = tuple(parts[i][1][0] if i in parts else g for i, g in zip(grad_at, bw_outs)) + tuple(
+            g for i in parts for g in parts[i][1][1:])
+        grad_at = grad_at + tuple(range(n_in, n_in + len(copies)))
+        summed = tuple(i for i in summed if i not in parts)
+    return Template(key, n_in + len(copies), out_spec, n_out, tuple(differentiable), fw_nodes, fw_outs, bw_nodes,
+                    tuple(primals) + tuple(extra) + tuple(tangents), bw_outs, grad_at,
                     tuple(_meta(v) for v in fw_outs), tuple(_meta(g) for g in bw_outs), joint, views,
-                    random, tuple(rng_positions.node_device(n) for n in random), summed)
+                    random, tuple(rng_positions.node_device(n) for n in random), summed, copies)
+
+
+def _summands(g: fx.Node, engine: frozenset, count: int):
+    """``(the engine's additions, the gradients they add)`` of an input's gradient ``g``, the sum of
+    ``count`` gradients, in the order the engine added them (``(a + b) + c``: ``a, b, c``); None
+    unless ``count > 1`` and ``g`` is that many engine additions deep."""
+    adds, parts = [], []
+    for _ in range(count - 1):
+        if not (g.op == "call_function" and g.target is torch.ops.aten.add.Tensor and g.name in engine
+                and len(g.args) == 2 and not g.kwargs and all(isinstance(a, fx.Node) for a in g.args)):
+            return None
+        adds.append(g)
+        parts.append(g.args[1])
+        g = g.args[0]
+    return (tuple(adds), (g, *reversed(parts))) if count > 1 else None
+
+
+def _separate(graph: fx.Graph, primals: list, parts: dict) -> tuple:
+    """One more placeholder (after the primals) per extra use of each input in ``parts``: ``(the
+    position each repeats, the placeholders)``."""
+    copies, extra = [], []
+    last = primals[-1] if primals else None
+    for i, (_, got) in parts.items():
+        for k in range(1, len(got)):
+            with graph.inserting_after(last):
+                p = last = graph.placeholder(f"{primals[i].name}_use{k}")
+            p.meta = dict(primals[i].meta)
+            copies.append(i)
+            extra.append(p)
+    return tuple(copies), extra
 
 
 def _uses(user: fx.Node, p: fx.Node) -> int:
@@ -287,6 +336,7 @@ class BlockFunction(torch.autograd.Function):
 
 def apply(t: Template, ins: list, origin) -> list:
     """The block's outputs for this call's state and arguments; ``origin`` names the call."""
+    ins = [*ins, *(ins[i] for i in t.copies)]     # an argument used twice: once per use (split)
     direct = tracing.current().direct
     if direct is None:
         return list(BlockFunction.apply(t.key, origin, (-1,) * len(ins), (0,) * len(ins), None, *ins))

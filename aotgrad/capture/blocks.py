@@ -420,7 +420,7 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     # The metadata pass ran the block's Python under the read recording already; watching the
     # joint trace (make_fx's Python too) would about double its cost for nothing.
     with reads.paused():
-        joint = trace_joint(sess, block_fn, fakes, analysis, lay)
+        joint = trace_joint(sess, block_fn, fakes, analysis, lay, engine_sums=True)
     if per_call.in_graph(joint):
         raise per_call.Escaped("an op was given a per-call value")
     if any(x.op == "get_attr" and not _plain_constant(getattr(joint, x.target, None))
@@ -432,7 +432,7 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     joint = simplify_owned(joint)
     views = tuple(None if o.kind == "plain" else o for o in analysis.outputs)
     template = block_graph.split(next(_keys), joint, len(fakes), out_specs[-1], lay.tangent_of, lay.grad_of,
-                             views if any(views) else ())
+                                 views if any(views) else (), first_argument=n)
     # A random op in the backward (a custom Function's backward drawing) draws when backward() runs,
     # from the stream as it then stands: not a place a forward call can take for it.
     if any(is_random(n) for n in template.bw_nodes):

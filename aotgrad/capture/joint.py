@@ -7,11 +7,14 @@ outputs that are views of intermediates (see :mod:`aotgrad.ir.records`).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import (
-    fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, user_stack_traces, version_counter,
+    fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
+    version_counter,
 )
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
@@ -25,11 +28,12 @@ from .session import Session, traceable_ops, from_functional, functional_mode, t
 
 
 def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: bool,
-                   direct_grads: bool = False, unseen: dict | None = None):
+                   direct_grads: bool = False, unseen: dict | None = None, engine_sums: bool = False):
     """``direct_grads``: repeated blocks hand their inputs' gradients straight to the output;
     ``unseen``: ``{input index: fake}`` of inputs the traced function does not take (only repeated
     blocks read them; see :class:`.block_graph.Direct`). Either needs :func:`.inline_blocks`.
-    The last call's :class:`.block_graph.Direct` is ``joint.direct``."""
+    The last call's :class:`.block_graph.Direct` is ``joint.direct``; with ``engine_sums``, the
+    names of the nodes the autograd engine made itself are ``joint.engine_sums`` (:class:`EngineSums`)."""
     unseen = unseen or {}
 
     def joint(*flat):
@@ -67,14 +71,16 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     # (autocast regions are for the forward): its casts are the forward's alone.
                     # On this thread (not the engine's device threads): the per-thread state the
                     # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
+                    sums = EngineSums([fw[i] for i in lay.tangent_of], f_ins) if engine_sums else contextlib.nullcontext()
                     with module_state(flat_fn, call_ins), autocast_off(), \
-                            torch.autograd.set_multithreading_enabled(False), reads.user_code():
+                            torch.autograd.set_multithreading_enabled(False), reads.user_code(), sums:
                         # Every differentiated input, unseen stand-ins included: the engine runs
                         # only the backward nodes on a path to an input it is asked for, and a
                         # block's parameters get their gradients from its backward (written directly).
                         got = torch.autograd.grad(
                             [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
                             [to_functional(t) for t in tangents], allow_unused=True)
+                    joint.engine_sums = (sums.names, sums.counts) if engine_sums else None
                     for k, (i, g) in enumerate(zip(lay.grad_of, got)):
                         if i in unseen and g is not None:   # a gradient the block did not write itself
                             direct.missed = True        # (unseen inputs come with a Direct)
@@ -83,7 +89,68 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
     joint.eager_saved = joint.quiet = ()
+    joint.engine_sums = None
     return joint
+
+
+class EngineSums:
+    """While the backward is traced, how the autograd engine added up the gradients that several
+    uses send to one of ``inputs``: ``counts`` (by input index) of the gradients it got, and
+    ``names`` of the nodes the engine made itself, between the code of the backward nodes (a
+    node's own code runs between its pre-hook and its hook): the additions ``old + new``, one per
+    gradient after the first, in the order the uses' backward ran."""
+
+    def __init__(self, roots, inputs):
+        self.graph, self.depth, self.windows, self.counts = tracing_graph(), 0, [], {}
+        self.handles = []
+        self.edge = {}      # (autograd node, input number) -> the input whose gradient it receives
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                e = torch.autograd.graph.get_gradient_edge(x)
+                self.edge[(e.node, e.output_nr)] = i
+        for node in autograd_nodes(roots):
+            self.handles += [node.register_prehook(self._enter), node.register_hook(self._hook(node))]
+
+    def _enter(self, grads):
+        if self.depth == 0:
+            self.start = len(self.graph.nodes)
+        self.depth += 1
+
+    def _hook(self, node):
+        targets = [self.edge.get((n, nr)) for n, nr in node.next_functions]
+
+        def exit_(grads_in, grads_out):
+            self.depth -= 1
+            if self.depth == 0:
+                self.windows.append((self.start, len(self.graph.nodes)))
+            for i, g in zip(targets, grads_in):
+                if i is not None and g is not None:
+                    self.counts[i] = self.counts.get(i, 0) + 1
+        return exit_
+
+    def __enter__(self):
+        self.begin = len(self.graph.nodes)
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        inside = {k for a, b in self.windows for k in range(a, b)}
+        made = list(self.graph.nodes)[self.begin:]
+        self.names = frozenset(n.name for k, n in enumerate(made, self.begin) if k not in inside)
+
+
+def autograd_nodes(roots):
+    """Every autograd node the backward of ``roots`` can reach, each once."""
+    seen: set = set()
+    todo = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        yield node
+        todo.extend(n for n, _ in node.next_functions)
 
 
 _SAVED_NAMES: dict = {}     # backward node class -> the attributes that hold its saved tensors, raw
@@ -96,13 +163,8 @@ def eager_saved_inputs(roots, ins) -> tuple:
     compiled forward does not save as themselves). Saved values are read raw, never unpacked: an
     unpack runs the saved-tensor hooks (a checkpoint's recompute); one with hooks is left out."""
     index = {id(t): i for i, t in enumerate(ins) if isinstance(t, torch.Tensor)}
-    found, seen = set(), set()
-    todo = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    found = set()
+    for node in autograd_nodes(roots):
         cls = type(node)
         if cls not in _SAVED_NAMES:
             _SAVED_NAMES[cls] = tuple(a for a in dir(cls) if a.startswith("_raw_saved_"))
@@ -113,7 +175,6 @@ def eager_saved_inputs(roots, ins) -> tuple:
                     t = getattr(saved, "data", None)
                     if id(t) in index:
                         found.add(index[id(t)])
-        todo.extend(n for n, _ in node.next_functions)
     return tuple(sorted(found))
 
 
@@ -125,7 +186,7 @@ def _anchor_user_frames(user_fn) -> None:
 
 def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
                 lay: JointLayout, user_fn=None, direct_grads: bool = False,
-                unseen: frozenset = frozenset()) -> torch.fx.GraphModule:
+                unseen: frozenset = frozenset(), engine_sums: bool = False) -> torch.fx.GraphModule:
     """The joint graph; ``direct_grads`` and ``unseen`` (input indices) as in :func:`joint_function`.
     Raises :class:`.block_graph.UnseenUsed` when something other than one block read an unseen input."""
     with session.fake_mode:
@@ -135,7 +196,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
                                         device=analysis.fake_outputs[i].device)
                     for i in lay.tangent_of]
     fn = joint_function(flat_fn, analysis, lay, session.grad_enabled, direct_grads,
-                        {i: fake_inputs[i] for i in unseen})
+                        {i: fake_inputs[i] for i in unseen}, engine_sums)
     _anchor_user_frames(user_fn)
     seen = [f for i, f in enumerate(fake_inputs) if i not in unseen]
     # Inside fake mode, factory ops (torch.rand(3)) become graph nodes instead of
@@ -162,6 +223,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     d = fn.direct
     gm.meta["aotgrad block calls"] = (d.calls, d.rng, d.origins, d.flat) if d is not None else ({}, {}, {}, {})
     gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet)
+    gm.meta["aotgrad engine sums"] = fn.engine_sums
     return gm
 
 

@@ -37,9 +37,11 @@ REUSED = {
     "blocks_dropout_one_checkpointed": 2,       # the checkpointed call runs flat (saved-tensor hooks)
     "blocks_first_input_column_major": 0,       # column-major gradients: each call runs flat
     "blocks_one_call_passes_one_tensor_twice": 3,       # the call given x twice runs flat
-    "blocks_input_used_twice_inside_and_shared": 0,
-    "blocks_input_squared_inside_and_shared": 0,
-    "blocks_input_in_one_cat_twice_inside_and_shared": 0,
+    "blocks_input_used_twice_inside_and_shared": 3,      # each use's gradient its own: the joint adds them in order
+    "blocks_input_squared_inside_and_shared": 3,
+    "blocks_input_in_one_cat_twice_inside_and_shared": 3,
+    "blocks_input_passed_through_inside_and_shared": 3,     # two gradients, one of them a sum itself
+    "blocks_weight_argument_used_twice_in_each": 3,     # its two uses' gradients contested: autograd adds them
     "blocks_one_intermediate_read_after_its_call": 3,   # block 1's kept output has an expand as gradient
     # aotgrad.block: a leaf block only when marked; a block marked off runs flat; an instance's mark wins
     "blocks_raw_unmarked": 0, "blocks_raw_class_marked": 3, "blocks_one_instance_marked_off": 3,
@@ -97,9 +99,6 @@ WHY = {
     "blocks_signed_zero_attribute": ("Block", "its eps differs"),
     "blocks_input_with_grad": None,
     "blocks_first_input_column_major": ("Block", "an output's gradient is not contiguous"),
-    "blocks_input_used_twice_inside_and_shared": ("PairTwice", "an input it uses twice reaches more than the block"),
-    "blocks_input_squared_inside_and_shared": ("PairSquared", "an input it uses twice reaches more than the block"),
-    "blocks_input_in_one_cat_twice_inside_and_shared": ("PairCat", "an input it uses twice reaches more than the block"),
     "blocks_one_call_passes_one_tensor_twice": ("Pair", "it is given one tensor twice"),
 }
 

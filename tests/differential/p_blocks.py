@@ -500,7 +500,13 @@ class PairCat(Block):
         return x + self.fc(torch.cat([y, y], -1)[..., ::2]).tanh()     # y twice in one list argument
 
 
-for _name, _cls in (("squared", PairSquared), ("in_one_cat_twice", PairCat)):
+class PairThrough(Block):
+    def forward(self, x, y):
+        a = y + x                   # y's gradient from here is a's, itself a sum of two uses' gradients
+        return x + self.fc(a.sin() * a.cos() + y.tanh()).tanh()
+
+
+for _name, _cls in (("squared", PairSquared), ("in_one_cat_twice", PairCat), ("passed_through", PairThrough)):
     @program(f"blocks_input_{_name}_inside_and_shared", G, must_match=True)
     def _(n=4, _cls=_cls):
         class Shared(Stack):
@@ -510,6 +516,29 @@ for _name, _cls in (("squared", PairSquared), ("in_one_cat_twice", PairCat)):
                     x = b(x, h)     # each block adds two gradients of h from one op
                 return self.head(x)
         return fn(Shared([_cls() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
+class TiedTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, w):
+        return x + self.norm((x @ w).tanh() @ w)       # the weight given twice in each block, to every block
+
+
+@program("blocks_weight_argument_used_twice_in_each", G, must_match=True)
+def _(n=4):
+    class Tied(Stack):
+        def __init__(self):
+            super().__init__([TiedTwice() for _ in range(3)], nn.Linear(4, 3))
+            self.w = nn.Parameter(torch.randn(4, 4) / 2)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x, self.w)
+            return self.head(x)
+    return fn(Tied(), r(n, 4, rg=True))
 
 
 class Both(Block):
