@@ -108,8 +108,12 @@ class EngineSums:
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 e = torch.autograd.graph.get_gradient_edge(x)
                 self.edge[(e.node, e.output_nr)] = i
-        for node in autograd_nodes(roots):
-            self.handles += [node.register_prehook(self._enter), node.register_hook(self._hook(node))]
+        try:
+            for node in autograd_nodes(roots):
+                self.handles += [node.register_prehook(self._enter), node.register_hook(self._hook(node))]
+        except RuntimeError:        # a node that takes no hooks: no counts, so nothing is split
+            self._remove()
+            self.edge = {}
 
     def _enter(self, grads):
         if self.depth == 0:
@@ -132,9 +136,13 @@ class EngineSums:
         self.begin = len(self.graph.nodes)
         return self
 
-    def __exit__(self, *exc):
+    def _remove(self):
         for h in self.handles:
             h.remove()
+        self.handles = []
+
+    def __exit__(self, *exc):
+        self._remove()
         inside = {k for a, b in self.windows for k in range(a, b)}
         made = list(self.graph.nodes)[self.begin:]
         self.names = frozenset(n.name for k, n in enumerate(made, self.begin) if k not in inside)
