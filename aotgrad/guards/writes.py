@@ -147,23 +147,23 @@ class Writes:
         """Copy an object the traced function was given (a non-tensor argument leaf: HF's
         ``DynamicCache``) and what it holds, library objects included: their code is not
         watched (``value`` stops at them), but a write to them is a write to the caller's."""
-        if depth > 3 or len(self.snaps) > 4096 or v is None or type(v) in VALUE_TYPES or isinstance(
-                v, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType,
-                    types.BuiltinFunctionType, types.MethodType, types.CodeType)):
+        if depth > 3 or len(self.snaps) > 4096 or not _may_hold_state(v):
             return
         if isinstance(v, (list, dict)):
             if id(v) in self.snaps:
                 return
             self.argument(v, source)
-            held = [(f"{source}[{k!r}]", x) for k, x in (v.items() if isinstance(v, dict) else enumerate(v))]
+            held, attr = (v.items() if isinstance(v, dict) else enumerate(v)), False
         else:
             d = _own_dict(v)
             if d is None or id(d) in self.snaps or id(v) in self.built:
                 return
             self.attrs(v)
-            held = [(f"{source}.{k}", x) for k, x in d.items()]
-        for name, x in held:
-            self.given(x, name, depth + 1)
+            held, attr = d.items(), True
+        for k, x in list(held):
+            if _may_hold_state(x):      # named only where followed (a key's repr is run only if plain)
+                name = f"{source}.{k}" if attr else f"{source}[{k!r}]" if type(k) in (str, int) else f"{source}[...]"
+                self.given(x, name, depth + 1)
 
     def known(self, obj) -> bool:
         return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps
@@ -278,6 +278,14 @@ def _entries(d: dict) -> dict:
     answers with that thread's layer of traced values (``inputs.flatten._PerThread``), which is not
     the user's state."""
     return dict(dict.items(d))
+
+
+def _may_hold_state(v) -> bool:
+    """Whether a given object can hold state a write changes (not a plain value, tensor, module,
+    class, module object, function or code: those are watched otherwise or not at all)."""
+    return v is not None and type(v) not in VALUE_TYPES and not isinstance(
+        v, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType, types.CodeType))
 
 
 def _own_dict(obj):
