@@ -53,6 +53,7 @@ from . import block_graph, caches, per_call
 from .block_groups import Member, find_groups, hooked
 from ..ir.records import layout
 from ..runtime.call import bits
+from ..runtime import regions
 from ..runtime.epilogue import as_view
 from .joint import trace_joint
 from .session import Session
@@ -187,8 +188,9 @@ class Reuse:
         rec = self.recording
         before = set(rec.frames)
         log: list = []
-        stands = per_call.stands(m, log)
-        e = self._trace_with(module, m, state, call, stands, log) if stands else None
+        asked: list = []
+        stands = per_call.stands(m, log, asked)
+        e = self._trace_with(module, m, state, call, stands, log, asked) if stands else None
         if e is None:
             e = self._trace_with(module, m, state, call, {}, [])
         if e is None:
@@ -206,11 +208,14 @@ class Reuse:
         e.traced.frames = tuple(x for x in frames if x[1] is not None or x[2])
         return e
 
-    def _trace_with(self, module, m: Member, state, call, stands: dict, log: list) -> _Entry | None:
+    def _trace_with(self, module, m: Member, state, call, stands: dict, log: list, asked=()) -> _Entry | None:
         """The call's entry, its template traced with ``stands`` read for the block's varying
-        ints; None when one of them (or a cache argument) was used other than passed along."""
+        ints; None when one of them (or a cache argument) was used other than passed along, or
+        where a stand may have been told from an int (``asked``: their ``__class__`` was read)."""
         self.off = True
         raw: list = []
+        rec, ran = self.recording, set() if stands else None
+        rec.ran = ran
         try:
             with _hooks_unchanged() as same, disable_current_modes(), _watching(m, stands, raw) as read:
                 template, effects = _trace_template(self.session, module, m, state, call, stands, log)
@@ -223,12 +228,30 @@ class Reuse:
         except Exception as e:       # the flat run raises it again, with the user's line
             return None if log else _Entry.of(m, range(len(m.varying)), why=f"its trace raised {type(e).__name__}")
         finally:
-            self.off = False
+            self.off, rec.ran = False, None
         if log:
+            return None
+        traced = Traced(template, module, (), effects)
+        if read & stands.keys() and self._told_apart(module, m, state, call, traced, ran, asked):
             return None
         if not any(raw):        # the stands were all it read of those: it stands for any values there
             read = read - stands.keys()
-        return _Entry.of(m, read, Traced(template, module, (), effects))
+        return _Entry.of(m, read, traced)
+
+    def _told_apart(self, module, m: Member, state, call, traced: Traced, ran: set, asked: list) -> bool:
+        """Whether the trace may have told a stand from an int. A stand is an int to ``isinstance``
+        alone: ``type(v) is int``, ``v is w`` and ``id(v)`` see an object that no real value is,
+        and no escape tells of it, so user code the trace ran (``ran``) that asks such questions
+        anywhere gets no stands. Where library code read a stand's class (``asked``: ``json.dumps``
+        fails on it where an int would not, and the block may catch that), the block traced with
+        its own values must make the same template."""
+        if any(self.recording.kinds.get(c) == reads.USER and bytecode.asks_type_or_identity(c) for c in ran):
+            return True
+        if not asked:
+            return False
+        with reads.paused():    # the stands' trace recorded this trace's reads
+            own = self._trace_with(module, m, state, call, {}, [])
+        return own is None or own.traced is None or not _same_template(traced, own.traced)
 
     def count(self) -> int:
         """Block calls that a template stood for in the last trace."""
@@ -438,6 +461,35 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     if any(is_random(n) for n in template.bw_nodes):
         raise _Flat("its backward draws random numbers")
     return template, tuple(effects)
+
+
+def _same_template(a: Traced, b: Traced) -> bool:
+    """Whether two traces of one block made one template: the same nodes (ops, arguments, layouts,
+    wiring, outputs; floats by their bits), the same constants, the same outputs' structure and
+    gradients, the same cache updates. The names its constants were given aside."""
+    ta, tb = a.template, b.template
+    facets = ("n_in", "out_spec", "n_out", "differentiable", "grad_at", "summed", "copies")
+    if len(a.effects) != len(b.effects) or any(getattr(ta, f) != getattr(tb, f) for f in facets) \
+            or list(map(_view_facets, ta.views)) != list(map(_view_facets, tb.views)):
+        return False
+    na = [n for n in ta.graph.graph.nodes if n.op != "get_attr"]
+    nb = [n for n in tb.graph.graph.nodes if n.op != "get_attr"]
+    sa, sb = regions.signature(na, layouts=True), regions.signature(nb, layouts=True)
+    if sa is None or sb is None or sa[2] != sb[2]:
+        return False
+    ka = [getattr(ta.graph, n.target) if n.op == "get_attr" else None for n in sa[0]]
+    kb = [getattr(tb.graph, n.target) if n.op == "get_attr" else None for n in sb[0]]
+    with disable_current_modes():   # the constants are real tensors, compared inside the capture's trace
+        return all((x is None) == (y is None) and (x is None or x.dtype == y.dtype and x.shape == y.shape
+                                                   and torch.equal(x, y)) for x, y in zip(ka, kb))
+
+
+def _view_facets(v):
+    """An output's ``OutputInfo`` as comparable data (its replay is live objects)."""
+    if v is None:
+        return None
+    value = None if isinstance(v.value, torch.Tensor) else regions.constant(v.value)
+    return v.kind, v.index, v.view, v.requires_grad, v.is_leaf, v.is_view, value
 
 
 def _plain_constant(t) -> bool:

@@ -18,17 +18,22 @@ class Escaped(BaseException):
 
 class Stand:
     """Stands for a block's varying int attribute ``index`` (its position in ``Member.varying``)
-    while a template is traced; ``value`` is the traced block's own. ``isinstance(s, int)`` holds;
-    everything else raises :class:`Escaped` and is noted in ``log``."""
-    __slots__ = ("index", "value", "log")
+    while a template is traced; ``value`` is the traced block's own. ``isinstance(s, int)`` holds
+    (noted in ``asked``: library code that goes on to treat it as an int, ``json.dumps``, fails
+    where an int would not); everything else raises :class:`Escaped` and is noted in ``log``.
+    What no method of an object can see, ``type(s)``, ``s is t`` and ``id(s)``, the caller checks
+    (``blocks.Reuse._trace_with``)."""
+    __slots__ = ("index", "value", "log", "asked")
 
-    def __init__(self, index: int, value: int, log: list):
+    def __init__(self, index: int, value: int, log: list, asked: list):
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "value", value)
         object.__setattr__(self, "log", log)
+        object.__setattr__(self, "asked", asked)
 
     @property
     def __class__(self):
+        object.__getattribute__(self, "asked").append(object.__getattribute__(self, "index"))
         return int
 
 
@@ -52,9 +57,9 @@ for _name in ("__setattr__", "__delattr__", "__reduce__", "__reduce_ex__", "__co
     setattr(Stand, _name, _escape)
 
 
-def stands(m, log: list) -> dict:
+def stands(m, log: list, asked: list) -> dict:
     """``{index into m.varying: Stand}`` for the block's varying attributes holding an int."""
-    return {i: Stand(i, v[1], log) for i, v in enumerate(m.values) if v[0] is int}
+    return {i: Stand(i, v[1], log, asked) for i, v in enumerate(m.values) if v[0] is int}
 
 
 def in_graph(gm) -> bool:

@@ -230,3 +230,25 @@ def attr_names(codes) -> set:
         for c in chains(code)[0]:
             names.update(s for k, s in c.steps if k == "attr")
     return names
+
+
+_ASKS_NAMES = frozenset({"type", "id"})
+_ASKS_ATTRS = frozenset({"is_", "is_not"})      # operator.is_
+_asks_cache: dict = {}
+
+
+def asks_type_or_identity(code) -> bool:
+    """Whether the code asks a value what only the value itself answers: its exact type
+    (``type(v)``), its identity (``id(v)``), or whether it is some other object (``v is w``,
+    ``operator.is_``; ``v is None`` and the like, against a constant that is no int, are not
+    such questions). Cached per code object."""
+    hit = _asks_cache.get(code)
+    if hit is None:
+        ins = _normalized(dis.get_instructions(code))
+        hit = _asks_cache[code] = any(
+            i.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and i.argval in _ASKS_NAMES
+            or i.opname in _ATTR and i.argval in _ASKS_ATTRS
+            or i.opname == "IS_OP" and not (at and ins[at - 1].opname == "LOAD_CONST"
+                                            and not isinstance(ins[at - 1].argval, int))
+            for at, i in enumerate(ins))
+    return hit

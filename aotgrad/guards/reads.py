@@ -108,6 +108,7 @@ class Recording:
     stop: object = None
     light: object = None        # the watch alone (``user_code``), where other threads run
     watch: object = None        # other threads ran meanwhile: what this thread ran (``.attribution``)
+    ran: set | None = None      # when a set, the code objects run get added (a block's template trace)
 
     def event(self, frame, event, arg):
         if event != "call":
@@ -122,6 +123,8 @@ class Recording:
         code = frame.f_code
         if self.watch is not None:
             self.watch.ran.add(code)
+        if self.ran is not None:
+            self.ran.add(code)
         kind = self.kinds.get(code)
         if kind is None:
             kind = self.kinds[code] = kind_of(code, frame.f_globals.get("__name__"))

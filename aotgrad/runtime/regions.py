@@ -56,7 +56,7 @@ def repeated(graph: fx.Graph, layouts: bool = False) -> list[Region]:
     keys: dict = {}
     found = []
     for nodes in runs:
-        sig = _signature(nodes, layouts)
+        sig = signature(nodes, layouts)
         if sig is None:
             continue
         inputs, outputs, shape = sig
@@ -93,7 +93,7 @@ def _runs(graph: fx.Graph) -> list[list[fx.Node]]:
     return runs
 
 
-def _signature(nodes: list, layouts: bool):
+def signature(nodes: list, layouts: bool):
     """``(inputs, outputs, shape)`` of a run; ``shape`` is equal for two runs exactly when the code
     of one computes the other from its own inputs. None for a run holding a symbolic value."""
     local = {n: i for i, n in enumerate(nodes)}
@@ -115,7 +115,7 @@ def _signature(nodes: list, layouts: bool):
             return (t, tuple(ref(x) for x in a))
         if isinstance(a, dict):
             return (dict, tuple((k, ref(v)) for k, v in a.items()))
-        return _constant(a)
+        return constant(a)
     try:
         for n in nodes:
             row = (n.target, ref(n.args), ref(n.kwargs))
@@ -132,7 +132,7 @@ class _Symbolic(Exception):
     pass
 
 
-def _constant(a):
+def constant(a):
     """A hashable stand-in equal for equal constants only: ``True`` is not ``1``, ``-0.0`` not ``0.0``."""
     if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _Symbolic

@@ -56,6 +56,8 @@ REUSED = {
     "blocks_cache_read_after_sums": 0,         # their gradients are expanded: each call runs flat
     "blocks_cache_input_without_grad": 3,
     **{f"blocks_cache_layer_index_{how}": 1 for how in ("scaled", "listed", "named", "caught", "vars")},
+    # asked what a stand answers as no int would (type(), is, json's exact int): traced again with block 0's own
+    **{f"blocks_cache_layer_index_{how}": 1 for how in ("typed", "typed_then_compared", "identity", "json")},
     "blocks_cache_layer_index_seen": 3, "blocks_cache_layer_index_twice": 0,
     "blocks_cache_one_layer_for_all": 0,        # the second call finds layer 0 full (and the first one's keys get a sliced gradient)
     "blocks_cache_given_full": 0,

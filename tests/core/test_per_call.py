@@ -35,7 +35,7 @@ CONVERTED = {"torch size"}
 @pytest.mark.parametrize("use", USES)
 def test_any_use_of_a_stand_escapes_even_where_the_program_catches_exceptions(use):
     log: list = []
-    s = per_call.Stand(0, 5, log)
+    s = per_call.Stand(0, 5, log, [])
     try:
         try:
             USES[use](s)

@@ -10,6 +10,7 @@ closure), per-layer ints, SDPA with and without dropout. Every entry point compa
 eager; ``tests/core/test_block_twins.py`` also compares each with the flat trace
 (``reuse_blocks=False``) and checks which of them reuse a template at all.
 """
+import json
 import math
 
 import torch
@@ -756,6 +757,7 @@ class CachedAttention(nn.Module):
         super().__init__()
         self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.layer_idx, self.how = idx, how
+        self.last = 2
 
     def forward(self, x, cache=None):
         q, k, v = self.q(x), self.k(x), self.v(x)
@@ -781,6 +783,27 @@ class CachedAttention(nn.Module):
         return x + y
 
 
+class AskedAttention(CachedAttention):
+    """Asks its ``layer_idx`` what a stand for it cannot answer as an int would: its type, its
+    identity, C code that checks for an exact int (``json``). Code that may ask so anywhere (this
+    ``forward``) gets no stands at all; ``CachedAttention``'s still does."""
+
+    def forward(self, x, cache=None):
+        y = super().forward(x, cache)
+        if self.how == "typed" and type(self.layer_idx) is int:
+            y = -y
+        elif self.how == "typed_then_compared" and type(self.layer_idx) is int and self.layer_idx > 1:
+            y = -y      # block 0's own value takes the branch a stand does; block 2's does not
+        elif self.how == "identity" and self.layer_idx is self.last:
+            y = -y
+        elif self.how == "json":
+            try:
+                y = y * len(json.dumps(self.layer_idx))
+            except TypeError:
+                y = -y
+        return y
+
+
 class CachedStack(Stack):
     """A fresh cache each forward (as HF decoders make one in training), or ``given`` one; with
     ``read_after``, the loss reads the cache's tensors too."""
@@ -801,11 +824,15 @@ class CachedStack(Stack):
         return x
 
 
+ASKED = ("typed", "typed_then_compared", "identity", "json")
+
+
 def _cached(how="update", n_blocks=3, idx=None, **kw):
-    return CachedStack([CachedAttention(i if idx is None else idx, how) for i in range(n_blocks)], **kw)
+    cls = AskedAttention if how in ASKED else CachedAttention
+    return CachedStack([cls(i if idx is None else idx, how) for i in range(n_blocks)], **kw)
 
 
-for _how in ("update", "scaled", "listed", "named", "caught", "vars", "seen", "twice"):
+for _how in ("update", "scaled", "listed", "named", "caught", "vars", "seen", "twice", *ASKED):
     @program(f"blocks_cache_layer_index_{_how}", G, must_match=True)
     def _(n=4, how=_how):
         return fn(_cached(how), r(2, n, 4, rg=True))
@@ -868,6 +895,7 @@ class DecoderLayer(nn.Module):
         self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.ck, self.cv = nn.Linear(d, d), nn.Linear(d, d)
         self.layer_idx, self.how = idx, how
+        self.last = 2
 
     def forward(self, x, enc, bias, cache=None):
         seen = cache.get_seq_length(self.layer_idx) if cache is not None else 0
