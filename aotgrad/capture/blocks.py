@@ -431,6 +431,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
         return leaves + outs
     block_fn.module_state = lambda flat: holding(m.homes, flat[:n])
     analysis = analyze(sess, block_fn, fakes)
+    if any(o.kind == "constant" and type(o.value) is per_call.Stand for o in analysis.outputs):
+        log.append("returned")      # each call would return the stand, not its own value
+        raise per_call.Escaped("a block returns a per-call value")
     if any(changed):
         raise _Flat("it writes a list or dict argument")
     # An output may be a view of the block's own intermediate (``nn.Linear`` on a 3-d input ends in

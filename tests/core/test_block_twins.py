@@ -23,6 +23,7 @@ REUSED = {
     "blocks_identity_through_global": 0, "blocks_identity_through_class_attribute": 0,
     "blocks_identity_through_closure": 0,
     "blocks_layer_index": 1,                    # block 0's own template; the others' values are theirs alone
+    "blocks_return_their_layer_index": 1,
     "blocks_layer_index_read_only_with_a_cache": 3, "blocks_scalar_unread": 3,
     "blocks_layer_index_writes_a_cache": 0, "blocks_append_to_a_list_argument": 0,
     "blocks_scalar_read_only_where_a_flag_says": 3,     # blocks 0 and 2 share one; block 1 its own
@@ -85,7 +86,7 @@ def _run(name, reuse):
     used = next(s.info["reused blocks"] for s in captured.history if s.name == "trace joint")
     torch.manual_seed(1)
     outs = captured.compile()(*args, **kwargs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
     sum(o.float().pow(2).sum() for o in outs).backward()
     out = torch.cat([o.detach().flatten() for o in outs])
     grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]

@@ -233,6 +233,29 @@ def _(n=4):
     return fn(Stack([Indexed(i) for i in range(3)], nn.Linear(4, 3)), r(n, 4))
 
 
+class Returning(Block):
+    """Returns its ``layer_idx`` with its output: each call must return its own."""
+
+    def __init__(self, idx):
+        super().__init__()
+        self.layer_idx = idx
+
+    def forward(self, x):
+        return x + self.fc(x).tanh(), self.layer_idx
+
+
+@program("blocks_return_their_layer_index", G, must_match=True)
+def _(n=4):
+    class Collect(Stack):
+        def forward(self, x):
+            got = []
+            for b in self.blocks:
+                x, i = b(x)
+                got.append(i)
+            return x * (1 + sum(got)), got     # used after the blocks, and returned
+    return fn(Collect([Returning(i) for i in range(3)]), r(n, 4, rg=True))
+
+
 def _helper_reads(module):
     return module.scale
 
