@@ -298,6 +298,33 @@ for _name in ("__bool__", "__len__", "__iter__", "__eq__", "__ne__", "__call__",
 _DictStandIn.__hash__ = object.__hash__
 
 
+class _Index(int):
+    """The layer index a cache class's own ``update`` runs with while a template is traced: an int
+    to list indexing and to order comparisons (HF's bounds check ``len(self.layers) <= layer_idx``).
+    Each call's layer gets the plain values the template's update set, so storing the index (it
+    is no plain value then) or any other use (``i + 1``, ``f"layer{i}"``, ``i == 0``, hashing)
+    escapes: what the update set might differ at another index. An order comparison whose result
+    the update stores is not seen."""
+
+    def __new__(cls, n: int, trace: "_Traced"):
+        i = super().__new__(cls, n)
+        i.trace = trace
+        return i
+
+
+def _index_escape(self, *args, **kwargs):
+    vars(self)["trace"].escape("an update that uses its layer index other than to pick its layer")
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__",
+              "__truediv__", "__rtruediv__", "__mod__", "__rmod__", "__divmod__", "__rdivmod__", "__pow__",
+              "__rpow__", "__neg__", "__pos__", "__abs__", "__invert__", "__and__", "__rand__", "__or__", "__ror__",
+              "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__eq__", "__ne__",
+              "__hash__", "__str__", "__repr__", "__format__", "__int__", "__float__", "__round__", "__trunc__",
+              "__floor__", "__ceil__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__getnewargs__"):
+    setattr(_Index, _name, _index_escape)
+
+
 class _Traced:
     """One cache argument while a template is traced: its copies and the record of its uses."""
 
@@ -363,7 +390,7 @@ class _Traced:
             self.escape("cache layer")
         was = dict(vars(layer))
         snap = [(o, s) for o, s in self.tree.snapshot() if o is not layer]
-        bound.arguments["layer_idx"] = n
+        bound.arguments["layer_idx"] = _Index(n, self)
         result = cls.update(*bound.args, **bound.kwargs)
         if _changed(snap) or not was.keys() <= vars(layer).keys():
             self.escape("an update that changed more than its layer")

@@ -37,6 +37,7 @@ _CALL_IMPL = MODULE_CALL_CODES
 
 SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
+_BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 
 
 def kind_of(code, module_name) -> int:
@@ -138,7 +139,9 @@ class Recording:
         f_locals = frame.f_locals
         n_args = code.co_argcount + code.co_kwonlyargcount
         names = code.co_varnames[:n_args]
-        self_obj = f_locals.get("self") if names[:1] == ("self",) else None
+        # The object a constructor builds is its first argument, whatever its name (``def __init__(s)``).
+        self_obj = f_locals.get(names[0]) if names[:1] == ("self",) or names and code.co_name in _BUILDING \
+            else None
         if kind == LIBRARY:
             g = frame.f_globals
             self_obj = self_obj if isinstance(self_obj, torch.nn.Module) else None

@@ -62,6 +62,7 @@ REUSED = {
     "blocks_cache_layer_index_seen": 3, "blocks_cache_layer_index_twice": 0,
     "blocks_cache_one_layer_for_all": 0,        # the second call finds layer 0 full (and the first one's keys get a sliced gradient)
     "blocks_cache_given_full": 0,
+    "blocks_cache_update_keeps_the_layer_index": 0,     # an update that stores its index: no template
     # an encoder-decoder cache: questions (get_seq_length, is_updated.get) asked again of each call's
     # cache, a flag set per call, the bias given returned as it is, a number returned
     "blocks_cache_encoder_decoder": 3, "blocks_cache_encoder_decoder_asked_after": 3,

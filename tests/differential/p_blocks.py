@@ -752,6 +752,14 @@ class KVLayer:
         return self.keys, self.values
 
 
+class IndexedKVLayer(KVLayer):
+    """A layer that keeps the index it was updated at (each layer its own)."""
+
+    def update(self, k, v, layer_idx=None):
+        self.index = layer_idx
+        return super().update(k, v)
+
+
 class KVCache:
     """``update(k, v, layer_idx)`` by layer, as HF's ``DynamicCache``."""
 
@@ -865,6 +873,27 @@ for _read in ("squares", "sums"):
     @program(f"blocks_cache_read_after_{_read}", G, must_match=True)
     def _(n=4, read=_read):
         return fn(_cached(read_after=read), r(2, n, 4, rg=True))
+
+
+@program("blocks_cache_update_keeps_the_layer_index", G, must_match=True)
+def _(n=4):
+    # The cache's update stores the index on the layer: one template's update would give every
+    # layer block 0's (the template's plain values are set on each call's layer).
+    class Keeping(KVCache):
+        def __init__(self, n):
+            super().__init__(n)
+            self.layers = [IndexedKVLayer() for _ in range(n)]
+
+        def update(self, k, v, layer_idx):
+            return self.layers[layer_idx].update(k, v, layer_idx)
+
+    class Stack_(CachedStack):
+        def forward(self, x):
+            cache = Keeping(len(self.blocks))
+            for b in self.blocks:
+                x = b(x, cache)
+            return x * (1 + sum(layer.index for layer in cache.layers))
+    return fn(Stack_([CachedAttention(i) for i in range(3)]), r(2, n, 4, rg=True))
 
 
 @program("blocks_cache_one_layer_for_all", G, must_match=True)

@@ -565,3 +565,31 @@ def _(n=4):
     def f(a, b, c):
         return a.sin() * b.cos() * c.sin()
     return fn(f, r(n, rg=True), r(n, rg=True), r(n))
+
+
+class _Memo:
+    """An object the forward builds and writes; its methods call their instance ``me``, not ``self``."""
+
+    def __init__(me, scale):
+        me.scale, me.seen = scale, []
+
+    def add(me, t):
+        me.seen.append(t * me.scale)
+        me.count = len(me.seen)
+        return t
+
+
+@program("object_built_in_the_call_without_self", S, must_match=True)
+def _(n=4):
+    # Writes to an object the call built are no state from before it, whatever its
+    # constructor names its first argument (refused as "assigns `seen` of _Memo" before).
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            memo = _Memo(2.0)
+            h = memo.add(self.fc(x))
+            return h * memo.count + sum(memo.seen)
+    return fn(Net(), r(n, 3, rg=True))
