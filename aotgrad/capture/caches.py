@@ -8,7 +8,9 @@ which works on a :class:`_Tree` of copies (the caches, their layers and dicts), 
 program's cache, and records each use, in order:
 
 * :class:`Update`: ``update(k, v, layer_idx)`` ran the class's own ``update`` on the copy; the
-  layer it changed must have held no tensor. Its tensors become extra outputs of the template.
+  layer it changed must have held no tensor. Its tensors become extra outputs of the template;
+  its plain values are set on every call's layer, so the index it ran with (an :class:`_Index`)
+  escapes when kept or used other than to pick and bound its layer.
 * :class:`Ask`: any other method of a cache or of its dict (``get_seq_length(layer_idx)``,
   ``is_updated.get(layer_idx)``) ran on the copies, without a tensor op and changing none of
   them, and answered a plain value.
