@@ -215,7 +215,7 @@ class Reuse:
         self.off = True
         raw: list = []
         rec, ran = self.recording, set() if stands else None
-        rec.ran = ran
+        rec.ran, outer = ran, rec.ran
         try:
             with _hooks_unchanged() as same, disable_current_modes(), _watching(m, stands, raw) as read:
                 template, effects = _trace_template(self.session, module, m, state, call, stands, log)
@@ -228,7 +228,7 @@ class Reuse:
         except Exception as e:       # the flat run raises it again, with the user's line
             return None if log else _Entry.of(m, range(len(m.varying)), why=f"its trace raised {type(e).__name__}")
         finally:
-            self.off, rec.ran = False, None
+            self.off, rec.ran = False, outer
         if log:
             return None
         traced = Traced(template, module, (), effects)

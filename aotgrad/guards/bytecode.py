@@ -249,6 +249,6 @@ def asks_type_or_identity(code) -> bool:
             i.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and i.argval in _ASKS_NAMES
             or i.opname in _ATTR and i.argval in _ASKS_ATTRS
             or i.opname == "IS_OP" and not (at and ins[at - 1].opname == "LOAD_CONST"
-                                            and not isinstance(ins[at - 1].argval, int))
+                                            and type(ins[at - 1].argval) is not int)
             for at, i in enumerate(ins))
     return hit

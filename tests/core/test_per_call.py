@@ -142,3 +142,15 @@ def test_a_layer_index_changed_after_capture_is_guarded(monkeypatch):
     m3.blocks[2].layer_idx = 1
     torch.testing.assert_close(fast(x2), m3(x2), rtol=0, atol=0)
     assert "layer_idx" in aotgrad.explain(fast)
+
+
+@pytest.mark.parametrize("src, asks", [
+    ("x is None", False), ("x is not True", False), ("isinstance(x, int)", False), ("x.__class__", False),
+    ("x is y", True), ("type(x) is int", True), ("id(x) == id(y)", True), ("__import__('operator').is_(x, y)", True),
+])
+def test_what_a_stand_cannot_answer_as_an_int_is_found_in_the_bytecode(src, asks):
+    """``type(v)``, ``id(v)`` and ``v is w`` reach no method of a stand: code that asks them gets none."""
+    from aotgrad.guards import bytecode
+    ns: dict = {}
+    exec(f"def f(x, y):\n    return {src}", ns)
+    assert bytecode.asks_type_or_identity(ns["f"].__code__) is asks
