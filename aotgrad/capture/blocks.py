@@ -469,7 +469,8 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
 def _same_template(a: Traced, b: Traced) -> bool:
     """Whether two traces of one block made one template: the same nodes (ops, arguments, layouts,
     wiring, outputs; floats by their bits), the same constants, the same outputs' structure and
-    gradients, the same cache updates. The names its constants were given aside."""
+    gradients, as many cache updates (their layer index is a stand in one and a number in the
+    other; what they set is among the nodes). The names its constants were given aside."""
     ta, tb = a.template, b.template
     facets = ("n_in", "out_spec", "n_out", "differentiable", "grad_at", "summed", "copies")
     if len(a.effects) != len(b.effects) or any(getattr(ta, f) != getattr(tb, f) for f in facets) \
