@@ -192,15 +192,21 @@ class Resolver:
         for key in HOOKS + (HOOK_EXTRAS if d.get("_forward_hooks") or d.get("_forward_pre_hooks") else ()):
             self._hook(d, key, path + (("attr", key),) if path else None, f"{source}.{key}")
         # Which ``forward`` the call ran: one set on the instance (``m.forward = ...``: patched,
-        # wrapped by a library's hooks) or its absence, and the class's, by identity.
+        # wrapped by a library's hooks) or its absence, the module's class (``m.__class__ = ...``), and
+        # the class's by identity, with its absence from every class before it in the MRO (a subclass
+        # given a ``forward`` of its own after capture).
         if "forward" in d:
             self._add_value(d, "forward", f"{source}.forward", _own_item(path, "forward"))
         else:
             self._add(Read(f"{source}.forward", _own_item(path, "forward"), d, "forward", None, "absent"))
-        for i, c in enumerate(type(module).__mro__):
-            if "forward" in vars(c):
-                self._add(Read(f"{c.__qualname__}.forward", _class_item(path, i, "forward"), vars(c), "forward",
-                               vars(c)["forward"], "id"))
+        cls = type(module)
+        self._add(Read(f"type({source})", path + (("attr", "__class__"),) if path else None, module, "__class__",
+                       cls, "type"))
+        for i, c in enumerate(cls.__mro__):
+            found = "forward" in vars(c)
+            self._add(Read(f"{c.__qualname__}.forward", _class_item(path, i, "forward"), vars(c), "forward",
+                           vars(c)["forward"] if found else None, "id" if found else "absent"))
+            if found:
                 break
 
     def _global(self, g, c):

@@ -6,6 +6,7 @@ closure cell ``k`` of ``f``, ``model.fc`` in its parent's ``_modules``, the
 how to compare it (Dynamo's guard kinds are the reference):
 
 * ``id``: the same object (functions, modules, classes, baked tensors, other objects);
+* ``type``: an object (a called module) is still of the same class;
 * ``eq``: equal *and* of the same type (``2``, ``2.0`` and ``True`` differ);
 * ``frozen``: a container compared element by element the same way;
 * ``len``/``empty``: a dict of the module tree (hooks, parameters) still has as many entries;
@@ -52,7 +53,7 @@ class Read:
     where: object        # dict, mappingproxy, cell or object holding the value
     key: object          # dict key, or attribute name for an object; None for a cell
     value: object        # what it held when captured (a copy for "dict")
-    kind: str            # id | eq | frozen | len | dict | absent
+    kind: str            # id | type | eq | frozen | len | dict | absent
 
 
 def _get(where, key):
@@ -110,7 +111,7 @@ def holds(read: Read, now) -> bool:
         return now is _MISSING
     if now is _MISSING:
         return False
-    if k == "id":
+    if k in ("id", "type"):
         return now is v
     if k == "eq":
         if type(v) in (tuple, frozenset):
@@ -126,6 +127,8 @@ def holds(read: Read, now) -> bool:
 
 
 def current(read: Read):
+    if read.kind == "type":
+        return type(read.where)
     try:
         return _get(read.where, read.key)
     except (KeyError, AttributeError, ValueError, TypeError):
@@ -226,6 +229,9 @@ def _fast_check(kind, reads):
         # only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
         held = tuple(_get(r.where, r.key) for r in reads)
         return lambda: not any(held)
+    if kind == "type":     # one C pass of ``type`` over the held objects
+        held, expect = tuple(r.where for r in reads), [r.value for r in reads]
+        return lambda: list(map(type, held)) == expect
     if kind == "len":
         # Lengths only: comparing the dicts would compare replaced parameters with ``Tensor.__eq__``.
         held, expect = tuple(_get(r.where, r.key) for r in reads), [r.value for r in reads]
@@ -303,6 +309,8 @@ def _rule(r: Read) -> str:
         return f"has {r.value or 0} entries"
     if r.kind == "dict":
         return f"same entries ({len(r.value)}: {_short(list(r.value))})"
+    if r.kind == "type":
+        return f"is {_short(r.value)}"
     return "not defined" if r.kind == "absent" else f"is the same {type(r.value).__name__} object"
 
 

@@ -2,6 +2,7 @@
 after the first call and expects eager's result (a recompile, named in explain) or
 a typed error. Programs differ from the issue's repros on purpose."""
 import math
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -353,6 +354,41 @@ def test_code_replaced_in_place_recompiles():
         step(x)
     helper.__code__ = original       # the first program again: its entry is used
     assert torch.equal(g(x), f(x)) and len(g.entries) == 2
+
+
+class _Doubled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x) * 2
+
+
+@pytest.mark.parametrize("change, named", [
+    # A subclass that inherited ``forward`` is given one of its own: the class the trace found
+    # ``forward`` in still holds the same function, a class before it in the MRO now shadows it.
+    (lambda m: setattr(type(m), "forward", lambda self, x: self.fc(x) * 3), "Sub.forward"),
+    # The instance is made another class's (a library converting modules in place).
+    (lambda m: setattr(m, "__class__", type("Other", (_Doubled,), {"forward": lambda self, x: self.fc(x) * 4})),
+     "type("),
+    # A child module whose class changes: its own forward is read through the parent's call.
+    (lambda m: setattr(m.fc, "__class__", type("Halved", (nn.Linear,), {"forward": lambda self, x: x / 2})),
+     "type("),
+], ids=["subclass_given_a_forward", "instance_class_swapped", "child_class_swapped"])
+def test_which_forward_a_module_runs_is_guarded(change, named):
+    def make():
+        torch.manual_seed(0)
+        return type("Sub", (_Doubled,), {})()
+    model, captured, x = make(), make(), torch.randn(2, 3)
+    g, step = aotgrad.jit(model), aotgrad.capture(captured, x).compile()
+    g(x)
+    change(model)
+    change(captured)
+    assert torch.equal(g(x), model(x)) and len(g.entries) == 2
+    assert named in _reasons(g)[1]
+    with pytest.raises(errors.InputMismatchError, match=re.escape(named)):
+        step(x)
 
 
 def test_nan_constant_reuses_its_entry():
