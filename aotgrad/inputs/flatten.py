@@ -37,6 +37,7 @@ class Signature:
     tensor_pos: tuple        # positions of tensor leaves in ``leaves``
     state_names: tuple       # lifted parameter/buffer names, flat order
     slots: tuple             # Slot per lifted tensor
+    ties: tuple = ()         # (name, Slot, flat index): a lifted tensor's second place (a tied weight)
 
 
 def _slots(module: torch.nn.Module):
@@ -82,8 +83,27 @@ def signature(fn, args: tuple, kwargs: dict):
         else:
             leaves.append(leaf)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),
-                    tuple(n for n, _, _ in state), tuple(s for _, _, s in state))
+                    tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
+                    _ties(fn, state) if state else ())
     return sig, tensors, descs
+
+
+def _ties(module, state) -> tuple:
+    """``(name, Slot, flat index)`` of every place that holds a lifted tensor under a second name (a
+    tied weight: ``head.weight`` is ``emb.weight``). The graph takes the tensor once, so a call whose
+    places no longer hold one tensor (the weight untied since) must not run it."""
+    own = {(id(s.module), s.is_param, s.attr) for _, _, s in state}
+    first = {id(t): i for i, (_, t, _) in reversed(list(enumerate(state)))}
+    owners = dict(module.named_modules(remove_duplicate=False))
+    out = []
+    for is_param, items in ((True, module.named_parameters(remove_duplicate=False)),
+                            (False, module.named_buffers(remove_duplicate=False))):
+        for name, t in items:
+            owner, _, attr = name.rpartition(".")
+            sub = owners.get(owner) or module.get_submodule(owner)
+            if (id(sub), is_param, attr) not in own and id(t) in first:
+                out.append((name, Slot(sub, attr, is_param), first[id(t)]))
+    return tuple(out)
 
 
 @contextlib.contextmanager

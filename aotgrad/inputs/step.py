@@ -234,6 +234,13 @@ class Binding:
                     f"{type(opt).__name__}'s parameter groups changed after the training step was bound to them "
                     "(add_param_group, or a group's params replaced): the step's graphs update the parameters it "
                     "was built for; build it again (aotgrad.jit(step) anew, or capture again)", user_line=caller_line())
+        for name, (sub, attr), p in zip(self.names, self.homes, self.params):
+            if sub._parameters.get(attr) is not p:
+                raise UnsupportedError(
+                    f"parameter '{name}' was replaced after the training step was bound to it (a new tensor assigned "
+                    "to the module): the step's graphs take the module's tensor where the optimizers update, and keep "
+                    "the .grad of, the old one; build it again (aotgrad.jit(step) anew, or capture again)",
+                    user_line=caller_line())
         return {"grad": {n: p.grad for n, p in zip(self.names, self.params)},
                 "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
                                     "state": self._states(opt, index, self.params)}

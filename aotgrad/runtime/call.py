@@ -156,6 +156,10 @@ def _generated_match(captured):
         env.update(dget=dict.__getitem__, getitem=operator.getitem, holding=HOLDING, thread=threading.get_ident)
         lines.append("    get = getitem if holding and thread() in holding else dget")
     lines.append(f"    flat = [{', '.join(gather)}]")
+    for j, (name, s, i) in enumerate(sig.ties):
+        env[f"t{j}"], env["held"] = s.module.__dict__, _held
+        lines += [f"    if held(get, t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
+                  f"        return None, {_untied_why(name, sig.state_names[i])!r}"]
     aliasing = alias_check(setup, analysis)
     if aliasing is not None:
         env["aliasing"] = aliasing
@@ -170,6 +174,18 @@ def _generated_match(captured):
               f"        return None, {_grad_why(grad)!r}", "    return flat, None"]
     exec(compile_source("\n".join(lines) + "\n", "prologue"), env)
     return env["match"]
+
+
+def _held(get, d, attr):
+    try:
+        return get(d, attr)
+    except KeyError:
+        return None
+
+
+def _untied_why(name, first) -> str:
+    return (f"'{name}' was tied to '{first}' when captured (one tensor, a graph input once), now it holds "
+            "another tensor")
 
 
 def _const_why(path, v, x) -> str:

@@ -391,6 +391,37 @@ def test_which_forward_a_module_runs_is_guarded(change, named):
         step(x)
 
 
+class _TiedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Linear(3, 3, bias=False), nn.Linear(3, 3, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.emb(x).tanh())
+
+
+def test_untied_weight_recompiles():
+    """A tied weight is one graph input (taken from its first place); untied after capture, the
+    second place holds another tensor the graph would never read: its gradient would stay None."""
+    def make():
+        torch.manual_seed(0)
+        return _TiedHead()
+    model, eager, captured, x = make(), make(), make(), torch.randn(2, 3)
+    g, step = aotgrad.jit(model), aotgrad.capture(captured, x).compile()
+    g(x)
+    for m in (model, eager, captured):
+        m.head.weight = nn.Parameter(m.emb.weight.detach() * 2)
+    _same(g, eager, x)
+    out, ref = g(x), eager(x)
+    out.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(out, ref) and len(g.entries) == 2 and "'head.weight' was tied to 'emb.weight'" in _reasons(g)[1]
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+    with pytest.raises(errors.InputMismatchError, match="'head.weight' was tied to 'emb.weight'"):
+        step(x)
+
+
 def test_nan_constant_reuses_its_entry():
     g = aotgrad.jit(lambda x, k: x * k)
     x = torch.ones(2)

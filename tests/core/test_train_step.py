@@ -182,6 +182,25 @@ def test_param_groups_changed_after_binding_are_refused(entry):
     assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *extra.parameters()]))
 
 
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_parameter_replaced_after_binding_is_refused(entry):
+    """A new tensor assigned to the module after the step was built: eager's forward uses it while
+    the optimizer still updates (and zeroes the .grad of) the old one; the graph, which reads the
+    module's tensor and the optimizer's state as one parameter, would train a mixture. Refused, with
+    both tensors untouched."""
+    model, opt, x, y = _setup(torch.optim.Adam, lr=0.1)
+    step = _train_step(model, opt)
+    step(x, y)
+    compiled = aotgrad.jit(step) if entry == "jit" else aotgrad.capture(step, x, y).compile()
+    compiled(x, y)
+    old = model.weight
+    model.weight = nn.Parameter(torch.ones(1, 4))
+    before = [old.detach().clone(), model.weight.detach().clone()]
+    with pytest.raises(errors.UnsupportedError, match="parameter 'model.weight' was replaced"):
+        compiled(x, y)
+    assert torch.equal(before[0], old) and torch.equal(before[1], model.weight) and model.weight.grad is None
+
+
 @pytest.mark.parametrize("opt_cls", [torch.optim.RAdam, torch.optim.ASGD])
 def test_optimizer_branching_on_its_state_is_refused_by_name(opt_cls):
     """RAdam's eager path branches on ``rho_t > 5``, ASGD's on its ``mu``: values of its state."""
