@@ -92,6 +92,8 @@ TensorGuards = C_dynamo.guards.TensorGuards
 # Functionalization.
 sync = torch._sync
 from_functional_tensor = torch._from_functional_tensor
+# The node a FunctionalTensor wrapping an input that requires grad gets as its history.
+ERROR_NODE = torch._C._functions.Error
 is_functional_tensor = torch._is_functional_tensor
 functionalize_has_data_mutation = torch._functionalize_has_data_mutation
 _functionalization = getattr(torch._C, "_functionalization", None)

@@ -62,6 +62,11 @@ def user_frame(tb) -> str | None:
     return _innermost_user(traceback.extract_tb(tb) if tb is not None else [])
 
 
+def in_packages(filename: str) -> bool:
+    """Whether code of ``filename`` is aotgrad's or torch's own (or generated: ``<eval_with_key>``)."""
+    return "<" in filename or os.path.abspath(filename).startswith(_PKG_DIRS)
+
+
 def caller_line() -> str | None:
     """The innermost frame now running that belongs to the user's code (for an error
     raised from inside PyTorch's engine: the user's ``.backward()`` line)."""

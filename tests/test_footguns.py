@@ -261,6 +261,32 @@ def test_autograd_calls_inside_the_function(prog):
         assert "mirrored meta" not in str(e) and "second time" not in str(e)
 
 
+class _LeafAsked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x) * (2.0 if self.fc.weight.grad_fn is None else 3.0)
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: x * 2 if x.is_leaf else x * 3, torch.randn(3, requires_grad=True)),
+    (lambda x: x * 2 if x.grad_fn is None else x * 3, torch.randn(3, requires_grad=True)),
+    (_LeafAsked(), torch.randn(2, 3)),
+], ids=["leaf argument", "grad_fn of an argument", "grad_fn of a parameter"])
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_leafness_of_an_input_is_eager_s_or_refused(fn, x, compile):
+    """The trace's stand-in for an input that requires grad has a history (it is not a leaf): a
+    branch on ``is_leaf``/``grad_fn`` took the other path from eager's, silently."""
+    e = eager_or_typed(fn, (x,), compile=compile)
+    if isinstance(e, AotgradError):
+        typed_naming(e, "requires grad")
+    # What is not an input keeps its answers: a view of one, an intermediate, a detached copy.
+    check(lambda x: x[0] * (2 if not x[:1].is_leaf and x.detach().is_leaf and (x * 1).grad_fn is not None else 3),
+          (torch.randn(3, requires_grad=True),), compile=compile)
+
+
 @pytest.mark.parametrize("fn,args", [
     (nn.LazyLinear(2), (torch.randn(3, 4),)),
     (lambda x, a: x * torch.from_numpy(a), (torch.randn(3), __import__("numpy").ones(3, dtype="float32"))),

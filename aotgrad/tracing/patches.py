@@ -20,7 +20,8 @@ patch                  what it replaces                                         
 ``FUNCTIONS``          ``torch.autograd.Function.apply``                            ``hooks``
 ``RNG_STATE``          ``torch[.random|.cuda].get_rng_state``/``set_rng_state``;   ``rng``
                        ``torch.utils.checkpoint``'s ``_is_compiling``
-``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad`` of a FunctionalTensor ``backward``
+``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad``, ``.is_leaf`` and     ``backward``
+                       ``.grad_fn`` of a FunctionalTensor
 ``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
 _OFF                   ``autograd.grad`` is traced, not compiled)
 =====================  ===========================================================  ======================
@@ -36,11 +37,13 @@ engine object for one that keeps queued callbacks (``compiled_autograd.opaque``)
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .. import errors
 from .._torch import (
-    FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
+    ERROR_NODE, FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
     replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
@@ -229,13 +232,34 @@ def _forward_only():
                 "reading or setting .grad of a traced tensor inside the captured function: the graph cannot "
                 "see eager's accumulated gradients; read .grad outside it", user_line=errors.caller_line())
         return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
+    def history(name):
+        real = getattr(torch.Tensor, name).__get__
+
+        def read(self):
+            if current().backward is REFUSE and _is_traced_input(self) \
+                    and not errors.in_packages(sys._getframe(1).f_code.co_filename):
+                raise errors.UnsupportedError(
+                    f"reading .{name} of an input that requires grad (an argument or a parameter) inside the captured "
+                    f"function: in the trace it stands in for the caller's tensor with a history of its own, so the "
+                    f"answer would not be eager's (a parameter is a leaf, an argument may not be); read it outside",
+                    user_line=errors.caller_line())
+            return real(self)
+        return property(read)
     torch.autograd.backward = checked_backward
     FunctionalTensor.grad = property(grad, grad)
+    FunctionalTensor.is_leaf, FunctionalTensor.grad_fn = history("is_leaf"), history("grad_fn")
 
     def restore():
         torch.autograd.backward = backward
-        del FunctionalTensor.grad
+        del FunctionalTensor.grad, FunctionalTensor.is_leaf, FunctionalTensor.grad_fn
     return restore
+
+
+def _is_traced_input(t) -> bool:
+    """A traced input that requires grad: its functional stand-in's history is one ``Error`` node
+    (made when the input was wrapped), which no tensor of eager's has."""
+    node = torch.Tensor.grad_fn.__get__(t)
+    return type(node) is ERROR_NODE and not node.next_functions
 
 
 def _compiled_autograd_off():
