@@ -261,6 +261,21 @@ def test_autograd_calls_inside_the_function(prog):
         assert "mirrored meta" not in str(e) and "second time" not in str(e)
 
 
+def _doubled_sin(t):
+    return t.sin() * 2
+
+
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_torch_compiled_helper_inside_is_named(compile):
+    """Dynamo compiling a helper inside the trace installs globals in the helper's module: the
+    refusal names torch.compile, not the global."""
+    torch._dynamo.reset()
+    helper = torch.compile(_doubled_sin, backend="eager")
+    e = eager_or_typed(lambda x: helper(x * 3), (torch.randn(3, requires_grad=True),), compile=compile)
+    if isinstance(e, AotgradError):
+        typed_naming(e, "torch.compile", "_orig_mod")
+
+
 class _LeafAsked(nn.Module):
     def __init__(self):
         super().__init__()
