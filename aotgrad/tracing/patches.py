@@ -227,11 +227,12 @@ def _forward_only():
         return backward(*args, **kwargs)
 
     def grad(self, *value):
-        if current().backward is REFUSE:
+        if current().backward is REFUSE:      # torch's own reads too (clip_grad_norm_ in a forward)
             raise errors.UnsupportedError(
                 "reading or setting .grad of a traced tensor inside the captured function: the graph cannot "
                 "see eager's accumulated gradients; read .grad outside it", user_line=errors.caller_line())
         return torch.Tensor.grad.__set__(self, *value) if value else torch.Tensor.grad.__get__(self)
+
     def history(name):
         real = getattr(torch.Tensor, name).__get__
 
