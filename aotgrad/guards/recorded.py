@@ -10,6 +10,7 @@ from .._torch import pytree
 import torch
 
 from .. import errors
+from ..runtime.trees import input_name
 from ..tracing.patches import COMPILED_AUTOGRAD_OFF
 from . import reads, resolve
 
@@ -20,13 +21,9 @@ def call_leaves(args, kwargs) -> list:
 
 
 def leaf_names(args, kwargs) -> list:
-    """How messages name each of :func:`call_leaves`: the parameter a keyword argument was passed
-    as (``past_key_values``) or ``argument 1``, with the path inside it (``config['heads']``)."""
-    names = []
-    for (top, first, *rest), _ in pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]:
-        head = f"argument {first.idx}" if top.idx == 0 else str(first.key)
-        names.append(head + pytree.keystr(tuple(rest)))
-    return names
+    """How messages name each of :func:`call_leaves` (as the input guards do: ``input 1``,
+    ``input['past_key_values']``, with the path inside it)."""
+    return [input_name(path) for path, _ in pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]]
 
 
 _ATTEMPTS = 3
@@ -55,7 +52,7 @@ def _recorded_once(fn, trace, leaves, names):
             # The objects the call was given (a KV cache): whoever writes them, a library's code
             # included, changes the caller's state, which the compiled graph would not change again.
             for i, v in enumerate(leaves):
-                rec.writes.given(v, names[i] if i < len(names) else f"argument {i}")
+                rec.writes.given(v, names[i] if i < len(names) else f"input {i}")
             captured = trace()
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []

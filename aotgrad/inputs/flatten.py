@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from .._torch import pytree, subclass_kind
+from ..runtime.trees import input_name
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from .. import tracing
 from ..scoped import HOLDING
@@ -52,14 +53,6 @@ def _slots(module: torch.nn.Module):
     return named
 
 
-def _input_name(path) -> str:
-    (top, *rest) = path
-    rest_s = pytree.keystr(tuple(rest))
-    if top.idx == 0:     # positional args tuple
-        return f"input {rest[0].idx}{pytree.keystr(tuple(rest[1:]))}"
-    return f"input{rest_s}"
-
-
 def signature(fn, args: tuple, kwargs: dict):
     """The call's signature, its flat tensors and a descriptor for each."""
     with_path, in_spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
@@ -74,12 +67,12 @@ def signature(fn, args: tuple, kwargs: dict):
         tensors.append(t)
         descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
     for i, (path, leaf) in enumerate(with_path):
-        _refuse_argument(_input_name(path), leaf)
+        _refuse_argument(input_name(path), leaf)
         if isinstance(leaf, torch.Tensor):
             leaves.append(None)
             tensor_pos.append(i)
             tensors.append(leaf)
-            descs.append(InputDesc(_input_name(path)))
+            descs.append(InputDesc(input_name(path)))
         else:
             leaves.append(leaf)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),

@@ -5,6 +5,15 @@ from __future__ import annotations
 from .._torch import pytree
 
 
+def input_name(path) -> str:
+    """How every message names one leaf of a call's ``(args, kwargs)``, by its pytree key path:
+    ``input 1``, ``input 0['mask']``, ``input['past_key_values']`` (a keyword argument)."""
+    top, *rest = path
+    if top.idx == 0:     # the positional args tuple
+        return f"input {rest[0].idx}{pytree.keystr(tuple(rest[1:]))}"
+    return f"input{pytree.keystr(tuple(rest))}"
+
+
 def tree_difference(was: pytree.TreeSpec, now: pytree.TreeSpec) -> str:
     """The first difference between the captured ``(args, kwargs)`` structure and this call's."""
     why = _difference(was, now, "")

@@ -361,3 +361,15 @@ def test_an_lru_cache_missed_inside_the_trace_is_refused_and_emptied(entry):
 
 def _jit_compile(fn, args, kwargs, **_):
     return aotgrad.jit(fn)
+
+
+def test_write_refusals_and_input_guards_name_an_argument_alike():
+    """One naming for the call's leaves: the write recording's (``given``) and the input guards'."""
+    from aotgrad.guards.recorded import leaf_names
+    from aotgrad.inputs.flatten import signature
+    args, kwargs = (torch.randn(2), [torch.randn(2), 3], {"k": torch.randn(2)}), {"mask": torch.randn(2)}
+    names = leaf_names(args, kwargs)
+    _, tensors, descs = signature(lambda *a, **k: None, args, kwargs)
+    assert [str(d) for d in descs] == [n for n, v in zip(names, [*args[:1], *args[1], args[2]["k"], kwargs["mask"]])
+                                       if isinstance(v, torch.Tensor)]
+    assert names == ["input 0", "input 1[0]", "input 1[1]", "input 2['k']", "input['mask']"]
