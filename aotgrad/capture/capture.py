@@ -16,7 +16,7 @@ from ..inputs.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads
 from ..guards import state as state_guards
-from ..guards.recorded import call_leaves, leaf_names, recorded
+from ..guards.recorded import COMPILED_INSIDE, call_leaves, leaf_names, recorded
 from ..inputs.jit_options import root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
@@ -274,6 +274,9 @@ def _traced(thunk):
                 "cannot capture a Python branch, int()/float()/bool() or a size that depends on tensor values "
                 "(.item(), nonzero(), a data-dependent size); compute it outside the captured function or "
                 "use torch.where/torch.cond", user_line=line) from e
+        if type(e).__module__.startswith("torch._dynamo"):
+            raise errors.UnsupportedError(COMPILED_INSIDE.format(why=f"Dynamo raised {kind}: {_first_line(e)}"),
+                                          user_line=line) from e
         if "invalid python storage" in str(e):
             raise errors.UnsupportedError(
                 "a traced tensor's storage cannot be read or resized (untyped_storage().resize_(), data_ptr(): "

@@ -69,16 +69,19 @@ def _recorded_once(fn, trace, leaves, names):
 
 # Globals Dynamo installs in the module of a function it compiles (builtins, imports it needs).
 _DYNAMO_GLOBALS = ("__builtins_dict___", "__import_", "___")
+COMPILED_INSIDE = (
+    "torch.compile's Dynamo runs inside the captured function ({why}), for a function or module compiled "
+    "with torch.compile or an op that compiles its body with it (torch.cond, flex_attention): aotgrad "
+    "traces the whole function itself; call the uncompiled one inside (a compiled module's `_orig_mod`, a "
+    "compiled function's `_torchdynamo_orig_callable`), or compile the outer function with "
+    "torch.compile(backend=\"aotgrad\")")
 
 
 def _refused(written, rec) -> errors.UnsupportedError:
     what, key = written[0]
     if isinstance(key, str) and key.startswith(_DYNAMO_GLOBALS):
         return errors.UnsupportedError(
-            f"a function or module compiled with torch.compile runs inside the captured function (Dynamo "
-            f"installed its global `{key}` while compiling it there): aotgrad traces the whole function "
-            "itself; call the uncompiled one inside (a compiled module's `_orig_mod`, a compiled function's "
-            "`_torchdynamo_orig_callable`), or compile the outer function with torch.compile(backend=\"aotgrad\")",
+            COMPILED_INSIDE.format(why=f"Dynamo installed its global `{key}` while compiling it there"),
             user_line=reads.store_line(rec, key) or errors.caller_line())
     return errors.UnsupportedError(
         f"the traced code {what} (Python state outside the tensors that outlives the call); the compiled "
