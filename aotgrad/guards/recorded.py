@@ -68,7 +68,7 @@ def _recorded_once(fn, trace, leaves, names):
 
 
 # Globals Dynamo installs in the module of a function it compiles (builtins, imports it needs).
-_DYNAMO_GLOBALS = ("__builtins_dict___", "__import_", "___")
+_DYNAMO_GLOBALS = ("__builtins_dict___", "__import_", "__compiled_fn_", "__resume_at_")
 COMPILED_INSIDE = (
     "torch.compile's Dynamo runs inside the captured function ({why}), for a function or module compiled "
     "with torch.compile or an op that compiles its body with it (torch.cond, flex_attention): aotgrad "
