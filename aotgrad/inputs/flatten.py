@@ -159,7 +159,7 @@ def outputs(out) -> Outputs:
 def flat_function(fn, sig: Signature) -> Callable:
     """``flat_fn(*tensors) -> Outputs``: the output leaves, with their tree structure."""
     n_state = len(sig.state_names)
-    homes = state_homes(fn, sig) if isinstance(fn, torch.nn.Module) else None
+    homes = state_homes(sig) if isinstance(fn, torch.nn.Module) else None
 
     def flat_fn(*flat):
         leaves = list(sig.leaves)
@@ -189,26 +189,13 @@ def module_state(flat_fn, flat):
     return state(flat) if state is not None else contextlib.nullcontext()
 
 
-def state_homes(module: torch.nn.Module, sig: Signature) -> tuple:
+def state_homes(sig: Signature) -> tuple:
     """Every ``(module __dict__, "_parameters" or "_buffers", attr, flat index)`` holding a lifted
-    tensor: a tied parameter or a submodule registered under two names is one flat input with several
-    homes, each swapped exactly once. A home names its module's dict by attribute, not the dict
-    object: a capture in another thread may stand a per-thread view in for it (:func:`holding`)."""
-    index = {(id(s.module), s.is_param, s.attr): i for i, s in enumerate(sig.slots)}
-    first = {id((s.module._parameters if s.is_param else s.module._buffers)[s.attr]): i
-             for i, s in reversed(list(enumerate(sig.slots)))}
-    homes, seen = [], set()
-    for sub in module.modules():
-        for kind in ("_parameters", "_buffers"):
-            for attr, t in sub.__dict__[kind].items():
-                key = (id(sub), kind == "_parameters", attr)
-                if t is None or key in seen:
-                    continue
-                seen.add(key)
-                i = index.get(key, first.get(id(t)))
-                if i is not None:
-                    homes.append((sub.__dict__, kind, attr, i))
-    return tuple(homes)
+    tensor: its own slot, and each second place of a tied one (``sig.ties``: one flat input with
+    several homes, each swapped exactly once). A home names its module's dict by attribute, not the
+    dict object: a capture in another thread may stand a per-thread view in for it (:func:`holding`)."""
+    places = [(s, i) for i, s in enumerate(sig.slots)] + [(s, i) for _, s, i in sig.ties]
+    return tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr, i) for s, i in places)
 
 
 class _PerThread(dict):
