@@ -305,8 +305,9 @@ def test_leafness_of_an_input_is_eager_s_or_refused(fn, x, compile):
 @pytest.mark.parametrize("fn,args", [
     (nn.LazyLinear(2), (torch.randn(3, 4),)),
     (lambda x, a: x * torch.from_numpy(a), (torch.randn(3), __import__("numpy").ones(3, dtype="float32"))),
+    (lambda x, a: x * a, (torch.randn(3), __import__("numpy").float32(1.5))),
     (lambda b: b.x * 2, (type("Box", (), {"__init__": lambda s, x: setattr(s, "x", x)})(torch.randn(3)),)),
-], ids=["LazyLinear", "numpy", "unregistered class"])
+], ids=["LazyLinear", "numpy", "numpy scalar", "unregistered class"])
 def test_untraceable_arguments_work_or_are_typed(fn, args):
     eager_or_typed(fn, args, compile=lambda f, a, k: aotgrad.capture(f, *a, **k).compile())
 
@@ -606,3 +607,34 @@ def test_a_leaf_made_inside_returned_and_used_is_refused():
         return w * x, w
     e = eager_or_typed(f, (torch.randn(3, requires_grad=True),))
     typed_naming(e, "requires grad")
+
+
+def _swap_storage(x):
+    x.set_(torch.zeros(3))                                  # the line the refusal names
+    return x * 2
+
+
+def _transpose_in_place(x):
+    x.t_()                                                  # the line the refusal names
+    return x * 2
+
+
+def _seed_then_draw(x):
+    torch.manual_seed(3)                                    # the line the refusal names
+    return x * torch.rand(3)
+
+
+@pytest.mark.parametrize("fn,x,words", [
+    (_swap_storage, torch.randn(3), ("set_()", "input 0")),
+    (_transpose_in_place, torch.randn(2, 3, requires_grad=True), ("metadata change of input 0",)),
+    (_seed_then_draw, torch.randn(3), ("manual_seed(3)",)),
+], ids=["set_", "t_", "manual_seed"])
+def test_refusals_found_after_the_trace_name_the_user_s_line(fn, x, words):
+    """Layout changes and seeding are found when the trace is done, not where they run: the refusal
+    still names the line that did them (recorded as the op ran), and the input by name."""
+    before = torch.random.get_rng_state()
+    with pytest.raises(AotgradError) as e:
+        aotgrad.capture(fn, x)
+    typed_naming(e.value, *words)
+    assert fn.__code__.co_filename in e.value.user_line and "the line the refusal names" in e.value.user_line
+    assert torch.equal(before, torch.random.get_rng_state())

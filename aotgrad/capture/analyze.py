@@ -20,17 +20,22 @@ from ..runtime.hooks import custom_view
 from .session import Session, from_functional, functional_mode, to_functional
 
 
-def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
-    """Run ``flat_fn`` functionalized on fakes and describe what it did."""
+def analyze(session: Session, flat_fn, fake_inputs: list, names=None) -> Analysis:
+    """Run ``flat_fn`` functionalized on fakes and describe what it did (``names``: how a refusal
+    names each input)."""
     # Sizes that depend on data (nonzero, unique) get unbacked symbols; only the
     # joint trace binds them to graph nodes, so this pass does not track them.
-    with session.tracing(), functional_mode(), session.shape_env.ignore_fresh_unbacked_symbols():
+    mode = functional_mode()
+    with session.tracing(), mode, session.shape_env.ignore_fresh_unbacked_symbols():
         with reads.paused():        # torch's own Python: no user code to watch
             f_ins = [to_functional(t) for t in fake_inputs]
         grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
+        mode.watched = frozenset(map(id, f_ins))
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
-        inputs = tuple(_input_info(f, t, g) for f, t, g in zip(f_ins, fake_inputs, grad_fns))
+        names = names or [f"input {i}" for i in range(len(f_ins))]
+        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)))
+                       for f, t, g, n in zip(f_ins, fake_inputs, grad_fns, names))
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
@@ -43,28 +48,28 @@ def analyze(session: Session, flat_fn, fake_inputs: list) -> Analysis:
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _input_info(f, t, grad_fn_before) -> InputInfo:
+def _input_info(f, t, grad_fn_before, name: str, line) -> InputInfo:
     """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
     recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
-    not, and is replayed without autograd."""
+    not, and is replayed without autograd. ``line``: where its layout or storage changed."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
     sync(f)
     if _storage_changed(f.elem):
-        raise MutationError("set_() (or another storage swap) on an input replaces its storage; the compiled "
-                            "graph cannot rebind the caller's tensor: return the new tensor instead")
+        raise MutationError(f"set_() (or another storage swap) on {name} replaces its storage; the compiled "
+                            "graph cannot rebind the caller's tensor: return the new tensor instead", user_line=line)
     data = functionalize_has_data_mutation(f.elem)
     seen = f.grad_fn is not grad_fn_before
     if f.requires_grad != t.requires_grad and not (data and seen and f.requires_grad):
         what = "detach_()" if t.requires_grad else "requires_grad_()"
-        raise MutationError(f"{what} on an input inside the captured function cannot be replayed on the "
-                            f"caller's tensor; call {what} on it before calling")
+        raise MutationError(f"{what} on {name} inside the captured function cannot be replayed on the "
+                            f"caller's tensor; call {what} on it before calling", user_line=line)
     meta = (f.shape != t.shape or f.stride() != t.stride()
             or f.storage_offset() != t.storage_offset())
     if meta and t.requires_grad:
-        raise MutationError(f"an in-place metadata change (size {tuple(t.shape)} -> {tuple(f.shape)}, e.g. t_() "
-                            "or unsqueeze_()) of an input that requires grad cannot be replayed; use the "
-                            "out-of-place op and return the result")
+        raise MutationError(f"an in-place metadata change of {name} (size {tuple(t.shape)} -> {tuple(f.shape)}, "
+                            "e.g. t_() or unsqueeze_()), an input that requires grad, cannot be replayed; use the "
+                            "out-of-place op and return the result", user_line=line)
     return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None)
 
 

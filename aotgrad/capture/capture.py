@@ -29,6 +29,7 @@ from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
 from .blocks import reusing, unseen_inputs
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import HookRecord, layout
+from ..runtime.double_backward import rng_states, set_rng_states
 from ..runtime.hooks import observed
 from .analyze import analyze
 from .joint import trace_joint
@@ -73,26 +74,29 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_bl
 
 
 def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Captured:
-    """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards."""
-    with GC_PAUSED(), tracing.scope(seeds=[]), reusing(setup, reuse_blocks) as reuse:
-        return _capture_setup(setup, history, reuse)
+    """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards.
+    A refused capture leaves the global RNG as it found it (``torch.manual_seed`` inside ran for real)."""
+    rng = rng_states()
+    try:
+        with GC_PAUSED(), tracing.scope(seeds=[]), reusing(setup, reuse_blocks) as reuse:
+            return _capture_setup(setup, history, reuse)
+    except BaseException:
+        set_rng_states(rng)
+        raise
 
 
 def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     rng = torch.random.get_rng_state()
     setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
     with timed(history, "analyze"):
-        analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+        analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs))
     if getattr(setup.fn, "whole_step", False):
         # A training step's outputs and updated parameters are detached from any later backward (the
         # step ran its own): an inference graph, whose epilogue writes the updates in place.
         analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
     groups = find_groups(setup.real_inputs, changed)
-    if any(analysis.inputs[i].mutates_metadata for g in groups for i in g.members):
-        raise errors.MutationError("an input that shares storage with another input has its metadata changed in "
-                                   "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a "
-                                   "shared base: use the out-of-place op and return the result")
+    _refuse_aliased_layout_changes(groups, analysis, setup.input_descs)
     if any(not v.is_static for g in groups for v in g.views):
         raise errors.UnsupportedError(
             "inputs that share storage, one of them written, are laid out with symbolic sizes or strides (Dynamo "
@@ -101,7 +105,7 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     if groups:
         with timed(history, "synthetic bases", groups=len(groups)):
             setup = rebased(setup, rebase(len(setup.real_inputs), groups))
-            analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs))
+            analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs))
     records: list = []      # what each joint trace registers, by graph input (the last one counts)
     setup = replace(setup, flat_fn=observed(setup.flat_fn, records))
     lay = layout(analysis)
@@ -128,8 +132,8 @@ def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
     seeds = tracing.current().seeds
     if seeds and any(is_random(n) for n in joint.graph.nodes):
         raise errors.UnsupportedError(
-            f"torch.manual_seed({seeds[0]}) inside the captured function: the compiled graph would not "
-            "reseed, so its random numbers would differ from eager's; seed before calling it")
+            f"torch.manual_seed({seeds[0][0]}) inside the captured function: the compiled graph would not "
+            "reseed, so its random numbers would differ from eager's; seed before calling it", user_line=seeds[0][1])
     if not torch.equal(rng, torch.random.get_rng_state()):
         raise errors.UnsupportedError(
             "the function changed the global RNG while being traced (torch.manual_seed, set_rng_state, or "
@@ -260,6 +264,17 @@ def rebased(setup: Setup, rb) -> Setup:
                    session=session, fake_inputs=fakes, real_inputs=tuple(tensors), rebase=rb)
 
 
+def _refuse_aliased_layout_changes(groups, analysis, descs) -> None:
+    for g in groups:
+        moved = [i for i in g.members if analysis.inputs[i].mutates_metadata]
+        if moved:
+            others = ", ".join(str(descs[i]) for i in g.members if i != moved[0])
+            raise errors.MutationError(
+                f"{descs[moved[0]]}, which shares storage with {others}, has its metadata changed in place (t_(), "
+                "unsqueeze_(), resize_()...); that cannot be replayed through a shared base: use the out-of-place "
+                "op and return the result")
+
+
 def _traced(thunk):
     """Run a trace; turn failures in the user's program into typed errors naming their line."""
     try:
@@ -267,7 +282,8 @@ def _traced(thunk):
     except errors.AotgradError:
         raise
     except Exception as e:
-        line = errors.user_frame(e.__traceback__)
+        # Raised inside torch with no user frame (the engine's backward): the user's capturing line.
+        line = errors.user_frame(e.__traceback__) or errors.caller_line()
         kind = type(e).__name__
         if kind in _DATA_DEPENDENT:
             raise errors.DataDependentError(

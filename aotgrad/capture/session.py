@@ -112,7 +112,16 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
     """Functionalization that refuses in-place writes to tensors that are not traced values.
 
     A global tensor or a plain (unregistered) tensor attribute written in place would be
-    written for real at every trace and never by the compiled graph."""
+    written for real at every trace and never by the compiled graph.
+
+    ``lines`` maps ``id`` of a watched tensor (the inputs, when ``analyze`` sets ``watched``) whose
+    metadata or storage an op changed in place (``t_()``, ``set_()``) to the user's line of the first
+    such op: an input's refusal names it."""
+
+    def __init__(self):
+        super().__init__()
+        self.watched: frozenset = frozenset()
+        self.lines: dict = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
@@ -141,6 +150,9 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             _refuse_overlapping_foreach(func, args, kwargs or {})
         if written:
             for t in _args_at(func, written, args, kwargs or {}):
+                if id(t) in self.watched and id(t) not in self.lines and _changes_layout(func):
+                    from ..errors import caller_line
+                    self.lines[id(t)] = caller_line()
                 if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
                     from ..errors import UnsupportedError, caller_line
                     raise UnsupportedError(
@@ -218,6 +230,11 @@ def _written(func) -> tuple:
             if schema is not None else ()
         _WRITTEN[func] = names
     return names
+
+
+def _changes_layout(func) -> bool:
+    """Whether ``func`` changes its written argument's metadata or storage (``t_``, ``set_``)."""
+    return torch.Tag.inplace_view in func.tags or func.__name__.startswith("set_")
 
 
 def _args_at(func, names, args, kwargs):

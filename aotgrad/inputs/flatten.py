@@ -8,6 +8,7 @@ are baked into the graph and checked on every call.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -60,9 +61,10 @@ def signature(fn, args: tuple, kwargs: dict):
     state = _slots(fn) if isinstance(fn, torch.nn.Module) else []
     for name, t, slot in state:
         if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
-            from ..errors import UnsupportedError
+            from ..errors import UnsupportedError, caller_line
             raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
-                                   "as LazyLinear); call the module once eagerly before capturing it")
+                                   "as LazyLinear); call the module once eagerly before capturing it",
+                                   user_line=caller_line())
         refuse_tensor(f"'{name}' of {type(fn).__name__}", t)
         tensors.append(t)
         descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
@@ -110,17 +112,21 @@ def forward_only():
 
 def _refuse_argument(name: str, leaf) -> None:
     """Arguments whose contents a baked constant would freeze: tensors pytree cannot see, arrays."""
-    from ..errors import UnsupportedError
+    from ..errors import UnsupportedError, caller_line
     if isinstance(leaf, torch.Tensor):
         refuse_tensor(name, leaf)
         return
     if type(leaf).__module__ == "numpy" and hasattr(leaf, "shape"):
+        if isinstance(leaf, sys.modules["numpy"].generic):     # a numpy scalar: numpy.float32(1.5)
+            raise UnsupportedError(f"{name} is a numpy scalar (numpy.{type(leaf).__name__}); pass a Python number "
+                                   "(item()), which is guarded bit-exactly, or a tensor", user_line=caller_line())
         raise UnsupportedError(f"{name} is a numpy array; its values would be baked into the graph: "
-                               "pass torch.from_numpy(array) instead")
+                               "pass torch.from_numpy(array) instead", user_line=caller_line())
     if _holds_tensors(leaf):
         raise UnsupportedError(f"{name} is an object of class {type(leaf).__name__} holding tensors, which is not "
                                "a pytree, so its tensors would be baked into the graph; register the class with "
-                               "torch.utils._pytree.register_pytree_node (dataclasses: register_dataclass)")
+                               "torch.utils._pytree.register_pytree_node (dataclasses: register_dataclass)",
+                               user_line=caller_line())
 
 
 def refuse_tensor(name: str, t: torch.Tensor) -> None:
@@ -311,7 +317,8 @@ def _refuse_hidden_tensors(leaves) -> None:
     """An output object pytree cannot see into would come back holding trace-time tensors."""
     for leaf in leaves:
         if _holds_tensors(leaf):
-            from ..errors import UnsupportedError
-            raise UnsupportedError(f"the function returns an object of class {type(leaf).__name__} holding tensors, which is not a "
-                                   "pytree; register its class with torch.utils._pytree.register_pytree_node "
-                                   "(or return its tensors in a tuple or dict)")
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(f"the function returns an object of class {type(leaf).__name__} holding tensors, "
+                                   "which is not a pytree; register its class with "
+                                   "torch.utils._pytree.register_pytree_node (or return its tensors in a tuple or dict)",
+                                   user_line=caller_line())

@@ -51,7 +51,8 @@ def rng_states() -> tuple:
     return torch.get_rng_state(), cuda
 
 
-def _set_rng(states) -> None:
+def set_rng_states(states) -> None:
+    """Put back what :func:`rng_states` read."""
     cpu, cuda = states
     torch.set_rng_state(cpu)
     if cuda is not None:
@@ -113,7 +114,7 @@ def differentiable_backward(captured):
         devices = list(range(len(rng[1]))) if rng is not None and rng[1] is not None else []
         with torch.random.fork_rng(devices=devices, enabled=rng is not None):
             if rng is not None:
-                _set_rng(rng)
+                set_rng_states(rng)
             with torch.enable_grad():
                 outs = setup.flat_fn(*primals)
         fw = forward_values(primals, outs, analysis)

@@ -29,7 +29,8 @@ def export(captured, path: str, *, values: bool = True, partitioner="default", m
     try:
         manifest, graphs, named = _manifest(captured, partitioner, memory_budget, values)
     except Unserializable as e:
-        raise errors.UnsupportedError(f"cannot export this capture: the export format does not define {e}") from None
+        raise errors.UnsupportedError(f"cannot export this capture: the export format does not define {e}",
+                                      user_line=errors.caller_line()) from None
     blob, manifest["tensors"] = tensor_io.pack(named)
     manifest["tensors_sha256"] = tensor_io.digest(blob)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -79,7 +80,7 @@ def _modes(captured) -> tuple:
     if baked is None:
         raise errors.UnsupportedError("cannot export this capture: the modes it was traced under (autocast, inference "
                                "mode, the default dtype) are not known (it was loaded from the disk cache); "
-                               "capture it again")
+                               "capture it again", user_line=errors.caller_line())
     return baked
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 class Trace:
     """What the traces running in this thread hold (the innermost value of each field)."""
     traceable: bool = False     # under capture.session.traceable_ops: is_compiling() is True, seeds are noted
-    seeds: list | None = None   # torch.manual_seed's seeds while traceable (capture refuses them before random ops)
+    seeds: list | None = None   # torch.manual_seed's (seed, user line) while traceable (refused before random ops)
     eager_path: bool = False    # inputs.step.eager_paths: is_compiling() answers False again inside the trace
     backward: object = None     # torch.autograd.backward in a traced forward: None (eager's), REFUSE, or a step's own
     hooks: object = None        # runtime.hooks.Recorder: hooks the traced program registers

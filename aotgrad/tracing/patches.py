@@ -69,7 +69,7 @@ def _traceable():
     def manual_seed(s):
         t = current()
         if t.traceable and t.seeds is not None:     # another thread's seeding is its own business
-            t.seeds.append(s)
+            t.seeds.append((s, errors.caller_line()))
         return seed(s)
 
     def compiling():

@@ -72,6 +72,14 @@ def _(n=4):
     return fn(f, r(n, 3, rg=True))
 
 
+@program("manual_seed_inside", R)
+def _(n=4):
+    def f(x):       # seeds for real while traced: a refusal must put the global RNG back
+        torch.manual_seed(3)
+        return x * torch.rand_like(x)
+    return fn(f, r(n, 3, rg=True))
+
+
 def _block(x, w):
     return F.dropout((x @ w).tanh(), 0.5, True)
 
