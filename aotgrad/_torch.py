@@ -402,7 +402,11 @@ _FAST_COPY = all(hasattr(torch.fx.Graph(), a) for a in ("_insert", "_graph_names
 # Global switches and dispatcher state.
 get_mkldnn_enabled = torch._C._get_mkldnn_enabled
 set_mkldnn_enabled = torch._C._set_mkldnn_enabled
+# cuDNN's switches (enabled, benchmark, deterministic), read and set as torch.backends.cudnn does.
+cudnn_flags = (torch._C._get_cudnn_enabled, torch._C._get_cudnn_benchmark, torch._C._get_cudnn_deterministic)
+set_cudnn_flags = (torch._C._set_cudnn_enabled, torch._C._set_cudnn_benchmark, torch._C._set_cudnn_deterministic)
 is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+SET_GRAD_ENABLED = torch._C._set_grad_enabled       # how a Dynamo graph's nodes set grad mode
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks

@@ -74,6 +74,8 @@ def caller_line() -> str | None:
 
 
 _MODULES_DIR = os.path.join(_PKG_DIRS[1], "nn", "modules")
+# The standard library's wrappers between the user's code and ours (a @contextmanager's __exit__).
+_PLUMBING = tuple(os.path.abspath(m.__file__) for m in (__import__("contextlib"), __import__("functools")))
 
 
 def _innermost_user(frames) -> str | None:
@@ -82,7 +84,7 @@ def _innermost_user(frames) -> str | None:
     module_line = None
     for fr in reversed(frames):
         path = os.path.abspath(fr.filename)
-        if not path.startswith(_PKG_DIRS) and "<" not in fr.filename:
+        if not path.startswith(_PKG_DIRS) and "<" not in fr.filename and path not in _PLUMBING:
             return _frame_text(fr)
         if module_line is None and path.startswith(_MODULES_DIR):
             module_line = _frame_text(fr)

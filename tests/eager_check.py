@@ -24,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import aotgrad
+from aotgrad.runtime import modes
 
 
 @dataclass
@@ -106,6 +107,16 @@ def _view_signature(out, inputs):
         of_input = tuple(i for i, t in enumerate(inputs) if base is not None and (base is t or base is t._base))
         sig.append((o._is_view(), of_input, o.is_leaf))
     return sig
+
+
+@contextlib.contextmanager
+def _settings_restored(settings):
+    """Global settings a program left changed are put back: the next run (and test) starts clean."""
+    try:
+        yield
+    finally:
+        if modes.global_state() != settings:
+            modes.set_global_state(settings)
 
 
 def rng_state() -> dict:
@@ -246,27 +257,33 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     or autocast the program is called under); the backward runs outside it.
     ``double_backward`` adds the squared input gradients (``create_graph=True``) to the loss.
     """
-    fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
-    for _ in range(calls):
-        torch.manual_seed(seed)
+    settings = modes.global_state()     # what a program may leave changed (grad mode, determinism...)
+    with _settings_restored(settings):
+        fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
+        for _ in range(calls):
+            torch.manual_seed(seed)
+            with call_context():
+                out_e = fn_e(*args_e, **kw_e)
+        rng_e = rng_state()
+        weights = _weights(out_e, seed)
+        state_e = _state(fn_e, args_e, kw_e)
+        settings_e = modes.global_state()
+    with _settings_restored(settings):      # the compiled run starts from the settings eager's did
+        fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
         with call_context():
-            out_e = fn_e(*args_e, **kw_e)
-    rng_e = rng_state()
-    weights = _weights(out_e, seed)
-    state_e = _state(fn_e, args_e, kw_e)
-
-    fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
-    with call_context():
-        compiled = compile(fn_c, args_c, kw_c, **dict(opts))
-    for _ in range(calls):
-        torch.manual_seed(seed)
-        with call_context():
-            out_c = compiled(*args_c, **kw_c)
-    rng_c = rng_state()
-    state_c = _state(fn_c, args_c, kw_c)
+            compiled = compile(fn_c, args_c, kw_c, **dict(opts))
+        for _ in range(calls):
+            torch.manual_seed(seed)
+            with call_context():
+                out_c = compiled(*args_c, **kw_c)
+        rng_c = rng_state()
+        state_c = _state(fn_c, args_c, kw_c)
+        settings_c = modes.global_state()
 
     _compare_outputs(out_e, out_c, _tensors((args_e, kw_e)), _tensors((args_c, kw_c)), rtol, atol)
     assert_same_rng(rng_e, rng_c, "after the call")
+    assert settings_e == settings_c, \
+        f"settings after the call differ: {modes.describe(modes.GLOBAL_NAMES, settings_e, settings_c)}"
     _compare_state(state_e, state_c, rtol, atol)
 
     torch.manual_seed(seed + 2)         # both backwards start from one RNG state and must end at one
@@ -426,12 +443,14 @@ class Snapshot:
         self.saved = {n: (id(t), _nbytes(t) if unreadable(t) else t.detach().clone(), *_placement(t),
                           t.requires_grad, t.is_leaf)
                       for n, t in self.named.items()}
-        self.rng = rng_state()
+        self.rng, self.settings = rng_state(), modes.global_state()
 
     def assert_unchanged(self, what="after the refusal"):
         leaked = _leaked(self.fn)
         assert not leaked, f"tracing tensors left in the user's program {what}: {leaked}"
         assert_same_rng(self.rng, rng_state(), what)
+        now = modes.global_state()
+        assert now == self.settings, f"settings changed {what}: {modes.describe(modes.GLOBAL_NAMES, self.settings, now)}"
         now = _state(self.fn, (), {}) if isinstance(self.fn, torch.nn.Module) else {}
         for name, (ident, value, stride, offset, rg, leaf) in self.saved.items():
             t = now.get(name, self.named[name])

@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from .._torch import FakeTensor, detect_fake_mode, pytree
+from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
@@ -132,7 +132,28 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
         compiled = captured.compile(options=options)
         if key is not None:
             _store(key, compiled)
-    return _callable(compiled, setup.flat_fn.lifted)
+    return _leaving_grad_mode(_callable(compiled, setup.flat_fn.lifted), _grad_mode_after(gm))
+
+
+def _grad_mode_after(gm) -> bool | None:
+    """The grad mode Dynamo's graph leaves set (its last ``torch._C._set_grad_enabled``: the function
+    called ``torch.set_grad_enabled(False)`` and did not set it back), None where it sets none."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is SET_GRAD_ENABLED]
+    return calls[-1].args[0] if calls and isinstance(calls[-1].args[0], bool) else None
+
+
+def _leaving_grad_mode(call, grad: bool | None):
+    """``call`` leaving grad mode as the graph does (the trace ran it in a grad-mode scope of its own),
+    so the code after the graph runs under eager's mode."""
+    if grad is None:
+        return call
+
+    def leaving(*args):
+        out = call(*args)
+        torch.set_grad_enabled(grad)
+        return out
+    leaving.compiled = call.compiled
+    return leaving
 
 
 def _key(gm, setup, example_inputs, options) -> str | None:

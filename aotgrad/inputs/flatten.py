@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from .._torch import pytree, subclass_kind
+from ..runtime.modes import left_as_found
 from ..runtime.trees import input_name
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from .. import tracing
@@ -172,7 +173,7 @@ def flat_function(fn, sig: Signature) -> Callable:
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
-        with forward_only():
+        with forward_only(), left_as_found():
             if homes is not None:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
             else:

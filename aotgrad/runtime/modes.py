@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from .._torch import is_any_autocast_enabled
+from .._torch import cudnn_flags, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags, set_mkldnn_enabled
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -67,6 +67,65 @@ def describe(names, was, now) -> str:
     def text(v):
         return ("on" if v else "off") if isinstance(v, bool) else str(v)
     return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(names, was, now) if a != b)
+
+
+def global_state() -> tuple:
+    """The settings a function can change and leave changed for the code after it (``GLOBAL_NAMES``):
+    the modes a trace bakes in, grad mode, and process-wide switches of torch's numerics."""
+    return (torch.is_grad_enabled(), *baked(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
+            torch.is_anomaly_check_nan_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
+            *(get() for get in cudnn_flags), get_mkldnn_enabled())
+
+
+GLOBAL_NAMES = ("grad mode", *BAKED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
+                "anomaly mode", "anomaly mode check_nan", "float32 matmul precision", "the number of threads",
+                "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN")
+
+
+def set_global_state(state: tuple) -> None:
+    """Put back what :func:`global_state` read (inference mode, which only its context can end, aside)."""
+    grad, _inference, cpu, cuda, cpu_dtype, cuda_dtype, dtype, det, warn, anomaly, nan, precision, threads, \
+        cudnn_on, bench, cudnn_det, onednn = state
+    torch.set_grad_enabled(grad)
+    for dev, on, dt in (("cpu", cpu, cpu_dtype), ("cuda", cuda, cuda_dtype)):
+        if _enabled(dev) != on:
+            torch.set_autocast_enabled(dev, on)
+        if dt is not None:
+            torch.set_autocast_dtype(dev, dt)
+    torch.set_default_dtype(dtype)
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+    torch.set_anomaly_enabled(anomaly, nan)
+    torch.set_float32_matmul_precision(precision)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    for put, v in zip(set_cudnn_flags, (cudnn_on, bench, cudnn_det)):
+        put(v)
+    set_mkldnn_enabled(onednn)
+
+
+@contextlib.contextmanager
+def left_as_found():
+    """Around a traced call of user code. A setting the code changes and leaves changed (a bare
+    ``torch.set_grad_enabled(False)``, ``torch.use_deterministic_algorithms(True)``) is refused: eager
+    leaves it so after every call, and the compiled function runs no Python to repeat it. Either
+    way the settings are put back as they were (a refused capture changes nothing)."""
+    before = global_state()
+    try:
+        yield
+    except BaseException:
+        if global_state() != before:
+            set_global_state(before)
+        raise
+    after = global_state()
+    if after != before:
+        set_global_state(before)
+        from ..errors import UnsupportedError, caller_line
+        raise UnsupportedError(
+            f"the function changes global settings and leaves them changed ({describe(GLOBAL_NAMES, before, after)}): "
+            "eager leaves them so after every call, the compiled function would not repeat the change; change "
+            "them in a with-block inside the function (torch.no_grad(), torch.autocast(...)) or before calling it",
+            user_line=caller_line())
 
 
 def without_autocast(graph_fn, backward: bool = False):

@@ -185,3 +185,37 @@ def _(n=4):
     return fn(f, r(n, 3))
 
 
+
+
+# Global settings a program changes and leaves changed: eager leaves them so after every call; the
+# compiled function runs no Python to repeat that, so each is refused, and the settings put back.
+def _left(change):
+    def f(x, w):
+        change()
+        return (x * w).tanh()
+    return f
+
+
+_LEFT_CHANGED = {
+    "grad_mode_left_off": lambda: torch.set_grad_enabled(False),
+    "deterministic_algorithms_left_on": lambda: torch.use_deterministic_algorithms(True),
+    "default_dtype_left_float64": lambda: torch.set_default_dtype(torch.float64),
+    "anomaly_mode_left_on": lambda: torch.set_anomaly_enabled(True),
+    "matmul_precision_left_medium": lambda: torch.set_float32_matmul_precision("medium"),
+    "autocast_entered_never_exited": lambda: torch.autocast("cpu", dtype=torch.bfloat16).__enter__(),
+}
+for _name, _change in _LEFT_CHANGED.items():
+    program(_name, G)(lambda n=4, change=_change: fn(_left(change), r(n, 3), r(n, 3, rg=True)))
+
+
+@program("settings_changed_and_put_back_inside", G, must_match=True)
+def _(n=4):
+    def f(x, w):
+        torch.use_deterministic_algorithms(True)
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("medium")
+        y = x @ w.t()
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(False)
+        return y.tanh()
+    return fn(f, r(n, 3), r(n, 3, rg=True))

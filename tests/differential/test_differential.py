@@ -41,6 +41,11 @@ KNOWN = {
         "where eager raises (aotd_input_mutation_is_output, _multiple, _noncontiguous, aotd_view_detach)",
     ("aotd_input_mutation_and_output_view", "export"):
         "as aot_input_mutation_and_output_view: the second step's backward reaches the first call's freed graph",
+    **{(p, e): "Dynamo itself runs or drops a bare use_deterministic_algorithms / set_default_dtype / "
+       "autocast.__enter__ outside its graph and does not leave it set (torch.compile with aot_eager does the "
+       "same); the backend never sees it. Grad mode, which Dynamo puts in the graph, is left set like eager's"
+       for p in ("deterministic_algorithms_left_on", "default_dtype_left_float64", "autocast_entered_never_exited")
+       for e in ("dynamo", "dynamo_inductor")},
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
