@@ -75,18 +75,24 @@ def global_state() -> tuple:
     return (torch.is_grad_enabled(), *baked(), torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
-            *(get() for get in cudnn_flags), get_mkldnn_enabled())
+            *(get() for get in cudnn_flags), get_mkldnn_enabled(), _autocast_nesting())
+
+
+def _autocast_nesting() -> int:
+    """How many autocast regions are open (an entered, never exited one keeps casts cached)."""
+    torch.autocast_increment_nesting()
+    return torch.autocast_decrement_nesting()
 
 
 GLOBAL_NAMES = ("grad mode", *BAKED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
                 "anomaly mode", "anomaly mode check_nan", "float32 matmul precision", "the number of threads",
-                "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN")
+                "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN", "open autocast regions")
 
 
 def set_global_state(state: tuple) -> None:
     """Put back what :func:`global_state` read (inference mode, which only its context can end, aside)."""
     grad, _inference, cpu, cuda, cpu_dtype, cuda_dtype, dtype, det, warn, anomaly, nan, precision, threads, \
-        cudnn_on, bench, cudnn_det, onednn = state
+        cudnn_on, bench, cudnn_det, onednn, nesting = state
     torch.set_grad_enabled(grad)
     for dev, on, dt in (("cpu", cpu, cpu_dtype), ("cuda", cuda, cuda_dtype)):
         if _enabled(dev) != on:
@@ -102,6 +108,10 @@ def set_global_state(state: tuple) -> None:
     for put, v in zip(set_cudnn_flags, (cudnn_on, bench, cudnn_det)):
         put(v)
     set_mkldnn_enabled(onednn)
+    open_regions = _autocast_nesting()
+    for _ in range(open_regions - nesting):     # regions entered and not exited: closed as __exit__ does
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
 
 
 @contextlib.contextmanager
