@@ -84,7 +84,7 @@ def _innermost_user(frames) -> str | None:
     module_line = None
     for fr in reversed(frames):
         path = os.path.abspath(fr.filename)
-        if not path.startswith(_PKG_DIRS) and "<" not in fr.filename and path not in _PLUMBING:
+        if not in_packages(fr.filename) and path not in _PLUMBING:
             return _frame_text(fr)
         if module_line is None and path.startswith(_MODULES_DIR):
             module_line = _frame_text(fr)

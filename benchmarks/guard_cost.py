@@ -35,7 +35,7 @@ def _per_call_us(fn, iters=2000, repeats=7) -> float:
 
 def aotgrad_guards(model, args) -> dict:
     import aotgrad
-    from aotgrad.frontend.jit import _modes
+    from aotgrad.runtime.modes import traced as _modes
     step = aotgrad.jit(model)
     step(*args)
     entry = step.entries[0]

@@ -109,16 +109,6 @@ def _view_signature(out, inputs):
     return sig
 
 
-@contextlib.contextmanager
-def _settings_restored(settings):
-    """Global settings a program left changed are put back: the next run (and test) starts clean."""
-    try:
-        yield
-    finally:
-        if modes.global_state() != settings:
-            modes.set_global_state(settings)
-
-
 def rng_state() -> dict:
     """The global RNG streams a program can draw from, by device: the CPU's, and each CUDA device's
     once CUDA is initialised (reading them never initialises CUDA, so a CPU-only path stays one)."""
@@ -258,7 +248,7 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
     ``double_backward`` adds the squared input gradients (``create_graph=True``) to the loss.
     """
     settings = modes.global_state()     # what a program may leave changed (grad mode, determinism...)
-    with _settings_restored(settings):
+    with modes.put_back(settings):      # a program's leftover settings: the next run (and test) starts clean
         fn_e, args_e, kw_e = _fresh(fn, args, kwargs, make)
         for _ in range(calls):
             torch.manual_seed(seed)
@@ -268,7 +258,7 @@ def check(fn, args=(), kwargs=None, *, make: Callable | None = None,
         weights = _weights(out_e, seed)
         state_e = _state(fn_e, args_e, kw_e)
         settings_e = modes.global_state()
-    with _settings_restored(settings):      # the compiled run starts from the settings eager's did
+    with modes.put_back(settings):      # the compiled run starts from the settings eager's did
         fn_c, args_c, kw_c = _fresh(fn, args, kwargs, make)
         with call_context():
             compiled = compile(fn_c, args_c, kw_c, **dict(opts))

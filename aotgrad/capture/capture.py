@@ -79,14 +79,13 @@ def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Cap
     rng = rng_states()
     try:
         with GC_PAUSED(), tracing.scope(seeds=[]), reusing(setup, reuse_blocks) as reuse:
-            return _capture_setup(setup, history, reuse)
+            return _capture_setup(setup, history, reuse, rng[0])
     except BaseException:
         set_rng_states(rng)
         raise
 
 
-def _capture_setup(setup: Setup, history: list, reuse) -> Captured:
-    rng = torch.random.get_rng_state()
+def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Captured:
     setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs))

@@ -31,7 +31,7 @@ from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
 from ..store import disk
 from ..ir.graphs import Unserializable
-from ..runtime.modes import baked
+from ..runtime.modes import traced
 
 log = logging.getLogger("aotgrad.dynamo")
 
@@ -161,7 +161,7 @@ def _key(gm, setup, example_inputs, options) -> str | None:
             or options.bw_compiler not in LOADABLE_BACKENDS:
         return None
     return cache.dynamo_key(gm, setup.input_descs, example_inputs,
-                            (torch.is_grad_enabled(), *baked()), options)
+                            traced(), options)
 
 
 def _load(key, setup, options):

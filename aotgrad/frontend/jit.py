@@ -38,18 +38,13 @@ from ..inputs.step import Root, step_root
 from ..inputs.distributed import split_for_jit
 from ..inputs.jit_options import bound_method, check_options, root_name, tracing
 from ..options import CompileOptions
-from ..runtime.modes import BAKED_NAMES, baked, describe
+from ..runtime.modes import TRACED_NAMES, describe, traced
 
 log = logging.getLogger("aotgrad.jit")
 
 
-def _modes() -> tuple:
-    """The modes a trace bakes in; an entry runs only under the ones it was captured in."""
-    return (torch.is_grad_enabled(), *baked())
-
-
 def _describe_modes(was, now) -> str:
-    return describe(("grad mode", *BAKED_NAMES), was, now)
+    return describe(TRACED_NAMES, was, now)
 
 
 @dataclass(repr=False)
@@ -111,7 +106,7 @@ class Jit:
     def _call(self, *args, **kwargs):
         if tracing():       # called inside another capture: trace through, the outer graph holds it
             return self.fn(*args, **kwargs)
-        modes = _modes()
+        modes = traced()
         found = self._find(modes, args, kwargs)
         if found is not None:
             return found[0].path.run(found[1])
@@ -264,7 +259,7 @@ class Jit:
         """Each compiled entry as the Python a call runs (``Compiled.program``), with the modes and
         Python state this frontend checks to pick it."""
         from ..observe.printing import format_program
-        return "\n\n".join(f"# ===== entry {k}\n" + format_program(e.compiled, (("grad mode", *BAKED_NAMES), e.modes),
+        return "\n\n".join(f"# ===== entry {k}\n" + format_program(e.compiled, (TRACED_NAMES, e.modes),
                                                                    e.state) for k, e in enumerate(self.entries))
 
     def explain(self) -> str:

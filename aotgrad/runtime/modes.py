@@ -69,10 +69,19 @@ def describe(names, was, now) -> str:
     return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(names, was, now) if a != b)
 
 
+def traced() -> tuple:
+    """The modes a trace depends on (``TRACED_NAMES``): grad mode (which outputs require grad) and
+    the baked ones; a jit entry or a Dynamo graph's cache entry runs only under its own."""
+    return (torch.is_grad_enabled(), *baked())
+
+
+TRACED_NAMES = ("grad mode", *BAKED_NAMES)
+
+
 def global_state() -> tuple:
     """The settings a function can change and leave changed for the code after it (``GLOBAL_NAMES``):
-    the modes a trace bakes in, grad mode, and process-wide switches of torch's numerics."""
-    return (torch.is_grad_enabled(), *baked(), torch.are_deterministic_algorithms_enabled(),
+    the modes a trace depends on and process-wide switches of torch's numerics."""
+    return (*traced(), torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
             *(get() for get in cudnn_flags), get_mkldnn_enabled(), _autocast_nesting())
@@ -84,7 +93,7 @@ def _autocast_nesting() -> int:
     return torch.autocast_decrement_nesting()
 
 
-GLOBAL_NAMES = ("grad mode", *BAKED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
+GLOBAL_NAMES = (*TRACED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
                 "anomaly mode", "anomaly mode check_nan", "float32 matmul precision", "the number of threads",
                 "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN", "open autocast regions")
 
@@ -115,21 +124,26 @@ def set_global_state(state: tuple) -> None:
 
 
 @contextlib.contextmanager
+def put_back(state: tuple):
+    """The settings are ``state`` (a :func:`global_state`) again when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        if global_state() != state:
+            set_global_state(state)
+
+
+@contextlib.contextmanager
 def left_as_found():
     """Around a traced call of user code. A setting the code changes and leaves changed (a bare
     ``torch.set_grad_enabled(False)``, ``torch.use_deterministic_algorithms(True)``) is refused: eager
     leaves it so after every call, and the compiled function runs no Python to repeat it. Either
     way the settings are put back as they were (a refused capture changes nothing)."""
     before = global_state()
-    try:
+    with put_back(before):
         yield
-    except BaseException:
-        if global_state() != before:
-            set_global_state(before)
-        raise
-    after = global_state()
+        after = global_state()
     if after != before:
-        set_global_state(before)
         from ..errors import UnsupportedError, caller_line
         raise UnsupportedError(
             f"the function changes global settings and leaves them changed ({describe(GLOBAL_NAMES, before, after)}): "

@@ -25,8 +25,7 @@ import torch.utils._pytree as pytree
 
 import aotgrad
 from aotgrad.runtime import modes
-from tests.eager_check import (_backward, _leaked, _settings_restored, _tensors, _weights, check, refusal_guard,
-                               unreadable)
+from tests.eager_check import _backward, _leaked, _tensors, _weights, check, refusal_guard, unreadable
 
 from .entries import ENTRIES, Entry
 from .programs import PROGRAMS, Program, leaf_with
@@ -197,7 +196,7 @@ def run_case(prog: Program, entry: Entry, isolate: bool = True, device: str = "c
     if isolate and "isolate" in prog.tags:
         return run_isolated(prog.name, entry.name, device=device)
     # A program's eager run may leave global settings changed (the *_left_* programs): the next starts clean.
-    with _settings_restored(modes.global_state()), on_device(device):
+    with modes.put_back(modes.global_state()), on_device(device):
         if device != "cpu" and not _eager_runs(prog, "base"):
             result = Result(prog.name, entry.name, "skip", f"eager itself does not run this program on {device}")
         elif entry.name == "export":

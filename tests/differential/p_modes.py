@@ -185,8 +185,6 @@ def _(n=4):
     return fn(f, r(n, 3))
 
 
-
-
 # Global settings a program changes and leaves changed: eager leaves them so after every call; the
 # compiled function runs no Python to repeat that, so each is refused, and the settings put back.
 def _left(change):
