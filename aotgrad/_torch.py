@@ -160,6 +160,29 @@ def user_stack_traces() -> None:
     tracer.create_node = create_node
 
 
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+def anomaly_nan_check(func) -> bool:
+    """Whether ``func``, dispatched to a mode, is the autograd engine reading a scalar for anomaly
+    mode's NaN check of a backward node's outputs (``set_detect_anomaly(True)``). The engine is C++:
+    the first Python frame below aotgrad's and the wrappers torch puts around a mode is the one that
+    started it. Code of the program reading a value (a custom Function's backward) has a frame of
+    its own."""
+    return func is _LOCAL_SCALAR and torch.is_anomaly_enabled() \
+        and torch.is_anomaly_check_nan_enabled() and _engine_is_caller()
+
+
+def _engine_is_caller() -> bool:
+    import torch._compile
+    import torch._dynamo.eval_frame
+    skip = (torch._compile.__file__, torch._dynamo.eval_frame.__file__)
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename in skip or f.f_globals.get("__name__", "").startswith("aotgrad.")):
+        f = f.f_back
+    return f is not None and f.f_code is torch.autograd.graph._engine_run_backward.__code__
+
+
 def _forward_frames(anchors) -> str:
     """The running thread's frames fx's forward-only filter keeps, formatted as fx formats them."""
     import traceback

@@ -234,3 +234,24 @@ def test_loaded_step_with_malformed_modes_is_refused_at_load(tmp_path):
                 z.writestr(n, json.dumps(m) if n == "manifest.json" else data)
         with pytest.raises(errors.ExportFormatError):
             aotgrad.load(out)
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_anomaly_mode_nan_gradient_raises_as_in_eager(entry):
+    """Under anomaly detection eager's engine raises when a backward node returns NaN. The compiled
+    backward is one node to the engine: traced without values to check, it raises when it runs."""
+    def f(x, w):
+        return torch.where(x > 0, (x * w).sqrt(), x).sum()
+
+    x, w = torch.tensor([1.0, -2.0, 3.0]), torch.ones(3, requires_grad=True)
+    compiled = aotgrad.capture(f, x, w).compile() if entry == "capture" else aotgrad.jit(f)
+    with torch.autograd.set_detect_anomaly(True):
+        for run in (f, compiled):
+            out = run(x, w)
+            with pytest.raises(RuntimeError, match="returned nan values"):
+                out.backward()
+        assert torch.equal(compiled(x, w), f(x, w))
+    with torch.autograd.set_detect_anomaly(False):
+        w.grad = None
+        compiled(x, w).backward()
+        assert w.grad.isnan().any()     # without it, the NaN gradient is eager's too

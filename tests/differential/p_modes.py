@@ -217,3 +217,42 @@ def _(n=4):
         torch.use_deterministic_algorithms(False)
         return y.tanh()
     return fn(f, r(n, 3), r(n, 3, rg=True))
+
+
+# Called under anomaly detection: the engine checks each backward node's outputs for NaN, reading a
+# value. The joint's trace has no values to check; the compiled backward's outputs are checked when
+# it runs. A read of a value by the program's own backward stays data-dependent.
+def anomaly():
+    return torch.autograd.set_detect_anomaly(True)
+
+
+class _Scaled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2 + x.tanh()
+
+
+class _Branching(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2 if g.sum() > 0 else g * 3
+
+
+@program("under_anomaly_mode", G, outer=anomaly, must_match=True)
+def _(n=4):
+    return fn(lambda x, w: _Scaled.apply((x @ w.t()).tanh()).sum(1), r(n, 3), r(3, 3, rg=True))
+
+
+@program("backward_reads_a_value_under_anomaly_mode", G, outer=anomaly)
+def _(n=4):
+    return fn(lambda x, w: _Branching.apply(x * w).tanh(), r(n, 3), r(n, 3, rg=True))
