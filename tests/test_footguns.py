@@ -324,6 +324,18 @@ def test_transformer_encoder_eval_fast_path():
                    backward=False)
 
 
+@pytest.mark.parametrize("prog, cause, advice", [
+    (lambda m, s: torch.distributions.Normal(m, s.exp(), validate_args=True).rsample(), "distribution.py",
+     "validate_args=False"),     # explicit: Dynamo turns the default off for the process when it first runs
+    (nn.BatchNorm1d(3, momentum=None), "batchnorm.py", "give it a momentum"),
+    (lambda m, s: m * 2 if m.sum() > 0 else s, None, "torch.where"),
+], ids=["distribution validation", "batchnorm cumulative average", "user branch"])
+def test_a_value_read_by_library_code_names_the_library_and_what_to_do(prog, cause, advice):
+    e = assert_refused(prog, (torch.randn(4, 3), torch.randn(4, 3))[:1 if isinstance(prog, nn.Module) else 2])
+    assert advice in str(e) and e.user_line, str(e)
+    assert (cause in str(e)) if cause else "read in" not in str(e), str(e)
+
+
 def test_data_dependent_errors_show_no_sympy():
     e = assert_refused(lambda x: x * 2 if (x.sum() > 0).item() else x, (torch.randn(3),))
     assert "Eq(" not in str(e) and "u0" not in str(e) and e.user_line, str(e)

@@ -1,6 +1,8 @@
 """Stage 0 -> stage 1: ``capture(fn, *args, **kwargs) -> Captured``."""
 from __future__ import annotations
 
+import os
+import traceback
 from dataclasses import replace
 
 import sympy
@@ -287,8 +289,7 @@ def _traced(thunk):
         if kind in _DATA_DEPENDENT:
             raise errors.DataDependentError(
                 "cannot capture a Python branch, int()/float()/bool() or a size that depends on tensor values "
-                "(.item(), nonzero(), a data-dependent size); compute it outside the captured function or "
-                "use torch.where/torch.cond", user_line=line) from e
+                "(.item(), nonzero(), a data-dependent size)" + _library_reader(e.__traceback__), user_line=line) from e
         if type(e).__module__.startswith("torch._dynamo"):
             raise errors.UnsupportedError(COMPILED_INSIDE.format(why=f"Dynamo raised {kind}: {_first_line(e)}"),
                                           user_line=line) from e
@@ -300,6 +301,37 @@ def _traced(thunk):
         if kind in _UNSUPPORTED or "numpy" in str(e).lower():
             raise errors.UnsupportedError(f"cannot capture this operation: {_first_line(e)}", user_line=line) from e
         raise errors.TraceError(f"tracing failed with {kind}: {_first_line(e)}", user_line=line) from e
+
+
+_AOTGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Below the library code that read a value: torch's own tracing machinery (what turned the read into
+# an error), not a cause to name.
+_MACHINERY = tuple(f"{os.sep}torch{os.sep}{p}" for p in (
+    "_subclasses", "fx", "_dynamo", "_compile.py", "__init__.py", "utils", "_ops.py", "_prims", "_refs",
+    "_decomp", "overrides.py", "_tensor.py", "_meta_registrations.py", "_library"))
+# Library code known to read values, and what the user can do about it.
+_READERS = {
+    f"torch{os.sep}distributions": "a distribution validating its arguments (pass validate_args=False, or "
+                                   "torch.distributions.Distribution.set_default_validate_args(False))",
+    f"nn{os.sep}modules{os.sep}batchnorm.py": "a batch norm with momentum=None (a cumulative average of "
+                                             "num_batches_tracked): give it a momentum",
+}
+
+
+def _library_reader(tb) -> str:
+    """Where library code (not the user's, not torch's tracing machinery) read the value, and what to
+    do instead; the generic advice where the user's own code read it."""
+    generic = "; compute it outside the captured function or use torch.where/torch.cond"
+    for fr in reversed(traceback.extract_tb(tb) if tb is not None else []):
+        name = os.path.abspath(fr.filename)
+        if any(m in name for m in _MACHINERY) or name.startswith(_AOTGRAD_DIR):
+            continue
+        if not errors.in_packages(fr.filename) and "site-packages" not in name:
+            return generic      # the user's code read it
+        known = next((hint for key, hint in _READERS.items() if key in name), None)
+        where = f"{os.sep.join(name.split(os.sep)[-3:])}:{fr.lineno} in {fr.name}"
+        return f": read in {where}" + (f", {known}" if known else generic)
+    return generic
 
 
 def _first_line(e) -> str:
