@@ -92,6 +92,7 @@ TensorGuards = C_dynamo.guards.TensorGuards
 # Functionalization.
 sync = torch._sync
 from_functional_tensor = torch._from_functional_tensor
+to_functional_tensor = torch._to_functional_tensor
 # The node a FunctionalTensor wrapping an input that requires grad gets as its history.
 ERROR_NODE = torch._C._functions.Error
 is_functional_tensor = torch._is_functional_tensor

@@ -127,6 +127,19 @@ def aliases_input(node: fx.Node) -> bool:
     return packet(node) in ALIASING_EXTRA or any(r.alias_info is not None for r in t._schema.returns)
 
 
+_FRESH: dict = {}       # a true cache: an operator's schema never changes
+
+
+def returns_fresh(op) -> bool:
+    """Whether every output of ``op`` is a new tensor (no alias annotation: not a view, not ``out=``)."""
+    fresh = _FRESH.get(op)
+    if fresh is None:
+        schema = getattr(op, "_schema", None)
+        fresh = _FRESH[op] = isinstance(op, OpOverload) and bool(schema.returns) and all(
+            r.alias_info is None for r in schema.returns)
+    return fresh
+
+
 def is_cheap(node: fx.Node) -> bool:
     """Pointwise ops, views, reshapes, casts and unpacking a tuple."""
     if node.target is operator.getitem:

@@ -20,10 +20,10 @@ from .._torch import (
     anomaly_nan_check,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
     has_own_dispatch, is_functional_tensor, plain_fake,
-    storage_key, symbolic_dispatch, sync,
+    pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
 )
 from .. import tracing
-from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
+from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed
@@ -174,10 +174,23 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 sys.setprofile(watch)
         else:
             out = super().__torch_dispatch__(func, types, args, kwargs)
+        if type(out) is FakeTensor and not written:
+            out = self._traced_constant_op(func, args, kwargs, out)
         if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:     # traced after it: eager's layout
             out = laid_out_as_kernel(func, args, out, lambda t, fmt: self.__torch_dispatch__(
                 _CLONE, (type(t),), (t,), {"memory_format": fmt}))
         return out
+
+
+    def _traced_constant_op(self, func, args, kwargs, out):
+        """``out`` as a traced value where an op of constants alone made it fresh: functionalization
+        wraps most such outputs, but not those of the ``*_like`` factories (``zeros_like(mask)``), so
+        a later in-place op on one (``.masked_fill_(mask, -inf)``, nn.MultiheadAttention's mask) was
+        taken for a write to a global. A view of a constant stays a constant's (a write to it is one)."""
+        if out.requires_grad or not returns_fresh(func) or any(
+                isinstance(a, FunctionalTensor) for a in pytree.tree_leaves((args, kwargs))):
+            return out
+        return FunctionalTensor(to_functional_tensor(out), self)
 
 
 _DEVICE = torch.ops.prim.device.default

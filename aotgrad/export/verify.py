@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import data_dependent_errors
+from ..analysis.ops import returns_fresh
 from ..errors import ExportFormatError
 from ..ir.records import layout
 from ..ir.values import STORED, FakeValues, TensorMeta
@@ -166,9 +167,21 @@ def _propagate(name: str, gm: fx.GraphModule, values: FakeValues, symbols: dict)
         elif n.op == "call_function":
             env[n] = _run(name, n, env, mode, values)
         if n.op != "output" and stored is not None and env[n] is not _UNKNOWN and not _matches(env[n], stored):
+            if _offset_only(n, env[n], stored):
+                env[n] = values.rebuild(stored)
+                continue
             raise ExportFormatError(f"node {n.name} of the artifact's {name} graph is recorded as {stored}, but "
                                     f"{n.target} computes {_describe(env[n])} from the values before it")
     return {n.name: v for n, v in env.items()}
+
+
+def _offset_only(n: fx.Node, value, stored) -> bool:
+    """A new tensor (not a view) recorded at another storage offset than fake tensors compute: the
+    offset of a fresh result is its kernel's business (``aten.copy`` on a slice clones the slice's
+    whole storage and keeps its offset; traced through functionalization it is recorded at 0). What
+    follows it is checked from the recorded value."""
+    return returns_fresh(n.target) and isinstance(stored, TensorMeta) and isinstance(value, torch.Tensor) \
+        and _matches(value, dataclasses.replace(stored, offset=value.storage_offset()))
 
 
 def _run(name, n, env, mode, values):
