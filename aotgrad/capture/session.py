@@ -181,7 +181,6 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 _CLONE, (type(t),), (t,), {"memory_format": fmt}))
         return out
 
-
     def _traced_constant_op(self, func, args, kwargs, out):
         """``out`` as a traced value where an op of constants alone made it fresh: functionalization
         wraps most such outputs, but not those of the ``*_like`` factories (``zeros_like(mask)``), so
