@@ -134,9 +134,8 @@ def returns_fresh(op) -> bool:
     """Whether every output of ``op`` is a new tensor (no alias annotation: not a view, not ``out=``)."""
     fresh = _FRESH.get(op)
     if fresh is None:
-        schema = getattr(op, "_schema", None)
-        fresh = _FRESH[op] = isinstance(op, OpOverload) and bool(schema.returns) and all(
-            r.alias_info is None for r in schema.returns)
+        fresh = _FRESH[op] = isinstance(op, OpOverload) and bool(op._schema.returns) and all(
+            r.alias_info is None for r in op._schema.returns)
     return fresh
 
 
