@@ -181,23 +181,34 @@ def test_concurrent_captures_of_one_model():
     model, x = Net(), torch.randn(5, 4)
     params = [(model, [id(p) for p in model.parameters()])]
     both = threading.Barrier(2, timeout=WAIT)
-    met, capturers = threading.local(), []
+    # Per thread: a list both threads append to would be a container one thread's trace reads while
+    # the other writes it (a race by the rules of aotgrad.guards.attribution, as in eager).
+    met = threading.local()
 
     def pause(net):
-        if threading.get_ident() in capturers and not getattr(met, "done", False):
+        if getattr(met, "capturing", False) and not getattr(met, "done", False):
             met.done = True
             assert _traced(net.fc1.weight)
             both.wait()
 
     def capture():
-        capturers.append(threading.get_ident())
+        met.capturing = True
         return aotgrad.capture(model, x).compile()
     model.pause = pause
     joins = [_start(capture) for _ in range(2)]
-    compiled = [j() for j in joins]
-    # The steps read ``met.done`` (a ``threading.local``: guarded per thread) as their capturing threads
-    # left it; this thread's own value must match for them to run here.
-    met.done = True
+    results = []
+    for j in joins:         # every thread joined before one's error is raised
+        try:
+            results.append((j(), None))
+        except BaseException as e:
+            results.append((None, e))
+    for _, e in results:
+        if e is not None:
+            raise e
+    compiled = [c for c, _ in results]
+    # The steps read ``met.capturing`` and ``met.done`` (a ``threading.local``: guarded per thread) as
+    # their capturing threads left them; this thread's own values must match for them to run here.
+    met.capturing = met.done = True
     _assert_nothing_left(model, params=params)
     for c in compiled:
         model.zero_grad()
