@@ -124,6 +124,14 @@ def replay_of(view, base) -> Replay | None:
     return Replay(sequence, required=base is None or not _replayable(view, base))
 
 
+def _detaches(replay: Replay) -> bool:
+    return any(type(vm).__name__.startswith("detach_") for vm in replay.sequence)
+
+
+def _only_detaches(replay: Replay) -> bool:
+    return all(type(vm).__name__.startswith("detach_") for vm in replay.sequence)
+
+
 def _reshaped_in_place(base) -> bool:
     """Whether ``base`` went through an in-place view op (``t_()``, ``unsqueeze_()``) itself: a view
     taken before it replays its ops on the base as it was then, not as it is returned."""
@@ -185,7 +193,14 @@ def _output_infos(f_outs, f_ins):
         storage = StorageWeakRef(o.untyped_storage())
         base = f_ins[in_storages[storage]] if storage in in_storages else (o._base if o._is_view() else None)
         replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) else None
-        if same_in is not None:
+        if replay is not None and storage in in_storages and not custom and torch.is_inference_mode_enabled() \
+                and not _only_detaches(replay):
+            # Inference mode records no autograd view, so the trace's view of an input neither is one nor
+            # requires grad; eager's is a view, and a leaf that requires grad where its base does (no detach).
+            base_rg = f_ins[in_storages[storage]].requires_grad and not _detaches(replay)
+            infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.relative(
+                o, f_ins[in_storages[storage]]), base_rg, is_leaf=True, replay=replay))
+        elif same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))

@@ -34,6 +34,21 @@ class _ParamView(nn.Module):
         return self.w.view(-1), self.w.t(), (x @ self.w).relu()
 
 
+class _ParamViewChains(nn.Module):
+    """Views through a detach (``.data``, ``detach()``), a detach alone, a slice, and views of the
+    inputs (one requires grad, one does not): under inference mode eager's view of a tensor that
+    requires grad is a leaf that requires grad, one through a detach is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x, y):
+        w = self.w
+        return w.detach().view(-1), w.data.t(), w.detach(), w[1:], w.unsqueeze(0)[0], x.view(-1), y.t(), \
+            (x @ w + y).sum()
+
+
 class _ParamWritten(nn.Module):
     """Writes its own weight in place where autograd does not see it (an update by hand, as an
     optimizer or a weight EMA does), then uses it: the written parameter stays the leaf it was."""
@@ -53,6 +68,8 @@ for _name, _outer in {"no_grad": torch.no_grad, "inference_mode": torch.inferenc
     program(f"batchnorm_train_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(*(lambda m, a: (m, *a))(*_bn(n))))
     program(f"param_views_under_{_name}", M, outer=_outer)(lambda n=4: fn(_ParamView(), r(n, 3)))
+    program(f"param_view_chains_under_{_name}", M, outer=_outer, must_match=True)(
+        lambda n=4: fn(_ParamViewChains(), r(n, 3), r(n, 3, rg=True)))
     program(f"param_written_without_grad_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(_ParamWritten(), r(n, 3)))
     program(f"input_written_under_{_name}", M, outer=_outer, must_match=True)(

@@ -27,11 +27,6 @@ KNOWN = {
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
         "them changed" for e in ("dynamo", "dynamo_inductor")},
-    **{("param_views_under_inference_mode", e):
-       "a view of a parameter returned under an outer inference_mode is traced as a detached alias (inference "
-       "mode records no autograd view): it comes back with requires_grad=False, eager's requires grad"
-       for e in ("capture", "capture_cudagraphs", "inductor", "min_cut", "budget", "jit", "jit_inductor",
-                 "capture_dynamic", "export")},
     ("aot_input_mutation_and_output_view", "export"):
         "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
         "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
