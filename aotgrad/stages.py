@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
 import torch.fx as fx
 
 from ._torch import pytree
@@ -254,6 +255,8 @@ class Exported:
                                             user_line=caller_line())
         try:
             return self.compiled.path.run(flat)
+        except torch.linalg.LinAlgError:
+            raise       # eager's own error for an input's values (a singular matrix), from the graph's check
         except (RuntimeError, IndexError, ValueError) as e:     # a check only running tensors make
             raise errors.ExportFormatError(f"the loaded step failed as it ran: {str(e)[:300]} (the artifact asks "
                                            "an operator or an input write for a value it refuses, or an input's "

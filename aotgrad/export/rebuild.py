@@ -74,6 +74,8 @@ def _checked_eager(gm, example_inputs):
     def checked(*args):
         try:
             return run(*args)
+        except torch.linalg.LinAlgError:
+            raise       # eager's own error for an input's values (a singular matrix): _linalg_check_errors
         except (RuntimeError, IndexError, ValueError) as e:
             raise errors.ExportFormatError(f"the loaded step's {kind} graph failed as it ran: {str(e)[:300]} (the "
                                            "artifact's graph asks an operator for a value it refuses, or an input's "

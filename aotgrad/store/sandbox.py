@@ -32,6 +32,10 @@ import torch
 from .._torch import OpOverload, dispatcher_has_kernel
 
 RUNTIME_OPS = frozenset({"aotgrad::rng_state.default", "aotgrad::set_rng_state.default"})   # passes.rng_rewind
+# Checks that return nothing and only raise, with eager's message, where a value is bad (a singular
+# matrix for linalg.inv, one not positive-definite for cholesky): dropping one would turn eager's error
+# into a wrong number; its one text argument names the API in that message.
+CHECKS = frozenset({"aten::_linalg_check_errors.default"})
 CAPTURE_ONLY = frozenset({"aotgrad::block_fw", "aotgrad::block_bw"})       # capture inlines them
 MODE_WORDS = frozenset({"approximate", "rounding_mode", "reduce", "padding", "mode", "equation", "indexing", "side",
                         "interpolation", "driver", "UPLO", "norm", "pad_mode", "ord"})
@@ -63,7 +67,7 @@ def refusal(op) -> str | None:
         return "it is not an operator overload"
     name = qualified_name(op)
     ns, _, base = op._schema.name.partition("::")
-    if name in RUNTIME_OPS:
+    if name in RUNTIME_OPS or name in CHECKS:
         return None
     if op._schema.name in CAPTURE_ONLY:
         return "it exists only while capturing (the capture inlines it)"

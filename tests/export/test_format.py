@@ -346,13 +346,37 @@ def test_allowlist_rule():
     aten = torch.ops.aten
     for op in (aten.mm.default, aten.addmm.default, aten.div.Tensor_mode, aten.gelu.default, aten.bernoulli.p,
                aten._local_scalar_dense.default, aten._unsafe_view.default, aten.empty_like.default,
-               torch.ops.prims.convert_element_type.default, torch.ops.aotgrad.rng_state.default):
+               torch.ops.prims.convert_element_type.default, torch.ops.aotgrad.rng_state.default,
+               aten._linalg_check_errors.default):
         assert refusal(op) is None, op
     for op in (aten.from_file.default, aten.copy_.default, aten.add_.Tensor, aten.mm.out, aten.set.source_Storage,
                aten._functional_assert_async.msg, aten._assert_async.default, aten.grad.default,
                aten.get_gradients.default, aten._sparse_coo_tensor_with_dims_and_tensors.default,
                torch.ops.aotgrad.tensor_hook.default, torch.ops.aotgrad.block_bw.default, operator_getattr()):
         assert refusal(op) is not None, op
+
+
+def test_linalg_step_loads_and_raises_eagers_error_on_a_singular_matrix(tmp_path):
+    """``linalg.inv`` traces a check that only raises (``_linalg_check_errors``): the artifact keeps
+    it, so a singular matrix raises eager's LinAlgError in the loaded step instead of returning inf."""
+    def f(a, b):
+        return (torch.linalg.inv(a) @ b).sum()
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 3, requires_grad=True), torch.randn(3, 2)
+    path = str(tmp_path / "inv.aotgrad")
+    aotgrad.capture(f, a, b).export(path)
+    step = aotgrad.load(path)
+    got, want = step(a, b), f(a, b)
+    got.backward()
+    g, a.grad = a.grad, None
+    want.backward()
+    assert torch.allclose(got, want) and torch.allclose(g, a.grad)
+    singular = torch.zeros(3, 3, requires_grad=True)
+    with pytest.raises(torch.linalg.LinAlgError) as eager:
+        f(singular, b)
+    with pytest.raises(torch.linalg.LinAlgError) as loaded:
+        step(singular, b)
+    assert str(loaded.value) == str(eager.value)
 
 
 def operator_getattr():
