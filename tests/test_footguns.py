@@ -149,7 +149,9 @@ def test_two_overlapping_input_views_data_and_metadata_mutation():
         a.mul_(2)
         b.t_()
         return a + 1, b + 1
-    eager_or_typed(f, make=make)
+    error = eager_or_typed(f, make=make)
+    typed_naming(error, "shares storage", "t_()")
+    assert "b.t_()" in error.user_line
 
 
 def test_t__on_an_input_the_backward_needs():

@@ -20,9 +20,9 @@ from ..runtime.hooks import custom_view
 from .session import Session, from_functional, functional_mode, to_functional
 
 
-def analyze(session: Session, flat_fn, fake_inputs: list, names=None) -> Analysis:
+def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=None) -> Analysis:
     """Run ``flat_fn`` functionalized on fakes and describe what it did (``names``: how a refusal
-    names each input)."""
+    names each input; ``shared``: input index -> the indices of the inputs sharing its storage)."""
     # Sizes that depend on data (nonzero, unique) get unbacked symbols; only the
     # joint trace binds them to graph nodes, so this pass does not track them.
     mode = functional_mode()
@@ -34,8 +34,10 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None) -> Analysi
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
         names = names or [f"input {i}" for i in range(len(f_ins))]
-        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)))
-                       for f, t, g, n in zip(f_ins, fake_inputs, grad_fns, names))
+        shared = shared or {}
+        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), [str(names[j]) for j in shared.get(i, ())
+                                                                            if j != i])
+                       for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
@@ -48,10 +50,11 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None) -> Analysi
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _input_info(f, t, grad_fn_before, name: str, line) -> InputInfo:
+def _input_info(f, t, grad_fn_before, name: str, line, others=()) -> InputInfo:
     """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
     recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
-    not, and is replayed without autograd. ``line``: where its layout or storage changed."""
+    not, and is replayed without autograd. ``line``: where its layout or storage changed; ``others``:
+    the inputs sharing its storage."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
     sync(f)
@@ -70,6 +73,10 @@ def _input_info(f, t, grad_fn_before, name: str, line) -> InputInfo:
         raise MutationError(f"an in-place metadata change of {name} (size {tuple(t.shape)} -> {tuple(f.shape)}, "
                             "e.g. t_() or unsqueeze_()), an input that requires grad, cannot be replayed; use the "
                             "out-of-place op and return the result", user_line=line)
+    if meta and others:
+        raise MutationError(f"{name}, which shares storage with {', '.join(others)}, has its metadata changed in "
+                            "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a shared base: "
+                            "use the out-of-place op and return the result", user_line=line)
     return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None)
 
 

@@ -89,15 +89,18 @@ def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Cap
 
 def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Captured:
     setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
+    # Inputs sharing a storage, by index: a layout change of one is refused at its op's line.
+    shared = {i: g.members for g in find_groups(setup.real_inputs, set(range(len(setup.real_inputs))))
+              for i in g.members}
     with timed(history, "analyze"):
-        analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs))
+        analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs,
+                                           shared))
     if getattr(setup.fn, "whole_step", False):
         # A training step's outputs and updated parameters are detached from any later backward (the
         # step ran its own): an inference graph, whose epilogue writes the updates in place.
         analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
     groups = find_groups(setup.real_inputs, changed)
-    _refuse_aliased_layout_changes(groups, analysis, setup.input_descs)
     if any(not v.is_static for g in groups for v in g.views):
         raise errors.UnsupportedError(
             "inputs that share storage, one of them written, are laid out with symbolic sizes or strides (Dynamo "
@@ -263,17 +266,6 @@ def rebased(setup: Setup, rb) -> Setup:
         fakes = tuple(session.fakeify(t) for t in tensors)
     return replace(setup, input_descs=tuple(rb.descs(setup.input_descs)), flat_fn=rb.wrap(setup.flat_fn),
                    session=session, fake_inputs=fakes, real_inputs=tuple(tensors), rebase=rb)
-
-
-def _refuse_aliased_layout_changes(groups, analysis, descs) -> None:
-    for g in groups:
-        moved = [i for i in g.members if analysis.inputs[i].mutates_metadata]
-        if moved:
-            others = ", ".join(str(descs[i]) for i in g.members if i != moved[0])
-            raise errors.MutationError(
-                f"{descs[moved[0]]}, which shares storage with {others}, has its metadata changed in place (t_(), "
-                "unsqueeze_(), resize_()...); that cannot be replayed through a shared base: use the out-of-place "
-                "op and return the result")
 
 
 def _traced(thunk):
