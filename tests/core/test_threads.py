@@ -43,6 +43,21 @@ def _start(fn, *args):
     return join
 
 
+def _join_all(joins) -> list:
+    """Every thread's value, in order; all are joined before the first error is raised (one left
+    running would go on into the next test)."""
+    results = []
+    for j in joins:
+        try:
+            results.append((j(), None))
+        except BaseException as e:
+            results.append((None, e))
+    for _, e in results:
+        if e is not None:
+            raise e
+    return [v for v, _ in results]
+
+
 def _patched_now():
     return (torch.nn.Module.__dict__["__call__"], torch.autograd.backward, torch.compiler.is_compiling,
             torch.manual_seed, torch.get_rng_state, torch.Tensor.__dict__.get("retain_grad"),
@@ -195,17 +210,7 @@ def test_concurrent_captures_of_one_model():
         met.capturing = True
         return aotgrad.capture(model, x).compile()
     model.pause = pause
-    joins = [_start(capture) for _ in range(2)]
-    results = []
-    for j in joins:         # every thread joined before one's error is raised
-        try:
-            results.append((j(), None))
-        except BaseException as e:
-            results.append((None, e))
-    for _, e in results:
-        if e is not None:
-            raise e
-    compiled = [c for c, _ in results]
+    compiled = _join_all([_start(capture) for _ in range(2)])
     # The steps read ``met.capturing`` and ``met.done`` (a ``threading.local``: guarded per thread) as
     # their capturing threads left them; this thread's own values must match for them to run here.
     met.capturing = met.done = True
@@ -297,7 +302,7 @@ def test_first_calls_of_one_jit_from_eight_threads_compile_once():
     def call():
         start.wait()
         return jitted(x)
-    outs = [j() for j in [_start(call) for _ in range(8)]]
+    outs = _join_all([_start(call) for _ in range(8)])
     assert len(jitted.entries) == 1, jitted.explain()
     for out in outs:
         assert_close(expected, out.detach(), "output", 1.3e-6, 1e-5)
@@ -326,7 +331,7 @@ def test_different_jits_with_backward_in_threads():
             opt.step()
         return len(jitted.entries)
     joins = [_start(train, m, x) for m, x in zip(models, xs)]
-    assert [j() for j in joins] == [1] * len(models)
+    assert _join_all(joins) == [1] * len(models)
     for ref, x, model in zip(refs, xs, models):
         opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for _ in range(3):
@@ -353,7 +358,7 @@ def test_torch_compile_with_aotgrad_from_two_threads():
     # point without a lock (two threads' first lookups of "aotgrad" race to register it).
     compiled = [torch.compile(m, backend="aotgrad") for m in models]
     try:
-        got = [j() for j in [_start(run, m, fn) for m, fn in zip(models, compiled)]]
+        got = _join_all([_start(run, m, fn) for m, fn in zip(models, compiled)])
     finally:
         torch._dynamo.reset()
     for ref, g in zip(refs, got):
