@@ -106,11 +106,9 @@ def _dynamo(fn, args, kwargs):
     return torch.compile(fn, backend="aotgrad")
 
 
-# Inference mode traces no autograd views: an output that is a view of a parameter (eager: requires
-# grad) and an enable_grad region inside (eager: an inference tensor) are traced as other outputs.
-KNOWN = {("jit", "param_view", "inference_mode"): "a view of a parameter returned under inference_mode is "
-         "traced as a detached alias: it comes back with requires_grad=False (eager: True)",
-         ("dynamo", "enable_grad_inside", "inference_mode"): "Dynamo's graph for an enable_grad region called "
+# Inference mode traces no autograd views: an enable_grad region inside (eager: an inference tensor)
+# is traced as another output.
+KNOWN = {("dynamo", "enable_grad_inside", "inference_mode"): "Dynamo's graph for an enable_grad region called "
          "under inference_mode returns an output that requires grad (eager: an inference tensor that does not)"}
 
 
