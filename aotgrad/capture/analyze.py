@@ -200,17 +200,17 @@ def _output_infos(f_outs, f_ins):
         storage = StorageWeakRef(o.untyped_storage())
         base = f_ins[in_storages[storage]] if storage in in_storages else (o._base if o._is_view() else None)
         replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) else None
-        if replay is not None and storage in in_storages and not custom and torch.is_inference_mode_enabled() \
+        if same_in is not None:
+            infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
+        elif id(o) in seen:
+            infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
+        elif replay is not None and storage in in_storages and not custom and torch.is_inference_mode_enabled() \
                 and not _only_detaches(replay):
             # Inference mode records no autograd view, so the trace's view of an input neither is one nor
             # requires grad; eager's is a view, and a leaf that requires grad where its base does (no detach).
             base_rg = f_ins[in_storages[storage]].requires_grad and not _detaches(replay)
             infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.relative(
                 o, f_ins[in_storages[storage]]), base_rg, is_leaf=True, replay=replay))
-        elif same_in is not None:
-            infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
-        elif id(o) in seen:
-            infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
         elif not custom and storage in in_storages and not o._is_view() and not rg \
                 and _same_elements(o, f_ins[in_storages[storage]]):
             infos.append(OutputInfo("input_detached", in_storages[storage], ViewMeta.relative(

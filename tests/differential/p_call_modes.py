@@ -49,6 +49,18 @@ class _ParamViewChains(nn.Module):
             (x @ w + y).sum()
 
 
+class _ParamViewTwice(nn.Module):
+    """One view of a parameter returned twice: the same object twice, as in eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        rows = self.w[1:]
+        return rows, (x @ self.w).sum(), rows
+
+
 class _ParamWritten(nn.Module):
     """Writes its own weight in place where autograd does not see it (an update by hand, as an
     optimizer or a weight EMA does), then uses it: the written parameter stays the leaf it was."""
@@ -70,6 +82,7 @@ for _name, _outer in {"no_grad": torch.no_grad, "inference_mode": torch.inferenc
     program(f"param_views_under_{_name}", M, outer=_outer)(lambda n=4: fn(_ParamView(), r(n, 3)))
     program(f"param_view_chains_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(_ParamViewChains(), r(n, 3), r(n, 3, rg=True)))
+    program(f"param_view_twice_under_{_name}", M, outer=_outer)(lambda n=4: fn(_ParamViewTwice(), r(n, 3)))
     program(f"param_written_without_grad_under_{_name}", M, outer=_outer, must_match=True)(
         lambda n=4: fn(_ParamWritten(), r(n, 3)))
     program(f"input_written_under_{_name}", M, outer=_outer, must_match=True)(
