@@ -89,9 +89,10 @@ def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Cap
 
 def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Captured:
     setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
-    # Inputs sharing a storage, by index: a layout change of one is refused at its op's line.
-    shared = {i: g.members for g in find_groups(setup.real_inputs, set(range(len(setup.real_inputs))))
-              for i in g.members}
+    # Inputs sharing a storage (a layout change of one is refused at its op's line); found once, the
+    # groups with a written member are taken from them after analysis.
+    sharing = find_groups(setup.real_inputs, set(range(len(setup.real_inputs))))
+    shared = {i: g.members for g in sharing for i in g.members}
     with timed(history, "analyze"):
         analysis = _traced(lambda: analyze(setup.session, setup.flat_fn, setup.fake_inputs, setup.input_descs,
                                            shared))
@@ -100,7 +101,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Cap
         # step ran its own): an inference graph, whose epilogue writes the updates in place.
         analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
-    groups = find_groups(setup.real_inputs, changed)
+    groups = [g for g in sharing if changed & set(g.members)]
     if any(not v.is_static for g in groups for v in g.views):
         raise errors.UnsupportedError(
             "inputs that share storage, one of them written, are laid out with symbolic sizes or strides (Dynamo "
