@@ -10,6 +10,7 @@ import torch
 from . import backends, partition
 from .backends.graph_info import GraphInfo, graph_info
 from .observe import timed
+from .partition.blocks import inline_calls
 from .partition.graphs import distinct_examples
 from .passes.compact_saved import compact_saved
 from .passes.input_writes import writes_in_graph
@@ -43,6 +44,13 @@ def _compile(compiler, gm, info: GraphInfo, step: dict | None = None):
     return without_autocast(fn, backward=info.kind == "backward")
 
 
+def _for(compiler, gm):
+    """``gm`` as ``compiler`` takes it: the eager backend runs calls of a repeated block's halves
+    (one Python function per half, for every layer); any other compiler gets their nodes copied in
+    (``runtime.regions`` finds the copies for those that compile a block once)."""
+    return gm if compiler is backends.eager else inline_calls(gm)
+
+
 def _with_grad(run):
     def run_with_grad(flat):
         with torch.enable_grad():
@@ -62,7 +70,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
     fw_c, bw_c = backends.compilers(options)
     if lay.is_inference:
         input_hooks(captured)       # refuses hooks an inference graph cannot replay
-        part, fw_gm, bw_gm = None, captured.joint, None
+        part, fw_gm, bw_gm = None, _for(fw_c, captured.joint), None
         if options.fw_compiler in ("inductor", "eager") and captured.setup.rebase is None:
             # Inductor fuses the writes into the kernels that compute them; the eager backend runs each
             # as soon as it can, freeing the new value (a whole step: eager's peak memory).
@@ -83,7 +91,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                 joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
             part = partitioner(joint, lay)
             info["saved"] = len(part.saved)
-        fw_gm, bw_gm = part.forward, part.backward
+        fw_gm, bw_gm = _for(fw_c, part.forward), _for(bw_c, part.backward)
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)) as step:
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)), step),
                               captured.analysis, fw_gm)

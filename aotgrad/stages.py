@@ -92,6 +92,13 @@ class Captured:
     def is_inference(self) -> bool:
         return self.layout.is_inference
 
+    @property
+    def flat_joint(self) -> fx.GraphModule:
+        """``joint`` with every call of a repeated block's half (``block0_forward(...)``) replaced by
+        a copy of the half's nodes: every operator the program runs, as a flat trace would have them."""
+        from .partition.blocks import inline_calls
+        return inline_calls(self.joint)
+
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="auto",
                 memory_budget=None, *, options: CompileOptions | None = None, **more) -> "Compiled":
         """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,

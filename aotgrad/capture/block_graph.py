@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
 from ..analysis.ops import is_random
+from ..partition.blocks import call_backward, call_forward, item, partition_block
 from ..passes import rng_positions
 from ..runtime import regions
 from .. import tracing
@@ -348,18 +349,25 @@ def _is_block(n: fx.Node, op) -> bool:
 
 
 def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, flat: dict) -> int:
-    """Replace every ``block_fw``/``block_bw`` node by a copy of its template's nodes (in place),
-    and write the direct gradients into the output; returns how many. ``recorded``: the trace's
-    :attr:`Direct.calls`; ``rng``: its :attr:`Direct.rng` (each call's random nodes' stream
-    positions); ``origins``, ``flat``: its :attr:`Direct.origins`, :attr:`Direct.flat`. Raises
-    :class:`SharedGradient`, :class:`FlatCall`."""
+    """Replace every ``block_fw``/``block_bw`` node by calls of its template's halves where they
+    stand for it (``partition.blocks``: a forward node with one backward node, a template the halves
+    can split), else by a copy of its template's nodes (in place); write the direct gradients into
+    the output; returns how many. ``recorded``: the trace's :attr:`Direct.calls`; ``rng``: its
+    :attr:`Direct.rng` (each call's random nodes' stream positions); ``origins``, ``flat``: its
+    :attr:`Direct.origins`, :attr:`Direct.flat`. Raises :class:`SharedGradient`, :class:`FlatCall`."""
     fw_op, bw_op = torch.ops.aotgrad.block_fw.default, torch.ops.aotgrad.block_bw.default
     calls = [n for n in gm.graph.nodes if _is_block(n, fw_op) or _is_block(n, bw_op)]
     inputs = list(gm.graph.find_nodes(op="placeholder"))
     flat = {**flat, **_summed_reaching_more(calls, recorded, origins, fw_op)}
     if flat:
         raise FlatCall(flat)
+    backwards: dict = {}    # call number -> how many backward nodes it has
+    for n in calls:
+        if n.target is bw_op:
+            call = recorded[n.args[2]][0]
+            backwards[call] = backwards.get(call, 0) + 1
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
+    kept: dict = {}         # call number -> (the halves, the call's inputs, the forward half's saved values)
     direct: dict = {}       # output slot -> the gradient's node
     for key in {n.args[1] for n in calls}:
         _hold_constants(gm, TEMPLATES[key])
@@ -370,14 +378,26 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
         passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
+            parts = halves(t) if KEEP and backwards.get(call) == 1 else None
+            if parts is not None:
+                given = dict(zip(passed, n.args[0]))
+                ins = [bound[p] if p in bound else given[p] for p in primals]
+                kept[call] = (parts, ins, _keep_forward(gm.graph, n, parts, ins))
+                continue
             forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs, (t.key, "fw", call))
             if t.random:
                 assert rng.get(call) is not None, "a block's random ops were stamped without stream positions"
                 for node, at in zip(t.random, rng[call]):
                     rng_positions.tag(env[node], at)
             continue
-        kept = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
-        env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept,
+        if call in kept:
+            grads = _keep_backward(gm.graph, n, t, *kept[call], slots)
+            for i, g in grads.items():
+                assert slots[i] not in direct, "a contested gradient was written directly"
+                direct[slots[i]] = g
+            continue
+        kept_grads = [g for i, g in zip(t.grad_at, t.bw_outs) if not slots[i]]
+        env = _stamp(gm.graph, n, forwards[call], passed + list(t.bw_ins[t.n_in:]), t.bw_nodes, kept_grads,
                      (t.key, "bw", call))
         for i, g in zip(t.grad_at, t.bw_outs):
             if slots[i]:
@@ -388,6 +408,42 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
     if calls:
         gm.recompile()
     return len(direct)
+
+
+KEEP = True     # tests turn it off to compare calls of a block's halves with copies of its nodes
+_HALVES: dict = {}      # template key -> its BlockParts, or None (a true cache: a template never changes)
+
+
+def halves(t: Template):
+    """The template's joint partitioned once (``partition.blocks.partition_block``), or None."""
+    if t.key not in _HALVES:
+        _HALVES[t.key] = partition_block(t.key, t.graph, t.bw_ins[:t.n_in], t.bw_ins[t.n_in:], t.fw_nodes,
+                                         t.fw_outs, t.bw_nodes, t.bw_outs)
+    return _HALVES[t.key]
+
+
+def _keep_forward(graph: fx.Graph, n: fx.Node, parts, ins: list) -> list:
+    """``n`` (a ``block_fw`` node) replaced by a call of the forward half; its saved values."""
+    node, saved = call_forward(graph, parts, ins, before=n)
+    for u in list(n.users):
+        assert u.target is operator.getitem, "a block call's result is read other than by index"
+        u.update_arg(0, node)       # the half returns the outputs first
+    graph.erase_node(n)
+    return saved
+
+
+def _keep_backward(graph: fx.Graph, n: fx.Node, t: Template, parts, ins: list, saved: list, slots: tuple) -> dict:
+    """``n`` (a ``block_bw`` node) replaced by a call of the backward half; the gradients written
+    directly, by input position."""
+    given = list(n.args[0])
+    tangents = given[len(given) - parts.n_tangents:] if parts.n_tangents else []
+    node = call_backward(graph, parts, ins, saved, tangents, before=n)
+    returned = [j for j, i in enumerate(t.grad_at) if not slots[i]]     # what n returned, by the half's order
+    for u in list(n.users):
+        assert u.target is operator.getitem, "a block call's result is read other than by index"
+        u.args = (node, returned[u.args[1]])
+    graph.erase_node(n)
+    return {i: item(graph, node, j) for j, i in enumerate(t.grad_at) if slots[i]}
 
 
 def _hold_constants(gm: fx.GraphModule, t: Template) -> None:

@@ -28,6 +28,7 @@ from .. import tracing
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
 from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
+from ..partition.blocks import is_call
 from .blocks import reusing, unseen_inputs
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import HookRecord, layout
@@ -120,6 +121,9 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Cap
         analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = reuse.count(), reuse.whole
+        kept = sum(is_call(n) and n.target.kind == "forward" for n in joint.graph.nodes)
+        if kept:
+            info["blocks called as halves"] = kept
         if reuse.why:
             info["blocks run flat"] = dict(reuse.why)
     if setup.session.grad_enabled or not lay.is_inference:

@@ -45,12 +45,14 @@ def _arg_out(a):
     return fx.node.map_arg(a, lambda n: Ref(n.name))
 
 
-def dump_graph(gm: fx.GraphModule) -> dict:
+def dump_graph(gm: fx.GraphModule, target_out=None) -> dict:
+    """``gm`` as plain data; ``target_out(target)`` names a call target ``_target_out`` does not know
+    (a repeated block's half, for the store's codec), or None."""
     nodes, attrs, meta, symbols = [], {}, {}, {}
     for n in gm.graph.nodes:
         target = n.target
         if n.op == "call_function":
-            target = _target_out(n.target)
+            target = (target_out and target_out(n.target)) or _target_out(n.target)
         elif n.op == "get_attr":
             attrs[n.target] = _attr(gm, n.target)
         elif n.op not in ("placeholder", "output"):

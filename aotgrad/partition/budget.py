@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..ir.records import JointLayout
 from ..errors import BudgetError, caller_line
+from .blocks import inline_calls
 from .costs import flops, may_recompute, never_recompute, node_bytes
 from .default import Partition, default_partition, forward_nodes
 from .memory import estimate
@@ -90,6 +91,7 @@ def pick(candidates, target: int, default_saved: int) -> Partition:
 
 def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:
     """The partition with the least recomputation whose saved bytes fit ``budget``."""
+    joint = inline_calls(joint)     # a block's halves are opaque to the cut: it decides per op
     default_saved = estimate(default_partition(joint, lay)).saved_bytes
     return pick(chain(joint, lay, policy), target_bytes(budget, default_saved), default_saved)
 

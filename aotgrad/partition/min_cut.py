@@ -24,6 +24,7 @@ from ..ir.records import JointLayout
 from ..analysis.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
 from .default import Partition, build, default_partition, forward_nodes, split_nodes
+from .blocks import inline_calls
 from .graphs import ancestors, is_sym
 from .memory import estimate
 
@@ -158,6 +159,7 @@ def min_cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
     where it saves more than the default partitioner; otherwise the default's
     partition is kept when the cut would save more.
     """
+    joint = inline_calls(joint)     # a block's halves are opaque to the cut: it decides per op
     part = cut_partition(joint, lay, policy, extra)
     if policy in STRICT:
         return part

@@ -28,6 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import copy_node
 from ..analysis.ops import RUNS_IN_FORWARD, draws_at_backward
+from ..partition.blocks import inline_calls
 from ..partition.graphs import descendants
 from ..scoped import FX_TRACING
 from .cleanup import copy_module
@@ -92,7 +93,9 @@ def _inline(graph: fx.Graph, fn, args: list, before: fx.Node) -> fx.Node:
 
 
 def compact_saved(joint: fx.GraphModule, n_primals: int) -> fx.GraphModule:
-    """A copy of ``joint`` with both rewrites (``joint`` itself when neither applies)."""
+    """A copy of ``joint`` with both rewrites (``joint`` itself when neither applies). A block's
+    halves are opaque to the rewrites: their nodes are copied in first."""
+    joint = inline_calls(joint)
     pools, masks = _pools(joint), _masks(joint, n_primals)
     if not pools and not masks:
         return joint

@@ -20,6 +20,7 @@ from .. import errors
 from . import codec, tensors as tensor_io
 from . import schema     # also registers the stage metadata classes with the codec
 from ..ir.graphs import Unserializable
+from ..partition.blocks import inline_calls
 from .manifest import FORMAT, VERSION
 
 
@@ -46,10 +47,11 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
     _refuse(captured)
     named: dict = {}
     sig = captured.setup.signature
-    part = None if captured.is_inference else partition.get(partitioner, memory_budget)(captured.joint,
-                                                                                       captured.layout)
-    gms = {"joint": captured.joint} if part is None else {"joint": captured.joint, "forward": part.forward,
-                                                           "backward": part.backward}
+    # The format lists every operator a loaded step runs and checks each node's value: repeated
+    # blocks are written as copies of their halves' nodes, not calls (the disk cache keeps the calls).
+    joint = inline_calls(captured.joint)
+    part = None if captured.is_inference else partition.get(partitioner, memory_budget)(joint, captured.layout)
+    gms = {"joint": joint} if part is None else {"joint": joint, "forward": part.forward, "backward": part.backward}
     graphs = {k: codec.encode_graph(gm, named, f"graph/{k}/") for k, gm in gms.items()}
     state = _state_specs(captured, named if values else None)
     step = _step(captured, named if values else None)

@@ -25,6 +25,7 @@ import torch.fx as fx
 from .._torch import OpOverload, append_node, lazy_graph_module
 from ..errors import ExportFormatError
 from ..ir.graphs import Ref, Unserializable, dump_graph
+from ..partition.blocks import BlockPart
 from . import sandbox, symbolic as exprs
 
 OP_NAMESPACES = ("aten", "prims", "aotgrad")
@@ -161,7 +162,8 @@ def _decode_dataclass(v, env, sym):
 def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str, symbolic: bool = False) -> dict:
     """A graph as JSON; tensors its ``get_attr`` nodes read go into ``tensors`` under ``prefix``.
     ``symbolic`` admits a dynamic graph's size arithmetic and symbolic node values."""
-    data = dump_graph(gm)
+    parts: dict = {}       # name -> a repeated block's half the graph calls (partition.blocks)
+    data = dump_graph(gm, lambda t: _block_out(t, parts))
     nodes, dropped = [], set()
     for n, (op, name, target, args, kwargs) in zip(gm.graph.nodes, data["nodes"]):
         if op == "call_function" and target[0] == "op" and target[1] in _PROFILER_RANGES:
@@ -169,7 +171,9 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str, symbolic: bool 
             continue
         if dropped and _names_in((args, kwargs)) & dropped:
             raise Unserializable(f"graph node {name} uses a profiler range's handle")
-        if op == "call_function":
+        if op == "call_function" and target[0] == "block":
+            target = {"block": target[1]}
+        elif op == "call_function":
             target = _encode_target(target, symbolic)
             if n.target in sandbox.ARITHMETIC and not _numbers(n.target, n.args, n.kwargs):
                 raise Unserializable(f"graph node {name}: {n.target.__name__} of two integers or of other values")
@@ -184,7 +188,17 @@ def encode_graph(gm: fx.GraphModule, tensors: dict, prefix: str, symbolic: bool 
         if not symbolic:
             raise Unserializable("a graph with symbolic sizes")
         out["symbols"] = data["symbols"]
+    if parts:
+        out["blocks"] = {name: encode_graph(p.gm, tensors, f"{prefix}{name}/", symbolic) for name, p in parts.items()}
     return out
+
+
+def _block_out(t, parts: dict):
+    """``("block", name)`` for a call of a repeated block's half (its graph goes into ``blocks``)."""
+    if type(t) is not BlockPart:
+        return None
+    parts.setdefault(t.__name__, t)
+    return ("block", t.__name__, None)
 
 
 _PROFILER_RANGES = ("profiler::_record_function_enter", "profiler::_record_function_enter_new",
@@ -245,6 +259,7 @@ def decode_graph(data: dict, tensors: dict, prefix: str, values=None, symbolic: 
     """The graph ``encode_graph`` wrote: every call target resolved through :func:`resolve_target`.
     ``values`` (a ``FakeValues``) rebuilds its node values, shared by graphs that share symbols."""
     graph, env = fx.Graph(), {}
+    parts = _Parts(data.get("blocks", {}), tensors, prefix, values, symbolic)
     try:
         for op, name, target, args, kwargs in data["nodes"]:
             if not isinstance(name, str) or not _IDENT.match(name) or name in env:
@@ -258,7 +273,7 @@ def decode_graph(data: dict, tensors: dict, prefix: str, values=None, symbolic: 
                 node = graph.create_node("get_attr", target, name=name)
             elif op == "call_function" and isinstance(a, tuple) and isinstance(k, dict):
                 # Arguments are decoded nodes and constants (no raw symbolic value): appended without fx's scan.
-                node = append_node(graph, "call_function", name, _checked_call(name, target, a, k, symbolic), a, k)
+                node = append_node(graph, "call_function", name, _checked_call(name, target, a, k, symbolic, parts), a, k)
             else:
                 raise ExportFormatError(f"graph node {name} has an operation the format does not define ({_short(op)})")
             if op != "output":
@@ -275,10 +290,14 @@ def decode_graph(data: dict, tensors: dict, prefix: str, values=None, symbolic: 
         raise ExportFormatError(f"a graph in the artifact is malformed ({type(e).__name__}: {_short(str(e))})") from None
 
 
-def _checked_call(name, target, a, k, symbolic):
+def _checked_call(name, target, a, k, symbolic, parts):
     """The function a node calls, where its arguments are ones it may take. (Named as it is made: an
     automatic name (``getitem_15``) taken first and renamed after would keep a later node from getting
     that very name.)"""
+    if isinstance(target, dict) and set(target) == {"block"}:
+        if not (len(a) == 1 and isinstance(a[0], list) and all(isinstance(x, fx.Node) for x in a[0]) and not k):
+            raise ExportFormatError(f"graph node {name} calls a block's half with other than one list of nodes")
+        return parts.get(target["block"])
     fn = resolve_target(target, symbolic)
     if fn is operator.getitem and not (len(a) == 2 and isinstance(a[0], fx.Node) and type(a[1]) is int and not k):
         raise ExportFormatError(f"graph node {name} takes an element of something other than a node's result")
@@ -286,6 +305,30 @@ def _checked_call(name, target, a, k, symbolic):
         raise ExportFormatError(f"graph node {name} calls {fn.__name__} on something other than one or two numbers "
                                 "(a power needs a float constant operand)")
     return fn
+
+
+class _Parts:
+    """The halves of repeated blocks a stored graph calls (its ``blocks``), each decoded once, by the
+    same rules as the graph (a half calls no block)."""
+    _NAME = re.compile(r"^block(\d{1,9})_(forward|backward)$")
+
+    def __init__(self, stored, tensors, prefix, values, symbolic):
+        if not isinstance(stored, dict):
+            raise ExportFormatError("a graph's blocks are not a table of graphs")
+        self.stored, self.args, self.made = stored, (tensors, prefix, values, symbolic), {}
+
+    def get(self, name) -> BlockPart:
+        m = self._NAME.match(name) if isinstance(name, str) else None
+        if m is None or name not in self.stored:
+            raise ExportFormatError(f"a graph calls a block's half {_short(name)} it does not hold; nothing was run")
+        if name not in self.made:
+            tensors, prefix, values, symbolic = self.args
+            data = self.stored[name]
+            if not isinstance(data, dict) or data.get("blocks"):
+                raise ExportFormatError(f"the block's half {name} is not a graph, or calls another block")
+            self.made[name] = BlockPart(int(m[1]), m[2], decode_graph(data, tensors, f"{prefix}{name}/", values,
+                                                                      symbolic))
+        return self.made[name]
 
 
 def _numbers(fn, a: tuple, k: dict) -> bool:

@@ -1,4 +1,5 @@
 """Repeated blocks traced once (aotgrad.capture.blocks): the graph, values and guards of a flat capture."""
+import operator
 from collections import Counter
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from dataclasses import replace
 
 import aotgrad
+from aotgrad.analysis.ops import aliases_input
 from aotgrad import errors
 from aotgrad.capture import block_graph, block_groups, blocks
 from examples import models
@@ -75,7 +77,10 @@ def test_gpt_blocks_traced_once_match_the_flat_capture_exactly():
         captured = aotgrad.capture(model, *args, reuse_blocks=reuse)
         loss = captured.compile(fw_compiler="eager")(*args)
         loss.backward()
-        ops = Counter(str(n.target) for n in captured.joint.graph.nodes)
+        # Every operator but views and unpacking (a block's backward half makes a view of its input
+        # again rather than saving it) the flat trace computes, as often.
+        ops = Counter(str(n.target) for n in captured.flat_joint.graph.nodes
+                      if n.op == "call_function" and n.target is not operator.getitem and not aliases_input(n))
         runs.append((captured, loss.detach(), [p.grad for p in model.parameters()], ops))
     (c_on, loss_on, grads_on, ops_on), (c_off, loss_off, grads_off, ops_off) = runs
     assert reused(c_on) == 2 and reused(c_off) == 0

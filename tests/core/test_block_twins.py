@@ -1,10 +1,12 @@
 """The twin stacks of ``tests/differential/p_blocks.py`` with block reuse on and off: the same
-outputs and gradients bit for bit (reuse stamps the flat trace's graph), and reuse where it is
+outputs and gradients bit for bit (reuse stamps the flat trace's graph, or calls the halves of the template's
+joint partitioned once), and reuse where it is
 sound. The differential suite compares the same programs with eager through every entry point."""
 import pytest
 import torch
 
 import aotgrad
+from aotgrad.capture import block_graph
 from tests.differential.p_blocks import G
 from tests.differential.programs import PROGRAMS
 
@@ -123,8 +125,12 @@ def test_every_twin_program_has_an_expectation():
     assert sorted(REUSED) == TWINS
 
 
+@pytest.mark.parametrize("halves", [True, False], ids=["halves", "copies"])
 @pytest.mark.parametrize("name", TWINS)
-def test_reuse_stamps_the_flat_graph(name):
+def test_reuse_stamps_the_flat_graph(name, halves, monkeypatch):
+    """Calls of a template's halves (partition/blocks.py) and copies of its nodes, each bit for bit
+    the flat trace."""
+    monkeypatch.setattr(block_graph, "KEEP", halves)
     used, out, grads = _run(name, True)
     flat_used, flat_out, flat_grads = _run(name, False)
     assert flat_used == 0
@@ -153,8 +159,9 @@ def test_scalars_changed_after_the_first_call_are_seen_where_a_block_reads_them(
 
 
 @pytest.mark.parametrize("name", sorted(REGIONS))
-def test_copies_share_a_compiled_block_only_where_equal(name):
+def test_copies_share_a_compiled_block_only_where_equal(name, monkeypatch):
     from aotgrad.runtime import regions
+    monkeypatch.setattr(block_graph, "KEEP", False)     # copies of the template's nodes, not calls of its halves
     fn, args, kwargs = PROGRAMS[name].make()
     fw = aotgrad.capture(fn, *args, **kwargs).compile().forward_graph.graph
     found = [len(regions.repeated(fw)), len(regions.repeated(fw, layouts=True))]

@@ -10,6 +10,7 @@ import torch
 import torch.fx as fx
 
 import aotgrad
+from aotgrad.capture import block_graph
 from aotgrad.runtime import codegen, regions
 from tests.core.test_block_reuse import make_stack
 from tests.eager_check import check_training
@@ -135,7 +136,7 @@ def test_boxed_inputs_die_inside_the_block():
 def _edit_one_copy(captured, call_index: int):
     """The joint with the ``tanh`` of one block copy's forward made a ``sigmoid`` (its backward is
     left as it is: only the values matter here, not their meaning)."""
-    gm = captured.joint
+    gm = captured.flat_joint
     calls = sorted({n.meta[regions.TAG][2] for n in gm.graph.nodes if regions.TAG in n.meta})
     edited = 0
     for n in gm.graph.nodes:
@@ -173,6 +174,7 @@ def test_an_edited_copy_runs_its_own_code(monkeypatch, which):
 
 @pytest.mark.parametrize("n", [2, 5])
 def test_stack_trains_like_eager_and_inline(monkeypatch, n):
+    monkeypatch.setattr(block_graph, "KEEP", False)     # copies of the template's nodes, not calls of its halves
     make = make_stack(n=n)
     model, args = make()
     compiled = aotgrad.capture(model, *args).compile()
@@ -194,9 +196,12 @@ def test_stack_trains_like_eager_and_inline(monkeypatch, n):
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
 
 
-def test_an_op_failing_inside_a_block_names_the_users_line():
+@pytest.mark.parametrize("halves", [True, False], ids=["halves", "copies"])
+def test_an_op_failing_inside_a_block_names_the_users_line(monkeypatch, halves):
     """An op that refuses its inputs at run time inside a compiled block is an OpError naming the
-    block's line, as it is in inline code."""
+    block's line, as it is in inline code: in a call of the block's forward half, and in a region
+    of copies of its nodes."""
+    monkeypatch.setattr(block_graph, "KEEP", halves)
     class Gather(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -219,7 +224,9 @@ def test_an_op_failing_inside_a_block_names_the_users_line():
     idx = torch.zeros(3, 4, dtype=torch.long)
     compiled = aotgrad.capture(net, h, idx).compile()
     # The last block runs flat (its output's gradient is the expand of a sum), the others share one.
-    assert _calls(codegen.python_function(compiled.forward_graph, "forward").source) == {2}
+    source = codegen.python_function(compiled.forward_graph, "forward").source
+    assert _calls(source) == (set() if halves else {2}), source
+    assert len(re.findall(r"block\d+_forward(?:_\d+)? = ", source)) == (2 if halves else 0), source
     with pytest.raises(aotgrad.errors.OpError) as e:
         compiled(h, idx + 7)
     assert "idx out of range fails here" in str(e.value), str(e.value)
