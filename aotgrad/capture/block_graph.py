@@ -5,11 +5,13 @@ A :class:`Template` is one block's joint graph (``(*state, *inputs, *tangents) -
 reached from a tangent). While the whole program is traced, each call of a block
 that has a template becomes one ``aotgrad::block_fw`` node (outputs and the values
 its backward reads) and, when autograd reaches it, one ``aotgrad::block_bw`` node;
-:func:`inline_blocks` then replaces both by copies of the template's nodes, so the
-captured joint is the graph a flat trace would have made::
+:func:`inline_blocks` then replaces both by calls of the template's halves (its joint
+partitioned once, ``partition/blocks.py``) where the template splits, else by copies of the
+template's nodes, the graph a flat trace would have made::
 
-    before: r = block_fw([w, x], 3); y = r[0]; s = r[1] ... g = block_bw([w, x, s, t], 3)
-    after:  a = mm(x, w); y = relu(a) ... g = threshold_backward(t, y, 0) ...
+    before: r = block_fw([w, x], 3); y = r[0] ... g = block_bw([w, x, t], 3)
+    halves: r = block3_forward([w, x]); y = r[0]; s = r[1] ... g = block3_backward([w, s, t])
+    copies: a = mm(x, w); y = relu(a) ... g = threshold_backward(t, y, 0) ...
 
 The gradients of a block's own parameters do not pass through the joint's trace at all: a
 ``block_bw`` node returns only the gradients autograd must route on (its arguments'), and
