@@ -186,8 +186,7 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
         if n.target is operator.getitem and n.args[0] in outs:
             env[n] = outs[n.args[0]][n.args[1]]
         elif is_call(n):
-            part = n.target
-            outs[n] = _stamp(g, part, [env[a] for a in n.args[0]], (part.key, "fw" if part.kind == "forward" else "bw", k), constants)
+            outs[n] = _stamp(g, n.target, [env[a] for a in n.args[0]], k, constants)
         else:
             env[n] = copy_node(g, n, env.__getitem__)
             if n.op == "get_attr":
@@ -197,7 +196,10 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
     return flat
 
 
-def _stamp(g: fx.Graph, part: BlockPart, args: list, tag, constants: dict) -> list:
+def _stamp(g: fx.Graph, part: BlockPart, args: list, call: int, constants: dict) -> list:
+    """Copies of ``part``'s nodes reading ``args``, tagged as call ``call`` of its template for
+    ``runtime.regions``; the copies of its outputs."""
+    tag = (part.key, "fw" if part.kind == "forward" else "bw", call)
     src = part.gm
     env = dict(zip(src.graph.find_nodes(op="placeholder"), args))
     for n in src.graph.nodes:
