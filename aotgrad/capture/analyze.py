@@ -131,12 +131,9 @@ def replay_of(view, base) -> Replay | None:
     return Replay(sequence, required=base is None or not _replayable(view, base))
 
 
-def _detaches(replay: Replay) -> bool:
-    return any(type(vm).__name__.startswith("detach_") for vm in replay.sequence)
-
-
-def _only_detaches(replay: Replay) -> bool:
-    return all(type(vm).__name__.startswith("detach_") for vm in replay.sequence)
+def _is_detach(view_meta) -> bool:
+    """Whether one step of a replayed view is ``detach()``/``.data`` (functionalization's ``detach_ViewMeta``)."""
+    return type(view_meta).__name__.startswith("detach_")
 
 
 def _reshaped_in_place(base) -> bool:
@@ -205,10 +202,10 @@ def _output_infos(f_outs, f_ins):
         elif id(o) in seen:
             infos.append(OutputInfo("output", seen[id(o)], requires_grad=rg, is_leaf=leaf))
         elif replay is not None and storage in in_storages and not custom and torch.is_inference_mode_enabled() \
-                and not _only_detaches(replay):
+                and not all(map(_is_detach, replay.sequence)):
             # Inference mode records no autograd view, so the trace's view of an input neither is one nor
             # requires grad; eager's is a view, and a leaf that requires grad where its base does (no detach).
-            base_rg = f_ins[in_storages[storage]].requires_grad and not _detaches(replay)
+            base_rg = f_ins[in_storages[storage]].requires_grad and not any(map(_is_detach, replay.sequence))
             infos.append(OutputInfo("input_view", in_storages[storage], ViewMeta.relative(
                 o, f_ins[in_storages[storage]]), base_rg, is_leaf=True, replay=replay))
         elif not custom and storage in in_storages and not o._is_view() and not rg \
