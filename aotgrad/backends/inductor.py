@@ -145,16 +145,17 @@ def _opaque(op):
     return made
 
 
-def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose random ops (``nondeterministic_seeded``) run as eager runs them, in
-    eager's order: neither decomposed (``native_dropout`` into ``rand_like``, which draws other
-    numbers on CUDA) nor lowered by Inductor (whose fused kernels have read an in-place
-    ``bernoulli_`` buffer before its fallback filled it), each after the one before it."""
-    import operator
-
+def _random_ops_opaque(gm: fx.GraphModule) -> tuple:
+    """``(graph, extra)``: a copy of ``gm`` whose random ops (``nondeterministic_seeded``) run as
+    eager runs them, in eager's order: neither decomposed (``native_dropout`` into ``rand_like``,
+    which draws other numbers on CUDA) nor lowered by Inductor (whose fused kernels have read an
+    in-place ``bernoulli_`` buffer before its fallback filled it), each after the one before it.
+    A draw nothing reads (``F.dropout(x)`` discarded) still advances eager's stream, but Inductor
+    drops what no output needs: the last draw is one more output (``extra`` 1), which the caller
+    drops, and every draw before it is an argument of the next."""
     from ..analysis.ops import is_random
     if not any(is_random(n) for n in gm.graph.nodes):
-        return gm
+        return gm, 0
     gm = copy_module(gm)
     prev = None
     for n in list(gm.graph.nodes):
@@ -166,8 +167,12 @@ def _random_ops_opaque(gm: fx.GraphModule) -> fx.GraphModule:
             with gm.graph.inserting_after(n):
                 prev = gm.graph.call_function(operator.getitem, (n, 0))
                 prev.meta["val"] = n.meta["val"][0]
+    if prev is None:
+        return gm, 0
+    out = gm.graph.output_node()
+    out.args = ((*out.args[0], prev),)
     gm.recompile()
-    return gm
+    return gm, 1
 
 
 _OFFSET_ARG = {torch.ops.aten.as_strided.default: 3, torch.ops.aten.as_strided_.default: 3,
@@ -239,8 +244,11 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
         relative, watched = _relative_offsets(gm, example_inputs)
-        decomposed = _decompose(_random_ops_opaque(relative), example_inputs, fake_mode)
+        opaque, extra = _random_ops_opaque(relative)
+        decomposed = _decompose(opaque, example_inputs, fake_mode)
         compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+    if extra:
+        compiled = _dropping_last(compiled)
     if not watched:
         return compiled
 
@@ -249,6 +257,13 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
             return gm.forward(*args)
         return compiled(args)
     return offsets_checked
+
+
+def _dropping_last(compiled):
+    """``compiled`` without its last output (a draw kept alive, :func:`_random_ops_opaque`)."""
+    def run(args):
+        return list(compiled(args))[:-1]
+    return run
 
 
 def _lazy_backward(gm: fx.GraphModule, example_inputs: list, fake_mode):

@@ -57,6 +57,9 @@ FAMILY = {
     "dropout_twice": (lambda x: F.dropout(F.dropout(x, 0.5) * x, 0.3), (_rg(7, 5),)),
     "fills_gapped_views": (_fill_gapped_views, (_rg(4, 8),)),
     "random_from_to": (lambda x: (x * 1).random_(0, 10) * x + (x * 1).random_(5), (_rg(4, 8),)),
+    # Draws nothing reads still advance the stream (Inductor drops what no output needs).
+    "draws_nothing_reads": (lambda x: (F.dropout(x, 0.5), torch.rand(3), x * 2)[-1], (_rg(4, 6),)),
+    "dropout_then_unread_draw": (lambda x: (F.dropout(x, 0.5), torch.rand_like(x))[0], (_rg(4, 6),)),
 }
 
 
