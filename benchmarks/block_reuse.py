@@ -1,6 +1,6 @@
 """How many block calls of real models a template stands for (``reused blocks``), how many of those
 are calls of the template's halves (its joint partitioned once, ``partition/blocks.py``; the others
-are copies of its nodes: a random op inside, or no backward), and how many calls the repeated blocks make: HF GPT-2, Llama, BERT, T5 and timm ViT from ``tests.models.zoo``
+are copies of its nodes: a block whose draws replay or rewind the stream, or with no backward), and how many calls the repeated blocks make: HF GPT-2, Llama, BERT, T5 and timm ViT from ``tests.models.zoo``
 (tiny configs, random weights), in training (dropout on) and in eval (dropout off).
 
     python -m benchmarks.block_reuse

@@ -12,9 +12,14 @@ from .._torch import OpOverload, known_true, suggest_memory_format
 def is_random(node: fx.Node) -> bool:
     """Ops that draw from the RNG (dropout masks, rand, bernoulli). An attention op is tagged
     random because it *can* drop out: with ``dropout_p`` 0 it draws nothing (eager's kernels take
-    no generator state then), so it is deterministic like any other op."""
+    no generator state then), so it is deterministic like any other op. A call of a repeated
+    block's half (``partition.blocks.BlockPart``) draws when its graph does (its ``aotgrad_draws``)."""
     t = node.target
-    if not (node.op == "call_function" and isinstance(t, OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+    if node.op != "call_function":
+        return False
+    if not isinstance(t, OpOverload):
+        return getattr(t, "aotgrad_draws", False) is True
+    if torch.Tag.nondeterministic_seeded not in t.tags:
         return False
     at = _dropout_p_at(t)
     if at is None:
@@ -36,6 +41,8 @@ def _dropout_p_at(op: OpOverload):
 
 
 RNG_META = "aotgrad_rng"   # (device, epoch, index) a random node draws at; see passes.rng_positions
+RNG_PHASE = "aotgrad_rng_phase"     # "fw" or "bw", the pass a random node was traced in
+RNG_CALL = "aotgrad_rng_call"       # a call of a block's half: ((RNG_META, RNG_PHASE), ...) of its draws, in order
 
 
 def draws_at_backward(node: fx.Node) -> bool:

@@ -6,8 +6,9 @@ reached from a tangent). While the whole program is traced, each call of a block
 that has a template becomes one ``aotgrad::block_fw`` node (outputs and the values
 its backward reads) and, when autograd reaches it, one ``aotgrad::block_bw`` node;
 :func:`inline_blocks` then replaces both by calls of the template's halves (its joint
-partitioned once, ``partition/blocks.py``) where the template splits, else by copies of the
-template's nodes, the graph a flat trace would have made::
+partitioned once, ``partition/blocks.py``) where the template splits and its draws, if any, are
+the trace's own (:func:`_draws_in_order`), else by copies of the template's nodes, the graph a
+flat trace would have made::
 
     before: r = block_fw([w, x], 3); y = r[0] ... g = block_bw([w, x, t], 3)
     halves: r = block3_forward([w, x]); y = r[0]; s = r[1] ... g = block3_backward([w, s, t])
@@ -32,6 +33,8 @@ from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_o
 from ..analysis.ops import is_random
 from ..partition.blocks import call_backward, call_forward, item, partition_block
 from ..passes import rng_positions
+from ..passes.rng import positions, replays_or_rewinds
+from ..passes.rng_layout import needs_memory_order
 from ..runtime import regions
 from .. import tracing
 
@@ -368,6 +371,7 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
         if n.target is bw_op:
             call = recorded[n.args[2]][0]
             backwards[call] = backwards.get(call, 0) + 1
+    in_order = _draws_in_order(gm, rng)
     forwards: dict = {}     # call number -> the forward copy's nodes, by template node
     kept: dict = {}         # call number -> (the halves, the call's inputs, the forward half's saved values)
     direct: dict = {}       # output slot -> the gradient's node
@@ -380,11 +384,11 @@ def inline_blocks(gm: fx.GraphModule, recorded: dict, rng: dict, origins: dict, 
         bound = {p: inputs[b] for p, b in zip(primals, unseen) if b >= 0}
         passed = [p for p in primals if p not in bound]
         if n.target is fw_op:
-            parts = halves(t) if KEEP and backwards.get(call) == 1 else None
+            parts = halves(t) if KEEP and backwards.get(call) == 1 and (not t.random or in_order) else None
             if parts is not None:
                 given = dict(zip(passed, n.args[0]))
                 ins = [bound[p] if p in bound else given[p] for p in primals]
-                kept[call] = (parts, ins, _keep_forward(gm.graph, n, parts, ins))
+                kept[call] = (parts, ins, _keep_forward(gm.graph, n, parts, ins, rng.get(call)))
                 continue
             forwards[call] = env = _stamp(gm.graph, n, bound, passed, t.fw_nodes, t.fw_outs, (t.key, "fw", call))
             if t.random:
@@ -417,16 +421,31 @@ _HALVES: dict = {}      # template key -> its BlockParts, or None (a true cache:
 
 
 def halves(t: Template):
-    """The template's joint partitioned once (``partition.blocks.partition_block``), or None."""
+    """The template's joint partitioned once (``partition.blocks.partition_block``), or None (also
+    for draws that must fill a permuted layout in memory order: ``passes.rng_layout`` rewrites those
+    in the flat graph, not in a half)."""
     if t.key not in _HALVES:
-        _HALVES[t.key] = partition_block(t.key, t.graph, t.bw_ins[:t.n_in], t.bw_ins[t.n_in:], t.fw_nodes,
-                                         t.fw_outs, t.bw_nodes, t.bw_outs)
+        _HALVES[t.key] = None if needs_memory_order(t.random) else partition_block(
+            t.key, t.graph, t.bw_ins[:t.n_in], t.bw_ins[t.n_in:], t.fw_nodes, t.fw_outs, t.bw_nodes, t.bw_outs)
     return _HALVES[t.key]
 
 
-def _keep_forward(graph: fx.Graph, n: fx.Node, parts, ins: list) -> list:
-    """``n`` (a ``block_fw`` node) replaced by a call of the forward half; its saved values."""
-    node, saved = call_forward(graph, parts, ins, before=n)
+def _draws_in_order(gm: fx.GraphModule, rng: dict) -> bool:
+    """Whether every draw of the trace (its random nodes', and those each call reserved, ``rng``)
+    takes a stream position of its own in the forward, with no pass ending rewound: then a call of a
+    half draws eager's numbers in the forward graph, as its copies would (``passes.rng`` has nothing
+    to share or restore). A checkpointed block's recomputation or a ``fork_rng`` around a block is
+    copied instead."""
+    reserved = [p for at in rng.values() if at is not None for p in at]
+    drawn = positions([n for n in gm.graph.nodes if is_random(n)]) + [at for at, _ in reserved]
+    return (all(at[1] == "fw" and phase == "fw" for at, phase in reserved)
+            and not replays_or_rewinds(drawn, gm.meta.get(rng_positions.ENDS, {})))
+
+
+def _keep_forward(graph: fx.Graph, n: fx.Node, parts, ins: list, draws) -> list:
+    """``n`` (a ``block_fw`` node) replaced by a call of the forward half; its saved values. ``draws``:
+    the stream positions the call reserved for the template's random ops."""
+    node, saved = call_forward(graph, parts, ins, before=n, draws=draws)
     for u in list(n.users):
         assert u.target is operator.getitem, "a block call's result is read other than by index"
         u.update_arg(0, node)       # the half returns the outputs first

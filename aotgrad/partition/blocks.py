@@ -16,6 +16,10 @@ that is one of the block's inputs, or a view of one (``t(w)``), is not returned 
 half: the backward half takes the input itself and makes the view again, so that the program's
 partitioner saves the caller's tensor, as in a flat trace.
 
+A forward half may draw random numbers (dropout): each call carries the stream positions its draws
+take (``RNG_CALL``), and a call of a half that draws is random itself (``analysis.ops.is_random``),
+so it runs in eager's order, even unused.
+
 Whatever needs the flat graph (another partitioner, another compiler, the export format) calls
 :func:`inline_calls`, which copies each half's nodes in place of its call (tagged for
 ``runtime.regions``, so a backend still compiles a block once): the same operators on the same
@@ -30,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import OpOverload, copy_node
-from ..analysis.ops import aliases_input, has_side_effect, is_random, mutated_args
+from ..analysis.ops import RNG_CALL, RNG_META, RNG_PHASE, aliases_input, has_side_effect, is_random, mutated_args
 from ..runtime.regions import TAG
 from .graphs import ancestors, extract, is_sym
 
@@ -41,6 +45,8 @@ class BlockPart:
 
     def __init__(self, key: int, kind: str, gm: fx.GraphModule):
         self.key, self.kind, self.gm = key, kind, gm
+        # Its calls draw from the RNG, so they run in eager's order, even unused (analysis.ops.is_random).
+        self.aotgrad_draws = any(is_random(n) for n in gm.graph.nodes)
         self.__name__ = self.__qualname__ = f"block{key}_{kind}"
         self.__module__ = __name__
         self._fn = None
@@ -80,16 +86,19 @@ def partition_block(key: int, gm: fx.GraphModule, primals, tangents, fw_nodes, f
                     bw_outs) -> BlockParts | None:
     """The halves of a template's joint (its nodes in ``gm``), partitioned as the default
     partitioner would (the forward half computes what the outputs need, the backward half the
-    rest); None where a call of the halves could differ from the template's copied nodes: a random
-    op or another op that must run in order, a write, a symbolic size, an output that is an input
-    or a view of one, a constant that requires grad (the capture refuses those where it sees them)."""
+    rest; the forward half draws the template's random numbers, in its order); None where a call of
+    the halves could differ from the template's copied nodes: a random op in the backward, another
+    op that must run in order, a write, a symbolic size, an output that is an input or a view of
+    one, a constant that requires grad (the capture refuses those where it sees them)."""
     body = (*fw_nodes, *bw_nodes)
     primal_set = set(primals)
-    if (any(is_random(n) or has_side_effect(n) or _writes(n) or _symbolic(n) for n in body)
+    random = [n for n in fw_nodes if is_random(n)]
+    if (any(is_random(n) for n in bw_nodes) or any(_writes(n) or _symbolic(n) for n in body)
+            or any(has_side_effect(n) and not is_random(n) for n in body)
             or len(set(fw_outs)) < len(fw_outs) or any(_input_alias(o, primal_set) for o in fw_outs)
             or any(_grad_constant(gm, n) for n in body)):
         return None
-    need = ancestors(fw_outs) & set(fw_nodes)
+    need = ancestors([*fw_outs, *random]) & set(fw_nodes)     # every draw, even one nothing reads
     # Unpacking a multi-output op is free; saving its parts beats saving the tuple (as partition.default).
     need |= {n for n in fw_nodes if n.target is operator.getitem and n.args[0] in need}
     stop = need | primal_set
@@ -139,13 +148,17 @@ def _grad_constant(gm: fx.GraphModule, n: fx.Node) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
-def call_forward(graph: fx.Graph, parts: BlockParts, ins: list, before: fx.Node) -> tuple:
+def call_forward(graph: fx.Graph, parts: BlockParts, ins: list, before: fx.Node, draws=None) -> tuple:
     """A call of the forward half before ``before``: ``(node, saved)``, the saved values as getitem
-    nodes (the outputs, first in its result, are taken by the caller's getitem nodes)."""
+    nodes (the outputs, first in its result, are taken by the caller's getitem nodes). ``draws``:
+    the stream position of each of the half's random ops, in its order (``RNG_CALL``)."""
     vals = _output_vals(parts.forward.gm)
     with graph.inserting_before(before):
         node = graph.call_function(parts.forward, (list(ins),))
         node.meta["val"] = vals
+        if parts.forward.aotgrad_draws:
+            assert draws is not None, "a call of a block's half that draws has no stream positions"
+            node.meta[RNG_CALL] = tuple(draws)
         saved = []
         for k in range(len(vals) - parts.n_out):
             saved.append(item(graph, node, parts.n_out + k))
@@ -186,7 +199,7 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
         if n.target is operator.getitem and n.args[0] in outs:
             env[n] = outs[n.args[0]][n.args[1]]
         elif is_call(n):
-            outs[n] = _stamp(g, n.target, [env[a] for a in n.args[0]], k, constants)
+            outs[n] = _stamp(g, n, [env[a] for a in n.args[0]], k, constants)
         else:
             env[n] = copy_node(g, n, env.__getitem__)
             if n.op == "get_attr":
@@ -196,10 +209,14 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
     return flat
 
 
-def _stamp(g: fx.Graph, part: BlockPart, args: list, call: int, constants: dict) -> list:
-    """Copies of ``part``'s nodes reading ``args``, tagged as call ``call`` of its template for
-    ``runtime.regions``; the copies of its outputs."""
+def _stamp(g: fx.Graph, node: fx.Node, args: list, call: int, constants: dict) -> list:
+    """Copies of the nodes of the half ``node`` calls, reading ``args``, tagged as call ``call`` of
+    its template for ``runtime.regions`` and, each random op, with the position the call drew it at
+    (the call's ``RNG_CALL``, where known: a graph decoded from the disk cache has none); the copies
+    of its outputs."""
+    part = node.target
     tag = (part.key, "fw" if part.kind == "forward" else "bw", call)
+    draws = iter(node.meta.get(RNG_CALL, ()))
     src = part.gm
     env = dict(zip(src.graph.find_nodes(op="placeholder"), args))
     for n in src.graph.nodes:
@@ -208,4 +225,8 @@ def _stamp(g: fx.Graph, part: BlockPart, args: list, call: int, constants: dict)
         if n.op in ("get_attr", "call_function"):
             env[n] = c = copy_node(g, n, env.__getitem__)
             c.meta[TAG] = tag
+            if is_random(n):        # not the template's own trace's position
+                c.meta.pop(RNG_META, None), c.meta.pop(RNG_PHASE, None)
+                if (at := next(draws, None)) is not None:
+                    c.meta[RNG_META], c.meta[RNG_PHASE] = at
     return [env[o] if isinstance(o, fx.Node) else o for o in src.graph.output_node().args[0]]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..analysis.ops import RNG_META, SHAPE_ONLY, is_random
+from ..analysis.ops import RNG_CALL, RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _drop_dead, copy_module
 from .rng_layout import draw_in_memory_order, needs_memory_order
@@ -82,9 +82,11 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     """Replace every replayed draw by the first draw at its RNG position, leave the stream where
     eager leaves it, and draw in eager's memory order (see the module docstring)."""
     drawn = [n for n in gm.graph.nodes if is_random(n)]
-    at = [n.meta.get(RNG_META) for n in drawn]
-    if not (len(set(at)) < len(at) or _rewound(at, gm.meta.get(ENDS, {})) or needs_memory_order(drawn)):
+    replays = replays_or_rewinds(positions(drawn), gm.meta.get(ENDS, {}))
+    if not (replays or needs_memory_order(drawn)):
         return gm
+    # block_graph.inline_blocks calls no half that draws where draws replay or the stream rewinds.
+    assert not (replays and any(RNG_CALL in n.meta for n in drawn)), "a drawing block half is called in a replay"
     gm = copy_module(gm)
     first = _share_replays(gm.graph)
     _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
@@ -92,6 +94,20 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     _drop_dead(gm.graph)
     gm.recompile()
     return gm
+
+
+def positions(drawn) -> list:
+    """The stream position of each draw of random nodes ``drawn``: one per op, one per draw of a call
+    of a block's half (its ``RNG_CALL``), None where unknown."""
+    return [at for n in drawn for at in ([p for p, _ in n.meta[RNG_CALL]] if RNG_CALL in n.meta
+                                         else [n.meta.get(RNG_META)])]
+
+
+def replays_or_rewinds(at: list, ends: dict) -> bool:
+    """Whether draws at positions ``at`` (a graph whose passes end at ``ends``) replay one another
+    (two draws at one position) or leave the stream rewound: then eager's numbers need
+    :func:`share_recomputed_randomness` to rewrite the draws."""
+    return len(set(at)) < len(at) or _rewound(at, ends)
 
 
 def _rewound(at: list, ends: dict) -> bool:

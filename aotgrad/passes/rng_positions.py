@@ -25,10 +25,9 @@ import torch.fx as fx
 from .. import errors
 from .. import tracing
 from ..tracing.patches import RNG_STATE
-from ..analysis.ops import RNG_META as META, is_random
+from ..analysis.ops import RNG_META as META, RNG_PHASE as PHASE, is_random
 
 ENDS = "aotgrad_rng_ends"     # gm.meta: {(device, phase): (epoch, index) the stream stands at when the phase ends}
-PHASE = "aotgrad_rng_phase"   # node.meta: "fw" or "bw", the pass the node was traced in
 
 
 @dataclass

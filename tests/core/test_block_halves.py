@@ -11,6 +11,7 @@ import torch
 
 import aotgrad
 from aotgrad.capture import block_graph
+from aotgrad.analysis.ops import is_random
 from aotgrad.partition.blocks import BlockPart, has_calls, inline_calls, is_call
 from aotgrad.store import codec
 from examples import models
@@ -135,3 +136,149 @@ def test_the_export_artifact_holds_the_halves_nodes(monkeypatch, tmp_path):
     expect.backward()
     assert torch.equal(loss.detach(), expect.detach())
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(loaded.parameters(), model.parameters()))
+
+
+# --- blocks that draw random numbers: the forward half draws them, in eager's stream -------------
+
+def _dropout_gpt(n_layer=3, sdpa=True):
+    return models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer, dropout=0.1))
+
+
+def _run_seeded(make, keep: bool, monkeypatch, around=None, **compile_opts):
+    """Loss, gradients and the RNG state after one seeded step, eager (``keep`` None) or compiled;
+    the capture's history when compiled."""
+    model, args = make()
+    history = None
+    if keep is not None:
+        monkeypatch.setattr(block_graph, "KEEP", keep)
+        captured = aotgrad.capture(model, *args)
+        history, step = captured.history, captured.compile(**compile_opts)
+    else:
+        step = model
+    torch.manual_seed(7)
+    loss = step(*args)
+    loss.backward()
+    return (loss.detach(), [p.grad for p in model.parameters()], torch.get_rng_state()), history
+
+
+def _same(a, b) -> bool:
+    (la, ga, ra), (lb, gb, rb) = a, b
+    return torch.equal(la, lb) and all(torch.equal(x, y) for x, y in zip(ga, gb)) and torch.equal(ra, rb)
+
+
+def _halves(history) -> int:
+    return next(s.info for s in history if s.name == "trace joint").get("blocks called as halves", 0)
+
+
+@pytest.mark.parametrize("sdpa", [True, False], ids=["sdpa_dropout", "nn_dropout"])
+def test_blocks_with_dropout_are_halves_drawing_eagers_numbers(sdpa, monkeypatch):
+    """Dropout (``nn.Dropout`` and SDPA's ``dropout_p``) in every layer: each call of the forward half
+    draws at the stream position the layer's copy would, so the step is eager's bit for bit, the
+    global RNG ends where eager leaves it, and the copies agree."""
+    make = lambda: _dropout_gpt(3, sdpa)        # noqa: E731
+    eager, _ = _run_seeded(make, None, monkeypatch)
+    kept, history = _run_seeded(make, True, monkeypatch)
+    copied, history_copies = _run_seeded(make, False, monkeypatch)
+    assert _halves(history) == 3 and _halves(history_copies) == 0
+    assert _same(eager, kept) and _same(eager, copied)
+
+
+def test_blocks_with_dropout_train_like_eager():
+    check_training(lambda: _dropout_gpt(2), steps=3)
+
+
+def test_the_flat_joint_tags_each_draw_with_its_layers_position(monkeypatch):
+    """What gets the halves' nodes copied in (min cut, budgets, Inductor) sees the positions the
+    copies had: every draw its own, in layer order."""
+    monkeypatch.setattr(block_graph, "KEEP", True)
+    model, args = _dropout_gpt(3)
+    kept = aotgrad.capture(model, *args).flat_joint
+    monkeypatch.setattr(block_graph, "KEEP", False)
+    copied = aotgrad.capture(model, *args).joint
+    tags = [[n.meta.get("aotgrad_rng") for n in gm.graph.nodes if is_random(n)] for gm in (kept, copied)]
+    assert tags[0] == tags[1] and len(tags[0]) == len(set(tags[0])) > 3 and None not in tags[0]
+
+
+@pytest.mark.parametrize("partitioner", ["min_cut", "default"])
+def test_dropout_halves_under_each_partitioner_and_a_memory_budget(partitioner, monkeypatch):
+    make = lambda: _dropout_gpt(3)      # noqa: E731
+    eager, _ = _run_seeded(make, None, monkeypatch)
+    got, _ = _run_seeded(make, True, monkeypatch, partitioner=partitioner)
+    assert _same(eager, got)
+    got, _ = _run_seeded(make, True, monkeypatch, memory_budget=0.5)
+    assert _same(eager, got)
+
+
+class _Stack(torch.nn.Module):
+    """Blocks with dropout; ``how(i, block, x)`` runs block ``i``."""
+
+    def __init__(self, how, n=3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
+                                                              torch.nn.Dropout(0.3)) for _ in range(n))
+        self.how = how
+
+    def forward(self, x):
+        for i, b in enumerate(self.blocks):
+            x = self.how(i, b, x)
+        return x.square().mean()
+
+
+def _checkpointed(i, b, x):
+    from torch.utils.checkpoint import checkpoint
+    return checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
+
+
+def _forked(i, b, x):
+    if i != 1:
+        return b(x)
+    with torch.random.fork_rng():
+        return b(x)
+
+
+@pytest.mark.parametrize("how", [_checkpointed, _forked], ids=["checkpoint", "fork_rng"])
+def test_a_replayed_or_rewound_draw_makes_the_blocks_copies(how, monkeypatch):
+    """A checkpoint's recomputation draws at positions its block drew before, a ``fork_rng`` rewinds
+    the stream: ``passes.rng`` rewrites those draws in the flat graph, so no call of a half draws."""
+    def make():
+        torch.manual_seed(0)
+        return _Stack(how), (torch.randn(4, 8, requires_grad=True),)
+    eager, _ = _run_seeded(make, None, monkeypatch)
+    got, history = _run_seeded(make, True, monkeypatch)
+    assert _halves(history) == 0
+    assert _same(eager, got)
+
+
+def test_manual_seed_inside_with_draws_only_in_blocks_is_refused(monkeypatch):
+    """The seed check sees the draws inside the calls of halves."""
+    monkeypatch.setattr(block_graph, "KEEP", True)
+
+    def seeded(i, b, x):
+        if i == 0:
+            torch.manual_seed(3)
+        return b(x)
+    torch.manual_seed(0)
+    model, x = _Stack(seeded), torch.randn(4, 8)
+    rng = torch.get_rng_state()
+    with pytest.raises(aotgrad.errors.UnsupportedError, match=r"torch.manual_seed\(3\) inside"):
+        aotgrad.capture(model, x)
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_gradient_penalty_through_dropout_halves_replays_eagers_draws(monkeypatch):
+    """``create_graph=True`` runs the function again for the second-order graph: it must know the
+    program draws (inside the calls) to replay the forward's RNG state."""
+    monkeypatch.setattr(block_graph, "KEEP", True)
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model, x = _Stack(lambda i, b, x: b(x)), torch.randn(4, 8)
+        step = aotgrad.capture(model, x).compile() if compiled else model
+        if compiled:
+            assert _halves(step.captured.history) == 3
+        torch.manual_seed(5)
+        loss = step(x)
+        grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        sum(g.square().sum() for g in grads).backward()
+        results.append([p.grad for p in model.parameters()] + [torch.get_rng_state()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -38,6 +38,8 @@ REUSED = {
     "blocks_view_output_reshaped_and_returned": 2,
     "blocks_dropout": 4, "blocks_dropout_between_random_ops": 3,
     "blocks_dropout_one_checkpointed": 2,       # the checkpointed call runs flat (saved-tensor hooks)
+    "blocks_draw_nothing_reads": 3, "blocks_dropout_one_under_fork_rng": 3,
+    "blocks_dropout_of_a_transposed_value": 3,
     "blocks_first_input_column_major": 0,       # column-major gradients: each call runs flat
     "blocks_one_call_passes_one_tensor_twice": 3,       # the call given x twice runs flat
     "blocks_input_used_twice_inside_and_shared": 3,      # each use's gradient its own: the joint adds them in order

@@ -472,6 +472,39 @@ def _(n=4):
     return fn(Checked([Dropped() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
 
 
+class Discarding(Block):
+    """Draws a dropout mask nothing reads: eager's stream advances, so the compiled one must."""
+
+    def forward(self, x, eps=None):
+        F.dropout(x, 0.5)
+        return x + self.fc(x).tanh()
+
+
+@program("blocks_draw_nothing_reads", G, "random", must_match=True)
+def _(n=4):
+    return fn(Stack([Discarding() for _ in range(3)], nn.Linear(4, 3)), r(n, 4))
+
+
+# Not must_match: with symbolic sizes native_dropout stays whole, and block 2 redrawing block 1's
+# rewound state from another input is refused (typed); static sizes share the mask (bernoulli).
+@program("blocks_dropout_one_under_fork_rng", G, "random")
+def _(n=4):
+    """Block 1's draws are rewound: the calls are copied, for passes.rng to share the replayed mask."""
+    return fn(Stack([Dropped() for _ in range(3)], nn.Linear(4, 3),
+                    around=lambda i: torch.random.fork_rng() if i == 1 else _nothing()), r(n, 4, rg=True))
+
+
+class Transposing(Block):
+    def forward(self, x, eps=None):
+        return x + F.dropout(self.fc(x).t(), 0.3).t()
+
+
+@program("blocks_dropout_of_a_transposed_value", G, "random", must_match=True)
+def _(n=4):
+    """The mask fills a permuted layout in memory order (passes.rng_layout), which halves do not."""
+    return fn(Stack([Transposing() for _ in range(3)], nn.Linear(4, 3)), r(n, 4, rg=True))
+
+
 # Calls a template cannot stand for bit for bit run flat (block_graph.FlatCall), and copies compiled
 # once (runtime/regions.py) must be equal, not merely stamped from one template: column-major
 # activations (their gradients are too), one tensor passed twice, a tensor used twice inside each

@@ -158,6 +158,17 @@ def _(n=4):
                          + F.feature_alpha_dropout(x[..., None], 0.2, True)[..., 0]).sum(), r(n, 6, rg=True))
 
 
+@program("random_draws_nothing_reads", O, must_match=True)
+def _(n=4):
+    """Dropout and ``rand`` whose results are discarded still advance eager's stream (Inductor drops
+    what no output needs)."""
+    def f(x):
+        F.dropout(x, 0.5)
+        torch.rand(3)
+        return (x * 2).sum()
+    return fn(f, r(n, 6, rg=True))
+
+
 @program("normal_rsample_reparameterised", O, must_match=True)
 def _(n=4):
     def f(mu, log_sigma):
