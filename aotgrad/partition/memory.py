@@ -18,6 +18,7 @@ import torch.fx as fx
 from .._torch import TorchDispatchMode, pytree
 from ..errors import traced_line
 from ..analysis.ops import aliases_input
+from .blocks import is_call
 from .costs import flops, tensor_bytes
 from .graphs import is_sym, output_values, placeholders
 
@@ -56,17 +57,32 @@ def _is_tuple(n: fx.Node) -> bool:
     return isinstance(n.meta.get("val"), (tuple, list))
 
 
+def _parts(n: fx.Node) -> list:
+    """Per value of a call of a repeated block's half, the first of its values sharing its storage
+    (a half may return a view and its base: one storage)."""
+    g = n.target.gm.graph
+    key, first = _storages(g, {p: p for p in placeholders(g)}), {}
+    return [first.setdefault(key.get(o) if isinstance(o, fx.Node) else (None, i), i)
+            for i, o in enumerate(output_values(g))]
+
+
 def _storages(g: fx.Graph, inputs: dict) -> dict:
     """Storage key of every tensor-valued node: shared by views, one per tuple part.
 
     ``inputs`` maps each placeholder to its key (``None``: not counted).
     """
     key = dict(inputs)
+    parts: dict = {}
     for n in g.nodes:
         if n in key or n.op != "call_function" or is_sym(n):
             continue
         if n.target is operator.getitem:
-            key[n] = (n.args[0], n.args[1])
+            t, i = n.args
+            if is_call(t):
+                if t not in parts:
+                    parts[t] = _parts(t)
+                i = parts[t][i]
+            key[n] = (t, i)
         elif _is_tuple(n):
             key[n] = None
         elif aliases_input(n) and isinstance(n.args[0], fx.Node):
@@ -83,7 +99,8 @@ def _allocations(g: fx.Graph, key: dict) -> dict:
         if n.op != "call_function":
             continue
         if _is_tuple(n):
-            made[n] = {(n, i): tensor_bytes(x) for i, x in enumerate(n.meta["val"])}
+            first = _parts(n) if is_call(n) else range(len(n.meta["val"]))
+            made[n] = {(n, i): tensor_bytes(x) for i, (x, j) in enumerate(zip(n.meta["val"], first)) if i == j}
         elif key.get(n) is n:
             made[n] = {n: tensor_bytes(n.meta.get("val"))}
     return made

@@ -282,3 +282,10 @@ def test_a_gradient_penalty_through_dropout_halves_replays_eagers_draws(monkeypa
         sum(g.square().sum() for g in grads).backward()
         results.append([p.grad for p in model.parameters()] + [torch.get_rng_state()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_the_saved_estimate_counts_a_halfs_view_and_base_once(monkeypatch):
+    """A forward half may save a view and its base: one storage, as in the copies' partition."""
+    from aotgrad.partition.memory import estimate
+    saved = [estimate(_trained(keep, monkeypatch)[1].partition).saved_bytes for keep in (True, False)]
+    assert saved[0] == saved[1] > 0
