@@ -225,8 +225,9 @@ def _stamp(g: fx.Graph, node: fx.Node, args: list, call: int, constants: dict) -
         if n.op in ("get_attr", "call_function"):
             env[n] = c = copy_node(g, n, env.__getitem__)
             c.meta[TAG] = tag
-            if is_random(n):        # not the template's own trace's position
-                c.meta.pop(RNG_META, None), c.meta.pop(RNG_PHASE, None)
+            if is_random(n):        # the call's position, not the one the template's own trace gave it
+                c.meta.pop(RNG_META, None)
+                c.meta.pop(RNG_PHASE, None)
                 if (at := next(draws, None)) is not None:
                     c.meta[RNG_META], c.meta[RNG_PHASE] = at
     return [env[o] if isinstance(o, fx.Node) else o for o in src.graph.output_node().args[0]]
