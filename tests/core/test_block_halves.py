@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn as nn
 
 import aotgrad
 from aotgrad.capture import block_graph
@@ -15,6 +16,7 @@ from aotgrad.analysis.ops import is_random
 from aotgrad.partition.blocks import BlockPart, has_calls, inline_calls, is_call
 from aotgrad.store import codec
 from examples import models
+from tests.differential.p_blocks import Checked, Dropped, Stack, _nothing
 from tests.eager_check import check_training
 
 
@@ -209,56 +211,41 @@ def test_dropout_halves_under_each_partitioner_and_a_memory_budget(partitioner, 
     assert _same(eager, got)
 
 
-class _Stack(torch.nn.Module):
-    """Blocks with dropout; ``how(i, block, x)`` runs block ``i``."""
-
-    def __init__(self, how, n=3):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
-                                                              torch.nn.Dropout(0.3)) for _ in range(n))
-        self.how = how
-
-    def forward(self, x):
-        for i, b in enumerate(self.blocks):
-            x = self.how(i, b, x)
-        return x.square().mean()
+def _loss(stack_class):
+    """``stack_class`` (a ``p_blocks`` stack) whose forward returns a scalar loss."""
+    class Loss(stack_class):
+        def forward(self, x):
+            return super().forward(x).square().mean()
+    return Loss
 
 
-def _checkpointed(i, b, x):
-    from torch.utils.checkpoint import checkpoint
-    return checkpoint(b, x, use_reentrant=False) if i == 1 else b(x)
-
-
-def _forked(i, b, x):
-    if i != 1:
-        return b(x)
-    with torch.random.fork_rng():
-        return b(x)
-
-
-@pytest.mark.parametrize("how", [_checkpointed, _forked], ids=["checkpoint", "fork_rng"])
-def test_a_replayed_or_rewound_draw_makes_the_blocks_copies(how, monkeypatch):
-    """A checkpoint's recomputation draws at positions its block drew before, a ``fork_rng`` rewinds
-    the stream: ``passes.rng`` rewrites those draws in the flat graph, so no call of a half draws."""
+@pytest.mark.parametrize("stack, around", [
+    (Checked, None), (Stack, lambda i: torch.random.fork_rng() if i == 1 else _nothing())], ids=["checkpoint", "fork_rng"])
+def test_a_replayed_or_rewound_draw_makes_the_blocks_copies(stack, around, monkeypatch):
+    """Block 1 under a checkpoint (its recomputation draws at positions it drew before) or under
+    ``fork_rng`` (the stream is rewound): ``passes.rng`` rewrites those draws in the flat graph, so
+    no call of a half draws."""
     def make():
         torch.manual_seed(0)
-        return _Stack(how), (torch.randn(4, 8, requires_grad=True),)
+        return (_loss(stack)([Dropped() for _ in range(3)], nn.Linear(4, 3), around=around),
+                (torch.randn(4, 4, requires_grad=True),))
     eager, _ = _run_seeded(make, None, monkeypatch)
     got, history = _run_seeded(make, True, monkeypatch)
     assert _halves(history) == 0
     assert _same(eager, got)
 
 
+class _SeedsFirst(Stack):
+    def forward(self, x):
+        torch.manual_seed(3)
+        return super().forward(x)
+
+
 def test_manual_seed_inside_with_draws_only_in_blocks_is_refused(monkeypatch):
     """The seed check sees the draws inside the calls of halves."""
     monkeypatch.setattr(block_graph, "KEEP", True)
-
-    def seeded(i, b, x):
-        if i == 0:
-            torch.manual_seed(3)
-        return b(x)
     torch.manual_seed(0)
-    model, x = _Stack(seeded), torch.randn(4, 8)
+    model, x = _SeedsFirst([Dropped() for _ in range(3)], nn.Linear(4, 3)), torch.randn(4, 4)
     rng = torch.get_rng_state()
     with pytest.raises(aotgrad.errors.UnsupportedError, match=r"torch.manual_seed\(3\) inside"):
         aotgrad.capture(model, x)
@@ -272,7 +259,7 @@ def test_a_gradient_penalty_through_dropout_halves_replays_eagers_draws(monkeypa
     results = []
     for compiled in (False, True):
         torch.manual_seed(0)
-        model, x = _Stack(lambda i, b, x: b(x)), torch.randn(4, 8)
+        model, x = _loss(Stack)([Dropped() for _ in range(3)], nn.Linear(4, 3)), torch.randn(4, 4)
         step = aotgrad.capture(model, x).compile() if compiled else model
         if compiled:
             assert _halves(step.captured.history) == 3
