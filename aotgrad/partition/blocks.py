@@ -194,11 +194,13 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
     g = fx.Graph()
     env: dict = {}
     outs: dict = {}     # call node -> the copies of its half's outputs
+    number: dict = {}   # forward call node -> its position, which numbers its backward's copies too
     constants: dict = {}
     for k, n in enumerate(gm.graph.nodes):
         if n.target is operator.getitem and n.args[0] in outs:
             env[n] = outs[n.args[0]][n.args[1]]
         elif is_call(n):
+            k = number.setdefault(n, k) if n.target.kind == "forward" else _forward_number(n, number, k)
             outs[n] = _stamp(g, n, [env[a] for a in n.args[0]], k, constants)
         else:
             env[n] = copy_node(g, n, env.__getitem__)
@@ -207,6 +209,18 @@ def inline_calls(gm: fx.GraphModule) -> fx.GraphModule:
     flat = fx.GraphModule(constants, g, class_name=type(gm).__name__)
     flat.meta.update(gm.meta)
     return flat
+
+
+def _forward_number(node: fx.Node, number: dict, own: int) -> int:
+    """The number of the forward call whose saved values the backward call ``node`` reads: one layer's
+    forward copies, the forward copies a partitioner recomputes in the backward and the backward
+    copies are then one run for ``runtime.regions`` (a backend compiles each layer's backward as one
+    region, not as pieces split where recomputed and backward nodes alternate). Its own forward call
+    is the last one of its template it reads: the block's inputs, outputs of earlier layers, come
+    from earlier calls. ``own`` where it reads none."""
+    read = [number[a.args[0]] for a in node.args[0] if isinstance(a, fx.Node) and a.target is operator.getitem
+            and a.args[0] in number and a.args[0].target.key == node.target.key]
+    return max(read, default=own)
 
 
 def _stamp(g: fx.Graph, node: fx.Node, args: list, call: int, constants: dict) -> list:

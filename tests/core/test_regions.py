@@ -232,3 +232,33 @@ def test_an_op_failing_inside_a_block_names_the_users_line(monkeypatch, halves):
     assert "idx out of range fails here" in str(e.value), str(e.value)
     assert "gather" in str(e.value)
 
+
+
+def test_a_layers_recomputed_and_backward_nodes_are_one_region(monkeypatch):
+    """Under the min-cut partitioner (Inductor's) the calls of a block's halves are inlined and the
+    backward recomputes forward values (the GELU) between its own nodes: the copies of one layer's
+    forward half and of its backward half carry one call number, so each layer's backward is one
+    region (it was four: recomputed and backward nodes alternate), and the code computes the inline
+    code's numbers."""
+    from dataclasses import replace
+
+    from examples import models
+
+    n = 3
+    model, args = models.make_gpt(replace(models.GPT_SDPA, n_layer=n, d_model=32, n_head=2))
+
+    def step(enabled):
+        monkeypatch.setattr(regions, "ENABLED", enabled)
+        model.zero_grad()
+        compiled = aotgrad.capture(model, *args).compile(partitioner="min_cut")
+        loss = compiled(*args)
+        loss.backward()
+        return compiled, loss.detach(), [p.grad.clone() for p in model.parameters()]
+    compiled, loss, grads = step(True)
+    bw = compiled.backward_graph.graph
+    assert any(n.meta.get(regions.TAG, ("", "bw"))[1] == "fw" for n in bw.nodes), "nothing recomputed"
+    found = regions.repeated(bw)
+    assert len(found) == n and len({r.key for r in found}) == 1, [(r.key, len(r.nodes)) for r in found]
+    assert all({n.meta[regions.TAG][1] for n in r.nodes} == {"fw", "bw"} for r in found)
+    _, loss_inline, grads_inline = step(False)
+    assert torch.equal(loss, loss_inline) and all(torch.equal(a, b) for a, b in zip(grads, grads_inline))
