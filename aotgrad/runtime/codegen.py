@@ -131,7 +131,10 @@ def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_r
             last_use[a] = it
     compiled: dict = {}     # region key -> the bound name of its function
     params, body, at = [], [], []     # at[i]: the node body line i computes
+    unpacked = _unpacked(items)
     for n in items:
+        if n in unpacked.taken:
+            continue            # bound where its call unpacks its result
         if isinstance(n, regions.Region):
             body.append(_region_call(em, n, compiled, lambda r, k=n.key: compile_region(r, f"{name}_block{k}"),
                                      last_use))
@@ -150,9 +153,16 @@ def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_r
             at.append(None)
             continue
         assert n.op == "call_function", f"cannot generate code for {n.op} node {n}"
+        items_of = unpacked.get(n)
+        if items_of is not None:
+            for g in items_of:
+                if g is not None:
+                    em.names[g] = g.name
+            var = ", ".join(g.name if g is not None else "_" for g in items_of) + ("," if len(items_of) == 1 else "")
         body.append(f"{var} = {em.call(n)}")
         at.append(n)
         dead = [em.names[a] for a in n.all_input_nodes if last_use.get(a) is n and a.op != "get_attr"]
+        dead += ["_"] * (items_of is not None and None in items_of)
         if dead:
             body.append(f"del {', '.join(dead)}")
             at.append(None)
@@ -168,6 +178,36 @@ def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_r
     fn.source = src
     fn._boxed_call = boxed
     return fn
+
+
+class _Unpacked(dict):
+    """call node -> its result's items by position (None where nothing reads one); ``taken``: the
+    getitem nodes those bind."""
+    taken: frozenset = frozenset()
+
+
+def _unpacked(items: list) -> _Unpacked:
+    """The calls whose result only ``getitem`` nodes with constant positions read: one line unpacks
+    the result (``a, _, b = f(...)``, then ``del _``: an item nothing reads dies at once) instead of
+    a line per item (a block's half returns its saved values, 16 a layer for a GPT block)."""
+    out = _Unpacked()
+    for n in items:
+        val = n.meta.get("val") if isinstance(n, fx.Node) and n.op == "call_function" else None
+        if type(val) not in (list, tuple) or not val or not n.users \
+                or any(u.target is not operator.getitem or type(u.args[1]) is not int
+                       or not 0 <= u.args[1] < len(val) or u.args[0] is not n for u in n.users):
+            continue
+        by = [None] * len(val)
+        for u in n.users:
+            if by[u.args[1]] is not None:
+                break           # one item read by two getitem nodes: left as lines
+            by[u.args[1]] = u
+        else:
+            out[n] = by
+    out.taken = frozenset(g for by in out.values() for g in by if g is not None)
+    for by in out.values():     # an item nothing reads (a trace unpacks every one) dies at once
+        by[:] = [g if g is not None and g.users else None for g in by]
+    return out
 
 
 def _region_call(em: _Emitter, r: regions.Region, compiled: dict, compile_region, last_use: dict) -> str:
