@@ -249,6 +249,11 @@ def record(fn=None):
     finally:
         sys.setprofile(previous)
         _ACTIVE.rec = outer
+        # Cycles only the collector would free (the recording's frames and copies, hundreds of objects a
+        # layer): the restart closure holds the recording, and so does the watch its ``light`` holds.
+        rec.restart = None
+        if rec.watch is not None:
+            rec.watch.rec = None
 
 
 _ACTIVE = threading.local()     # the recording whose block this thread is in
