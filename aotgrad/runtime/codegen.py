@@ -191,10 +191,11 @@ def _unpacked(items: list) -> _Unpacked:
     the result (``a, _, b = f(...)``, then ``del _``: an item nothing reads dies at once) instead of
     a line per item (a block's half returns its saved values, 16 a layer for a GPT block)."""
     out = _Unpacked()
+    emitted = set(items)        # a getitem inside a region reads the call by its name: left as is
     for n in items:
         val = n.meta.get("val") if isinstance(n, fx.Node) and n.op == "call_function" else None
         if type(val) not in (list, tuple) or not val or not n.users \
-                or any(u.target is not operator.getitem or type(u.args[1]) is not int
+                or any(u not in emitted or u.target is not operator.getitem or type(u.args[1]) is not int
                        or not 0 <= u.args[1] < len(val) or u.args[0] is not n for u in n.users):
             continue
         by = [None] * len(val)

@@ -82,3 +82,28 @@ def test_a_failing_unpacked_call_names_its_operator(boxed):
     assert all(torch.equal(a, b) for a, b in zip(run(x, idx), gm(x, idx)))
     with pytest.raises(aotgrad.errors.OpError, match="gather"):
         run(x, idx + 9)
+
+
+def test_an_item_read_inside_a_compiled_block_keeps_its_call_named():
+    """Two equal runs (one function for both, ``runtime.regions``) that each begin by indexing the result
+    of a call before them: the region reads the call by its name, so that call is not unpacked."""
+    from aotgrad.runtime import regions
+    g = fx.Graph()
+    x = g.placeholder("x")
+    h = x
+    for k in range(2):
+        s = g.call_function(aten.split.Tensor, (h, 2))
+        s.meta["val"] = [torch.empty(2, 3), torch.empty(2, 3)]
+        nodes = [g.call_function(operator.getitem, (s, 0))]
+        for op, extra in ((aten.mul.Tensor, 2.0), (aten.tanh.default, None), (aten.add.Tensor, 1.0)):
+            nodes.append(g.call_function(op, (nodes[-1],) + ((extra,) if extra is not None else ())))
+        for n in nodes:
+            n.meta[regions.TAG] = (5, "fw", k)
+            n.meta["val"] = torch.empty(2, 3)
+        h = g.call_function(aten.cat.default, ([nodes[-1], nodes[-1]],))
+    g.output((h,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    gen = codegen.python_function(gm, "forward")
+    assert "_block" in gen.source, gen.source          # the runs are one compiled block
+    t = torch.randn(4, 3)
+    assert torch.equal(gen(t)[0], gm(t)[0]), gen.source
