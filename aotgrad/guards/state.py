@@ -221,9 +221,6 @@ def _access_order(r):
 def _fast_check(kind, reads):
     """A check that every read of one group holds; False may be a false alarm (a value equal to
     the captured one but another object, a NaN), which the per-read loop settles."""
-    if kind == "absent":
-        wk = (tuple(r.where for r in reads), tuple(r.key for r in reads))
-        return lambda: not any(map(operator.contains, *wk))
     if kind == "empty":
         # The dicts themselves, held: one C pass of ``any`` (a module's hook and parameter dicts are
         # only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
@@ -236,7 +233,8 @@ def _fast_check(kind, reads):
         # Lengths only: comparing the dicts would compare replaced parameters with ``Tensor.__eq__``.
         held, expect = tuple(_get(r.where, r.key) for r in reads), [r.value for r in reads]
         return lambda: list(map(len, held)) == expect
-    if kind in ("same", "dict"):
+    if kind in ("same", "dict") or kind == "absent" and all(
+            isinstance(r.where, (dict, types.MappingProxyType)) for r in reads):
         return _generated(reads, kind)
     gather = _gatherer(reads)
     return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
@@ -248,29 +246,41 @@ def _access(i, r, holders) -> str:
     if isinstance(r.where, types.CellType):
         return f"{h}.cell_contents"
     if isinstance(r.where, (dict, types.MappingProxyType)):
-        return f"{h}[{r.key!r}]" if type(r.key) in (str, int) else f"{h}[k{i}]"
+        return f"{h}[{_key(i, r)}]"
     return f"{h}.{r.key}" if r.key.isidentifier() and not keyword.iskeyword(r.key) else f"getattr({h}, k{i})"
+
+
+def _key(i, r) -> str:
+    return repr(r.key) if type(r.key) in (str, int) else f"k{i}"
+
+
+def _term(i, r, holders, kind) -> str:
+    if kind == "absent":        # a name looked up in a dict (a module's, a class's, globals) stays absent
+        return f"{_key(i, r)} not in h%d" % holders.setdefault(id(r.where), (len(holders), r.where))[0]
+    return f"{_access(i, r, holders)} {'is' if kind == 'same' else '=='} e{i}"
 
 
 def _generated(reads, kind):
     """One straight-line function ``holder[key] is expected and ...`` (``==`` for dicts of children
-    and hooks, one C comparison per dict): a specialized dict subscript and a compare per read,
-    about half the cost of C-level ``map`` passes that call a function per read. Holders, odd keys
-    and expected values are closure cells, so ``refresh`` rebinds cells instead of generating again."""
+    and hooks, one C comparison per dict; ``key not in holder`` for absent names): a specialized
+    dict subscript and a compare per read, about half the cost of C-level ``map`` passes that call
+    a function per read. Holders, odd keys and expected values are closure cells, so ``refresh``
+    rebinds cells instead of generating again."""
     holders: dict = {}
-    test = "is" if kind == "same" else "=="
-    terms = [f"{_access(i, r, holders)} {test} e{i}" for i, r in enumerate(reads)]
+    terms = [_term(i, r, holders, kind) for i, r in enumerate(reads)]
     cells = {f"h{n}": w for n, w in holders.values()}
-    cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms)) if f"k{i}]" in t or f"k{i})" in t})
-    cells.update({f"e{i}": r.value for i, r in enumerate(reads)})
+    cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms))
+                  if f"k{i}]" in t or f"k{i})" in t or t.startswith(f"k{i} ")})
+    if kind != "absent":
+        cells.update({f"e{i}": r.value for i, r in enumerate(reads)})
     names = list(cells)
     src = (f"def make({', '.join(names)}):\n    def check():\n        return " + " and ".join(terms)
            + "\n    return check\n")
     env: dict = {"getattr": getattr}
     exec(compile_source(src, "state guards"), env)
     check = env["make"](*cells.values())
-    if kind == "dict":
-        return check            # equality is the rule itself: a failure is never a false alarm
+    if kind in ("dict", "absent"):
+        return check            # the rule itself: a failure is never a false alarm
     expected = [check.__closure__[check.__code__.co_freevars.index(f"e{i}")] for i in range(len(reads))]
 
     def refresh():

@@ -78,3 +78,48 @@ def test_a_rebound_closure_cell_after_a_refresh_recompiles():
     k = -1.0
     _same(f, g, x)
     assert len(f.entries) == 2
+
+
+TABLE = {}
+
+
+class Optional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        extra = getattr(self, "extra", None)        # absent from the instance's dict and the class's
+        if extra is not None:
+            y = y + extra
+        shift = TABLE.get((1, 2))                   # a tuple key, absent from a global dict
+        return y if shift is None else y * shift
+
+
+def test_names_that_were_absent_and_are_defined_later_recompile():
+    """The absent names of one generated check (one ``key not in dict`` per read): an instance
+    attribute, a class attribute, a global dict's tuple key and an instance ``forward``, each
+    defined after the first call."""
+    m, x = Optional(), torch.randn(2, 3)
+    f = aotgrad.jit(m)
+    _same(f, m, x)
+    m.extra = 1.5
+    _same(f, m, x)
+    assert len(f.entries) == 2 and "extra" in f.entries[-1].reason
+    del m.extra
+    Optional.extra = -2.0
+    try:
+        _same(f, m, x)
+        assert len(f.entries) == 3 and "extra" in f.entries[-1].reason
+    finally:
+        del Optional.extra
+    TABLE[(1, 2)] = 3.0
+    try:
+        _same(f, m, x)
+        assert len(f.entries) == 4 and "(1, 2)" in f.entries[-1].reason
+    finally:
+        TABLE.clear()
+    m.forward = lambda x: m.fc(x) * 0
+    _same(f, m, x)
+    assert len(f.entries) == 5 and "forward" in f.entries[-1].reason
