@@ -17,7 +17,7 @@ how to compare it (Dynamo's guard kinds are the reference):
 Each read has a ``path`` from a root (``fn``, ``G:<module>``, ``arg:<i>``) that a
 fresh process can resolve again: the disk cache compares those, so the cache
 and the guards check the same record. The checks run as one generated
-straight-line function for the identity and value reads (expected values in
+straight-line function for the identity, value and absent reads (expected values in
 closure cells) and C-level passes over the held dicts of the module tree; when
 one fails, one loop names the first read that failed.
 """
