@@ -120,22 +120,3 @@ HOLDING: dict = {}
 traced values in place of their parameters). A thread in none reads every module's real entries, so
 a step's prologue gathers them with ``dict.__getitem__`` (``runtime.call._generated_match``) instead
 of a per-thread view's ``__getitem__`` in Python, once per parameter."""
-
-
-VIEWS: dict = {}
-"""id -> weakref of each per-thread view a capture stood in for a module's ``_parameters`` or
-``_buffers`` (``inputs.flatten._PerThread``), until :func:`put_back` gives the module its plain dict
-again."""
-
-
-def put_back() -> None:
-    """Give modules their plain parameter and buffer dicts back where no capture uses the per-thread
-    view any more (called when a capture is done): a view left in place makes Dynamo stop at every
-    parameter a later ``torch.compile`` of the module reads, and shows in ``type(m._parameters)``.
-    A view something still holds (a capture in another thread, guards built meanwhile) stays."""
-    if HOLDING or not VIEWS:
-        return
-    for key, ref in list(VIEWS.items()):
-        view = ref()
-        if view is None or view.put_back():
-            VIEWS.pop(key, None)

@@ -10,7 +10,6 @@ from .._torch import pytree
 import torch
 
 from .. import errors
-from ..scoped import put_back
 from ..runtime.trees import input_name
 from ..tracing.patches import COMPILED_AUTOGRAD_OFF
 from . import reads, resolve
@@ -37,8 +36,6 @@ def recorded(fn, trace, leaves, name, names=()):
         captured, rec = _recorded_once(fn, trace, leaves, names)
         reads_ = resolve.assumed(fn, leaves, name, rec)
         raced = rec.raced(reads_)
-        del rec
-        put_back()      # the modules' own dicts, before guards that hold them are built
         if raced is None:
             return captured, reads_
     raise errors.UnsupportedError(

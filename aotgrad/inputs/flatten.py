@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,7 +20,7 @@ from ..runtime.modes import left_as_found
 from ..runtime.trees import input_name
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from .. import tracing
-from ..scoped import HOLDING, VIEWS
+from ..scoped import HOLDING
 from ..tracing.patches import FORWARD_ONLY
 
 
@@ -209,10 +208,9 @@ def state_homes(sig: Signature) -> tuple:
 class _PerThread(dict):
     """A module's ``_parameters`` or ``_buffers`` once a capture has held traced values in it: the
     real entries, as every thread reads and writes them, with each capturing thread's own values
-    (a stack of layers, innermost last) on top for that thread alone. When a capture is done it
-    gives the module its own dict back (:meth:`put_back`) unless something still holds it (another
-    capture, its read recording, guards built meanwhile: swapped back under them, it would go stale);
-    then it stays the module's dict (no thread holding anything, it is the plain dict it stands for)."""
+    (a stack of layers, innermost last) on top for that thread alone. It stays the module's dict
+    after the capture (no thread holding anything, it is the plain dict it stands for): swapped
+    back, a dict another capture or the read recording (``guards.reads``) holds would go stale."""
 
     def __init__(self, real):
         super().__init__(real)
@@ -253,48 +251,15 @@ class _PerThread(dict):
     def __reduce__(self):   # copied and deep-copied as the plain dict it stands for
         return dict, (dict(self.items()),)
 
-    def _refs(self) -> int:
-        return sys.getrefcount(self)
 
-    def put_back(self) -> bool:
-        """The module's own dict back in its place (``scoped.put_back``), where nothing else holds
-        this view and neither changed since it was installed; True when done with (restored, or
-        never to be: an entry changed), False to try again after the next capture."""
-        with _INSTALLING:
-            md, kind, original, before = self.home
-            if self.layers:
-                return False
-            if md.get(kind) is not self or not (_same_items(dict.items(self), before)
-                                                and _same_items(original.items(), before)):
-                self.home = None        # replaced, or entries written meanwhile (another thread): left as is
-                return True
-            md[kind] = original
-            # Held elsewhere (a capture running in another thread, or guards it built, or a thread
-            # about to write through it): as at install, with this frame's reference for the module's.
-            if self._refs() > self.base or not _same_items(dict.items(self), before):
-                md[kind] = self
-                return False
-            self.home = None
-            return True
-
-
-def _same_items(items, before) -> bool:
-    items = list(items)
-    return len(items) == len(before) and all(k == k2 and v is v2 for (k, v), (k2, v2) in zip(items, before))
-
-
-_INSTALLING = threading.RLock()
+_INSTALLING = threading.Lock()
 
 
 def _layered(md: dict, kind: str) -> _PerThread:
     with _INSTALLING:
         view = md[kind]
         if not isinstance(view, _PerThread):
-            original = view
-            view = md[kind] = _PerThread(original)
-            view.home = (md, kind, original, list(original.items()))
-            view.base = view._refs()        # the module's reference, a local's, and the call's own
-            VIEWS[id(view)] = weakref.ref(view)
+            view = md[kind] = _PerThread(view)
     return view
 
 
