@@ -392,6 +392,28 @@ class Layer(torch.nn.Module):
         return x + self.fc(x).tanh()
 
 
+def _paused(model, where, elsewhere=None):
+    """``(inside, release, capture)``: ``capture(x, **opts)`` captures ``model`` in the calling thread,
+    where the first layer call for which ``where(layer)`` holds sets ``inside`` and waits for
+    ``release``; ``elsewhere(layer)`` runs for a call in any other thread."""
+    inside, release, capturer = threading.Event(), threading.Event(), []
+
+    def pause(layer):
+        if threading.get_ident() not in capturer:
+            if elsewhere is not None:
+                elsewhere(layer)
+        elif where(layer) and not inside.is_set():
+            inside.set()
+            assert release.wait(WAIT)
+    for layer in model:
+        layer.pause = pause
+
+    def capture(x, **opts):
+        capturer.append(threading.get_ident())
+        return aotgrad.capture(model, x, **opts)
+    return inside, release, capture
+
+
 def test_eager_use_in_another_thread_while_a_block_template_is_traced():
     """While thread A traces a block template (the block is an instance of the watching subclass,
     counting which per-layer attributes A reads), the main thread runs the model eagerly: same
@@ -399,21 +421,10 @@ def test_eager_use_in_another_thread_while_a_block_template_is_traced():
     torch.manual_seed(2)
     model, x = torch.nn.Sequential(*[Layer(i) for i in range(3)]), torch.randn(5, 4)
     expected = _eager(model, x)
-    inside, release, capturer = threading.Event(), threading.Event(), []
-
-    def pause(layer):
-        if threading.get_ident() not in capturer:
-            assert layer.layer_idx in (0, 1, 2)      # a read in this thread, while A watches
-        elif type(layer) is not Layer and not inside.is_set():
-            inside.set()
-            assert release.wait(WAIT)
-    for layer in model:
-        layer.pause = pause
-
-    def capture():
-        capturer.append(threading.get_ident())
-        return aotgrad.capture(model, x)
-    join = _start(capture)
+    def elsewhere(layer):
+        assert layer.layer_idx in (0, 1, 2)      # a read in this thread, while A watches
+    inside, release, capture = _paused(model, lambda layer: type(layer) is not Layer, elsewhere)
+    join = _start(capture, x)
     try:
         assert inside.wait(WAIT), "the capture never traced a template"
         assert type(model[0]) is not Layer and model[0].__class__ is Layer and model[0].layer_idx == 0
@@ -453,22 +464,14 @@ def test_a_parameter_registered_meanwhile_in_another_thread_is_kept():
     (Known gap: A cannot tell the write is not its own, refuses its capture and undoes the write.)"""
     torch.manual_seed(3)
     model, x = torch.nn.Sequential(*[Layer(i) for i in range(2)]), torch.randn(5, 4)
-    inside, release, capturer = threading.Event(), threading.Event(), []
+    inside, release, capture = _paused(model, lambda layer: True)
 
-    def pause(layer):
-        if threading.get_ident() in capturer and not inside.is_set():
-            inside.set()
-            assert release.wait(WAIT)
-    for layer in model:
-        layer.pause = pause
-
-    def capture():
-        capturer.append(threading.get_ident())
+    def refused_or_captured():
         try:
-            return aotgrad.capture(model, x, reuse_blocks=False)
+            return capture(x, reuse_blocks=False)
         except aotgrad.errors.UnsupportedError as e:    # the capture cannot tell whose write it was
             return e
-    join = _start(capture)
+    join = _start(refused_or_captured)
     extra = torch.nn.Parameter(torch.ones(4))
     try:
         assert inside.wait(WAIT), "the capture never ran the forward"
