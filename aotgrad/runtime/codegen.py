@@ -133,8 +133,8 @@ def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_r
     params, body, at = [], [], []     # at[i]: the node body line i computes
     unpacked = _unpacked(items)
     for n in items:
-        if n in unpacked.taken:
-            continue            # bound where its call unpacks its result
+        if type(n) is fx.Node and n in unpacked.taken:
+            continue            # bound where its call unpacks its result (a Region is never one)
         if isinstance(n, regions.Region):
             body.append(_region_call(em, n, compiled, lambda r, k=n.key: compile_region(r, f"{name}_block{k}"),
                                      last_use))
