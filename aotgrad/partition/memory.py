@@ -8,6 +8,7 @@ outputs stay alive; gradients stay alive after the backward (in ``.grad``).
 """
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 from dataclasses import dataclass
@@ -57,13 +58,19 @@ def _is_tuple(n: fx.Node) -> bool:
     return isinstance(n.meta.get("val"), (tuple, list))
 
 
-def _parts(n: fx.Node) -> list:
+def _parts(n: fx.Node) -> tuple:
     """Per value of a call of a repeated block's half, the first of its values sharing its storage
     (a half may return a view and its base: one storage)."""
-    g = n.target.gm.graph
+    return _parts_of(n.target)
+
+
+@functools.lru_cache(maxsize=64)
+def _parts_of(part) -> tuple:
+    """:func:`_parts` for every call of the half ``part`` (one per layer: worked out once)."""
+    g = part.gm.graph
     key, first = _storages(g, {p: p for p in placeholders(g)}), {}
-    return [first.setdefault(key.get(o) if isinstance(o, fx.Node) else (None, i), i)
-            for i, o in enumerate(output_values(g))]
+    return tuple(first.setdefault(key.get(o) if isinstance(o, fx.Node) else (None, i), i)
+                 for i, o in enumerate(output_values(g)))
 
 
 def _storages(g: fx.Graph, inputs: dict) -> dict:
@@ -72,17 +79,12 @@ def _storages(g: fx.Graph, inputs: dict) -> dict:
     ``inputs`` maps each placeholder to its key (``None``: not counted).
     """
     key = dict(inputs)
-    parts: dict = {}
     for n in g.nodes:
         if n in key or n.op != "call_function" or is_sym(n):
             continue
         if n.target is operator.getitem:
             t, i = n.args
-            if is_call(t):
-                if t not in parts:
-                    parts[t] = _parts(t)
-                i = parts[t][i]
-            key[n] = (t, i)
+            key[n] = (t, _parts(t)[i] if is_call(t) else i)
         elif _is_tuple(n):
             key[n] = None
         elif aliases_input(n) and isinstance(n.args[0], fx.Node):
