@@ -114,9 +114,3 @@ through one process-wide patcher (``torch.fx._symbolic_trace.CURRENT_PATCHER``),
 in two threads at once undo for each other (an AssertionError, or its patches left installed for
 good). Captures in several threads trace their forwards side by side and take turns here."""
 
-
-HOLDING: dict = {}
-"""Thread id -> how many ``inputs.flatten.holding`` contexts that thread is in (modules holding its
-traced values in place of their parameters). A thread in none reads every module's real entries, so
-a step's prologue gathers them with ``dict.__getitem__`` (``runtime.call._generated_match``) instead
-of a per-thread view's ``__getitem__`` in Python, once per parameter."""

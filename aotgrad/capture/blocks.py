@@ -43,7 +43,7 @@ from .._torch import (
     is_any_autocast_enabled, layouts, pytree, top_saved_tensors_default_hooks,
 )
 from ..analysis.ops import is_random
-from ..inputs.flatten import holding
+from ..tracing.views import holding
 from ..guards import bytecode, reads
 from ..guards.resolve import locate, read_at
 from .. import tracing

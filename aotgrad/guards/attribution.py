@@ -19,9 +19,13 @@ code objects that ran and the calls it made into a global random stream.
   again: the rare case of both at once). numpy's global stream cannot be told apart (its draws are
   Cython functions, which profiling does not see): a change is the capture's, as without threads.
 
-Every other kind of state (instances' attributes, the traced modules' hooks and parameters, the containers
-and cells the trace reached) stays the capture's: another thread writing those while the same
-objects are captured races with the capture as it would with an eager call.
+* A parameter, buffer or submodule registered on (or dropped from) a traced module is the capture's
+  when it holds a traced tensor or code that ran in its thread could write its name; otherwise it
+  stays as the other thread left it, and a trace that read the module's dict runs again.
+
+Every other kind of state (instances' attributes, the traced modules' hooks, the containers and
+cells the trace reached) stays the capture's: another thread writing those while the same objects
+are captured races with the capture as it would with an eager call.
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ import random
 import sys
 import threading
 
-from .writes import _GONE, _same, held_dict, traced
+import torch
+
+from .writes import _GONE, _same, held_dict, state_changes, traced
 
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
 # Whole-dict access (any global may be written); in user code, also setters given the name as data.
@@ -95,6 +101,9 @@ class Watch:
         they are neither undone nor refused; ``[(globals dict, name)]`` of those."""
         foreign = []
         for s in snaps:
+            if s.kind == "state":
+                foreign += self._adopt_state(s)
+                continue
             if not (s.kind == "class" or s.kind == "attrs" and (s.owner is None or isinstance(s.owner, str))):
                 continue        # not a module's globals or a class's attributes
             d = s.obj if s.kind == "attrs" else held_dict(vars(s.obj))
@@ -105,6 +114,27 @@ class Watch:
                     del s.before[key]
                 foreign.append((d, key))
         return foreign
+
+    def _adopt_state(self, s) -> list:
+        """A parameter, buffer or child another thread registered (or dropped) on a traced module
+        meanwhile: one holding no traced tensor, whose name no code of this thread could write.
+        It stays; the module's dict is listed as changed (a trace that read its length runs again)."""
+        module, key = s.owner
+        d = vars(module)[key]
+        theirs = [k for k in state_changes(s) if not self.could_write(k)
+                  and not any(traced(t) for t in _tensors(dict.get(d, k)))]
+        for k in theirs:
+            if k in d:
+                s.before[k] = dict.__getitem__(d, k)
+            else:
+                del s.before[k]
+        return [(vars(module), key)] if theirs else []
+
+
+def _tensors(v) -> list:
+    if isinstance(v, torch.nn.Module):
+        return [*v.parameters(), *v.buffers()]
+    return [v] if v is not None else []
 
 
 def watch(is_user) -> Watch | None:

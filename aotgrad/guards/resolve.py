@@ -22,6 +22,7 @@ import types
 import torch
 
 from .. import errors
+from ..tracing.views import real
 from .bytecode import attr_names, chains
 from .reads import LIBRARY, MODULE_CALL, USER, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
@@ -67,7 +68,7 @@ def locate(obj, kind, key):
     if isinstance(obj, torch.nn.Module):
         for store in ("_parameters", "_buffers", "_modules"):
             if key in d[store]:
-                return d[store], key
+                return real(d[store]), key
     return None
 
 
@@ -136,7 +137,7 @@ class Resolver:
             source = f"{self.root_name}.{name}" if name else self.root_name
             self.paths.setdefault(id(m), (path, source))
             d = vars(m)
-            self.skip.update((id(d["_parameters"]), id(d["_buffers"]), id(d["_modules"])))
+            self.skip.update(id(x) for s in ("_parameters", "_buffers", "_modules") for x in (d[s], real(d[s])))
             self._hook(d, "_modules", path + (("attr", "_modules"),), source)
             for store in ("_parameters", "_buffers"):
                 n = len(d[store])

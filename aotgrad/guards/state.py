@@ -35,6 +35,7 @@ import torch
 from .. import errors
 from ..generated import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
+from ..tracing.views import real
 from .bytecode import attr_names, chains
 from .reads import MODULE_CALL, USER, is_library
 
@@ -224,14 +225,15 @@ def _fast_check(kind, reads):
     if kind == "empty":
         # The dicts themselves, held: one C pass of ``any`` (a module's hook and parameter dicts are
         # only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
-        held = tuple(_get(r.where, r.key) for r in reads)
+        # A parameter dict a capture's per-thread view stands in for is held as the module's own.
+        held = tuple(real(_get(r.where, r.key)) for r in reads)
         return lambda: not any(held)
     if kind == "type":     # one C pass of ``type`` over the held objects
         held, expect = tuple(r.where for r in reads), [r.value for r in reads]
         return lambda: list(map(type, held)) == expect
     if kind == "len":
         # Lengths only: comparing the dicts would compare replaced parameters with ``Tensor.__eq__``.
-        held, expect = tuple(_get(r.where, r.key) for r in reads), [r.value for r in reads]
+        held, expect = tuple(real(_get(r.where, r.key)) for r in reads), [r.value for r in reads]
         return lambda: list(map(len, held)) == expect
     if kind in ("same", "dict") or kind == "absent" and all(
             isinstance(r.where, (dict, types.MappingProxyType)) for r in reads):

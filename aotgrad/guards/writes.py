@@ -30,6 +30,7 @@ import torch
 
 from .._torch import pytree
 from ..runtime.call import VALUE_TYPES, same_value
+from ..tracing.views import real
 
 _CONTAINERS = (list, dict, set, bytearray)
 _GONE = object()
@@ -275,7 +276,7 @@ def held_dict(where):
 
 def _entries(d: dict) -> dict:
     """A dict's own entries, copied: a module's parameter or buffer dict read by a capturing thread
-    answers with that thread's layer of traced values (``inputs.flatten._PerThread``), which is not
+    answers with that thread's layer of traced values (``tracing.views.View``), which is not
     the user's state."""
     return dict(dict.items(d))
 
@@ -327,7 +328,10 @@ def _cell(cell):
 
 
 def _same(a, b) -> bool:
-    return a is b or type(a) is type(b) and type(a) in VALUE_TYPES and same_value(a, b)
+    """Unchanged: the same object (a module's parameter dict and the per-thread view a capture
+    stands in for it count as one), or an equal plain value."""
+    return a is b or type(a) is type(b) and type(a) in VALUE_TYPES and same_value(a, b) \
+        or real(a) is real(b)
 
 
 def _owner_text(owner) -> str:
@@ -399,20 +403,27 @@ def _undo_state(s, _):
     again. Only entries added, removed, or set where there was None (``bias``) count, and only they
     are put back: another thread's eager call rebinding a buffer meanwhile replaces a value (the
     trace's own rebinds go to its per-thread layer and are replayed)."""
-    d, before = s.obj, s.before
-    module, key = s.owner
-    now = _entries(d)
-    changed = [k for k in now.keys() | before.keys() if k not in now or k not in before
-               or (before[k] is None or key == "_modules") and now[k] is not before[k]]
+    changed = state_changes(s)
     if not changed:
         return []
+    module, key = s.owner
+    d = vars(module)[key]       # the module's dict now (the one copied may have been a view since put back)
     for k in changed:
-        if k in before:
-            dict.__setitem__(d, k, before[k])
+        if k in s.before:
+            d[k] = s.before[k]
         else:
-            dict.__delitem__(d, k)
+            del d[k]
     return [(f"registers or replaces the {_STATE[key]} `{changed[0]}` of {type(module).__name__} (lazy "
              "initialisation in forward); run the module once eagerly before compiling it", changed[0])]
+
+
+def state_changes(s) -> list:
+    """The entries of a module's parameter, buffer or child dict (snapshot ``s``) added, removed, or
+    set where there was None or a child was."""
+    module, key = s.owner
+    now, before = _entries(vars(module)[key]), s.before
+    return [k for k in now.keys() | before.keys() if k not in now or k not in before
+            or (before[k] is None or key == "_modules") and now[k] is not before[k]]
 
 
 def _undo_hooks(s, is_library):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +19,7 @@ from ..runtime.modes import left_as_found
 from ..runtime.trees import input_name
 from ..ir.descriptors import BufferDesc, InputDesc, ParamDesc
 from .. import tracing
-from ..scoped import HOLDING
+from ..tracing.views import holding
 from ..tracing.patches import FORWARD_ONLY
 
 
@@ -200,95 +199,9 @@ def state_homes(sig: Signature) -> tuple:
     """Every ``(module __dict__, "_parameters" or "_buffers", attr, flat index)`` holding a lifted
     tensor: its own slot, and each second place of a tied one (``sig.ties``: one flat input with
     several homes, each swapped exactly once). A home names its module's dict by attribute, not the
-    dict object: a capture in another thread may stand a per-thread view in for it (:func:`holding`)."""
+    dict object: a capture may stand a per-thread view in for it (``tracing.views``)."""
     places = [(s, i) for i, s in enumerate(sig.slots)] + [(s, i) for _, s, i in sig.ties]
     return tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr, i) for s, i in places)
-
-
-class _PerThread(dict):
-    """A module's ``_parameters`` or ``_buffers`` once a capture has held traced values in it: the
-    real entries, as every thread reads and writes them, with each capturing thread's own values
-    (a stack of layers, innermost last) on top for that thread alone. It stays the module's dict
-    after the capture (no thread holding anything, it is the plain dict it stands for): swapped
-    back, a dict another capture or the read recording (``guards.reads``) holds would go stale."""
-
-    def __init__(self, real):
-        super().__init__(real)
-        self.layers = {}        # thread id -> [{attr: value}], innermost last
-
-    def _mine(self):
-        layers = self.layers.get(threading.get_ident())
-        return layers[-1] if layers else None
-
-    def __getitem__(self, key):
-        mine = self._mine()
-        return mine[key] if mine is not None and key in mine else dict.__getitem__(self, key)
-
-    def get(self, key, default=None):
-        mine = self._mine()
-        return mine[key] if mine is not None and key in mine else dict.get(self, key, default)
-
-    def __setitem__(self, key, value):
-        mine = self._mine()
-        if mine is not None and key in mine:
-            mine[key] = value
-        else:
-            dict.__setitem__(self, key, value)
-
-    def items(self):
-        mine = self._mine()
-        return dict.items(self) if mine is None else [(k, mine.get(k, v)) for k, v in dict.items(self)]
-
-    def values(self):
-        return [v for _, v in self.items()]
-
-    def __iter__(self):     # a Python __iter__ makes dict(view) and {**view} read through __getitem__
-        return iter(dict.keys(self))
-
-    def copy(self):
-        return dict(self.items())
-
-    def __reduce__(self):   # copied and deep-copied as the plain dict it stands for
-        return dict, (dict(self.items()),)
-
-
-_INSTALLING = threading.Lock()
-
-
-def _layered(md: dict, kind: str) -> _PerThread:
-    with _INSTALLING:
-        view = md[kind]
-        if not isinstance(view, _PerThread):
-            view = md[kind] = _PerThread(view)
-    return view
-
-
-@contextlib.contextmanager
-def holding(homes, state):
-    """The module holds ``state`` in place of its parameters and buffers, for this thread alone
-    (another thread calling the module meanwhile reads the real ones), restored whatever happens."""
-    grouped: dict = {}
-    for md, kind, attr, i in homes:
-        grouped.setdefault((id(md), kind), (md, kind, {}))[2][attr] = state[i]
-    tid, held = threading.get_ident(), []
-    HOLDING[tid] = HOLDING.get(tid, 0) + 1
-    try:
-        for md, kind, values in grouped.values():
-            view = _layered(md, kind)
-            layers = view.layers.setdefault(tid, [])
-            layers.append({**(layers[-1] if layers else {}), **values})
-            held.append(view)
-        yield
-    finally:
-        for view in held:
-            layers = view.layers[tid]
-            layers.pop()
-            if not layers:
-                del view.layers[tid]
-        if HOLDING[tid] == 1:
-            del HOLDING[tid]
-        else:
-            HOLDING[tid] -= 1
 
 
 def call_with_state(module, homes, state, args, kwargs):

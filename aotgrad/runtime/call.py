@@ -20,7 +20,7 @@ import torch
 from .._torch import pytree, set_version_counter, version_counter
 from ..generated import compile_source
 from ..ir.records import ViewMeta
-from ..scoped import HOLDING
+from ..tracing.views import HOLDING
 from .epilogue import epilogue
 from .trees import leaf_paths, tree_difference
 
@@ -152,7 +152,7 @@ def _generated_match(captured):
     gather += [f"leaves[{p}]" for p in sig.tensor_pos]
     if sig.slots:
         # A thread holding no traced values reads the real entries: dict.__getitem__, a C call per
-        # parameter, not a per-thread view's __getitem__ in Python (inputs.flatten._PerThread).
+        # parameter, not a per-thread view's __getitem__ in Python (tracing.views.View).
         env.update(dget=dict.__getitem__, getitem=operator.getitem, holding=HOLDING, thread=threading.get_ident)
         lines.append("    get = getitem if holding and thread() in holding else dget")
     lines.append(f"    flat = [{', '.join(gather)}]")

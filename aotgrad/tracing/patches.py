@@ -27,7 +27,7 @@ _OFF                   ``autograd.grad`` is traced, not compiled)
 =====================  ===========================================================  ======================
 
 What a trace changes elsewhere is per object or per thread, not process-wide: a held module's
-``_parameters``/``_buffers`` become per-thread views (``inputs.flatten.holding``), a module whose
+``_parameters``/``_buffers`` become per-thread views (``tracing.views``), a module whose
 scalar attributes are watched is an instance of a watching subclass for the length of a block
 template's trace (``guards.reads.attribute_reads``), a captured optimizer's ``step`` is wrapped on
 the instance (``inputs.step``), the joint trace's own fx tracer records stack traces its cheaper way

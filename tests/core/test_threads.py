@@ -14,8 +14,8 @@ import torch
 import torch._dynamo
 
 import aotgrad
-from aotgrad.inputs import flatten
-from aotgrad.scoped import HOLDING
+from aotgrad.tracing import views
+from aotgrad.tracing.views import HOLDING
 
 from ..eager_check import _leaked, assert_close
 
@@ -99,13 +99,14 @@ def _eager(model, x):
     m = copy.deepcopy(model)
     out = m(x)
     out.square().sum().backward()
-    return out.detach(), {n: p.grad for n, p in m.named_parameters()}, {n: b.clone() for n, b in m.named_buffers()}
+    return out.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}, \
+        {n: b.clone() for n, b in m.named_buffers()}
 
 
 def _step(fn, model, x):
     out = fn(x)
     out.square().sum().backward()
-    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, \
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, \
         {n: b.clone() for n, b in model.named_buffers()}
 
 
@@ -366,17 +367,26 @@ def test_torch_compile_with_aotgrad_from_two_threads():
     _assert_nothing_left(*models)
 
 
-def test_per_thread_view_is_a_plain_dict_elsewhere():
-    """The view a captured module keeps for its parameters reads as the real dict in any thread
-    holding nothing, and pickles as a plain dict."""
+def test_a_captured_module_gets_its_own_dicts_back():
+    """A capture stands per-thread views in for a module's parameter and buffer dicts while it
+    traces; afterwards the module holds its own dict objects again. A view reads as the real dict in
+    any thread holding nothing, writes through to it, and pickles as a plain dict."""
     import pickle
     model = torch.nn.Linear(2, 2)
+    own = model._parameters
     aotgrad.capture(model, torch.randn(3, 2))
-    d = model._parameters
-    assert isinstance(d, flatten._PerThread) and not d.layers
-    assert list(d.items()) == list(dict.items(d)) and dict(d) == dict(dict.items(d))
-    assert type(copy.deepcopy(model)._parameters) is dict
-    assert type(pickle.loads(pickle.dumps(model))._parameters) is dict
+    assert model._parameters is own and type(own) is dict
+    with views.holding([(model.__dict__, "_parameters", "weight", 0)], [torch.randn(2, 2)]):
+        d = model._parameters
+        got = {}
+        _start(lambda: got.update(items=list(d.items()), copy=copy.deepcopy(model), pickled=pickle.dumps(model)))()
+        assert isinstance(d, views.View) and d["weight"] is not own["weight"]
+        extra = torch.nn.Parameter(torch.ones(1))
+        _start(lambda: model.register_parameter("extra", extra))()
+        assert own["extra"] is extra
+    assert got["items"] == list(own.items())[:2]
+    assert type(got["copy"]._parameters) is dict and type(pickle.loads(got["pickled"])._parameters) is dict
+    assert model._parameters is own and list(own) == ["weight", "bias", "extra"]
 
 
 class Layer(torch.nn.Module):
@@ -450,47 +460,43 @@ def test_prologue_gathers_what_this_thread_holds():
     assert why is None and flat[0] is model.weight and flat[1] is model.bias
     held = torch.randn(2, 2, requires_grad=True)
     seen = {}
-    with flatten.holding([(model.__dict__, "_parameters", "weight", 0)], [held]):
+    with views.holding([(model.__dict__, "_parameters", "weight", 0)], [held]):
         seen["here"] = match((x,), {})[0][0]
         _start(lambda: seen.__setitem__("there", match((x,), {})[0][0]))()
     assert seen["here"] is held and seen["there"] is model.weight
     assert match((x,), {})[0][0] is model.weight and threading.get_ident() not in HOLDING
 
 
-@pytest.mark.xfail(strict=True, reason="known: the capture refuses the registration as its own write and undoes it")
 def test_a_parameter_registered_meanwhile_in_another_thread_is_kept():
     """While thread A's capture holds a module's per-thread view, the main thread registers a new
-    parameter on the module: whatever A's capture makes of it, the parameter stays registered.
-    (Known gap: A cannot tell the write is not its own, refuses its capture and undoes the write.)"""
+    parameter on the module: it stays registered (A's capture does not take it for its own write,
+    undo it and refuse), and A's capture, run again for the changed module, trains as eager does."""
     torch.manual_seed(3)
     model, x = torch.nn.Sequential(*[Layer(i) for i in range(2)]), torch.randn(5, 4)
     inside, release, capture = _paused(model, lambda layer: True)
-
-    def refused_or_captured():
-        try:
-            return capture(x, reuse_blocks=False)
-        except aotgrad.errors.UnsupportedError as e:    # the capture cannot tell whose write it was
-            return e
-    join = _start(refused_or_captured)
+    join = _start(lambda: capture(x, reuse_blocks=False))
     extra = torch.nn.Parameter(torch.ones(4))
     try:
         assert inside.wait(WAIT), "the capture never ran the forward"
-        assert isinstance(model[0].fc._parameters, flatten._PerThread)
+        assert isinstance(model[0].fc._parameters, views.View)
         model[0].fc.register_parameter("extra", extra)
     finally:
         release.set()
         captured = join()
     assert model[0].fc.extra is extra and model[0].fc._parameters["extra"] is extra
     assert _start(lambda: model[0].fc.extra)() is extra
-    assert captured is not None
+    assert type(model[0].fc._parameters) is dict
+    expected = _eager(model, x)
+    model.zero_grad()
+    got = _step(captured.compile(), model, x)
+    _assert_same(expected, got, "compiled")
+    assert "0.fc.extra" not in expected[1] and extra.grad is None and got[1].keys() == expected[1].keys()
 
 
-
-@pytest.mark.xfail(strict=True, reason="known: the per-thread views stay the module's dicts after a capture")
 def test_a_module_is_compiled_by_dynamo_after_a_capture():
     """After ``aotgrad.jit`` captured a module, ``torch.compile`` of the same module still makes one
-    graph. (Known gap: the per-thread views a capture stood in for its parameter and buffer dicts
-    stay; Dynamo cannot trace their ``__getitem__`` and runs the module eagerly, with no graph.)"""
+    graph: the per-thread views a capture stands in for its parameter and buffer dicts are gone
+    (Dynamo cannot trace a view's ``__getitem__``: it would run the module eagerly, with no graph)."""
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     x = torch.randn(3, 2)
     aotgrad.jit(model)(x)
@@ -501,3 +507,35 @@ def test_a_module_is_compiled_by_dynamo_after_a_capture():
     finally:
         torch._dynamo.reset()
     assert len(graphs) == 1
+
+
+def test_a_jit_compiled_while_another_thread_holds_the_model_sees_later_registrations():
+    """The main thread's ``jit`` compiles while thread A holds traced values in the same model (as
+    a capture does: the modules' dicts are A's views until A lets go). The jit's guards hold the
+    modules' own dicts, not A's views: a parameter registered after A let go (into the module's own
+    dict, the views being gone) makes it compile again."""
+    torch.manual_seed(5)
+    model, x = torch.nn.Sequential(*[Layer(i) for i in range(2)]), torch.randn(5, 4)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        homes = [(m.fc.__dict__, "_parameters", n, 0) for m in model for n in ("weight", "bias")]
+        with views.holding(homes, [torch.zeros(())]):
+            held.set()
+            assert release.wait(WAIT)
+    join = _start(hold)
+    step = aotgrad.jit(model)
+    try:
+        assert held.wait(WAIT)
+        assert isinstance(model[1].fc._parameters, views.View)
+        expected = _eager(model, x)
+        _assert_same(expected, _step(step, model, x), "jit while A holds the model")
+        assert isinstance(model[1].fc._parameters, views.View)
+    finally:
+        release.set()
+        join()
+    assert type(model[1].fc._parameters) is dict
+    model[1].fc.register_parameter("seen", torch.nn.Parameter(torch.zeros(1)))
+    model.zero_grad()
+    _assert_same(_eager(model, x), _step(step, model, x), "jit after a registration")
+    assert len(step.entries) == 2, "the parameter registered after A let go was not seen by the guards"
