@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from . import backends, partition
-from .backends.graph_info import GraphInfo, graph_info
+from .backends.graph_info import GraphInfo
+from .ir.descriptors import SavedDesc
 from .observe import timed
 from .partition.blocks import inline_calls
 from .partition.graphs import distinct_examples
@@ -31,6 +32,24 @@ def _examples(gm, compiler) -> list:
     by object). The eager backend reads none of them."""
     values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     return values if compiler is backends.eager else distinct_examples(values)
+
+
+def graph_info(captured, kind: str, part=None, function_id: int = 0) -> GraphInfo:
+    """What the compiler of ``captured``'s ``kind`` graph is told (``part``: the partition)."""
+    lay, descs = captured.layout, captured.input_descs
+    if kind == "backward":
+        names = tuple(str(SavedDesc(n)) for n in part.saved) + tuple(str(descs[lay.n_primals + k])
+                                                               for k in range(len(lay.tangent_of)))
+        # A parameter or buffer the forward saves as it is keeps its storage too.
+        primal_names = [n.name for n in captured.joint.graph.nodes if n.op == "placeholder"][:lay.n_primals]
+        kept = {primal_names[i] for i, d in enumerate(descs[:lay.n_primals]) if d.is_state()}
+        static = tuple(k for k, n in enumerate(part.saved) if n in kept)
+        return GraphInfo(kind, names, static, (), (), function_id, tuple(range(len(part.saved))))
+    primals = descs[:lay.n_primals]
+    static = tuple(i for i, d in enumerate(primals) if d.is_state())
+    saved = tuple(range(lay.n_fw, lay.n_fw + len(part.saved))) if part is not None else ()
+    return GraphInfo(kind, tuple(map(str, primals)), static, tuple(captured.analysis.mutated()),
+                     saved, function_id)
 
 
 def _compile(compiler, gm, info: GraphInfo, step: dict | None = None):

@@ -1,6 +1,6 @@
 """What a graph compiler is told about the graph it compiles, beyond the graph.
 
-Attached as ``gm.meta["aotgrad"]`` so that any ``(gm, example_inputs)``
+Attached as ``gm.meta["aotgrad"]`` (by ``compile``) so that any ``(gm, example_inputs)``
 compiler can read it and plain ones can ignore it. Backends read it, not the
 placeholder names (a pass or a user may rename nodes). A graph that did not come
 from ``compile`` has none: :func:`info_of` then reads the names ``Desc.ident``
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from ..ir.descriptors import BufferDesc, ParamDesc, SavedDesc, TangentDesc
+from ..ir.descriptors import BufferDesc, ParamDesc, TangentDesc
 
 
 @dataclass(frozen=True)
@@ -24,23 +24,6 @@ class GraphInfo:
     saved_outputs: tuple        # output indices the forward saves for the backward
     function_id: int            # shared by the forward and backward of one compiled function
     saved_inputs: tuple = ()    # backward: placeholder indices holding the forward's saved values
-
-
-def graph_info(captured, kind: str, part=None, function_id: int = 0) -> GraphInfo:
-    lay, descs = captured.layout, captured.input_descs
-    if kind == "backward":
-        names = tuple(str(SavedDesc(n)) for n in part.saved) + tuple(str(descs[lay.n_primals + k])
-                                                               for k in range(len(lay.tangent_of)))
-        # A parameter or buffer the forward saves as it is keeps its storage too.
-        primal_names = [n.name for n in captured.joint.graph.nodes if n.op == "placeholder"][:lay.n_primals]
-        kept = {primal_names[i] for i, d in enumerate(descs[:lay.n_primals]) if d.is_state()}
-        static = tuple(k for k, n in enumerate(part.saved) if n in kept)
-        return GraphInfo(kind, names, static, (), (), function_id, tuple(range(len(part.saved))))
-    primals = descs[:lay.n_primals]
-    static = tuple(i for i, d in enumerate(primals) if d.is_state())
-    saved = tuple(range(lay.n_fw, lay.n_fw + len(part.saved))) if part is not None else ()
-    return GraphInfo(kind, tuple(map(str, primals)), static, tuple(captured.analysis.mutated()),
-                     saved, function_id)
 
 
 def info_of(gm: fx.GraphModule) -> GraphInfo:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import errors
+from ..guards import reads
 from ..guards.state import _GLOBAL_HOOKS
 from ..guards.writes import HOOK_EXTRAS, HOOKS
 from ..runtime.call import bits
@@ -173,6 +174,16 @@ def _varying(grp) -> tuple:
     """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
     scalars = [_scalars(m) for _, m in grp]
     return tuple(i for i in range(len(scalars[0])) if len({s[i][1] for s in scalars}) > 1), scalars
+
+
+def repeated(setup, enabled: bool = True) -> dict:
+    """The repeated blocks of the module ``setup`` traces (:func:`find_groups`); none where reuse is off,
+    the function is not a module, no read recording watches the trace or sizes are symbolic."""
+    if not (enabled and isinstance(setup.fn, torch.nn.Module) and reads.watching() is not None
+            and setup.session.dynamic is False):
+        return {}
+    with reads.paused():        # our own walk over the modules: no user code runs in it
+        return find_groups(setup.fn)
 
 
 def find_groups(root: torch.nn.Module) -> dict:

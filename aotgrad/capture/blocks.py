@@ -50,7 +50,7 @@ from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
 from . import block_graph, caches, per_call
-from .block_groups import Member, find_groups, hooked
+from .block_groups import Member, hooked
 from ..ir.records import layout
 from ..runtime.call import bits
 from ..runtime import regions
@@ -555,17 +555,10 @@ def _replay_reads(rec, frames, paths) -> None:
 
 
 @contextlib.contextmanager
-def reusing(setup, enabled: bool = True):
-    """While tracing ``setup``'s function, calls of repeated blocks go through templates."""
-    fn = setup.fn
-    rec = reads.watching()
-    with reads.paused():        # our own walk over the modules: no user code runs in it
-        members = find_groups(fn) if enabled and isinstance(fn, torch.nn.Module) and rec is not None \
-            and setup.session.dynamic is False else {}
-    reuse = Reuse(setup.session, members, rec)
-    if not members:
-        yield reuse
-        return
+def reusing(setup, members: dict):
+    """While tracing ``setup``'s function, calls of the repeated blocks ``members``
+    (:func:`.block_groups.repeated`) go through templates."""
+    reuse = Reuse(setup.session, members, reads.watching())
     with MODULE_CALLS(), tracing.scope(blocks=reuse):
         try:
             yield reuse

@@ -1,6 +1,7 @@
 """Stage 0 -> stage 1: ``capture(fn, *args, **kwargs) -> Captured``."""
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from dataclasses import replace
@@ -18,8 +19,7 @@ from ..inputs.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads
 from ..guards import state as state_guards
-from ..guards.recorded import COMPILED_INSIDE, call_leaves, leaf_names, recorded
-from ..inputs.jit_options import root_name
+from ..guards.recorded import COMPILED_INSIDE, call_leaves, leaf_names, recorded, root_name
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
@@ -28,8 +28,9 @@ from .. import tracing
 from ..scoped import GC_PAUSED
 from ..stages import Captured, Setup
 from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
-from ..partition.blocks import is_call
+from .block_groups import repeated
 from .blocks import reusing, unseen_inputs
+from ..partition.blocks import is_call
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc
 from ..ir.records import HookRecord, layout
 from ..runtime.double_backward import rng_states, set_rng_states
@@ -81,11 +82,17 @@ def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Cap
     A refused capture leaves the global RNG as it found it (``torch.manual_seed`` inside ran for real)."""
     rng = rng_states()
     try:
-        with GC_PAUSED(), tracing.scope(seeds=[]), reusing(setup, reuse_blocks) as reuse:
+        members = repeated(setup, reuse_blocks)
+        with GC_PAUSED(), tracing.scope(seeds=[]), _reusing(setup, members) as reuse:
             return _capture_setup(setup, history, reuse, rng[0])
     except BaseException:
         set_rng_states(rng)
         raise
+
+
+def _reusing(setup: Setup, members: dict):
+    """Block reuse (:mod:`.blocks`) where the module has repeated blocks; none (``None``) elsewhere."""
+    return reusing(setup, members) if members else contextlib.nullcontext()
 
 
 def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Captured:
@@ -115,17 +122,13 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Cap
     records: list = []      # what each joint trace registers, by graph input (the last one counts)
     setup = replace(setup, flat_fn=observed(setup.flat_fn, records))
     lay = layout(analysis)
-    reuse.may_trace = False      # templates come from the metadata pass only
     with timed(history, "trace joint") as info:
         joint, info["direct grads"], (saved, quiet), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
         analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet)
         info["nodes"] = len(joint.graph.nodes)
-        info["reused blocks"], info["reused whole blocks"] = reuse.count(), reuse.whole
-        kept = sum(is_call(n) and n.target.kind == "forward" for n in joint.graph.nodes)
-        if kept:
-            info["blocks called as halves"] = kept
-        if reuse.why:
-            info["blocks run flat"] = dict(reuse.why)
+        info["reused blocks"], info["reused whole blocks"] = (reuse.count(), reuse.whole) if reuse else (0, 0)
+        if reuse:
+            info.update(_block_facts(joint, reuse))
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     _refuse_used_inner_leaves(joint, analysis)
@@ -154,6 +157,17 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Cap
                     in_descs, out_descs, tuple(history), hooks=hooks)     # no stage pins the user's batch
 
 
+def _block_facts(joint, reuse) -> dict:
+    """The history's facts of block reuse beyond the counts: calls of halves, why blocks ran flat."""
+    facts = {}
+    kept = sum(is_call(n) and n.target.kind == "forward" for n in joint.graph.nodes)
+    if kept:
+        facts["blocks called as halves"] = kept
+    if reuse.why:
+        facts["blocks run flat"] = dict(reuse.why)
+    return facts
+
+
 def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
     """The joint with repeated blocks inlined, how many gradients blocks wrote directly, the inputs
     eager's autograd saves (``joint.eager_saved_inputs``) and those the program writes without a
@@ -164,8 +178,9 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
     attempt that cannot stand for the program is dropped for the next. Calls a template cannot
     stand for bit for bit (:class:`.block_graph.FlatCall`) run flat, and the attempts start again."""
     def trace(direct: bool, unseen: frozenset):
-        reuse.calls = reuse.whole = 0
-        reuse.seen.clear()
+        if reuse is not None:
+            reuse.calls = reuse.whole = 0
+            reuse.seen.clear()
         joint = _traced(lambda: traced_with_positions(lambda: trace_joint(
             setup.session, setup.flat_fn, setup.fake_inputs, analysis, lay, user_fn=setup.fn,
             direct_grads=direct, unseen=unseen)))
@@ -174,11 +189,12 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
         saved = joint.meta.pop("aotgrad eager saved", ((), ()))
         calls = joint.meta.pop("aotgrad block calls")
-        return joint, inline_blocks(joint, *calls) if reuse.members else 0, saved, len(unseen)
-    attempts = [(False, frozenset())]
-    if reuse.members:
-        unseen = unseen_inputs(reuse, setup, analysis)
-        attempts = [(True, unseen)] * bool(unseen) + [(True, frozenset())] + attempts
+        return joint, inline_blocks(joint, *calls) if reuse is not None else 0, saved, len(unseen)
+    if reuse is None:       # no repeated blocks
+        return trace(False, frozenset())
+    reuse.may_trace = False      # templates come from the metadata pass only
+    unseen = unseen_inputs(reuse, setup, analysis)
+    attempts = [(True, unseen)] * bool(unseen) + [(True, frozenset())] + [(False, frozenset())]
     while True:
         try:
             return _first_standing(trace, attempts)

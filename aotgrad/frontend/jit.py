@@ -36,7 +36,8 @@ from ..guards import state as state_guards
 from ..inputs.flatten import signature
 from ..inputs.step import Root, step_root
 from ..inputs.distributed import split_for_jit
-from ..inputs.jit_options import bound_method, check_options, root_name, tracing
+from ..inputs.jit_options import bound_method, check_options, tracing
+from ..guards.recorded import root_name
 from ..options import CompileOptions
 from ..runtime.modes import TRACED_NAMES, describe, traced
 

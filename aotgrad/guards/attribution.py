@@ -32,7 +32,6 @@ from __future__ import annotations
 import dis
 import random
 import sys
-import threading
 
 import torch
 
@@ -135,11 +134,6 @@ def _tensors(v) -> list:
     if isinstance(v, torch.nn.Module):
         return [*v.parameters(), *v.buffers()]
     return [v] if v is not None else []
-
-
-def watch(is_user) -> Watch | None:
-    """A watch for a capture starting now, where other Python threads are alive; None where not."""
-    return Watch(is_user) if threading.active_count() > 1 else None
 
 
 def _stream_owners() -> dict:

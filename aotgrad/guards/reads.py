@@ -229,7 +229,9 @@ def record(fn=None):
     returns: capture runs ``fn`` once per trace, the same Python each time, and profiling
     costs every trace it watches about as much again. An existing profiler keeps running."""
     root = getattr(getattr(fn, "func", fn), "__code__", None) if not isinstance(fn, torch.nn.Module) else fn
-    rec = Recording(root=root, watch=attribution.watch(lambda code: kind_of(code, None) == USER))
+    # Where other Python threads are alive, a write may be theirs: the capture's thread is watched.
+    watch = attribution.Watch(lambda code: kind_of(code, None) == USER) if threading.active_count() > 1 else None
+    rec = Recording(root=root, watch=watch)
     previous = sys.getprofile()
     event = rec.event
     if previous is not None:

@@ -6,13 +6,30 @@ returned as ``Read`` s for :func:`aotgrad.guards.state.build`.
 """
 from __future__ import annotations
 
-from .._torch import pytree
+import sys
+
 import torch
+
+from .._torch import pytree
 
 from .. import errors
 from ..runtime.trees import input_name
 from ..tracing.patches import COMPILED_AUTOGRAD_OFF
 from . import reads, resolve
+
+
+def root_name(fn, depth: int = 0) -> str:
+    """How messages name the jitted object: a function by its name, a module by the variable
+    the caller of ``aotgrad.jit`` holds it in (``model.fc.training``), else ``model``."""
+    if not isinstance(fn, torch.nn.Module):
+        return getattr(fn, "__name__", type(fn).__name__)
+    if depth:
+        frame = sys._getframe(depth + 1)
+        for scope in (frame.f_locals, frame.f_globals):
+            for k, v in scope.items():
+                if v is fn and k.isidentifier() and not k.startswith("_"):
+                    return k
+    return "model"
 
 
 def call_leaves(args, kwargs) -> list:

@@ -2,7 +2,6 @@
 its options, its use as a method decorator, calls from inside another trace."""
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 
@@ -26,20 +25,6 @@ def check_options(options: dict) -> CompileOptions:
             raise errors.OptionError(f"aotgrad.jit got {key}={name!r}, which is not a registered compiler "
                                      f"(registered: {', '.join(backends.list())})", user_line=errors.caller_line())
     return opts
-
-
-def root_name(fn, depth: int = 0) -> str:
-    """How messages name the jitted object: a function by its name, a module by the variable
-    the caller of ``aotgrad.jit`` holds it in (``model.fc.training``), else ``model``."""
-    if not isinstance(fn, torch.nn.Module):
-        return getattr(fn, "__name__", type(fn).__name__)
-    if depth:
-        frame = sys._getframe(depth + 1)
-        for scope in (frame.f_locals, frame.f_globals):
-            for k, v in scope.items():
-                if v is fn and k.isidentifier() and not k.startswith("_"):
-                    return k
-    return "model"
 
 
 def tracing() -> bool:

@@ -1,13 +1,22 @@
-"""Chrome trace events (the format Perfetto and chrome://tracing load).
+"""Every stage as it happens: its record, a Chrome trace event, a log line, the progress line.
 
-Every ``timed`` stage becomes one complete ("X") event in each active sink;
-records logged under ``aotgrad.*`` while a sink is active (a jit recompile
-and its reason, for instance) become instant ("i") events.
+:func:`timed` is the one place a stage is measured: it appends a :class:`Step` to the stage
+object's history, emits a Chrome trace event (the format Perfetto and chrome://tracing load) to
+every active sink, logs the step under ``aotgrad.stages`` and feeds the TTY progress line.
+
+Every ``timed`` stage becomes one complete ("X") event in each active sink; records logged under
+``aotgrad.*`` while a sink is active (a jit recompile and its reason, for instance) become instant
+("i") events.
 
     with aotgrad.observe.trace("trace.json"):
         step = aotgrad.capture(f, x).compile()
 
 ``AOTGRAD_TRACE=path.json`` traces the whole process and writes at exit.
+
+The progress line, on a terminal only: when stages have been running for more than ``after``
+seconds, stderr shows ``aotgrad: <stage> 3.1s`` and keeps it current (the elapsed time counts from
+the first of the stages that follow each other); the line is cleared as each stage ends, so nothing
+the program prints lands on it. Silent when stderr is not a TTY or ``AOTGRAD_LOG=quiet``.
 """
 from __future__ import annotations
 
@@ -16,8 +25,11 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
+from dataclasses import dataclass, field
+
 from ..options import keywords_checked
 
 _lock = threading.Lock()
@@ -142,6 +154,107 @@ def from_environment(environ=os.environ) -> TraceSink | None:
     _attach(sink)
     atexit.register(sink.write)
     return sink
+
+
+
+def quiet() -> bool:
+    return os.environ.get("AOTGRAD_LOG", "").strip().lower() == "quiet"
+
+
+class Progress:
+    GAP = 0.5        # seconds between stages that still count as one compile
+
+    def __init__(self, stream=None, after: float = 2.0, every: float = 0.25):
+        self.stream, self.after, self.every = stream, after, every
+        self.stack: list[str] = []
+        self.run_start = self.last_exit = 0.0
+        self.shown = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _out(self):
+        return self.stream if self.stream is not None else sys.stderr
+
+    def enabled(self) -> bool:
+        out = self._out()
+        return not quiet() and hasattr(out, "isatty") and out.isatty()
+
+    def enter(self, name: str) -> None:
+        if not self.enabled():
+            return
+        with self._lock:
+            now = time.perf_counter()
+            if not self.stack and now - self.last_exit > self.GAP:
+                self.run_start = now
+            self.stack.append(name)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="aotgrad-progress", daemon=True)
+                self._thread.start()
+
+    def exit(self) -> None:
+        with self._lock:
+            if self.stack:
+                self.stack.pop()
+                self.last_exit = time.perf_counter()
+            if not self.stack and self.shown:
+                self._write("\r\x1b[K")      # clear now, before the program prints; redrawn if a stage follows
+                self.shown = False
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.every)
+            with self._lock:
+                now = time.perf_counter()
+                if self.stack and now - self.run_start >= self.after:
+                    self._write(f"\r\x1b[Kaotgrad: {' > '.join(self.stack)}  {now - self.run_start:.1f}s")
+                    self.shown = True
+                elif not self.stack and now - self.last_exit > self.GAP:
+                    self._thread = None      # idle: stop; the next stage starts a new one
+                    return
+
+    def _write(self, text: str) -> None:
+        try:
+            self._out().write(text)
+            self._out().flush()
+        except (OSError, ValueError):
+            pass        # a closed terminal must never break a compile
+
+
+progress = Progress()
+
+
+log = logging.getLogger("aotgrad.stages")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    seconds: float
+    info: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        facts = ", ".join(f"{k}={v}" for k, v in self.info.items())
+        return f"{self.name:<22} {self.seconds * 1e3:9.1f} ms  {facts}"
+
+
+@contextlib.contextmanager
+def timed(history: list, name: str, **info):
+    """Append a :class:`Step` to ``history`` when the block ends; the block may add to ``info``."""
+    progress.enter(name)
+    start_us = now_us()
+    start = time.perf_counter()
+    try:
+        yield info
+    except BaseException as e:
+        emit(name, start_us, now_us() - start_us, {**info, "error": type(e).__name__})
+        raise
+    else:
+        seconds = time.perf_counter() - start
+        history.append(Step(name, seconds, info))
+        emit(name, start_us, seconds * 1e6, info)
+        log.debug("%s took %.1f ms %s", name, seconds * 1e3, info)
+    finally:
+        progress.exit()
 
 
 from_environment()

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from aotgrad.observe import progress, timed
+from aotgrad.observe import events, timed
 
 
 class FakeTTY(io.StringIO):
@@ -13,8 +13,8 @@ class FakeTTY(io.StringIO):
 
 
 def run_stage(monkeypatch, stream, seconds=0.3):
-    p = progress.Progress(stream=stream, after=0.05, every=0.02)
-    monkeypatch.setattr(progress, "current", p)
+    p = events.Progress(stream=stream, after=0.05, every=0.02)
+    monkeypatch.setattr(events, "progress", p)
     with timed([], "trace joint"):
         time.sleep(seconds)
     time.sleep(p.GAP + 3 * p.every)         # let it clear the line and stop
@@ -41,8 +41,8 @@ def test_silent_off_a_tty_or_when_quiet(monkeypatch, stream, env):
 def test_quick_stage_prints_nothing(monkeypatch):
     monkeypatch.delenv("AOTGRAD_LOG", raising=False)
     out = FakeTTY()
-    p = progress.Progress(stream=out, after=5.0, every=0.02)
-    monkeypatch.setattr(progress, "current", p)
+    p = events.Progress(stream=out, after=5.0, every=0.02)
+    monkeypatch.setattr(events, "progress", p)
     with timed([], "simplify"):
         pass
     time.sleep(p.GAP + 0.1)
