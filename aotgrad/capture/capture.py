@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import traceback
 from dataclasses import replace
 
@@ -77,17 +78,35 @@ def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_bl
         return capture_setup(setup, history, reuse_blocks)
 
 
-def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True) -> Captured:
+def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True, *, user_code: bool = True) -> Captured:
     """Stage 0 -> stage 1 for any frontend: analyze, trace the joint, clean it up, build guards.
-    A refused capture leaves the global RNG as it found it (``torch.manual_seed`` inside ran for real)."""
+    A refused capture leaves the global RNG as it found it (``torch.manual_seed`` inside ran for real).
+    ``user_code=False``: the function is a graph of torch ops alone (Dynamo's), whose trace seeds nothing."""
     rng = rng_states()
     try:
         members = repeated(setup, reuse_blocks)
         with GC_PAUSED(), tracing.scope(seeds=[]), _reusing(setup, members) as reuse:
-            return _capture_setup(setup, history, reuse, rng[0])
+            return _capture_setup(setup, history, reuse, rng[0], user_code)
     except BaseException:
-        set_rng_states(rng)
+        if _changed_rng(rng[0], user_code):
+            set_rng_states(rng)
         raise
+
+
+def _changed_rng(before: torch.Tensor, user_code: bool) -> bool:
+    """Whether this capture changed torch's global RNG (from ``before``). A traced op draws from no
+    real stream: a change is a seed or a state set. With other threads alive it may be theirs (an
+    eager training loop's dropout): it is the capture's only where user code ran in the trace and
+    the capture's watch saw its thread call a generator's setter, or no watch could tell
+    (:mod:`..guards.attribution`; a thread started after the capture began)."""
+    if torch.equal(before, torch.random.get_rng_state()):
+        return False
+    if threading.active_count() == 1:
+        return True
+    if not user_code:
+        return False
+    watch = reads.thread_watch()
+    return watch is None or watch.drew_from("torch")
 
 
 def _reusing(setup: Setup, members: dict):
@@ -95,7 +114,7 @@ def _reusing(setup: Setup, members: dict):
     return reusing(setup, members) if members else contextlib.nullcontext()
 
 
-def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Captured:
+def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_code: bool) -> Captured:
     setup = replace(setup, flat_fn=observed(setup.flat_fn, []))     # analysis must not run hooks' registration either
     # Inputs sharing a storage (a layout change of one is refused at its op's line); found once, the
     # groups with a written member are taken from them after analysis.
@@ -146,7 +165,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor) -> Cap
         raise errors.UnsupportedError(
             f"torch.manual_seed({seeds[0][0]}) inside the captured function: the compiled graph would not "
             "reseed, so its random numbers would differ from eager's; seed before calling it", user_line=seeds[0][1])
-    if not torch.equal(rng, torch.random.get_rng_state()):
+    if _changed_rng(rng, user_code):
         raise errors.UnsupportedError(
             "the function changed the global RNG while being traced (torch.manual_seed, set_rng_state, or "
             "drawing numbers outside tensor ops); the compiled graph would not repeat that, so its random "

@@ -128,7 +128,7 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
     key = _key(setup.fn, setup, setup.fake_inputs, options)     # the lifted state by its layout, not its values
     compiled = None if key is None else _load(key, setup, options)
     if compiled is None:
-        captured = capture_setup(setup, history)
+        captured = capture_setup(setup, history, user_code=False)     # Dynamo's graph: torch ops alone
         compiled = captured.compile(options=options)
         if key is not None:
             _store(key, compiled)

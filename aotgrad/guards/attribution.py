@@ -14,9 +14,11 @@ code objects that ran and the calls it made into a global random stream.
   or when it now holds a traced tensor. Otherwise it is left as the other thread made it, and one
   the trace *read* that changed meanwhile makes the capture run again (its graph may have used
   either value).
-* A changed ``random`` stream is the capture's when its thread called one of the stream's methods; it
-  is then refused and put back as without threads (a draw another thread made meanwhile is then made
-  again: the rare case of both at once). numpy's global stream cannot be told apart (its draws are
+* A changed ``random`` stream, or torch's global generator, is the capture's when its thread called
+  one of the stream's methods (a traced op draws from no real stream: the capture's own changes are
+  seeding and setting states); it is then refused and put back as without threads (a draw another
+  thread made meanwhile is then made again: the rare case of both at once). Otherwise it is left as
+  the other thread made it: an eager training thread's dropout keeps its stream while a capture runs. numpy's global stream cannot be told apart (its draws are
   Cython functions, which profiling does not see): a change is the capture's, as without threads.
 
 * A parameter, buffer or submodule registered on (or dropped from) a traced module is the capture's
@@ -41,6 +43,8 @@ _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME
 # Whole-dict access (any global may be written); in user code, also setters given the name as data.
 _ANY_NAME = frozenset({"globals", "vars"})
 _NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})
+# The methods of a torch generator that change its stream (reading its state does not).
+_TORCH_SETTERS = frozenset({"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"})
 _scanned: dict = {}     # code -> (names it writes, whole-dict access, setters): code is immutable
 
 
@@ -62,7 +66,7 @@ class Watch:
 
     def c_call(self, arg):
         owner = self.owners.get(id(getattr(arg, "__self__", None)))
-        if owner is not None:
+        if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
             self.drew.add(owner[0])
 
     def profile(self, previous):
@@ -75,7 +79,7 @@ class Watch:
                 ran.add(frame.f_code)
             elif what == "c_call":
                 owner = owners.get(id(getattr(arg, "__self__", None)))
-                if owner is not None:
+                if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
                     drew.add(owner[0])
             if previous is not None:
                 previous(frame, what, arg)
@@ -139,6 +143,10 @@ def _tensors(v) -> list:
 def _stream_owners() -> dict:
     """id -> (name, object) of the global random streams a draw is a method call of."""
     owners = {id(random._inst): ("random", random._inst)}
+    # torch's default generators: seeding or setting one (torch.manual_seed, torch.seed,
+    # default_generator.set_state) is a call of its C methods; traced ops draw from none of them.
+    cuda = torch.cuda.default_generators if torch.cuda.is_initialized() else ()
+    owners.update({id(g): ("torch", g) for g in (torch.default_generator, *cuda)})
     np_random = getattr(sys.modules.get("numpy"), "random", None)
     rand = getattr(getattr(np_random, "mtrand", None), "_rand", None)
     if rand is not None:

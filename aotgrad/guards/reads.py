@@ -261,6 +261,13 @@ def record(fn=None):
 _ACTIVE = threading.local()     # the recording whose block this thread is in
 
 
+def thread_watch():
+    """The :class:`.attribution.Watch` of the capture this thread is in (other threads were alive when it
+    started), or None."""
+    rec = getattr(_ACTIVE, "rec", None)
+    return rec.watch if rec is not None else None
+
+
 def watch_again():
     """The recording of this thread's block, stopped when the traced function returned, watches its
     next call too: a trace retried (symbolic sizes failed, static ones next) runs its Python again,

@@ -539,3 +539,88 @@ def test_a_jit_compiled_while_another_thread_holds_the_model_sees_later_registra
     model.zero_grad()
     _assert_same(_eager(model, x), _step(step, model, x), "jit after a registration")
     assert len(step.entries) == 2, "the parameter registered after A let go was not seen by the guards"
+
+
+class _Drawer:
+    """A thread that, each time it is asked, draws numbers from torch's global generator (as an
+    eager training loop's dropout does) and says when it is done. ``draws``: every number it drew
+    (64-bit: a stream rewound under it would repeat some)."""
+
+    def __init__(self):
+        self.ask, self.done, self.stop, self.draws = threading.Event(), threading.Event(), False, []
+        self.join = _start(self._run)
+
+    def _run(self):
+        while True:
+            assert self.ask.wait(WAIT)
+            self.ask.clear()
+            if self.stop:
+                return
+            self.draws += torch.randint(0, 2 ** 62, (64,)).tolist()
+            self.done.set()
+
+    def draw(self):
+        """Called in the capturing thread: the other thread draws, meanwhile."""
+        self.done.clear()
+        self.ask.set()
+        assert self.done.wait(WAIT), "the drawing thread did not draw"
+
+    def close(self):
+        self.stop = True
+        self.ask.set()
+        self.join()
+
+
+@pytest.fixture
+def draws_during_analysis(monkeypatch):
+    """A :class:`_Drawer` that draws while every capture of the test analyzes its function (the
+    capture's RNG check sees the generator moved; it was not the capture)."""
+    from aotgrad.capture import capture as capture_module
+    drawer, real = _Drawer(), capture_module.analyze
+
+    def analyze(*args, **kwargs):
+        drawer.draw()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(capture_module, "analyze", analyze)
+    try:
+        yield drawer
+    finally:
+        drawer.close()
+
+
+_COMPILERS = {
+    "capture": lambda model, x: aotgrad.capture(model, x).compile(),
+    "jit": lambda model, x: aotgrad.jit(model),
+    "dynamo": lambda model, x: torch.compile(model, backend="aotgrad"),
+}
+
+
+@pytest.mark.parametrize("entry", list(_COMPILERS))
+def test_another_threads_draws_during_a_capture_are_its_own(entry, draws_during_analysis):
+    """While a capture runs, another thread draws from torch's global generator. The capture is not
+    refused for it (before: "the function changed the global RNG while being traced"), and the other
+    thread's stream is not put back under it (before: the refusal rewound it, and that thread drew
+    the same numbers again)."""
+    torch.manual_seed(6)
+    torch._dynamo.reset()
+    model, x = Net(), torch.randn(5, 4)
+    expected = _eager(model, x)
+    try:
+        _assert_same(expected, _step(_COMPILERS[entry](model, x), model, x), entry)
+    finally:
+        torch._dynamo.reset()
+    draws = draws_during_analysis.draws
+    assert draws and len(set(draws)) == len(draws), "the other thread's stream was rewound"
+    _assert_nothing_left(model)
+
+
+def test_a_capture_that_seeds_is_refused_while_another_thread_draws(draws_during_analysis):
+    """The capture's own seeding is still told apart from the other thread's draws: its watch saw
+    the generator's setter called in the capturing thread (no torch.manual_seed to note it)."""
+    def seeds(x):
+        torch.default_generator.manual_seed(0)
+        return x * 2
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="changed the global RNG"):
+        aotgrad.jit(seeds)(x)
+    assert draws_during_analysis.draws
