@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Chain:
-    root: str            # "global", "deref" (a free variable), "fast" (an argument)
+    root: str            # "global", "deref" (a free variable), "fast" (an argument), "globals" (every global)
     name: str
     steps: tuple         # ("attr", name) or ("item", constant), in load order
     line: int | None
@@ -136,7 +136,10 @@ def _normalized(instructions) -> list:
 
 def _super(cur, code, ins, at):
     """``(chain, instructions to skip)`` where ``cur`` with ``ins[at:]`` is ``super().k``: ``k`` read in
-    every class of the first argument (3.11: a call of ``super``; 3.12: its own instruction)."""
+    every class of the first argument (3.11: a call of ``super``; 3.12: its own instruction); or a
+    call of ``globals()`` (:func:`_globals`)."""
+    if cur.root == "global" and cur.name == "globals" and not cur.steps:
+        return _globals(cur, ins, at)
     if ins[at].opname == "LOAD_SUPER_ATTR" and cur.root == "fast" and not cur.steps:
         return Chain(cur.root, cur.name, (("anyclass", ins[at].argval),), cur.line), 0
     if cur.root == "global" and cur.name == "super" and not cur.steps and code.co_argcount:
@@ -144,6 +147,27 @@ def _super(cur, code, ins, at):
         if end is not False and end + 1 < len(ins) and ins[end + 1].opname in _ATTR:
             return Chain("fast", code.co_varnames[0], (("anyclass", ins[end + 1].argval),), cur.line), end + 1 - at
     return None, 0
+
+
+def _globals(cur, ins, at):
+    """``(chain, instructions to skip)`` where ``ins[at:]`` calls ``globals()``: ``globals()["K"]`` and
+    ``globals().get("K"[, default])`` are the global ``K``; any other use of the dict (a name computed
+    at run time, iterating it) is every global, the chain rooted at ``"globals"``."""
+    end = _call_at(ins, at, 0)
+    if end is False:
+        return None, 0
+    k = end + 1
+    name = ins[k].argval if k < len(ins) and ins[k].opname == "LOAD_CONST" else None
+    if isinstance(name, str) and k + 1 < len(ins) and ins[k + 1].opname == "BINARY_SUBSCR":
+        return Chain("global", name, (), cur.line), k + 1 - at
+    if k + 1 < len(ins) and ins[k].opname in _ATTR and ins[k].argval == "get" \
+            and ins[k + 1].opname == "LOAD_CONST" and isinstance(ins[k + 1].argval, str):
+        done = _call_at(ins, k + 2, 1)
+        if done is False and k + 2 < len(ins) and ins[k + 2].opname == "LOAD_CONST":
+            done = _call_at(ins, k + 3, 2)
+        if done is not False:
+            return Chain("global", ins[k + 1].argval, (), cur.line), done - at
+    return Chain("globals", "", (), cur.line), end - at
 
 
 def _ended(cur, op) -> Chain:

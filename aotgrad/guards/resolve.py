@@ -101,6 +101,7 @@ class Resolver:
         self.reads: dict = {}
         self.paths: dict = {}          # id(obj) -> (path, source) of objects reached from a root
         self.skip: set = set()         # ids of dicts whose entries are guarded elsewhere
+        self.holders: dict = {}        # id(dict) -> its _Names, for dicts read whole
         self.done: set = set()
         self.rec = rec
         self.executed = {f.code for f in rec.frames.values() if f.kind == USER}
@@ -172,6 +173,8 @@ class Resolver:
                 self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:
                 self._global(f.globals, c)
+            elif c.root == "globals" and f.kind == USER and f.globals is not None:
+                self._globals(f.globals)
             elif c.root == "global" and f.kind == LIBRARY:
                 self._setting(f.globals, c)
 
@@ -221,6 +224,14 @@ class Resolver:
         self._add_value(g, c.name, source, path)
         self._follow(g[c.name], path, source, c.steps)
 
+    def _globals(self, g):
+        """``globals()`` read whole (a name computed at run time, iterated): every plain value among
+        the module's globals, and its names (one defined later may be the one read)."""
+        for key, value in list(g.items()):
+            if isinstance(key, str) and not key.startswith("__") and guard_kind(value) == "eq":
+                self._add(Read(key, _global_path(g, key), g, key, value, "eq"))
+        self._names(g, f"the globals of {g.get('__name__') or 'a module'}", None)
+
     def _setting(self, g, c):
         """A plain value an installed library's code loads from its module (or a module it imports):
         a setting such as timm's ``_USE_FUSED_ATTN`` that its ``set_...`` function assigns. Torch's,
@@ -237,7 +248,12 @@ class Resolver:
             self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, where[key], "eq"))
 
     def _follow(self, obj, path, source, steps):
+        whole = None        # the object whose ``__dict__`` (``vars(x)``) was just reached
         for kind, key in steps:
+            if whole is not None and kind not in ("item", "get"):
+                self._whole(whole, path, source)       # ``vars(x).items()``, iterated: all of it
+                return
+            whole = None
             if obj is os and key == "environ":
                 obj = os.environ
                 continue
@@ -256,7 +272,13 @@ class Resolver:
                 self._add(Read(f"{source}.get()", None, _ContextValue(obj), "value",
                                freeze(value) if kind == "frozen" else value, kind))
                 return
-            if _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
+            library_module = isinstance(obj, types.ModuleType) and _stops(obj)
+            if library_module:
+                # a library's module: a plain value or module the code loads from it (``mylib.FLAG``,
+                # ``torch.nn.functional``) is read like a user module's; its functions and classes are constant
+                if kind != "attr" or not _module_state(vars(obj).get(key, _UNSET)):
+                    return
+            elif _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
             if kind in ("next", "iter"):        # consumed, not read: the write undo tells whether it moved
                 return
@@ -266,7 +288,7 @@ class Resolver:
             if kind == "anyclass":
                 self._in_classes(obj, key, path, source)
                 return
-            loc = locate(obj, kind, key)
+            loc = (vars(obj), key) if library_module else locate(obj, kind, key)
             if loc is None:
                 self._absent(obj, kind, key, path, source)
                 return
@@ -275,12 +297,28 @@ class Resolver:
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
             if id(where) in self.skip or k == "__dict__" or isinstance(where, tuple):
                 # guarded elsewhere; a dict is read by its items; a tuple's item where the tuple was read
+                whole = obj if k == "__dict__" and kind == "attr" else None
                 obj = read_at(where, k)
                 continue
             self._add_value(where, k, source, path)
             obj = read_at(where, k)
+        if whole is not None:       # ``vars(x)`` handed on whole
+            self._whole(whole, path, source)
         if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
             self._environment(None)
+
+    def _whole(self, obj, path, source):
+        """An object's ``__dict__`` read whole (``vars(x).items()``, iterated, handed on): its plain
+        values, and its names (an attribute set later may be one the code finds)."""
+        self._any(obj, path, source)
+        if isinstance(getattr(obj, "__dict__", None), dict):
+            self._names(vars(obj), source, path)
+
+    def _names(self, d: dict, source: str, path):
+        """The names ``d`` holds, in order: a dict the code read whole (iterated, searched by a name
+        computed at run time) has a name added or removed."""
+        holder = self.holders.setdefault(id(d), _Names(d))
+        self._add(Read(f"the names in {source}", None, holder, "names", freeze(holder.names), "frozen"))
 
     def _environment(self, step):
         """The process environment, read by the traced code: the entry the chain names (``environ["K"]``,
@@ -416,6 +454,24 @@ def _reflects(f, found) -> bool:
 _UNSET = object()
 
 
+def _module_state(value) -> bool:
+    """Whether a value loaded from a library's module is followed: a plain value (a flag its
+    ``set_...`` function assigns) or a module."""
+    return type(value) in _EQ_TYPES or isinstance(value, types.ModuleType)
+
+
+class _Names:
+    """A dict's names, where a guard reads them (``.names``: its keys, in order)."""
+    __slots__ = ("d",)
+
+    def __init__(self, d):
+        self.d = d
+
+    @property
+    def names(self):
+        return tuple(self.d)
+
+
 class _ContextValue:
     """A ``contextvars.ContextVar`` read where a guard reads: ``.value`` is its value in the context
     the check runs in (a value guard fails where it has none)."""
@@ -515,6 +571,8 @@ def _step(obj, kind, key):
         return type(obj).__mro__, key
     if kind == "own":
         return vars(obj), key
+    if isinstance(obj, types.ModuleType) and _stops(obj):     # a library's module (see Resolver._follow)
+        return (vars(obj), key) if kind == "attr" and _module_state(vars(obj).get(key, _UNSET)) else None
     if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES) and not _state_of_library(obj):
         return None
     if kind == "item" and isinstance(obj, dict) and key not in obj:

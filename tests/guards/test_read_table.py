@@ -33,6 +33,10 @@ KINDS = {
     "list item": ("LST[0]", lambda ns, m: ns["LST"].__setitem__(0, 3.0), "LST"),
     "module state": ("cfgmod.K", lambda ns, m: setattr(ns["cfgmod"], "K", 3.0), "K`"),
     "float sign": ("{s}.eps", lambda ns, m: setattr(m, "eps", -0.0), "eps`"),
+    "globals() item": ("globals()['G']", lambda ns, m: ns.update(G=3.0), "G`"),
+    "library module state": ("libmod.K", lambda ns, m: setattr(ns["libmod"], "K", 3.0), "K`"),
+    "vars() whole": ("sum(v for v in vars({s}).values() if type(v) is float)",
+                     lambda ns, m: setattr(m, "extra", 1.0), "names in"),
 }
 
 # location: (forward body, with ``{R}`` the read made from the module's methods)
@@ -116,9 +120,11 @@ def _program(kind, where):
     name = f"_read_table_{next(_counter)}"
     mod = types.ModuleType(name)
     cfgmod = types.ModuleType(name + "_cfg")
-    cfgmod.K = 2.0
-    sys.modules[name], sys.modules[cfgmod.__name__] = mod, cfgmod
-    mod.cfgmod = cfgmod
+    # A library's module (its name under the standard library's ``json``): a flag its code assigns.
+    libmod = types.ModuleType(f"json.{name}_lib")
+    cfgmod.K = libmod.K = 2.0
+    sys.modules[name], sys.modules[cfgmod.__name__], sys.modules[libmod.__name__] = mod, cfgmod, libmod
+    mod.cfgmod, mod.libmod = cfgmod, libmod
     exec(compile(src, f"<{name}>", "exec"), vars(mod))
     return vars(mod), mod.M()
 
@@ -130,7 +136,7 @@ def _no_disk_cache(monkeypatch):
 
 CASES = list(itertools.product(KINDS, WHERE))
 # One pass over every kind and every location runs by default; the whole table is slow.
-_FAST = {(k, w) for k, w in zip(KINDS, WHERE)}
+_FAST = {(k, w) for k, w in zip(KINDS, itertools.cycle(WHERE))}
 
 
 @pytest.mark.parametrize("kind,where", [pytest.param(k, w, marks=() if (k, w) in _FAST else pytest.mark.slow)
