@@ -248,12 +248,23 @@ def _text(chain: Chain) -> str:
 
 
 def attr_names(codes) -> set:
-    """Every attribute name the given code objects load (for objects reached by value)."""
+    """Every attribute name the given code objects load (for objects reached by value): through
+    any value, a local variable's included (``c = self.cfg["a"]; c.w``, ``for b in self.blocks: b.w``),
+    and, in code that calls ``getattr`` or ``hasattr``, its string constants (``getattr(c, "w")``)."""
     names: set = set()
     for code in codes:
-        for c in chains(code)[0]:
-            names.update(s for k, s in c.steps if k == "attr")
+        hit = _names_cache.get(code)
+        if hit is None:
+            ins = _normalized(dis.get_instructions(code))
+            hit = {i.argval for i in ins if i.opname in _ATTR + ("LOAD_SUPER_ATTR",) and isinstance(i.argval, str)}
+            if {"getattr", "hasattr"} & set(code.co_names):
+                hit |= {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+            hit = _names_cache[code] = frozenset(hit)
+        names |= hit
     return names
+
+
+_names_cache: dict = {}     # code -> the names it loads (code objects are immutable)
 
 
 _ASKS_NAMES = frozenset({"type", "id"})

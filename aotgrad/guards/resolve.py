@@ -397,7 +397,7 @@ class Resolver:
     def _value(self, v, path, source):
         """Something reached by value: remember its path; a function that ran adds its cells and
         defaults; an object adds the attributes the traced code loads by name."""
-        if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES):
+        if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES) and not _settings(v):
             return
         self.done.add(id(v))
         if path is not None:
@@ -452,6 +452,15 @@ def _reflects(f, found) -> bool:
 
 
 _UNSET = object()
+
+
+def _settings(obj) -> bool:
+    """A library object holding settings (``types.SimpleNamespace``, ``argparse.Namespace``, a
+    library's config class): its values are plain or containers, so what the code loads from it by
+    name is followed when it is reached by value (``ns = NS; ns.scale``), as it is when named."""
+    d = getattr(obj, "__dict__", None)
+    return _state_of_library(obj) and len(d) <= _FROZEN_LIMIT and all(
+        type(x) in _EQ_TYPES or type(x) in (list, tuple, dict, set, frozenset) for x in d.values())
 
 
 def _module_state(value) -> bool:

@@ -7,7 +7,9 @@ Kinds: an attribute of the module, a class attribute (also through ``type(self)`
 global, an item of a global list, another module's state, a module's ``training`` flag, an attribute
 of an object argument, a ``__slots__`` member, a closure cell of the function (read in nested code
 too), and every way of naming an attribute as a value (``getattr``, ``object.__getattribute__``,
-``inspect.getattr_static``, ``operator.attrgetter``, a dict's ``get``, ``vars``, ``hasattr``).
+``inspect.getattr_static``, ``operator.attrgetter``, a dict's ``get``, ``vars``, ``hasattr``), and an
+object's attribute read through a variable that holds it (a loop's, a comprehension's) or through
+what a call returned.
 Locations: the function itself, a list comprehension and a generator expression (their own code
 objects), a lambda, a nested function, ``functools.partial``, a property, the class's
 ``__getattr__``, and the function itself where nested code closes over ``self`` (then a cell of its
@@ -66,7 +68,12 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         # the process environment: one variable by name, and through calls that read all of it
         "environ_get": '(2.0 if os.environ.get("AOTGRAD_TEST_READ") == "1" else 0.5)',
         "environ_in": '(2.0 if "AOTGRAD_TEST_READ" in os.environ else 0.5)',
-        "getenv": '(2.0 if os.getenv("AOTGRAD_TEST_READ") else 0.5)'}
+        "getenv": '(2.0 if os.getenv("AOTGRAD_TEST_READ") else 0.5)',
+        # an object's attribute read through a variable holding it (a loop's, a comprehension's), or
+        # through what a call returned: the object is reached by value, its attributes by name
+        "loop_variable": "sum(o.w for o in OBJS)", "attr_items": "[o.w for o in self.objs][0]",
+        "call_result": "self.first().w", "dict_values": "[v.w for v in TABLE.values()][0]",
+        "namespace_held": "[n.k for n in (NS,)][0]", "getattr_held": '[getattr(o, "w") for o in OBJS][0]'}
 NAMES, CLASS_NAMES = ["k"], ["ck"]
 
 
@@ -81,7 +88,13 @@ class Slotted:
         self.k = 1.5
 
 
+class Obj:
+    def __init__(self, w):
+        self.w = w
+
+
 SLOTS = Slotted()
+OBJS, TABLE = [Obj(1.5)], {"a": Obj(2.5)}
 SCALES = [1.0, 2.5]
 HELPERS = types.ModuleType("read_location_helpers")     # another (user) module's state
 HELPERS.FLAG = 1.5
@@ -114,7 +127,9 @@ def _module(kind, where):
            f"    ck = 5.0\n"
            f"    def __init__(self):\n"
            f"        super().__init__()\n"
-           f"        self.k, self.fc = 2.0, nn.Linear(3, 3)\n"
+           f"        self.k, self.fc, self.objs = 2.0, nn.Linear(3, 3), [Obj(3.5)]\n"
+           f"    def first(self):\n"
+           f"        return self.objs[0]\n"
            f"    @property\n"
            f"    def prop(self):\n"
            f"        return {r}\n"
@@ -161,6 +176,14 @@ def _change(m, kind):
         CONFIG["scale"] = -CONFIG["scale"]
     elif kind == "training":
         m.train(not m.training)
+    elif kind in ("loop_variable", "getattr_held"):
+        OBJS[0].w = -OBJS[0].w
+    elif kind in ("attr_items", "call_result"):
+        m.objs[0].w = -m.objs[0].w
+    elif kind == "dict_values":
+        TABLE["a"].w = -TABLE["a"].w
+    elif kind == "namespace_held":
+        NS.k = -NS.k
     elif kind in ("environ_get", "environ_in", "getenv"):
         os.environ["AOTGRAD_TEST_READ"] = "1"
 
@@ -173,10 +196,12 @@ WHERE = tuple(AT)
 def _restore():
     global SHIFT
     saved, shift, ns, slots, bk, scales, flag = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk, list(SCALES), HELPERS.FLAG
+    held = OBJS[0].w, TABLE["a"].w
     os.environ.pop("AOTGRAD_TEST_READ", None)
     yield
     os.environ.pop("AOTGRAD_TEST_READ", None)
     NS.k, SLOTS.k, Based.bk, SCALES[:], HELPERS.FLAG = ns, slots, bk, scales, flag
+    OBJS[0].w, TABLE["a"].w = held
     CONFIG.clear()
     CONFIG.update(saved)
     SHIFT = shift
