@@ -432,9 +432,12 @@ def store_line(rec: Recording, key) -> str | None:
             if t == k or t.endswith("." + k) or t.startswith((k + ".", k + "[")):
                 return f"{f.code.co_filename}:{s.line} in {f.code.co_name}"
     module = sys.modules.get(str(key))
-    for f in rec.frames.values():       # a container changed through a local name: where it was loaded
+    # a container changed through a local name: where it was loaded (one held in another, ``rows[...]``:
+    # where the outer one was)
+    loaded = str(key).split("[...]", 1)[0]
+    for f in rec.frames.values():
         for c in chains(f.code)[0]:
-            if _text(c) == str(key) or c.name == str(key) or module is not None and c.root == "global" \
+            if _text(c) == loaded or c.name == loaded or module is not None and c.root == "global" \
                     and f.globals is not None and f.globals.get(c.name) is module:     # ``import numpy as np``
                 return f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
     return None

@@ -124,6 +124,7 @@ class Writes:
         if isinstance(v, _CONTAINERS):
             if id(v) not in self.snaps and len(v) <= 4096:
                 self.snaps[id(v)] = Snap(v, _entries(v) if isinstance(v, dict) else v.copy(), source, "items")
+                self._held(v, source, 1)
             return True
         if isinstance(v, type):
             self.klass(v)
@@ -137,6 +138,20 @@ class Writes:
             self.attrs(v)
             return True
         return False
+
+    def _held(self, container, source, depth):
+        """Copy what a container a chain reached holds: a loop over it (``for k, v in d.items()``, a
+        comprehension) writes its items through a variable no chain names. User objects' attributes
+        and nested containers, two levels down."""
+        for x in list(container.values() if isinstance(container, dict) else container):
+            if isinstance(x, _CONTAINERS) and not isinstance(x, bytearray):
+                if depth < 2 and id(x) not in self.snaps and len(x) <= 4096:
+                    self.snaps[id(x)] = Snap(x, _entries(x) if isinstance(x, dict) else x.copy(), f"{source}[...]",
+                                             "items")
+                    self._held(x, source, depth + 1)
+            elif not isinstance(x, (torch.Tensor, torch.nn.Module, type, types.ModuleType)) \
+                    and type(x) not in VALUE_TYPES and not self.is_library(type(x)):
+                self.attrs(x)
 
     def argument(self, v, name):
         """A container the traced function was called with: pytree rebuilt it for the trace, so a

@@ -28,6 +28,11 @@ KINDS = {
     "dict item": ("TABLE['k'] = TABLE.get('k', 0) + 1", lambda ns, m: dict(ns["TABLE"]), "`TABLE`"),
     "dict through a local alias": ("d = self.cache; d['k'] = 1", lambda ns, m: dict(m.cache), "`self.cache`"),
     "nonlocal cell": ("BUMP()", lambda ns, m: ns["COUNTER"](), "`c`"),
+    # state held in a container, written through a loop's variable (no access chain names it)
+    "object in a dict, through items()": ("for _, o in self.objs.items(): o.n += 1",
+                                          lambda ns, m: m.objs["a"].n, "`n`"),
+    "dict in a list, through a loop": ("for d in self.rows: d['k'] = 1",
+                                       lambda ns, m: [dict(r) for r in m.rows], "rows"),
     "module state": ("cfgmod.K += 1", lambda ns, m: ns["cfgmod"].K, "`K`"),
     # state hidden in library objects: Python's and numpy's random streams, an iterator's position
     "python random": ("random.random()", lambda ns, m: random.getstate(), "`random`"),
@@ -105,6 +110,8 @@ class M(torch.nn.Module):
         self.n = 0
         self.cache = {{}}
         self.o = Other(self)
+        self.objs, self.rows = {{"a": _Cfg()}}, [{{}}]
+        self.objs["a"].n = 0
 
     def forward(self, x):
         {BODY}
