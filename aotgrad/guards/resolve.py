@@ -210,7 +210,8 @@ class Resolver:
             found = "forward" in vars(c)
             self._add(Read(f"{c.__qualname__}.forward", _class_item(path, i, "forward"), vars(c), "forward",
                            vars(c)["forward"] if found else None, "id" if found else "absent"))
-            if found:
+            if found:       # and the function's own: its defaults (``scale=2.0`` not passed), its code
+                self._value(vars(c)["forward"], _class_item(path, i, "forward"), f"{c.__qualname__}.forward")
                 break
 
     def _global(self, g, c):

@@ -492,8 +492,8 @@ class _Inner(nn.Module):
         super().__init__()
         self.fc = nn.Linear(3, 3)
 
-    def forward(self, x):
-        return self.fc(x).relu()
+    def forward(self, x, slope=0.0):
+        return F.leaky_relu(self.fc(x), slope)
 
 
 class _Outer(nn.Module):
@@ -520,6 +520,9 @@ _REPLACED = {
     "the root's forward on the instance": lambda m: setattr(m, "forward", types.MethodType(_tripled_forward, m)),
     "the root's class forward": lambda m: setattr(_Outer, "forward", _tripled_forward),
     "a torch class's forward": lambda m: setattr(nn.Linear, "forward", lambda self, x: F.linear(x, self.weight) * 2),
+    # the same function, another default for an argument the caller leaves out, or other code
+    "a child's forward defaults": lambda m: setattr(_Inner.forward, "__defaults__", (0.5,)),
+    "a child's forward code": lambda m: setattr(_Inner.forward, "__code__", _sigmoid_forward.__code__),
 }
 
 
@@ -528,6 +531,7 @@ def test_a_replaced_forward_recompiles_or_is_refused(how):
     """Monkeypatching ``forward`` (on the instance, as libraries' hooks do, or on a class, torch's
     included) after the first call: the call runs another program."""
     saved = _Inner.forward, _Outer.forward, nn.Linear.forward
+    inner = _Inner.forward.__defaults__, _Inner.forward.__code__
     try:
         torch.manual_seed(0)
         m, x = _Outer(), torch.randn(2, 3)
@@ -540,6 +544,7 @@ def test_a_replaced_forward_recompiles_or_is_refused(how):
             captured(x)
     finally:
         _Inner.forward, _Outer.forward, nn.Linear.forward = saved
+        _Inner.forward.__defaults__, _Inner.forward.__code__ = inner
 
 
 @functools.lru_cache(maxsize=None)
