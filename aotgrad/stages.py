@@ -107,14 +107,15 @@ class Captured:
         min cut (and the min cut for the Inductor compiler). A misspelt option is an ``OptionError``.
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
-        from .ir.values import with_values
+        from .ir.values import VALUES, with_values
         if options is None:
             options = CompileOptions.of("compile", fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                                         partitioner=partitioner, memory_budget=memory_budget, **more)
         elif more:
             raise OptionError(f"compile got options= and keyword options {sorted(more)}: give one or the other",
                               user_line=caller_line())
-        if options.compiles_with("inductor") or not isinstance(options.resolved_partitioner(), Partition):
+        if VALUES in self.joint.meta and (options.compiles_with("inductor")
+                                          or not isinstance(options.resolved_partitioner(), Partition)):
             with_values(self.joint)     # a joint loaded from the disk cache: partitioners read its values
         return Compiled(self, *compile_parts(self, options))
 

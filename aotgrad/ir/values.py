@@ -18,7 +18,7 @@ import torch
 from .._torch import backed_symbols
 
 STORED = "aotgrad_stored_val"       # node.meta key: the value as data, until with_values rebuilds it
-_VALUES = "aotgrad_values"          # gm.meta key: the FakeValues that rebuilds this graph's values
+VALUES = "aotgrad_values"           # gm.meta key: the FakeValues that rebuilds this graph's values (a stored one)
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,12 @@ class FakeValues:
 
 def keep(gm, values: FakeValues) -> None:
     """Remember which ``FakeValues`` rebuilds ``gm``'s stored values."""
-    gm.meta[_VALUES] = values
+    gm.meta[VALUES] = values
 
 
 def with_values(gm):
     """``gm`` with every stored node value rebuilt as a fake value (once); a traced graph is returned as is."""
-    values = gm.meta.get(_VALUES) if gm is not None else None
+    values = gm.meta.get(VALUES) if gm is not None else None
     if values is None:
         return gm
     for n in gm.graph.nodes:
@@ -146,5 +146,5 @@ def with_values(gm):
             stored = n.meta.pop(STORED)
             if stored is not None:
                 n.meta["val"] = values.rebuild(stored)
-    del gm.meta[_VALUES]
+    del gm.meta[VALUES]
     return gm

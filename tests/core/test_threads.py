@@ -576,6 +576,7 @@ def draws_during_analysis(monkeypatch):
     """A :class:`_Drawer` that draws while every capture of the test analyzes its function (the
     capture's RNG check sees the generator moved; it was not the capture)."""
     from aotgrad.capture import capture as capture_module
+    monkeypatch.setenv("AOTGRAD_CACHE", "0")       # every compile captures (a disk-cache hit would not)
     drawer, real = _Drawer(), capture_module.analyze
 
     def analyze(*args, **kwargs):
