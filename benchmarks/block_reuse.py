@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 import aotgrad
-from aotgrad.capture import blocks
+from aotgrad.capture import block_groups
 from tests.models import zoo
 
 MODELS = ("gpt2", "llama", "bert", "t5", "vit_tiny")
@@ -20,7 +20,7 @@ def _counted(model, args):
     """``(reused blocks, outermost of them, called as halves, calls of outermost repeated blocks, groups)``
     of one capture: a block inside a repeated block is reused when the outer one runs flat."""
     calls = [0]
-    members = blocks.find_groups(model)
+    members = block_groups.find_groups(model)
     hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
              for m in model.modules() if id(m) in members and not members[id(m)].inner]
     try:
