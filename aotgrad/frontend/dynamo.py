@@ -32,6 +32,7 @@ from ..guards import cache
 from ..store import disk
 from ..ir.graphs import Unserializable
 from ..runtime.modes import traced
+from ..scoped import GC_PAUSED
 
 log = logging.getLogger("aotgrad.dynamo")
 
@@ -167,7 +168,7 @@ def _key(gm, setup, example_inputs, options) -> str | None:
 def _load(key, setup, options):
     """The entry stored under ``key``, compiled for ``setup``: Dynamo still traced the bytecode, but
     nothing of aotgrad's capture, partition or graph compile runs again."""
-    with timed([], "cache lookup", key=key) as info:
+    with timed([], "cache lookup", key=key) as info, GC_PAUSED():
         record = disk.load("dynamo", key, decode=lambda doc, tensors: (doc, tensors))
         compiled = None
         if record is not None:
@@ -181,7 +182,7 @@ def _load(key, setup, options):
 
 def _store(key, compiled) -> None:
     try:
-        with timed([], "cache store", key=key):
+        with timed([], "cache store", key=key), GC_PAUSED():
             disk.store("dynamo", key, *dump_compiled(compiled))
     except Unserializable as e:
         log.info("not caching a Dynamo graph on disk: %s", e)

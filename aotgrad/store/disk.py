@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import ExportFormatError
+from ..scoped import GC_PAUSED
 from ..guards.cache import JitKey, Uncacheable, _difference, _failed_read, _text, digest, identities, read_fp
 from . import tensors as tensor_io
 
@@ -68,15 +69,20 @@ def load(kind: str, key: str, decode=None):
         _corrupt(path, "its checksum does not match (truncated, overwritten or from another aotgrad)")
         return None
     try:
-        (n,) = _LENGTH.unpack_from(payload)
-        doc = json.loads(payload[_LENGTH.size:_LENGTH.size + n])
-        blob = payload[_LENGTH.size + n:]
-        tensor_io.check_extent(doc["tensors"], len(blob))
-        tensors = tensor_io.unpack(blob, doc["tensors"])
-        return doc["data"] if decode is None else decode(doc["data"], tensors)
+        with GC_PAUSED():       # a large document's objects would trigger full collections as they are made
+            return _decoded(payload, decode)
     except (ExportFormatError, ValueError, KeyError, TypeError, struct.error) as e:
         _corrupt(path, f"it does not decode ({type(e).__name__}: {e})")
         return None
+
+
+def _decoded(payload: bytes, decode):
+    (n,) = _LENGTH.unpack_from(payload)
+    doc = json.loads(payload[_LENGTH.size:_LENGTH.size + n])
+    blob = payload[_LENGTH.size + n:]
+    tensor_io.check_extent(doc["tensors"], len(blob))
+    tensors = tensor_io.unpack(blob, doc["tensors"])
+    return doc["data"] if decode is None else decode(doc["data"], tensors)
 
 
 def store(kind: str, key: str, data, tensors: dict | None = None) -> bool:
@@ -86,8 +92,9 @@ def store(kind: str, key: str, data, tensors: dict | None = None) -> bool:
         return False
     path = entry_path(kind, key)
     try:
-        blob, table = tensor_io.pack(tensors or {})
-        doc = json.dumps({"data": data, "tensors": table}, separators=(",", ":"), allow_nan=False).encode()
+        with GC_PAUSED():
+            blob, table = tensor_io.pack(tensors or {})
+            doc = json.dumps({"data": data, "tensors": table}, separators=(",", ":"), allow_nan=False).encode()
     except (ValueError, TypeError) as e:  # some value in the entry is not data
         log.info("not caching %s on disk: %s: %s", path.name, type(e).__name__, e)
         return False
