@@ -12,6 +12,7 @@ code loads by name.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import operator
 import os
@@ -412,7 +413,10 @@ class Resolver:
             for key in ("func", "args", "keywords"):
                 self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict):
-            for name in sorted(self.names & set(vars(v))):
+            names = self.names & set(vars(v))
+            if dataclasses.is_dataclass(v):     # a config: library code reads its fields too (``asdict``)
+                names |= {f.name for f in dataclasses.fields(v)} & set(vars(v))
+            for name in sorted(names):
                 self._follow(v, path, source, (("attr", name),))
 
     def _function(self, fn, path, source):

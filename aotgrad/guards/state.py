@@ -179,7 +179,10 @@ def _thaw(f):
     t, body = f
     if t is dict:
         return {_thaw(k): _thaw(x) for k, x in body}
-    return _unbits(t, body) if t in _EQ_TYPES else t(_thaw(x) for x in body)
+    if t in _EQ_TYPES:
+        return _unbits(t, body)
+    items = [_thaw(x) for x in body]
+    return t._make(items) if issubclass(t, tuple) and hasattr(t, "_make") else t(items)     # a namedtuple
 
 
 def _short(v) -> str:

@@ -16,7 +16,9 @@ objects), a lambda, a nested function, ``functools.partial``, a property, the cl
 frame). Also: state read by the module's own ``named_parameters``, by an installed library's code,
 per thread (``threading.local``) or per context (``ContextVar``), and ``functools.cached_property``;
 the process environment (``os.environ[...]``, ``.get``, ``in``, ``os.getenv``)."""
+import collections
 import contextvars
+import dataclasses
 import functools
 import inspect
 import operator
@@ -73,7 +75,9 @@ READ = {"attr": "self.k", "class_attr": "self.ck", "global": "SHIFT", "global_it
         # through what a call returned: the object is reached by value, its attributes by name
         "loop_variable": "sum(o.w for o in OBJS)", "attr_items": "[o.w for o in self.objs][0]",
         "call_result": "self.first().w", "dict_values": "[v.w for v in TABLE.values()][0]",
-        "namespace_held": "[n.k for n in (NS,)][0]", "getattr_held": '[getattr(o, "w") for o in OBJS][0]'}
+        "namespace_held": "[n.k for n in (NS,)][0]", "getattr_held": '[getattr(o, "w") for o in OBJS][0]',
+        # a user dataclass read by library code (every field), a namedtuple held in a global
+        "dataclass_fields": 'dataclasses.asdict(self.dc)["dcw"]', "namedtuple": "PAIR.a"}
 NAMES, CLASS_NAMES = ["k"], ["ck"]
 
 
@@ -93,6 +97,13 @@ class Obj:
         self.w = w
 
 
+@dataclasses.dataclass
+class _DC:
+    dcw: float = 1.25
+
+
+Pair = collections.namedtuple("Pair", "a b")
+DC, PAIR = _DC(), Pair(1.75, 0.5)
 SLOTS = Slotted()
 OBJS, TABLE = [Obj(1.5)], {"a": Obj(2.5)}
 SCALES = [1.0, 2.5]
@@ -127,7 +138,7 @@ def _module(kind, where):
            f"    ck = 5.0\n"
            f"    def __init__(self):\n"
            f"        super().__init__()\n"
-           f"        self.k, self.fc, self.objs = 2.0, nn.Linear(3, 3), [Obj(3.5)]\n"
+           f"        self.k, self.fc, self.objs, self.dc = 2.0, nn.Linear(3, 3), [Obj(3.5)], DC\n"
            f"    def first(self):\n"
            f"        return self.objs[0]\n"
            f"    @property\n"
@@ -149,7 +160,7 @@ def _module(kind, where):
 
 
 def _change(m, kind):
-    global SHIFT
+    global SHIFT, PAIR
     if kind in ("attr", "getattr", "getattr_default", "getattr_computed", "own_dict", "vars", "object_getattribute",
                 "own_getattribute", "getattr_static", "dict_get", "vars_get", "attrgetter", "attrgetter_held"):
         m.k = -m.k
@@ -184,6 +195,10 @@ def _change(m, kind):
         TABLE["a"].w = -TABLE["a"].w
     elif kind == "namespace_held":
         NS.k = -NS.k
+    elif kind == "dataclass_fields":
+        DC.dcw = -DC.dcw
+    elif kind == "namedtuple":
+        PAIR = Pair(-PAIR.a, PAIR.b)
     elif kind in ("environ_get", "environ_in", "getenv"):
         os.environ["AOTGRAD_TEST_READ"] = "1"
 
@@ -194,14 +209,14 @@ WHERE = tuple(AT)
 
 @pytest.fixture(autouse=True)
 def _restore():
-    global SHIFT
+    global SHIFT, PAIR
     saved, shift, ns, slots, bk, scales, flag = dict(CONFIG), SHIFT, NS.k, SLOTS.k, Based.bk, list(SCALES), HELPERS.FLAG
-    held = OBJS[0].w, TABLE["a"].w
+    held = OBJS[0].w, TABLE["a"].w, DC.dcw, PAIR
     os.environ.pop("AOTGRAD_TEST_READ", None)
     yield
     os.environ.pop("AOTGRAD_TEST_READ", None)
     NS.k, SLOTS.k, Based.bk, SCALES[:], HELPERS.FLAG = ns, slots, bk, scales, flag
-    OBJS[0].w, TABLE["a"].w = held
+    OBJS[0].w, TABLE["a"].w, DC.dcw, PAIR = held
     CONFIG.clear()
     CONFIG.update(saved)
     SHIFT = shift
