@@ -25,8 +25,12 @@ code objects that ran and the calls it made into a global random stream.
   when it holds a traced tensor or code that ran in its thread could write its name; otherwise it
   stays as the other thread left it, and a trace that read the module's dict runs again.
 
-Every other kind of state (instances' attributes, the traced modules' hooks, the containers and
-cells the trace reached) stays the capture's: another thread writing those while the same objects
+* A hook registered on (or removed from) a traced module is the capture's when its thread registered
+  or removed a hook (a ``RemovableHandle`` was made or removed in it); otherwise it stays as the other
+  thread left it, and the trace, which read the module's hook dicts, runs again.
+
+Every other kind of state (instances' attributes, the containers and cells the trace reached) stays
+the capture's: another thread writing those while the same objects
 are captured races with the capture as it would with an eager call.
 """
 from __future__ import annotations
@@ -107,6 +111,9 @@ class Watch:
             if s.kind == "state":
                 foreign += self._adopt_state(s)
                 continue
+            if s.kind == "hooks":
+                foreign += self._adopt_hooks(s)
+                continue
             if not (s.kind == "class" or s.kind == "attrs" and (s.owner is None or isinstance(s.owner, str))):
                 continue        # not a module's globals or a class's attributes
             d = s.obj if s.kind == "attrs" else held_dict(vars(s.obj))
@@ -132,6 +139,25 @@ class Watch:
             else:
                 del s.before[k]
         return [(vars(module), key)] if theirs else []
+
+
+    def _adopt_hooks(self, s) -> list:
+        """A hook another thread registered on (or removed from) a traced module meanwhile: this thread
+        registered and removed none (no ``RemovableHandle`` ran in it). It stays as the other thread left
+        it; the module's hook dict is listed as changed (the trace read it: it runs again)."""
+        if s.obj.keys() == s.before.keys() and all(s.obj[k] is s.before[k] for k in s.before) \
+                or self.ran & _HOOK_CODES:
+            return []
+        s.before.clear()
+        s.before.update(s.obj)
+        d = vars(s.owner)
+        return [(d, k) for k, v in list(d.items()) if v is s.obj]
+
+
+# A hook registered or removed through the module's API runs these (a direct write to a hook dict
+# does not: the capturing thread's own is then taken for another's, and the guards see it next call).
+_HOOK_CODES = frozenset({torch.utils.hooks.RemovableHandle.__init__.__code__,
+                         torch.utils.hooks.RemovableHandle.remove.__code__})
 
 
 def _tensors(v) -> list:

@@ -424,6 +424,12 @@ def attribute_reads(targets, subs=None, raw=None):
                     object.__setattr__(obj, "__class__", _BASE[type(obj)])
 
 
+def _registers_hook(chain) -> bool:
+    """``m.register_forward_hook`` and the like: where a hook is registered (``key`` ``"register"``)."""
+    last = chain.steps[-1] if chain.steps else (None, "")
+    return last[0] == "attr" and str(last[1]).startswith("register_") and "hook" in str(last[1])
+
+
 def store_line(rec: Recording, key) -> str | None:
     """``file:line`` of a recorded code object's assignment to ``key``, for the error message."""
     for f in rec.frames.values():
@@ -437,7 +443,8 @@ def store_line(rec: Recording, key) -> str | None:
     loaded = str(key).split("[...]", 1)[0]
     for f in rec.frames.values():
         for c in chains(f.code)[0]:
-            if _text(c) == loaded or c.name == loaded or module is not None and c.root == "global" \
+            if _text(c) == loaded or c.name == loaded or loaded == "register" and _registers_hook(c) \
+                    or module is not None and c.root == "global" \
                     and f.globals is not None and f.globals.get(c.name) is module:     # ``import numpy as np``
                 return f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
     return None

@@ -443,12 +443,25 @@ def state_changes(s) -> list:
 
 def _undo_hooks(s, is_library):
     """Hooks the traced code registered on a module are removed; a library module's forward installing
-    its own (with a flag among its private attributes, put back too) is not refused."""
+    its own (its hooks are the library's functions; a flag among its private attributes is put back too)
+    is not refused. A user's hook registered on a library module (``self.fc.register_forward_hook(...)``
+    in ``forward``) is: eager adds one per call, the graph would hold the trace's."""
     if s.obj.keys() == s.before.keys() and all(s.obj[k] is s.before[k] for k in s.before):
         return []
+    added = [h for k, h in s.obj.items() if s.before.get(k) is not h]
     s.obj.clear()
     s.obj.update(s.before)
-    return [] if is_library(type(s.owner)) else [(f"registers a hook on {_owner_text(s.owner)}", "register")]
+    if is_library(type(s.owner)) and all(is_library(_code_owner(h)) for h in added):
+        return []
+    return [(f"registers a hook on {_owner_text(s.owner)}", "register")]
+
+
+def _code_owner(fn):
+    """What defines a hook: its function (a bound method's, a partial's), or the callable's class."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    return fn if isinstance(fn, types.FunctionType) else type(fn)
 
 
 def _undo_class(s, is_library):

@@ -493,6 +493,32 @@ def test_a_parameter_registered_meanwhile_in_another_thread_is_kept():
     assert "0.fc.extra" not in expected[1] and extra.grad is None and got[1].keys() == expected[1].keys()
 
 
+@pytest.mark.parametrize("change", ["register", "remove"])
+def test_a_hook_registered_or_removed_meanwhile_in_another_thread_is_kept(change):
+    """While thread A captures the model, the main thread registers a forward hook on one of its
+    modules (or removes one): the hook stays as the main thread left it (before: A's capture took
+    the change for its own, put the hook dict back and the user's hook was gone, with no error), and
+    A's capture, run again for the changed hooks, trains as eager does with them."""
+    torch.manual_seed(3)
+    model, x = torch.nn.Sequential(*[Layer(i) for i in range(2)]), torch.randn(5, 4)
+    old = model[1].fc.register_forward_hook(lambda mod, args, out: out - 1) if change == "remove" else None
+    inside, release, capture = _paused(model, lambda layer: True)
+    join = _start(lambda: capture(x, reuse_blocks=False))
+    try:
+        assert inside.wait(WAIT), "the capture never ran the forward"
+        if change == "register":
+            model[1].fc.register_forward_hook(lambda mod, args, out: out * 3)
+        else:
+            old.remove()
+    finally:
+        release.set()
+        captured = join()
+    assert len(model[1].fc._forward_hooks) == (change == "register")
+    expected = _eager(model, x)
+    model.zero_grad()
+    _assert_same(expected, _step(captured.compile(), model, x), "compiled")
+
+
 def test_a_module_is_compiled_by_dynamo_after_a_capture():
     """After ``aotgrad.jit`` captured a module, ``torch.compile`` of the same module still makes one
     graph: the per-thread views a capture stands in for its parameter and buffer dicts are gone

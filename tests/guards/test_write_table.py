@@ -28,6 +28,9 @@ KINDS = {
     "dict item": ("TABLE['k'] = TABLE.get('k', 0) + 1", lambda ns, m: dict(ns["TABLE"]), "`TABLE`"),
     "dict through a local alias": ("d = self.cache; d['k'] = 1", lambda ns, m: dict(m.cache), "`self.cache`"),
     "nonlocal cell": ("BUMP()", lambda ns, m: ns["COUNTER"](), "`c`"),
+    # a user's hook on a torch module (eager adds one per call; a library's own hooks are put back quietly)
+    "hook on a torch module": ("self.lin.register_forward_hook(lambda mod, a, out: out)",
+                               lambda ns, m: len(m.lin._forward_hooks), "hook on Linear"),
     # state held in a container, written through a loop's variable (no access chain names it)
     "object in a dict, through items()": ("for _, o in self.objs.items(): o.n += 1",
                                           lambda ns, m: m.objs["a"].n, "`n`"),
@@ -110,7 +113,7 @@ class M(torch.nn.Module):
         self.n = 0
         self.cache = {{}}
         self.o = Other(self)
-        self.objs, self.rows = {{"a": _Cfg()}}, [{{}}]
+        self.objs, self.rows, self.lin = {{"a": _Cfg()}}, [{{}}], torch.nn.Linear(3, 3)
         self.objs["a"].n = 0
 
     def forward(self, x):
