@@ -73,7 +73,8 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
                     sums = EngineSums([fw[i] for i in lay.tangent_of], f_ins) if engine_sums else contextlib.nullcontext()
                     with module_state(flat_fn, call_ins), autocast_off(), \
-                            torch.autograd.set_multithreading_enabled(False), reads.user_code(), sums:
+                            torch.autograd.set_multithreading_enabled(False), reads.user_code(), \
+                            reads.backward_code(runs_user_code([fw[i] for i in lay.tangent_of])), sums:
                         # Every differentiated input, unseen stand-ins included: the engine runs
                         # only the backward nodes on a path to an input it is asked for, and a
                         # block's parameters get their gradients from its backward (written directly).
@@ -161,6 +162,28 @@ def autograd_nodes(roots):
         todo.extend(n for n, _ in node.next_functions)
 
 
+def runs_user_code(roots) -> bool:
+    """Whether the backward of ``roots`` runs Python of the user's: a custom Function's ``backward``
+    (aotgrad's own aside; a module's backward hooks run on torch's ``BackwardHookFunction`` node), a
+    saved-tensor hook's unpack (a saved value with an unpack hook: a checkpoint's recompute too)."""
+    for node in autograd_nodes(roots):
+        cls = getattr(node, "_forward_cls", None)
+        if cls is not None and not getattr(cls, "aotgrad_writes_nothing", False):
+            return True
+        for name in _saved_names(type(node)):
+            raw = getattr(node, name, None)
+            if any(saved is not None and getattr(saved, "unpack_hook", None) is not None
+                   for saved in (raw if isinstance(raw, (tuple, list)) else (raw,))):
+                return True
+    return False
+
+
+def _saved_names(cls) -> tuple:
+    if cls not in _SAVED_NAMES:
+        _SAVED_NAMES[cls] = tuple(a for a in dir(cls) if a.startswith("_raw_saved_"))
+    return _SAVED_NAMES[cls]
+
+
 _SAVED_NAMES: dict = {}     # backward node class -> the attributes that hold its saved tensors, raw
 
 
@@ -173,10 +196,7 @@ def eager_saved_inputs(roots, ins) -> tuple:
     index = {id(t): i for i, t in enumerate(ins) if isinstance(t, torch.Tensor)}
     found = set()
     for node in autograd_nodes(roots):
-        cls = type(node)
-        if cls not in _SAVED_NAMES:
-            _SAVED_NAMES[cls] = tuple(a for a in dir(cls) if a.startswith("_raw_saved_"))
-        for name in _SAVED_NAMES[cls]:
+        for name in _saved_names(type(node)):
             raw = getattr(node, name, None)
             for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
                 if saved is not None and getattr(saved, "unpack_hook", True) is None:

@@ -287,12 +287,48 @@ def user_code():
     if light is None or watching() is not None:      # none, or recording, or watching already
         yield
         return
+    with _profiled(light):
+        yield
+
+
+@contextlib.contextmanager
+def _profiled(event):
+    """``event`` is this thread's profile function inside the block."""
     previous = sys.getprofile()
-    sys.setprofile(light)
+    sys.setprofile(event)
     try:
         yield
     finally:
         sys.setprofile(previous)
+
+
+@contextlib.contextmanager
+def backward_code(runs_user_code: bool):
+    """The joint's backward runs code the forward's recording never saw (a custom Function's
+    ``backward``, a module's backward hooks, a saved-tensor hook's unpack: ``runs_user_code``, which
+    the caller finds in the autograd graph): what its user and library frames read and write is
+    recorded too, until the block ends (the traced function returned long ago, so the recording had
+    stopped). A backward of torch's own formulas alone runs none: it is not watched."""
+    rec = getattr(_ACTIVE, "rec", None)
+    if rec is None or rec.restart is None or not runs_user_code:
+        yield
+        return
+    kinds, add = rec.kinds, rec._add
+
+    def event(frame, what, arg):        # calls only: this thread's profile sees every op's Python too
+        if what == "call":
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
+            if kind:
+                add(frame, code, kind)
+        if previous is not None:
+            previous(frame, what, arg)
+    event.between_user_code = True      # ops pause it (capture.session): no user code runs in them
+    previous = sys.getprofile()
+    with _profiled(event):
+        yield
 
 
 def watching() -> Recording | None:

@@ -592,3 +592,62 @@ def test_reads_of_a_trace_retried_with_static_sizes_are_recorded():
         assert torch.equal(step(x6), f(x6)) and len(step.entries) == 3, "a stale graph"
     finally:
         AFTER = 2.0
+
+
+GRAD_SCALE = 2.0
+
+
+class _Scaled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * GRAD_SCALE
+
+
+def _scaled_function(x):
+    return _Scaled.apply(x).square().sum()
+
+
+class _BackwardHooked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.fc.register_full_backward_hook(lambda mod, grad_in, grad_out: (grad_in[0] * GRAD_SCALE,))
+
+    def forward(self, x):
+        return self.fc(x).square().sum()
+
+
+def _unpacked(x):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t * GRAD_SCALE):
+        return (x * x).sum()
+
+
+@pytest.mark.parametrize("where", ["Function.backward", "module backward hook", "saved-tensor unpack hook"])
+def test_a_read_made_only_by_code_the_backward_runs_is_guarded(where):
+    """Code only the backward runs (a custom Function's ``backward``, a module's full backward hook,
+    a saved-tensor hook's unpack) reads ``GRAD_SCALE``: the forward's read recording had stopped when
+    the function returned, so a changed value reused a graph with the old gradients."""
+    global GRAD_SCALE
+    fn = {"Function.backward": _scaled_function, "module backward hook": _BackwardHooked(),
+          "saved-tensor unpack hook": _unpacked}[where]
+    x = torch.randn(2, 3)
+
+    def grad(f):
+        t = x.clone().requires_grad_(True)
+        f(t).backward()
+        return t.grad
+    step = aotgrad.jit(fn)
+    captured = aotgrad.capture(fn, x.clone().requires_grad_(True)).compile()
+    assert torch.equal(grad(step), grad(fn))
+    GRAD_SCALE = -3.0
+    try:
+        assert torch.equal(grad(step), grad(fn)), f"{where}: stale gradients"
+        assert len(step.entries) == 2 and "GRAD_SCALE" in aotgrad.explain(step)
+        with pytest.raises(errors.InputMismatchError, match="GRAD_SCALE"):
+            grad(captured)
+    finally:
+        GRAD_SCALE = 2.0
