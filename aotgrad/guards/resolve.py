@@ -250,10 +250,10 @@ class Resolver:
             self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, where[key], "eq"))
 
     def _follow(self, obj, path, source, steps):
-        whole = None        # the object whose ``__dict__`` (``vars(x)``) was just reached
+        whole = None        # (object, its path, its source) whose ``__dict__`` (``vars(x)``) was just reached
         for kind, key in steps:
             if whole is not None and kind not in ("item", "get"):
-                self._whole(whole, path, source)       # ``vars(x).items()``, iterated: all of it
+                self._whole(*whole)       # ``vars(x).items()``, iterated: all of it
                 return
             whole = None
             if obj is os and key == "environ":
@@ -295,17 +295,18 @@ class Resolver:
                 self._absent(obj, kind, key, path, source)
                 return
             where, k = loc
+            if k == "__dict__" and kind == "attr":
+                whole = (obj, path, source)
             path = path + ((kind, key),) if path is not None else None
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
             if id(where) in self.skip or k == "__dict__" or isinstance(where, tuple):
                 # guarded elsewhere; a dict is read by its items; a tuple's item where the tuple was read
-                whole = obj if k == "__dict__" and kind == "attr" else None
                 obj = read_at(where, k)
                 continue
             self._add_value(where, k, source, path)
             obj = read_at(where, k)
         if whole is not None:       # ``vars(x)`` handed on whole
-            self._whole(whole, path, source)
+            self._whole(*whole)
         if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
             self._environment(None)
 
