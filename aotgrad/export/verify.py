@@ -123,8 +123,11 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
         if len(analysis.fw_requires_grad) == lay.n_fw == n_mut + len(plain) + analysis.base_count else None
     if expected != lay or not all(
             0 <= o.index < bounds[o.kind] if o.kind in bounds else
-            0 <= o.index < len(infos) and infos[o.index].kind == "plain" if o.kind in ("output", "output_view") else
-            True for o in infos):
+            # the same object as an earlier output (any output of its own: a view of an input returned
+            # twice too), or a view of a plain one
+            0 <= o.index < p and infos[o.index].kind not in ("output", "output_view") if o.kind == "output" else
+            0 <= o.index < len(infos) and infos[o.index].kind == "plain" if o.kind == "output_view" else
+            True for p, o in enumerate(infos)):
         raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
     if any(info.mutates_metadata != (info.new_meta is not None) for info in analysis.inputs):
         raise ExportFormatError("the artifact's analysis has a metadata mutation without its new metadata")

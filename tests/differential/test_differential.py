@@ -27,10 +27,6 @@ KNOWN = {
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
         "them changed" for e in ("dynamo", "dynamo_inductor")},
-    **{(f"param_view_twice_under_{m}", "export"):
-       "found at stop 53, not fixed: a view of an input returned twice (one object) exports, but loading refuses the "
-       "artifact ('analysis of its inputs and outputs disagrees with its layout'); capture and jit are eager's"
-       for m in ("no_grad", "inference_mode", "grad_disabled")},
     ("aot_input_mutation_and_output_view", "export"):
         "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
         "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "

@@ -463,3 +463,34 @@ def test_crafted_arithmetic_is_refused(artifact, tmp_path, fn, args, kwargs):
     crafted = _rewrite(path, str(tmp_path / "pow.aotgrad"), edit)
     with pytest.raises(ExportFormatError, match="on something other than one or two numbers"):
         aotgrad.load(crafted)
+
+
+def test_an_output_returned_again_may_name_any_earlier_output_of_its_own():
+    """An output that is an earlier output again (a view of a parameter returned twice: ``input_view``,
+    then ``output``) loads; one naming itself, a later output or another repeat is refused. (The
+    loader used to admit repeats of plain outputs only, and refused the step it had just exported.)"""
+    from dataclasses import replace
+
+    from aotgrad.export.verify import _check_analysis
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            rows = self.w[1:]
+            return rows, (x @ self.w).sum(), rows
+    with torch.no_grad():
+        captured = aotgrad.capture(Twice(), torch.randn(4, 3))
+    a, lay = captured.analysis, captured.layout
+    fw = [None] * lay.n_fw
+    assert [(o.kind, o.index) for o in a.outputs] == [("input_view", 0), ("plain", -1), ("output", 0)]
+
+    def with_last(kind, index):
+        return replace(a, outputs=(*a.outputs[:2], replace(a.outputs[2], kind=kind, index=index)))
+    for ok in (0, 1):
+        _check_analysis(with_last("output", ok), lay, None, fw)
+    for bad in (2, 3, -1):
+        with pytest.raises(ExportFormatError):
+            _check_analysis(with_last("output", bad), lay, None, fw)
