@@ -6,7 +6,7 @@
     loss = step(x, y); loss.backward()           # trains like eager
 """
 from . import backends, errors
-from .analysis.verify import verify
+from .ir.verify import verify
 from .capture.block_groups import block
 from .capture.capture import capture
 from .compiled_autograd import compiled_autograd

@@ -9,19 +9,18 @@ import torch
 
 from . import backends, partition
 from .backends.graph_info import GraphInfo
+from .ir.ops import is_random
 from .ir.descriptors import SavedDesc
 from .observe import timed
 from .partition.blocks import inline_calls
-from .partition.graphs import distinct_examples
+from .partition.default import distinct_examples
 from .passes.compact_saved import compact_saved
 from .passes.input_writes import writes_in_graph
 from .options import CompileOptions
-from .runtime.call import make_call
-from .runtime.epilogue import eager_layout
+from .runtime.call import eager_layout, make_call
 from .runtime.modes import without_autocast
 from .runtime.regions import DONE as REGIONS_DONE
 from .runtime.hooks import input_hooks, retained_outputs, returned_inputs
-from .runtime.double_backward import differentiable_backward
 from .runtime.function import autograd_function, fast_apply, retaining, saved_input_views, version_checks
 from .scoped import GC_PAUSED
 
@@ -122,7 +121,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
                                      bw_graph=None if retained else bw_gm,   # needs its ctx: not inlined
-                                     double_backward=differentiable_backward(captured),
+                                     double_backward=second_order(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
                                      saved_views=saved_views)
@@ -134,3 +133,17 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
     return part, fw_gm, bw_gm, make_call(captured, run, after), tuple(history)
+
+
+def second_order(captured) -> tuple:
+    """``(run, needs_rng)`` for a backward with ``create_graph=True`` (runtime/double_backward.py):
+    ``run`` is built on the first such backward, so a step that never takes one does not load it;
+    ``needs_rng``: the forward records the RNG state it starts from (the program draws)."""
+    built: list = []
+
+    def run(kept, rng, grad_outputs):
+        if not built:
+            from .runtime.double_backward import differentiable_backward
+            built.append(differentiable_backward(captured))
+        return built[0](kept, rng, grad_outputs)
+    return run, any(is_random(n) for n in captured.joint.graph.nodes)

@@ -21,7 +21,7 @@ from .runtime.modes import mismatch
 
 if TYPE_CHECKING:       # annotations only: the stages do not import the layers that build them
     from .capture.session import Session
-    from .inputs.aliasing import Rebase
+    from .inputs.flatten import Rebase
     from .inputs.flatten import Signature
     from .guards.inputs import InputGuards
     from .guards.state import StateGuards
@@ -131,7 +131,7 @@ class Captured:
     @keywords_checked("with_joint")
     def with_joint(self, gm: fx.GraphModule) -> "Captured":
         """The same capture with a user-edited joint graph, after checking its contract."""
-        from .analysis.verify import verify_joint
+        from .ir.verify import verify_joint
         verify_joint(gm, self)
         step = Step("with_joint", 0.0, {"nodes": len(gm.graph.nodes)})
         return replace(self, joint=gm, history=self.history + (step,))

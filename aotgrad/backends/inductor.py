@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import OpOverload
-from ..partition.graphs import distinct_examples
+from ..partition.default import distinct_examples
 from ..passes.cleanup import copy_module
 from ..runtime import regions
 from ..runtime.modes import autocast_off
@@ -153,7 +153,7 @@ def _random_ops_opaque(gm: fx.GraphModule) -> tuple:
     A draw nothing reads (``F.dropout(x)`` discarded) still advances eager's stream, but Inductor
     drops what no output needs: the last draw is one more output (``extra`` 1), which the caller
     drops, and every draw before it is an argument of the next."""
-    from ..analysis.ops import is_random
+    from ..ir.ops import is_random
     if not any(is_random(n) for n in gm.graph.nodes):
         return gm, 0
     gm = copy_module(gm)

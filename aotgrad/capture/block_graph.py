@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
-from ..analysis.ops import is_random
+from ..ir.ops import is_random
 from ..partition.blocks import call_backward, call_forward, item, partition_block
 from ..passes import rng_positions
 from ..passes.rng import positions, replays_or_rewinds

@@ -42,7 +42,7 @@ from .._torch import (
     FunctionalTensor, disable_current_modes, functorch_interpreter_active,
     is_any_autocast_enabled, layouts, pytree, top_saved_tensors_default_hooks,
 )
-from ..analysis.ops import is_random
+from ..ir.ops import is_random
 from ..tracing.views import holding
 from ..guards import bytecode, reads
 from ..guards.resolve import locate, read_at
@@ -54,7 +54,7 @@ from .block_groups import Member, hooked
 from ..ir.records import layout
 from ..runtime.call import bits
 from ..runtime import regions
-from ..runtime.epilogue import as_view
+from ..runtime.call import as_view
 from .joint import trace_joint
 from .session import Session
 

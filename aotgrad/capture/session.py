@@ -23,7 +23,7 @@ from .._torch import (
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
 )
 from .. import tracing
-from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
+from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed

@@ -29,7 +29,7 @@ from torch.fx.experimental.symbolic_shapes import (
     DimDynamic, ShapeEnv, StatelessSymbolicContext)
 
 from .._torch import FakeTensorMode, TorchDispatchMode, dynamo_source, enable_python_dispatcher, suppress_guards
-from ..analysis.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
+from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
 from . import accumulate, opaque

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generated import compile_source
+from ..runtime.codegen import compile_source
 
 
 @dataclass(frozen=True)

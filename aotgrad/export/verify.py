@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import data_dependent_errors
-from ..analysis.ops import returns_fresh
+from ..ir.ops import returns_fresh
 from ..errors import ExportFormatError
 from ..ir.records import layout
 from ..ir.values import STORED, FakeValues, TensorMeta

@@ -30,14 +30,14 @@ from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..store import disk
-from ..guards.recorded import call_leaves, leaf_names, recorded
+from ..capture.capture import call_leaves, leaf_names, recorded
 from ..guards.reads import watch_again
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
 from ..inputs.step import Root, step_root
 from ..inputs.distributed import split_for_jit
 from ..inputs.jit_options import bound_method, check_options, tracing
-from ..guards.recorded import root_name
+from ..capture.capture import root_name
 from ..options import CompileOptions
 from ..runtime.modes import TRACED_NAMES, describe, traced
 
@@ -177,7 +177,7 @@ class Jit:
         return compiled, state_guards.build(assumed), False, "; ".join(why) or None
 
     def _capture(self, args, kwargs, leaves):
-        """Capture while recording the Python state the trace reads (``guards.recorded``)."""
+        """Capture while recording the Python state the trace reads (``capture.recorded``)."""
         return recorded(self.fn, lambda: self._trace(args, kwargs), leaves, self.name, leaf_names(args, kwargs))
 
     def _trace(self, args, kwargs):

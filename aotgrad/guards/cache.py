@@ -41,8 +41,8 @@ _source_hash: str | None = None
 
 
 # The parts of aotgrad whose code decides what a compiled entry contains or does.
-_KEYED_SOURCES = ("analysis", "backends", "capture", "export", "frontend", "guards", "ir", "partition", "passes",
-                  "runtime", "store", "_torch.py", "compile.py", "generated.py", "stages.py", "options.py")
+_KEYED_SOURCES = ("backends", "capture", "export", "frontend", "guards", "inputs", "ir", "partition",
+                  "passes", "runtime", "store", "tracing", "_torch.py", "compile.py", "stages.py", "options.py")
 
 
 def aotgrad_source_hash() -> str:

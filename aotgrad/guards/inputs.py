@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from .._torch import PythonPrinter, backed_symbols, int_oo
-from ..generated import compile_source
+from ..runtime.codegen import compile_source
 
 
 

@@ -23,21 +23,16 @@ one fails, one loop names the first read that failed.
 """
 from __future__ import annotations
 
-import hashlib
 import keyword
-import marshal
 import operator
 import types
 from dataclasses import dataclass
 
 import torch
 
-from .. import errors
-from ..generated import compile_source
+from ..runtime.codegen import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from ..tracing.views import real
-from .bytecode import attr_names, chains
-from .reads import MODULE_CALL, USER, is_library
 
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()

@@ -81,7 +81,7 @@ def format_program(c, modes=None, state=None) -> str:
     trace read, the arguments and their input guards), the forward graph, the epilogue (input writes,
     outputs rebuilt as views), and the backward graph that ``backward()`` runs. ``modes`` (names,
     values) and ``state``: a ``jit`` entry's, which its frontend checks before the step's own prologue."""
-    from ..generated import source_of
+    from ..runtime.codegen import source_of
     from ..runtime.modes import BAKED_NAMES
     setup, guards = c.captured.setup, c.captured.guards
     state = state if state is not None else c.captured.state

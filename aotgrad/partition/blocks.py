@@ -17,7 +17,7 @@ half: the backward half takes the input itself and makes the view again, so that
 partitioner saves the caller's tensor, as in a flat trace.
 
 A forward half may draw random numbers (dropout): each call carries the stream positions its draws
-take (``RNG_CALL``), and a call of a half that draws is random itself (``analysis.ops.is_random``),
+take (``RNG_CALL``), and a call of a half that draws is random itself (``ir.ops.is_random``),
 so it runs in eager's order, even unused.
 
 Whatever needs the flat graph (another partitioner, another compiler, the export format) calls
@@ -34,9 +34,9 @@ import torch
 import torch.fx as fx
 
 from .._torch import OpOverload, copy_node
-from ..analysis.ops import RNG_CALL, RNG_META, RNG_PHASE, aliases_input, has_side_effect, is_random, mutated_args
+from ..ir.ops import RNG_CALL, RNG_META, RNG_PHASE, aliases_input, has_side_effect, is_random, mutated_args
 from ..runtime.regions import TAG
-from .graphs import ancestors, extract, is_sym
+from .default import ancestors, extract, is_sym
 
 
 class BlockPart:
@@ -45,7 +45,7 @@ class BlockPart:
 
     def __init__(self, key: int, kind: str, gm: fx.GraphModule):
         self.key, self.kind, self.gm = key, kind, gm
-        # Its calls draw from the RNG, so they run in eager's order, even unused (analysis.ops.is_random).
+        # Its calls draw from the RNG, so they run in eager's order, even unused (ir.ops.is_random).
         self.aotgrad_draws = any(is_random(n) for n in gm.graph.nodes)
         self.__name__ = self.__qualname__ = f"block{key}_{kind}"
         self.__module__ = __name__

@@ -1,7 +1,7 @@
 """What a partitioner needs to know about each node: may it be recomputed,
 what does saving it cost in bytes, what does recomputing it cost in FLOPs.
 
-Per-operator knowledge lives in aotgrad.analysis.ops (tables, tags and schemas).
+Per-operator knowledge lives in aotgrad.ir.ops (tables, tags and schemas).
 A *policy* names which ops may be recomputed.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
-from ..analysis.ops import is_cheap, is_expensive, is_random, packet
-from .graphs import is_sym
+from ..ir.ops import is_cheap, is_expensive, is_random, packet
+from .default import is_sym
 
 def never_recompute(node: fx.Node) -> bool:
     """Random ops (the backward must see the forward's mask), symbols and non-ops."""

@@ -18,10 +18,10 @@ import torch.fx as fx
 
 from .._torch import TorchDispatchMode, pytree
 from ..errors import traced_line
-from ..analysis.ops import aliases_input
+from ..ir.ops import aliases_input
 from .blocks import is_call
 from .costs import flops, tensor_bytes
-from .graphs import is_sym, output_values, placeholders
+from .default import is_sym, output_values, placeholders
 
 
 @dataclass(frozen=True)

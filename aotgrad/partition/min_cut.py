@@ -21,11 +21,10 @@ import torch.fx as fx
 
 from .._torch import copy_graph, copy_node
 from ..ir.records import JointLayout
-from ..analysis.ops import aliases_input
+from ..ir.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
-from .default import Partition, build, default_partition, forward_nodes, split_nodes
+from .default import Partition, ancestors, build, default_partition, forward_nodes, is_sym, split_nodes
 from .blocks import inline_calls
-from .graphs import ancestors, is_sym
 from .memory import estimate
 
 # Bytes dominate the cut; recompute count only breaks ties between equal-byte cuts.

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import copy_graph
-from ..analysis.ops import has_side_effect
+from ..ir.ops import has_side_effect
 
 
 def copy_module(gm: fx.GraphModule) -> fx.GraphModule:

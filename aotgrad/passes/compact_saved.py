@@ -13,7 +13,7 @@
   ``bool(b)`` instead and recomputes ``m`` from it: the same division of the same values, so the
   same bits, at a quarter of the bytes.
 
-Nodes that must run in the forward carry ``analysis.ops.RUNS_IN_FORWARD``; the partitioners keep
+Nodes that must run in the forward carry ``ir.ops.RUNS_IN_FORWARD``; the partitioners keep
 them there and save them when the backward reads them. PyTorch's Inductor decomposes the joint so
 that its partition saves the same (``_low_memory_max_pool2d_with_offsets``, a bool mask); the
 Inductor backend runs this pass on our joint before partitioning, with ATen ops only.
@@ -27,9 +27,9 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import copy_node
-from ..analysis.ops import RUNS_IN_FORWARD, draws_at_backward
+from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward
 from ..partition.blocks import inline_calls
-from ..partition.graphs import descendants
+from ..partition.default import descendants
 from ..scoped import FX_TRACING
 from .cleanup import copy_module
 

@@ -1,7 +1,7 @@
 """Input writes inside an inference graph, for a backend that fuses them (Inductor).
 
 A graph returns the new value of each input it writes in place, and the epilogue copies it into
-the input (``runtime/epilogue.py``): one more pass over the memory of every written tensor. For a
+the input (``runtime/call.epilogue``): one more pass over the memory of every written tensor. For a
 whole training step that is every parameter and every optimizer state tensor. Given
 ``copy_(input, new value)`` at the end of the graph instead, Inductor writes the update straight
 into the input's memory from the kernel that computes it, as eager's in-place update does; the

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..analysis.ops import RNG_CALL, RNG_META, SHAPE_ONLY, is_random
+from ..ir.ops import RNG_CALL, RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
 from .cleanup import _drop_dead, copy_module
 from .rng_layout import draw_in_memory_order, needs_memory_order

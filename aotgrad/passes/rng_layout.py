@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import is_non_overlapping_and_dense_or_false
-from ..analysis.ops import FILLS_CONTIGUOUS, inplace_twin, is_random
+from ..ir.ops import FILLS_CONTIGUOUS, inplace_twin, is_random
 
 aten = torch.ops.aten
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")

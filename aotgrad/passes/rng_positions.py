@@ -25,7 +25,7 @@ import torch.fx as fx
 from .. import errors
 from .. import tracing
 from ..tracing.patches import RNG_STATE
-from ..analysis.ops import RNG_META as META, RNG_PHASE as PHASE, is_random
+from ..ir.ops import RNG_META as META, RNG_PHASE as PHASE, is_random
 
 ENDS = "aotgrad_rng_ends"     # gm.meta: {(device, phase): (epoch, index) the stream stands at when the phase ends}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..analysis.ops import RNG_META
+from ..ir.ops import RNG_META
 
 _LIB = torch.library.Library("aotgrad", "FRAGMENT")
 _LIB.define("rng_state(Device device) -> Tensor")

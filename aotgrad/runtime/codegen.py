@@ -4,9 +4,15 @@ Unlike ``GraphModule.__call__`` this skips ``nn.Module`` dispatch and calls
 each ATen overload's C++ entry point directly (``OpOverload._op``), saving a
 Python frame per operator; intermediates are released right after their last
 use, as FX's own code does.
+
+Generated source (this module's graphs, and the guards') is compiled by :func:`compile_source`
+under a file name registered with :mod:`linecache`, so tracebacks, ``inspect.getsource`` and
+debuggers show the generated lines instead of nothing.
 """
 from __future__ import annotations
 
+import itertools
+import linecache
 import operator
 import re
 
@@ -15,7 +21,6 @@ import torch.fx as fx
 
 from .. import errors
 from .._torch import OpOverload
-from ..generated import compile_source
 from . import regions
 
 
@@ -222,3 +227,24 @@ def _region_call(em: _Emitter, r: regions.Region, compiled: dict, compile_region
         em.names[o] = o.name
     outs = "".join(f"{o.name}, " for o in r.outputs) + "= " * bool(r.outputs)    # none: random draws alone
     return f"_b = [{', '.join(ins)}]; {'del ' + ', '.join(dead) + '; ' if dead else ''}{outs}{compiled[r.key]}(_b)"
+
+
+# --- compiling generated source
+
+_numbers = itertools.count()
+
+
+def compile_source(src: str, what: str):
+    """``compile(src, ..., "exec")`` under a fresh ``<aotgrad what #n>`` file name whose lines
+    ``linecache`` knows (an entry with no modification time survives ``checkcache``)."""
+    filename = f"<aotgrad {what} #{next(_numbers)}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    return compile(src, filename, "exec")
+
+
+def source_of(fn) -> str | None:
+    """The generated source ``fn`` was compiled from (by :func:`compile_source`), or None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_filename.startswith("<aotgrad "):
+        return None
+    return "".join(linecache.getlines(code.co_filename)) or None

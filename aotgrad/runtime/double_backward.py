@@ -7,7 +7,9 @@ engine records a graph, the user's program is re-run eagerly on the same
 inputs (the way a checkpointed region is) and differentiated with
 ``create_graph=True``: the gradients then have eager's full history, second-order
 terms included. The usual first-order path pays only for keeping the inputs
-and their versions (see :func:`keep_inputs`; about 0.3 us per input).
+and their versions (``runtime.function.keep_inputs``; about 0.3 us per input),
+and this module is loaded and its re-run built on the first such backward
+(``compile.second_order``).
 """
 from __future__ import annotations
 
@@ -16,18 +18,8 @@ import operator
 import torch
 
 from .. import errors
-from ..analysis.ops import is_random
 from ..ir.records import forward_values
-
-
-def keep_inputs(primals) -> tuple:
-    """What ``ctx`` keeps of the inputs: the inputs themselves (they live as long as the
-    function's autograd node, as ``ctx.x = x`` in a custom Function does) and their
-    versions, to notice an in-place write between the call and the second-order backward."""
-    try:
-        return primals, [p._version for p in primals]
-    except AttributeError:      # sizes among the inputs (Dynamo passes SymInts/ints)
-        return primals, [p._version if isinstance(p, torch.Tensor) else None for p in primals]
+from .modes import set_rng_states
 
 
 def _restored(kept, scratch=()) -> list:
@@ -43,20 +35,6 @@ def _restored(kept, scratch=()) -> list:
                 f"create_graph=True through a compiled function whose input {i} was modified in place "
                 "after the call; the second-order graph would use its new value", user_line=errors.caller_line())
     return primals
-
-
-def rng_states() -> tuple:
-    """The global RNG states (CPU and initialised CUDA devices) a forward started from."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def set_rng_states(states) -> None:
-    """Put back what :func:`rng_states` read."""
-    cpu, cuda = states
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
 
 
 _aten = torch.ops.aten
@@ -98,11 +76,9 @@ def _written(captured) -> tuple[tuple, list]:
 
 
 def differentiable_backward(captured):
-    """``(kept, rng, grad_outputs) -> grads`` (one per ``grad_of``) with history, and whether the
-    forward must record its RNG state for it (the program draws random numbers)."""
+    """``(kept, rng, grad_outputs) -> grads`` (one per ``grad_of``) with history."""
     setup, analysis, lay = captured.setup, captured.analysis, captured.layout
     scratch, refused = _written(captured)
-    random = any(is_random(n) for n in captured.joint.graph.nodes)
 
     def run(kept, rng, grad_outputs):
         if refused:
@@ -125,4 +101,4 @@ def differentiable_backward(captured):
             return [None] * len(wrt)
         return torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
                                    create_graph=True, allow_unused=True)
-    return run, random
+    return run

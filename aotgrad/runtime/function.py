@@ -8,9 +8,19 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._torch import are_functorch_transforms_active, skipped_by_dynamo, without_dynamo
-from .epilogue import _is_view_op
+from .call import _is_view_op
 from .hooks import RUNNING, install_input_hooks
-from .double_backward import keep_inputs, rng_states
+from .modes import rng_states
+
+
+def keep_inputs(primals) -> tuple:
+    """What ``ctx`` keeps of the inputs: the inputs themselves (they live as long as the
+    function's autograd node, as ``ctx.x = x`` in a custom Function does) and their
+    versions, to notice an in-place write between the call and the second-order backward."""
+    try:
+        return primals, [p._version for p in primals]
+    except AttributeError:      # sizes among the inputs (Dynamo passes SymInts/ints)
+        return primals, [p._version if isinstance(p, torch.Tensor) else None for p in primals]
 
 
 class BackwardGraph(NamedTuple):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass
 from typing import Callable
 
 import torch

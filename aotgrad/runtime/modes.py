@@ -174,3 +174,17 @@ def without_autocast(graph_fn, backward: bool = False):
     call._boxed_call = getattr(graph_fn, "_boxed_call", False)
     call.__wrapped__ = graph_fn
     return call
+
+
+def rng_states() -> tuple:
+    """The global RNG states (CPU and initialised CUDA devices), e.g. those a forward started from."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_states(states) -> None:
+    """Put back what :func:`rng_states` read."""
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)

@@ -51,7 +51,7 @@ from .context import REFUSE, current
 
 # Ops that exist only for their side effect (they raise, or print) carry an effect token when
 # traced, which aotgrad's graphs do not model; with their effect unregistered they are plain nodes
-# that dead-code elimination and the partitioner treat as side effects (analysis.ops.has_side_effect).
+# that dead-code elimination and the partitioner treat as side effects (ir.ops.has_side_effect).
 PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
 
 

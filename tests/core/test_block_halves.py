@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import aotgrad
 from aotgrad.capture import block_graph
-from aotgrad.analysis.ops import is_random
+from aotgrad.ir.ops import is_random
 from aotgrad.partition.blocks import BlockPart, has_calls, inline_calls, is_call
 from aotgrad.store import codec
 from examples import models

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from dataclasses import replace
 
 import aotgrad
-from aotgrad.analysis.ops import aliases_input
+from aotgrad.ir.ops import aliases_input
 from aotgrad import errors
 from aotgrad.capture import block_graph, block_groups, blocks
 from examples import models

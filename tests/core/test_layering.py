@@ -11,10 +11,9 @@ ROOT = Path(aotgrad.__file__).resolve().parent
 # Parts, lowest layer first (docs/design.md, "Layers"). A module belongs to the part that is the
 # longest prefix of its dotted name; "" is the package's own __init__ (the public API).
 LAYERS = (
-    ("errors", "generated", "_torch", "scoped", "options"),
+    ("errors", "_torch", "scoped", "options"),
     ("tracing",),
     ("ir",),
-    ("analysis",),
     ("passes", "partition", "runtime"),
     ("backends",),
     ("observe",),
@@ -123,3 +122,17 @@ def test_the_checker_sees_in_function_imports_and_cycles(tmp_path):
     assert edges["low"] == {"high"} and edges["high"] == {"low"}
     assert part_cycles({"stages": {"compile"}, "compile": {"stages"}}) == [["compile", "stages"]]
     assert upward({"compile": {"stages"}}) == {("compile", "stages"): ("compile", "stages")}
+
+
+# Features a two-layer MLP does not use, whose code must not run when it is captured, compiled,
+# called and differentiated (each is entered only where its fact is present).
+OFF_THE_PATH = ("runtime/double_backward.py", "inputs/step.py", "capture/blocks.py", "capture/block_graph.py",
+                "partition/blocks.py", "partition/min_cut.py", "compiled_autograd/", "export/", "store/",
+                "backends/inductor.py", "backends/cudagraphs/", "frontend/", "ir/values.py")
+
+
+def test_features_a_plain_module_does_not_use_stay_off_its_capture_path():
+    ran = set().union(*code_shape.pipeline_files(ROOT.parent).values())
+    assert ran, "the pipeline tracer saw no aotgrad code"
+    assert "capture/capture.py" in ran and "runtime/call.py" in ran
+    assert not [f for f in ran if f.startswith(OFF_THE_PATH)], sorted(ran)

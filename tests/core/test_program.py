@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.generated import source_of
+from aotgrad.runtime.codegen import source_of
 from examples import models
 from tests.eager_check import check
 

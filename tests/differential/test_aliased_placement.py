@@ -1,7 +1,7 @@
 """Inputs that share storage and are written, called again with the views moved in their base.
 
 The graph regenerates such a group's members from their base at the places they had when
-captured (``inputs/aliasing.py``). The twins move them: the written view shifted within the
+captured (``inputs/flatten.py``). The twins move them: the written view shifted within the
 same base, the read view shifted, both shifted, the two swapped, a view with other strides, the
 base grown with the views in place. Each call on fresh inputs must equal eager (outputs, the base,
 gradients) or be a typed error that leaves the inputs untouched (``InputMismatchError``; Dynamo's

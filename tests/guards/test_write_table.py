@@ -375,7 +375,7 @@ def _jit_compile(fn, args, kwargs, **_):
 
 def test_write_refusals_and_input_guards_name_an_argument_alike():
     """One naming for the call's leaves: the write recording's (``given``) and the input guards'."""
-    from aotgrad.guards.recorded import leaf_names
+    from aotgrad.capture.capture import leaf_names
     from aotgrad.inputs.flatten import signature
     args, kwargs = (torch.randn(2), [torch.randn(2), 3], {"k": torch.randn(2)}), {"mask": torch.randn(2)}
     names = leaf_names(args, kwargs)

@@ -115,7 +115,7 @@ def test_memory_budget_selects_the_budgeted_min_cut():
 
 
 def test_budget_never_recomputes_random_ops():
-    from aotgrad.analysis.ops import is_random
+    from aotgrad.ir.ops import is_random
     for part, _ in _chain("gpt_dropout"):
         assert not any(is_random(n) for n in part.backward.graph.nodes)
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from aotgrad.analysis.ops import is_random
+from aotgrad.ir.ops import is_random
 from tests.eager_check import check
 
 

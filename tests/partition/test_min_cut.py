@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import aotgrad
-from aotgrad.analysis.ops import is_random
+from aotgrad.ir.ops import is_random
 from aotgrad.partition import default_partition, estimate, min_cut_partition
 from aotgrad.partition.costs import POLICIES, STRICT
 from examples.models import CNN, MLP, make_gpt_tiny

@@ -15,10 +15,9 @@ from dataclasses import replace
 import torch
 
 import aotgrad
-from aotgrad.analysis.ops import is_expensive, is_random
+from aotgrad.ir.ops import is_expensive, is_random
 from aotgrad.partition import default_partition, estimate, min_cut, min_cut_partition
-from aotgrad.partition.default import forward_nodes, split_nodes
-from aotgrad.partition.graphs import ancestors, is_sym
+from aotgrad.partition.default import ancestors, forward_nodes, is_sym, split_nodes
 from aotgrad.partition.min_cut import stale_inputs
 from tests.eager_check import check
 from tests.partition.test_min_cut import MODELS

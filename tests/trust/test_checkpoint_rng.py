@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import aotgrad
-from aotgrad.analysis.ops import is_random
+from aotgrad.ir.ops import is_random
 from aotgrad.errors import UnsupportedError
 from tests.eager_check import as_is, check
 

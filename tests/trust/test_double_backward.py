@@ -188,3 +188,38 @@ def test_gradient_penalty_through_a_batchnorm_critic(entry):
     # SGD: fc1's bias gets a ~0 gradient through BatchNorm, which Adam would blow up to noise-sized steps
     check_training(make, steps=3, batches=_batches, compile=_compiled_step(entry),
                    optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
+
+
+def test_the_first_second_order_backwards_of_two_threads_at_once():
+    """The second-order re-run is built on the first ``create_graph=True`` backward (a step that never
+    takes one does not load it): two threads taking their first at once, on one compiled function,
+    each get eager's second-order gradient for their own input."""
+    import threading
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 1))
+
+    def penalty(f, x):
+        (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+        return torch.autograd.grad(g.pow(2).sum(), x)[0]
+
+    xs = [torch.randn(4, 5, requires_grad=True) for _ in range(2)]
+    want = [penalty(model, x) for x in xs]
+    for _ in range(10):
+        step = aotgrad.capture(model, xs[0]).compile()
+        got, errors, barrier = [None, None], [], threading.Barrier(2)
+
+        def run(i):
+            try:
+                barrier.wait(timeout=30)
+                got[i] = penalty(step, xs[i])
+            except Exception as e:     # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)

@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..._torch import OpOverload
-from ...analysis.ops import mutated_args
+from ...ir.ops import mutated_args
 
 
 def _bound(node: fx.Node, op) -> dict:
