@@ -20,9 +20,8 @@ import torch
 from .._torch import FakeTensor, pytree
 from .. import errors
 from ..ir.ops import is_random
-from ..inputs.flatten import find_groups, rebase
 from ..inputs.distributed import refuse_wrapped
-from ..inputs.flatten import flat_function, signature
+from ..inputs.flatten import find_groups, flat_function, rebase, signature
 from ..inputs.step import step_root
 from ..guards import inputs as input_guards
 from ..guards import reads, resolve

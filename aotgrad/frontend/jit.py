@@ -24,20 +24,18 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import errors
-from ..capture.capture import capture_call
+from ..capture.capture import call_leaves, capture_call, leaf_names, recorded, root_name
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..store import disk
-from ..capture.capture import call_leaves, leaf_names, recorded
 from ..guards.reads import watch_again
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
 from ..inputs.step import Root, step_root
 from ..inputs.distributed import split_for_jit
 from ..inputs.jit_options import bound_method, check_options, tracing
-from ..capture.capture import root_name
 from ..options import CompileOptions
 from ..runtime.modes import TRACED_NAMES, describe, traced
 

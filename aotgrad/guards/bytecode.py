@@ -32,15 +32,12 @@ _MUTATORS = frozenset(("attr", m) for m in (
     "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add", "discard",
     "sort", "reverse", "__setitem__", "__delitem__", "__iadd__", "__ior__", "difference_update",
     "intersection_update", "symmetric_difference_update"))
-_cache: dict = {}      # a true cache: code objects are immutable, so their chains never change
 
 
+@functools.cache        # a true cache: code objects are immutable, so their chains never change
 def chains(code) -> tuple:
     """``(chains, stores)`` of one code object (cached)."""
-    hit = _cache.get(code)
-    if hit is None:
-        hit = _cache[code] = _scan(code)
-    return hit
+    return _scan(code)
 
 
 def _scan(code, instructions=None):
@@ -253,37 +250,32 @@ def attr_names(codes) -> set:
     and, in code that calls ``getattr`` or ``hasattr``, its string constants (``getattr(c, "w")``)."""
     names: set = set()
     for code in codes:
-        hit = _names_cache.get(code)
-        if hit is None:
-            ins = _normalized(dis.get_instructions(code))
-            hit = {i.argval for i in ins if i.opname in _ATTR + ("LOAD_SUPER_ATTR",) and isinstance(i.argval, str)}
-            if {"getattr", "hasattr"} & set(code.co_names):
-                hit |= {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
-            hit = _names_cache[code] = frozenset(hit)
-        names |= hit
+        names |= _loaded_names(code)
     return names
 
 
-_names_cache: dict = {}     # code -> the names it loads (code objects are immutable)
+@functools.cache
+def _loaded_names(code) -> frozenset:
+    ins = _normalized(dis.get_instructions(code))
+    names = {i.argval for i in ins if i.opname in _ATTR + ("LOAD_SUPER_ATTR",) and isinstance(i.argval, str)}
+    if {"getattr", "hasattr"} & set(code.co_names):
+        names |= {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+    return frozenset(names)
 
 
 _ASKS_NAMES = frozenset({"type", "id"})
 _ASKS_ATTRS = frozenset({"is_", "is_not"})      # operator.is_
-_asks_cache: dict = {}
 
 
+@functools.cache
 def asks_type_or_identity(code) -> bool:
     """Whether the code asks a value what only the value itself answers: its exact type
     (``type(v)``), its identity (``id(v)``), or whether it is some other object (``v is w``,
     ``operator.is_``; ``v is None`` and the like, against a constant that is no int, are not
     such questions). Cached per code object."""
-    hit = _asks_cache.get(code)
-    if hit is None:
-        ins = _normalized(dis.get_instructions(code))
-        hit = _asks_cache[code] = any(
-            i.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and i.argval in _ASKS_NAMES
-            or i.opname in _ATTR and i.argval in _ASKS_ATTRS
-            or i.opname == "IS_OP" and not (at and ins[at - 1].opname == "LOAD_CONST"
-                                            and type(ins[at - 1].argval) is not int)
-            for at, i in enumerate(ins))
-    return hit
+    ins = _normalized(dis.get_instructions(code))
+    return any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF") and i.argval in _ASKS_NAMES
+               or i.opname in _ATTR and i.argval in _ASKS_ATTRS
+               or i.opname == "IS_OP" and not (at and ins[at - 1].opname == "LOAD_CONST"
+                                               and type(ins[at - 1].argval) is not int)
+               for at, i in enumerate(ins))
