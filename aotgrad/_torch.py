@@ -310,6 +310,19 @@ def _unbound(method):
     return getattr(method, "__func__", method)
 
 
+def traceable_subclass(t) -> bool:
+    """Whether ``t`` is a traceable wrapper subclass (``__tensor_flatten__``/``__tensor_unflatten__``
+    with its own ``__torch_dispatch__``: TwoTensor, DTensor, float8 training tensors), which capture
+    traces through to its inner tensors. A nested tensor is one, and is refused on its own."""
+    return isinstance(t, torch.Tensor) and traceable_class(type(t))
+
+
+def traceable_class(cls) -> bool:
+    """:func:`traceable_subclass` of a class."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+    return has_own_dispatch(cls) and is_traceable_wrapper_subclass_type(cls)
+
+
 def subclass_kind(t) -> str | None:
     """Why tensor ``t``'s class changes what ops do, or None where it does not: a class with its own
     ``__torch_dispatch__`` (a wrapper subclass such as TwoTensor, a jagged nested tensor; fake and
@@ -430,6 +443,20 @@ set_mkldnn_enabled = torch._C._set_mkldnn_enabled
 cudnn_flags = (torch._C._get_cudnn_enabled, torch._C._get_cudnn_benchmark, torch._C._get_cudnn_deterministic)
 set_cudnn_flags = (torch._C._set_cudnn_enabled, torch._C._set_cudnn_benchmark, torch._C._set_cudnn_deterministic)
 is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+# torch's process-wide switches a program can read, by the C getter every way of reading one calls
+# (``torch.are_deterministic_algorithms_enabled()``, ``torch.backends.cudnn.benchmark``...): a trace
+# that called one is guarded on its value (``guards.reads``: the profile's ``c_call`` events).
+SWITCH_GETTERS = {f: name for name in (
+    "_get_deterministic_algorithms", "_get_deterministic_algorithms_warn_only",
+    "_get_deterministic_fill_uninitialized_memory", "_get_float32_matmul_precision", "_get_cudnn_enabled",
+    "_get_cudnn_benchmark", "_get_cudnn_deterministic", "_get_cudnn_allow_tf32", "_get_mkldnn_enabled",
+    "_get_mkldnn_deterministic", "_get_onednn_allow_tf32", "_get_cublas_allow_tf32",
+    "_get_cublas_allow_fp16_reduced_precision_reduction", "_get_cublas_allow_bf16_reduced_precision_reduction",
+    "_get_cpu_allow_fp16_reduced_precision_reduction", "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
+    "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_nnpack_enabled", "_get_warnAlways",
+    "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads",
+    "get_default_dtype") for f in [getattr(torch._C, name, None)] if f is not None}
 SET_GRAD_ENABLED = torch._C._set_grad_enabled       # how a Dynamo graph's nodes set grad mode
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack

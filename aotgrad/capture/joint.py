@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import (
-    fake_like, lazy_graph_modules, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
+    fake_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
     version_counter,
 )
 from ..ir.records import Analysis, JointLayout, forward_values
@@ -44,7 +44,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             # An unseen input's stand-in is its fake itself: only block calls read it (Direct checks).
             f_ins = [unseen[i] if i in unseen else to_functional(next(seen)) for i in range(lay.n_primals)]
             # Mutating a clone keeps the original value for autograd.grad to differentiate.
-            call_ins = [f.clone() if info.mutates_data and info.requires_grad and lay.grad_of else f
+            call_ins = [f.clone() if (info.mutates_data or info.meta_seen) and info.requires_grad and lay.grad_of else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
             # Read only by calls of reused blocks: a trace with none makes none.
@@ -82,6 +82,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                             [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
                             [to_functional(t) for t in tangents], allow_unused=True)
                     joint.engine_sums = (sums.names, sums.counts) if engine_sums else None
+                    _refuse_subclass_grads(got, lay.grad_of)
                     for k, (i, g) in enumerate(zip(lay.grad_of, got)):
                         if i in unseen and g is not None:   # a gradient the block did not write itself
                             direct.missed = True        # (unseen inputs come with a Direct)
@@ -92,6 +93,18 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
     joint.eager_saved = joint.quiet = ()
     joint.engine_sums = None
     return joint
+
+
+def _refuse_subclass_grads(grads, grad_of) -> None:
+    """A subclass input's gradient is flattened by its own unflatten's backward (``inputs.subclasses``):
+    what reaches a graph input here is a plain tensor's gradient, which must be plain too."""
+    for i, g in zip(grad_of, grads):
+        if traceable_subclass(g):
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                f"the gradient of flat input {i}, a plain tensor, is a {type(g).__name__} (it met a "
+                f"{type(g).__name__} in an op, so eager's .grad would be one): aotgrad gives a plain input a plain "
+                "gradient; make the input itself that subclass, or detach it", user_line=caller_line())
 
 
 class EngineSums:

@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._torch import (
     anomaly_nan_check,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
-    has_own_dispatch, is_functional_tensor, plain_fake,
+    has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
 )
 from .. import tracing
@@ -139,12 +139,14 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 "do it outside the captured function", user_line=caller_line())
         for cls in types:
             if has_own_dispatch(cls):
+                if traceable_class(cls):    # its own dispatch runs now, on its inner tensors (inputs.subclasses)
+                    return NotImplemented
                 from ..errors import UnsupportedError, caller_line
                 raise UnsupportedError(
-                    f"{func.__name__} on a {cls.__name__}, a tensor subclass with its own __torch_dispatch__, "
-                    "inside the captured function: aotgrad traces plain tensors only (the subclass's autograd "
-                    "and outputs would not be kept); build it outside, on the compiled function's outputs",
-                    user_line=caller_line())
+                    f"{func.__name__} on a {cls.__name__}, a tensor subclass with its own __torch_dispatch__ but "
+                    "no __tensor_flatten__/__tensor_unflatten__, inside the captured function: aotgrad traces "
+                    "plain tensors and traceable wrapper subclasses only; build it outside, on the compiled "
+                    "function's outputs", user_line=caller_line())
         direct = tracing.current().direct
         if direct is not None and direct.unseen and direct.touches(args, kwargs or {}):
             raise UnseenUsed(f"{func} reads an input only repeated blocks were to read")

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import pytree, subclass_kind
+from .._torch import pytree, subclass_kind, traceable_subclass
 from ..runtime.modes import left_as_found
 from ..ir.descriptors import BaseDesc, BufferDesc, InputDesc, ParamDesc, input_name
 from ..ir.records import ViewMeta
@@ -29,6 +29,7 @@ from .. import tracing
 from ..tracing.views import holding
 from ..errors import MutationError
 from ..tracing.patches import FORWARD_ONLY
+from .subclasses import Unwrap, as_inner
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Signature:
     state_names: tuple       # lifted parameter/buffer names, flat order
     slots: tuple             # Slot per lifted tensor
     ties: tuple = ()         # (name, Slot, flat index): a lifted tensor's second place (a tied weight)
+    unwrap: Unwrap | None = None     # subclass inputs as their inner tensors (inputs.subclasses)
 
 
 def _slots(module: torch.nn.Module):
@@ -85,9 +87,14 @@ def signature(fn, args: tuple, kwargs: dict):
             descs.append(InputDesc(input_name(path)))
         else:
             leaves.append(leaf)
+    unwrap = Unwrap.of(tensors, descs)
+    if unwrap is not None:      # the graph takes each subclass's inner tensors
+        tensors, descs = unwrap.examples(tensors), unwrap.descs(descs)
+        for d, t in zip(descs, tensors):
+            refuse_tensor(str(d), t)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),
                     tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
-                    _ties(fn, state) if state else ())
+                    _ties(fn, state) if state else (), unwrap)
     return sig, tensors, descs
 
 
@@ -146,9 +153,10 @@ def refuse_tensor(name: str, t: torch.Tensor) -> None:
     if t.is_nested or t.layout != torch.strided:
         raise UnsupportedError(f"{name} is {'a nested tensor' if t.is_nested else f'of layout {t.layout}'}; "
                                "only strided (dense) tensors can be captured", user_line=caller_line())
-    if why is not None:
-        raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why}; aotgrad traces "
-                               "plain tensors only (the graph would not run the subclass's code): pass plain "
+    if why is not None and not traceable_subclass(t):
+        raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why} but no "
+                               "__tensor_flatten__/__tensor_unflatten__; aotgrad traces plain tensors and traceable "
+                               "wrapper subclasses (the graph would not run the subclass's code): pass plain "
                                "tensors, or compile this function with another torch.compile backend",
                                user_line=caller_line())
 
@@ -185,14 +193,14 @@ def flat_function(fn, sig: Signature) -> Callable:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
             else:
                 out = fn(*args, **kwargs)
-        flat_out = outputs(out)
+        flat_out = outputs(as_inner(out))
         _refuse_hidden_tensors(flat_out)
         return flat_out
 
     if homes is not None:
         flat_fn.module_state = lambda flat: holding(homes, flat[:n_state])
     flat_fn.__name__ = getattr(fn, "__name__", type(fn).__name__)
-    return flat_fn
+    return flat_fn if sig.unwrap is None else sig.unwrap.wrap(flat_fn)
 
 
 def module_state(flat_fn, flat):

@@ -162,6 +162,9 @@ def _generated_match(captured):
         env[f"t{j}"], env["held"] = s.module.__dict__, _held
         lines += [f"    if held(get, t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
                   f"        return None, {_untied_why(name, sig.state_names[i])!r}"]
+    if sig.unwrap is not None:      # subclass inputs: checked, then as their inner tensors (inputs.subclasses)
+        env["unwrap"] = sig.unwrap.graph_inputs
+        lines += ["    flat, why = unwrap(flat)", "    if why:", "        return None, why"]
     aliasing = alias_check(setup, analysis)
     if aliasing is not None:
         env["aliasing"] = aliasing
@@ -230,9 +233,10 @@ def alias_check(setup, analysis):
     that storage, unless they were captured that way (then they must still be, each
     where it was: the graph regenerates them from their base at the captured places)."""
     rb = setup.rebase
-    changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata]
+    changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data]
+    relaid = [i for i, info in enumerate(analysis.inputs) if info.mutates_metadata]
     if not changed:
-        return None
+        return _same_object_check(relaid) if relaid else None
     groups = [g.members for g in rb.groups] if rb else []
     kept = rb.kept if rb else range(len(analysis.inputs))
     written = [kept[i] for i in changed if i < len(kept)]
@@ -264,6 +268,18 @@ def alias_check(setup, analysis):
             if i in key and count.get(key[i], 0) > (i not in grouped):
                 return (f"flat input {i} is written to and now shares storage with another input, "
                         "which it did not when captured")
+        return same(flat) if same else None
+    same = _same_object_check([kept[i] for i in relaid if i < len(kept)]) if relaid else None
+    return check
+
+
+def _same_object_check(relaid):
+    """A check that no input whose layout the graph changes in place (``t_()``) is passed again as
+    another input: eager's second one would see the change, the graph's does not."""
+    def check(flat):
+        for i in relaid:
+            if any(t is flat[i] for j, t in enumerate(flat) if j != i):
+                return f"flat input {i} has its layout changed in place and is passed again as another input"
         return None
     return check
 
@@ -326,7 +342,7 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     for i, info in enumerate(analysis.inputs):
         if info.mutates_metadata:
             scope[f"m{i}"] = info.new_meta
-            lines.append(f"    _meta(flat[{i}], m{i}, symbols)")
+            lines.append(f"    _meta(flat[{i}], m{i}, symbols, {bool(info.meta_seen)})")
         if info.mutates_data:
             lines.append(f"    _data(flat[{i}], values[{k}], {bool(info.mutation_needs_autograd)})")
             k += 1
@@ -364,14 +380,20 @@ def _output_lines(analysis: Analysis, scope: dict) -> list:
     return lines + [f"    return [{''.join(f'o{j}, ' for j in range(len(infos)))}]"]
 
 
-def _write_metadata(x: torch.Tensor, meta: ViewMeta, symbols) -> None:
-    with torch.no_grad():
-        size, stride, offset = view_args(meta, symbols, x)
-        version = x._version
-        x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
-        # Eager's t_() ran before the forward saved x for the backward; this replay runs
-        # after, so it must not look like a write to what the backward reads.
-        _set_version(x, version)
+def _write_metadata(x: torch.Tensor, meta: ViewMeta, symbols, seen: bool) -> None:
+    """``x`` laid out as the trace left it. ``seen``: autograd recorded the change (``t_()`` of an
+    input that requires grad): ``as_strided_`` under grad puts it on ``x``'s history, as eager's
+    ``TBackward`` is; otherwise the storage is re-set without autograd."""
+    size, stride, offset = view_args(meta, symbols, x)
+    version = x._version
+    if seen and torch.is_grad_enabled():
+        x.as_strided_(size, stride, offset)
+    else:
+        with torch.no_grad():
+            x.set_(x.untyped_storage(), offset, size, stride)   # as_strided_ would make x a view
+    # Eager's t_() ran before the forward saved x for the backward; this replay runs
+    # after, so it must not look like a write to what the backward reads.
+    _set_version(x, version)
 
 
 def _write_data(x: torch.Tensor, value: torch.Tensor, needs_autograd: bool) -> None:

@@ -1,0 +1,287 @@
+"""Traceable wrapper subclasses (``__tensor_flatten__``/``__tensor_unflatten__`` with their own
+``__torch_dispatch__``: TwoTensor, float8 training tensors) as the plain tensors they hold.
+
+The graph never sees a subclass. Each subclass input becomes its inner tensors (recursively, a
+subclass nested in a subclass too), and the traced function rebuilds the subclass from them
+(:class:`Unwrap`), so the subclass's ``__torch_dispatch__`` runs while tracing and leaves plain ATen
+ops on the inner tensors in the graph. A subclass the function returns becomes its inner tensors as
+graph outputs (:func:`as_inner`, a pytree node whose structure holds the subclass's :class:`Meta`),
+rebuilt by the output structure's unflatten at run time.
+
+Both directions are autograd Functions (:class:`_Flatten`, :class:`_Unflatten`), in the trace and at
+run time alike: the subclass is the tensor autograd sees (a TwoTensor parameter is the leaf whose
+``.grad`` is set), the inner tensors are what the graph differentiates. A gradient of a subclass
+input is flattened by the structure it had in the trace (recorded, :attr:`Unwrap.grads`), and
+rebuilt as that subclass at run time, as eager gives it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .._torch import pytree, traceable_subclass
+
+
+@dataclass(frozen=True, eq=False)
+class Meta:
+    """What rebuilding one subclass value takes: its class, its flatten context, the names of its
+    inner tensors (each a plain tensor, ``None``, or a nested subclass's ``Meta``), and its outer
+    size and stride."""
+    cls: type
+    ctx: object
+    keys: tuple
+    inner: tuple
+    size: tuple
+    stride: tuple
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "Meta":
+        keys, ctx = t.__tensor_flatten__()
+        inner = tuple(Meta.of(getattr(t, k)) if traceable_subclass(getattr(t, k)) else None for k in keys)
+        return cls(type(t), ctx, tuple(keys), inner, tuple(t.size()), tuple(t.stride()))
+
+    @property
+    def n(self) -> int:
+        return sum(1 if m is None else m.n for m in self.inner)
+
+    def leaves(self, t) -> list:
+        out = []
+        for k, m in zip(self.keys, self.inner):
+            x = getattr(t, k)
+            out += [x] if m is None else m.leaves(x)
+        return out
+
+    def names(self, name: str) -> list:
+        """How each leaf is named: ``weight.a``, ``x.a.b``."""
+        out = []
+        for k, m in zip(self.keys, self.inner):
+            out += [f"{name}.{k}"] if m is None else m.names(f"{name}.{k}")
+        return out
+
+    def build(self, leaves) -> torch.Tensor:
+        """The subclass value from an iterator of its leaves."""
+        inner = {k: next(leaves) if m is None else m.build(leaves) for k, m in zip(self.keys, self.inner)}
+        return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)
+
+    def why(self, t, name: str) -> str | None:
+        """Why ``t`` cannot be passed where this subclass was captured (None where it can)."""
+        if type(t) is not self.cls:
+            return f"{name} was a {self.cls.__name__} when captured, now a {type(t).__name__}"
+        keys, ctx = t.__tensor_flatten__()
+        if tuple(keys) != self.keys or not _same(ctx, self.ctx):
+            return (f"{name}, a {self.cls.__name__}, flattens to {list(keys)} with context {ctx!r}; when captured "
+                    f"to {list(self.keys)} with context {self.ctx!r}")
+        if self.static and (tuple(t.size()) != self.size or tuple(t.stride()) != self.stride):
+            return (f"{name}, a {self.cls.__name__}, has size {tuple(t.size())} and stride {tuple(t.stride())}; "
+                    f"when captured {self.size} and {self.stride}")
+        for k, m in zip(self.keys, self.inner):
+            x = getattr(t, k)
+            why = m.why(x, f"{name}.{k}") if m is not None else (
+                f"{name}.{k} was a plain tensor when captured, now a {type(x).__name__}"
+                if traceable_subclass(x) else None)
+            if why:
+                return why
+        return None
+
+    @property
+    def static(self) -> bool:
+        return all(type(v) is int for v in (*self.size, *self.stride))
+
+    def __eq__(self, other) -> bool:      # output structures compare (pytree specs hold a Meta)
+        return isinstance(other, Meta) and self.cls is other.cls and self.keys == other.keys and \
+            _same(self.ctx, other.ctx) and self.inner == other.inner and \
+            (not self.static or (self.size, self.stride) == (other.size, other.stride))
+
+    def __hash__(self) -> int:
+        return hash((self.cls, self.keys))
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}{list(self.keys)}"
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _user_line():
+    from ..errors import caller_line
+    return caller_line()
+
+
+class _Flatten(torch.autograd.Function):
+    """A subclass value -> its leaves (detached: the subclass's own inner tensors are not touched);
+    the gradients of the leaves come back as one gradient of ``grad_meta``'s subclass."""
+
+    @staticmethod
+    def forward(ctx, meta, grad_meta, t):
+        ctx.grad_meta = grad_meta
+        leaves = [x.detach() for x in meta.leaves(t)]
+        ctx.like = [(x.shape, x.dtype, x.device) for x in leaves]
+        ctx.mark_non_differentiable(*[x for x in leaves if not _differentiable(x)])
+        return tuple(leaves)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if all(g is None for g in grads):
+            return None, None, None
+        grads = [g if g is not None else torch.zeros(s, dtype=d, device=v) for g, (s, d, v) in zip(grads, ctx.like)]
+        return None, None, ctx.grad_meta.build(iter(grads))
+
+
+class _Unflatten(torch.autograd.Function):
+    """Leaves -> the subclass value; its gradient, a subclass too, comes back as the leaves'
+    gradients (``record(meta)`` is told the gradient's structure)."""
+
+    @staticmethod
+    def forward(ctx, meta, record, *leaves):
+        ctx.meta, ctx.record = meta, record
+        ctx.like = [(x.shape, x.dtype) for x in leaves]
+        return meta.build(iter(x.detach() for x in leaves))
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad is None:
+            return (None, None) + (None,) * len(ctx.like)
+        gm = Meta.of(grad) if traceable_subclass(grad) else None
+        leaves = gm.leaves(grad) if gm is not None else None
+        if leaves is None or len(leaves) != len(ctx.like) or any(
+                g.shape != s or g.dtype != d for g, (s, d) in zip(leaves, ctx.like)):
+            from ..errors import UnsupportedError
+            raise UnsupportedError(
+                f"the gradient of a {ctx.meta.cls.__name__} is a {type(grad).__name__}"
+                + (f" laid out as {gm}" if gm is not None else "")
+                + f", not a {ctx.meta.cls.__name__} of inner tensors like its own ({ctx.meta}): aotgrad "
+                "differentiates the inner tensors and cannot map that gradient onto them", user_line=_user_line())
+        if ctx.record is not None:
+            ctx.record(gm)
+        return (None, None, *leaves)
+
+
+class Inner:
+    """A subclass output as its leaves: a pytree node whose structure (its context) is the
+    subclass's :class:`Meta`, so unflattening the output structure rebuilds the subclass."""
+    __slots__ = ("meta", "leaves")
+
+    def __init__(self, meta, leaves):
+        self.meta, self.leaves = meta, leaves
+
+
+pytree.register_pytree_node(Inner, lambda v: (list(v.leaves), v.meta),
+                            lambda leaves, meta: _Unflatten.apply(meta, None, *leaves))
+
+
+def as_inner(out):
+    """``out`` with every subclass leaf as an :class:`Inner` of its leaves (through :class:`_Flatten`,
+    so the leaves' gradients reach the subclass); ``out`` itself where it holds none."""
+    leaves, spec = pytree.tree_flatten(out)
+    if not any(traceable_subclass(v) for v in leaves):
+        return out
+    for k, v in enumerate(leaves):
+        if traceable_subclass(v):
+            meta = Meta.of(v)
+            _dynamic_refused(meta, "an output")
+            leaves[k] = Inner(meta, _Flatten.apply(meta, meta, v))
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _dynamic_refused(meta: Meta, what: str) -> None:
+    if not meta.static and any(type(v) is not int for v in (*meta.size, *meta.stride)):
+        from ..errors import UnsupportedError
+        raise UnsupportedError(f"{what} is a {meta.cls.__name__} with symbolic outer sizes {meta.size}: rebuilding "
+                               "it at run time needs sizes aotgrad does not compute yet; capture with static shapes "
+                               "(dynamic=False)", user_line=_user_line())
+
+
+@dataclass(frozen=True, eq=False)
+class Unwrap:
+    """How a flat input list holding subclasses becomes the graph's plain inputs: each subclass
+    (``metas[i]`` not None) its leaves, in place. ``grads``: input index -> the :class:`Meta` its
+    gradient had in the trace (filled by the joint trace)."""
+    metas: tuple
+    names: tuple
+    grads: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tensors, names) -> "Unwrap | None":
+        if not any(traceable_subclass(t) for t in tensors):
+            return None
+        return cls(tuple(Meta.of(t) if traceable_subclass(t) else None for t in tensors), tuple(map(str, names)))
+
+    def examples(self, tensors) -> list:
+        """The leaves as example inputs: detached, requiring grad where their subclass does."""
+        out = []
+        for t, m in zip(tensors, self.metas):
+            if m is None:
+                out.append(t)
+                continue
+            rg = t.requires_grad and torch.is_grad_enabled()
+            out += [x.detach().requires_grad_(rg and _differentiable(x)) for x in m.leaves(t)]
+        return out
+
+    def descs(self, descs) -> list:
+        out = []
+        for d, m in zip(descs, self.metas):
+            out += [d] if m is None else [type(d)(n) for n in m.names(d.name)]
+        return out
+
+    def graph_inputs(self, flat):
+        """``(leaves, None)`` at run time, or ``(None, why)`` where a subclass input changed."""
+        out = []
+        for i, (t, m) in enumerate(zip(flat, self.metas)):
+            if m is None:
+                if traceable_subclass(t):
+                    return None, f"{self.names[i]} was a plain tensor when captured, now a {type(t).__name__}"
+                out.append(t)
+                continue
+            why = m.why(t, self.names[i])
+            if why:
+                return None, why
+            out += _Flatten.apply(m, self.grads.get(i, m), t)
+        return out, None
+
+    def wrap(self, flat_fn):
+        """``flat_fn`` on the leaves: each subclass rebuilt from its own (its dispatch runs in the trace)."""
+        def fn(*leaves):
+            it, flat = iter(leaves), []
+            for i, m in enumerate(self.metas):
+                flat.append(next(it) if m is None else _Unflatten.apply(m, self._recorder(i), *(
+                    next(it) for _ in range(m.n))))
+            fn.flat = flat
+            before = [(t._version, t.shape, t.stride()) if m is not None else None for t, m in zip(flat, self.metas)]
+            out = flat_fn(*flat)
+            self._refuse_writes(flat, before)
+            return out
+        fn.__name__ = flat_fn.__name__
+        state = getattr(flat_fn, "module_state", None)
+        if state is not None:
+            fn.module_state = lambda leaves: state(fn.flat)
+        return fn
+
+    def _recorder(self, i):
+        return lambda meta: self.grads.__setitem__(i, meta)
+
+    def _refuse_writes(self, flat, before) -> None:
+        for i, (t, was) in enumerate(zip(flat, before)):
+            if was is None or t._version == was[0]:
+                continue
+            from ..errors import UnsupportedError
+            cls = type(t).__name__
+            if (t.shape, t.stride()) != was[1:]:
+                raise UnsupportedError(f"an in-place change of the size or stride of {self.names[i]}, a {cls} "
+                                       "(t_(), unsqueeze_(), resize_()), cannot be replayed on the caller's "
+                                       "subclass: use the out-of-place op", user_line=_user_line())
+            if t.requires_grad and torch.is_grad_enabled():
+                raise UnsupportedError(f"an in-place write to {self.names[i]}, a {cls} that requires grad, under "
+                                       "grad mode: autograd would record it on the subclass, the graph writes its "
+                                       "inner tensors; write it under torch.no_grad() or use the out-of-place op",
+                                       user_line=_user_line())
