@@ -22,7 +22,7 @@ from .. import errors
 from ..ir.ops import is_random
 from ..inputs.distributed import refuse_wrapped
 from ..inputs.flatten import find_groups, flat_function, rebase, signature
-from ..inputs.step import step_root
+from ..inputs.step import step_root, step_reads
 from ..guards import inputs as input_guards
 from ..guards import reads, resolve
 from ..guards import state as state_guards
@@ -133,7 +133,8 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         # A training step's outputs and updated parameters are detached from any later backward (the
         # step ran its own): an inference graph, whose epilogue writes the updates in place.
         analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
-    changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data or info.mutates_metadata}
+    # (a layout change alone leaves the others' values as they are: each member keeps its own input)
+    changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data}
     groups = [g for g in sharing if changed & set(g.members)]
     if any(not v.is_static for g in groups for v in g.views):
         raise errors.UnsupportedError(
@@ -431,7 +432,7 @@ def recorded(fn, trace, leaves, name, names=()):
     read a global another thread changed meanwhile runs again (its graph may hold either value)."""
     for _ in range(_ATTEMPTS):
         captured, rec = _recorded_once(fn, trace, leaves, names)
-        reads_ = resolve.assumed(fn, leaves, name, rec)
+        reads_ = step_reads(fn, resolve.assumed(fn, leaves, name, rec))
         raced = rec.raced(reads_)
         if raced is None:
             return captured, reads_

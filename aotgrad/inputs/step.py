@@ -30,6 +30,7 @@ import torch
 
 from .._torch import data_dependent_errors, pytree
 from ..guards.cache import code_names
+from ..guards import reads
 from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
 from .. import tracing
 from . import flatten
@@ -111,6 +112,22 @@ def step_root(fn):
     if not optimizers:
         return None
     return Root(fn, modules, optimizers)
+
+
+def step_reads(fn, found: list) -> list:
+    """The reads a trace of ``fn`` made, less those of what a step takes as its state argument (each
+    optimizer's ``state`` and ``param_groups``, and what they hold): gathered and matched at every
+    call (hyperparameters by value, tensors as inputs), not guarded as Python state."""
+    if not isinstance(fn, Root):
+        return found
+    held = set()
+    for opt in fn.binding.optimizers:
+        held.update(map(id, (opt.state, *opt.state.values(), opt.param_groups, *opt.param_groups)))
+    attrs = {id(vars(opt)) for opt in fn.binding.optimizers}
+    return [r for r in found if id(r.where) not in held and not (id(r.where) in attrs and r.key in _HELD)]
+
+
+_HELD = ("state", "param_groups")
 
 
 class Root(torch.nn.Module):
@@ -253,7 +270,8 @@ class Binding:
     @contextlib.contextmanager
     def optimizers_holding(self, live, states: dict):
         """Each optimizer's groups list the stand-ins and its ``state`` is keyed by them, for the trace."""
-        saved, installed = [], {}
+        saved, installed, ours = [], {}, []
+        _as_found(self.optimizers)
         try:
             for key, opt, index in zip(self.keys, self.optimizers, self.opt_index):
                 saved.append((opt, opt.state, [dict(g) for g in opt.param_groups], opt.__dict__.get("step")))
@@ -269,7 +287,9 @@ class Binding:
                     if st is not None:
                         held[live[self.position[name]]] = dict(st)
                 opt.state = held
+                ours += [held, *(g["params"] for g in opt.param_groups)]
             yield
+            _forget(ours + [st for held in ours[::1] if isinstance(held, defaultdict) for st in held.values()])
             for opt, _, before, _ in saved:
                 _refuse_group_writes(opt, before, installed[id(opt)])
         finally:
@@ -328,6 +348,30 @@ class Binding:
                 "optimizer creates its state on its first step, and zero_grad(set_to_none=True) makes .grad None; "
                 f"{self.first_step}", user_line=caller_line()) from None
         return self.install(result)
+
+
+def _as_found(optimizers) -> None:
+    """Show the capture's write watch each optimizer as the user holds it (its attributes, groups and
+    state), before the trace's stand-ins are installed: what the watch puts back after the trace, and
+    what it names as written, is then the user's own state, never the stand-ins."""
+    rec = reads.watching()
+    if rec is None:
+        return
+    w = rec.writes
+    for opt in optimizers:
+        w.attrs(opt)
+        for c in (opt.param_groups, *opt.param_groups, opt.state, *opt.state.values()):
+            if isinstance(c, (list, dict)) and not w.known(c):
+                w.value(c, type(opt).__name__)
+
+
+def _forget(containers) -> None:
+    """The trace's own containers (the stand-in state and parameter lists) are not the user's state:
+    the write watch need not put them back. What the step wrote into them is the step's new state."""
+    rec = reads.watching()
+    if rec is not None:
+        for c in containers:
+            rec.writes.snaps.pop(id(c), None)
 
 
 def _group_inputs(group: dict) -> dict:
