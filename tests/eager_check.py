@@ -179,6 +179,9 @@ def _nbytes(t) -> int:
 def assert_close(a, b, what, rtol, atol):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{what}: eager gave a tensor, compiled {type(b)}"
+        if _wrapper_subclass(a) or _wrapper_subclass(b):     # compared by class, context and inner tensors
+            _assert_same_subclass(a, b, what, rtol, atol)
+            return
         if a.is_nested or b.is_nested:     # compared component by component (jagged sizes are symbolic)
             assert (a.is_nested, a.layout) == (b.is_nested, b.layout), f"{what}: layout {a.layout} vs {b.layout}"
             parts = a.unbind(), b.unbind()
@@ -206,6 +209,27 @@ def assert_close(a, b, what, rtol, atol):
             assert_close(getattr(a, f.name), getattr(b, f.name), f"{what}.{f.name}", rtol, atol)
     else:
         assert type(a) is type(b) and a == b, f"{what}: {a!r} vs {b!r}"
+
+
+def _wrapper_subclass(t) -> bool:
+    """A traceable wrapper subclass (TwoTensor, float8): its values live in its inner tensors."""
+    return not t.is_nested and type(t) not in (torch.Tensor, torch.nn.Parameter) and \
+        hasattr(t, "__tensor_flatten__") and type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+
+
+def _assert_same_subclass(a, b, what, rtol, atol):
+    assert type(a) is type(b), f"{what}: {type(a).__name__} vs {type(b).__name__}"
+    assert (a.shape, a.dtype, a.device, a.stride()) == (b.shape, b.dtype, b.device, b.stride()), \
+        f"{what}: (shape, dtype, device, stride) {(a.shape, a.dtype, a.device, a.stride())} vs " \
+        f"{(b.shape, b.dtype, b.device, b.stride())}"
+    (keys_a, ctx_a), (keys_b, ctx_b) = a.__tensor_flatten__(), b.__tensor_flatten__()
+    assert list(keys_a) == list(keys_b), f"{what}: inner tensors {keys_a} vs {keys_b}"
+    assert repr(ctx_a) == repr(ctx_b), f"{what}: flatten context {ctx_a!r} vs {ctx_b!r}"
+    for k in keys_a:
+        x, y = getattr(a, k), getattr(b, k)
+        assert_close(x, y, f"{what}.{k}", rtol, atol)
+        if not _wrapper_subclass(x) and x.numel() > 1:
+            assert _strides(x) == _strides(y), f"{what}.{k}: strides {x.stride()} vs {y.stride()}"
 
 
 def _weights(out, seed):

@@ -21,6 +21,7 @@ from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
 from ..capture.session import Session
 from ..inputs.flatten import Signature, outputs, refuse_tensor
+from ..inputs.subclasses import Unwrap, as_inner
 from ..observe import timed
 from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
@@ -95,15 +96,21 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
     for desc, t in zip(descs, example_inputs):
         if isinstance(t, torch.Tensor):
             refuse_tensor(str(desc), t)
+    unwrap = Unwrap.of(example_inputs, descs)     # subclass inputs: the graph takes their inner tensors
+    if unwrap is not None:
+        example_inputs, descs = unwrap.examples(example_inputs), tuple(unwrap.descs(descs))
     fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
         t, FakeTensor) else t for t in example_inputs]
     n = len(fakes)
-    sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), ())
+    sig = Signature(pytree.tree_structure((tuple(range(n)), {})), (None,) * n, tuple(range(n)), (), (),
+                    unwrap=unwrap)
     body = untag_checkpoints(graph)
 
     def flat_fn(*flat):
-        return outputs(body(*flat))
+        return outputs(as_inner(body(*flat)))
     flat_fn.__name__ = "dynamo_graph"
+    if unwrap is not None:
+        flat_fn = unwrap.wrap(flat_fn)
     flat_fn.lifted = tuple(state)       # passed before Dynamo's arguments on every call (_callable)
     return Setup(graph, sig, descs, flat_fn, session, tuple(fakes), tuple(fakes))
 
@@ -193,6 +200,9 @@ def _callable(compiled, lifted: tuple):
     leading inputs (``_lift_state``), the very tensors Dynamo's graph holds."""
     captured = compiled.captured
     run, rebase = compiled.path.run, captured.setup.rebase
+    unwrap = captured.setup.signature.unwrap
+    if unwrap is not None:      # subclass arguments as their inner tensors (Dynamo guarded their class)
+        run = _unwrapping(run, unwrap)
     if rebase is None:
         def call(*args):
             return run([*lifted, *args])
@@ -214,6 +224,15 @@ def _callable(compiled, lifted: tuple):
             return run(flat)
     call.compiled = compiled
     return call
+
+
+def _unwrapping(run, unwrap):
+    def unwrapped(flat):
+        flat, why = unwrap.graph_inputs(flat)
+        if why:
+            raise errors.InputMismatchError(why)
+        return run(flat)
+    return unwrapped
 
 
 def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile_options):

@@ -39,7 +39,12 @@ class Meta:
     def of(cls, t: torch.Tensor) -> "Meta":
         keys, ctx = t.__tensor_flatten__()
         inner = tuple(Meta.of(getattr(t, k)) if traceable_subclass(getattr(t, k)) else None for k in keys)
-        return cls(type(t), ctx, tuple(keys), inner, tuple(t.size()), tuple(t.stride()))
+        size, stride = tuple(t.size()), tuple(t.stride())
+        if not all(type(v) is int for v in (*size, *stride)) and keys:
+            first = getattr(t, keys[0])     # symbolic: the first inner tensor's, rebuilt from it at run time
+            if str((size, stride)) == str((tuple(first.size()), tuple(first.stride()))):
+                size = stride = None
+        return cls(type(t), ctx, tuple(keys), inner, size, stride)
 
     @property
     def n(self) -> int:
@@ -62,6 +67,9 @@ class Meta:
     def build(self, leaves) -> torch.Tensor:
         """The subclass value from an iterator of its leaves."""
         inner = {k: next(leaves) if m is None else m.build(leaves) for k, m in zip(self.keys, self.inner)}
+        if self.size is None:       # symbolic when traced: its first inner tensor's
+            first = inner[self.keys[0]]
+            return self.cls.__tensor_unflatten__(inner, self.ctx, first.size(), first.stride())
         return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)
 
     def why(self, t, name: str) -> str | None:
@@ -86,7 +94,7 @@ class Meta:
 
     @property
     def static(self) -> bool:
-        return all(type(v) is int for v in (*self.size, *self.stride))
+        return self.size is not None and all(type(v) is int for v in (*self.size, *self.stride))
 
     def __eq__(self, other) -> bool:      # output structures compare (pytree specs hold a Meta)
         return isinstance(other, Meta) and self.cls is other.cls and self.keys == other.keys and \
@@ -188,6 +196,12 @@ def as_inner(out):
         return out
     for k, v in enumerate(leaves):
         if traceable_subclass(v):
+            if v._is_view():
+                from ..errors import UnsupportedError
+                raise UnsupportedError(
+                    f"the function returns a view of a {type(v).__name__} (of an input or of a value made inside): "
+                    "eager's output is a view of that subclass, the graph's inner tensors cannot make one; return "
+                    "a copy (.clone()) or the base", user_line=_user_line())
             meta = Meta.of(v)
             _dynamic_refused(meta, "an output")
             leaves[k] = Inner(meta, _Flatten.apply(meta, meta, v))
@@ -195,11 +209,14 @@ def as_inner(out):
 
 
 def _dynamic_refused(meta: Meta, what: str) -> None:
-    if not meta.static and any(type(v) is not int for v in (*meta.size, *meta.stride)):
+    if meta.size is not None and not meta.static:
         from ..errors import UnsupportedError
-        raise UnsupportedError(f"{what} is a {meta.cls.__name__} with symbolic outer sizes {meta.size}: rebuilding "
-                               "it at run time needs sizes aotgrad does not compute yet; capture with static shapes "
-                               "(dynamic=False)", user_line=_user_line())
+        raise UnsupportedError(f"{what} is a {meta.cls.__name__} with symbolic outer sizes {meta.size} other than its "
+                               "first inner tensor's: rebuilding it at run time needs sizes aotgrad does not compute; "
+                               "capture with static shapes (dynamic=False)", user_line=_user_line())
+    for m in meta.inner:
+        if m is not None:
+            _dynamic_refused(m, what)
 
 
 @dataclass(frozen=True, eq=False)
