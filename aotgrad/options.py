@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import re
 from dataclasses import dataclass, field, fields
 
 from .errors import OptionError, caller_line
@@ -94,6 +95,29 @@ class CudaGraphsOptions:
         return _repr(self)
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def budget_kind(budget) -> tuple[str, object]:
+    """A memory budget read: ``("fraction", f)``, ``f`` in [0, 1] of the default partition's saved
+    bytes (a float, or the int 0 or 1), or ``("peak", n)``, a predicted peak of ``n`` bytes (an int
+    above 1, or text: ``"4MB"``, ``"512KiB"``, ``"1.5GB"``; kB/MB/GB are powers of 1000, KiB/MiB/GiB
+    of 1024). Anything else is an ``OptionError``."""
+    if isinstance(budget, str):
+        m = _SIZE.fullmatch(budget)
+        unit = _UNITS.get(m.group(2).lower()) if m else None
+        if unit is not None and int(float(m.group(1)) * unit) > 1:
+            return "peak", int(float(m.group(1)) * unit)
+    elif isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0:
+        return ("peak", budget) if budget > 1 else ("fraction", float(budget))
+    elif isinstance(budget, float) and 0 <= budget <= 1:
+        return "fraction", budget
+    raise OptionError(f"memory_budget={budget!r}: give a fraction of the default's saved bytes (a float in "
+                      f"[0, 1]) or a peak in bytes (an int above 1, or text such as '4MB', '512KiB')",
+                      user_line=caller_line())
+
+
 def _repr(options) -> str:
     """The fields that differ from their defaults: one short line."""
     given = {f.name: getattr(options, f.name) for f in fields(options) if getattr(options, f.name) != f.default}
@@ -112,8 +136,8 @@ class CompileOptions:
     fw_compiler: object = field(default="eager", metadata=_key("forward graph compiler: a registered name or callable"))
     bw_compiler: object = field(default=None, metadata=_key("backward graph compiler; None: the forward's"))
     partitioner: object = field(default="auto", metadata=_key("'auto', 'default', 'min_cut' or a callable"))
-    memory_budget: object = field(default=None, metadata=_key("fraction (0..1] of the default partition's "
-                                                              "saved bytes, or a byte count"))
+    memory_budget: object = field(default=None, metadata=_key("fraction [0..1] of the default partition's "
+                                                              "saved bytes, or a peak in bytes (int > 1, '4MB')"))
     cudagraphs: object = field(default=None, metadata=_key("the 'cudagraphs' compiler's options: a dict of "
                                                            "CudaGraphsOptions fields (or one)"))
 
@@ -123,10 +147,7 @@ class CompileOptions:
             raise OptionError(f"partitioner={p!r} is not a partitioner; choose one of {PARTITIONERS} "
                               "or pass a function", user_line=caller_line())
         if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0 \
-                    or (isinstance(budget, float) and budget > 1):
-                raise OptionError(f"memory_budget={budget!r}: give a fraction in (0, 1] or a byte count > 0",
-                                  user_line=caller_line())
+            budget_kind(budget)
             if p != "auto" and p != "min_cut":
                 raise OptionError(f"memory_budget={budget!r} needs partitioner='min_cut' (or 'auto'); "
                                   f"partitioner={p!r} has no budget", user_line=caller_line())

@@ -1,15 +1,23 @@
-"""A memory budget for the min-cut partitioner, monotonic by construction.
+"""A memory budget for the min-cut partitioner: never a peak above the unbudgeted one.
 
 The budget lets the min cut recompute more ops, in a fixed order: most bytes
 saved per recompute FLOP first. Letting it recompute the first k of them for
-growing k gives a sequence of partitions, ending with every forward op that
-may be recomputed recomputed (JAX's ``nothing_saveable``). We keep a chain
-of them, each saving fewer bytes than all before: first those that also peak
-no higher than all before; then, where that runs out, the rest at whatever
-peak they reach (``estimate`` reports it). A budget picks the first kept
-partition that fits, so a smaller budget walks further along one fixed chain
-and never gets a larger saved size; any budget that full recomputation
-meets is met.
+growing k gives a sequence of cuts, ending with every forward op that may be
+recomputed recomputed (JAX's ``nothing_saveable``). Recomputing more saves less
+but can raise the peak: recomputed at the backward's start and held until the
+gradients that read it, a value recomputed once costs what saving it cost, and
+more (the whole forward recomputed for the last layer's backward, every layer's
+values held until its own). So each cut is scheduled several ways
+(``min_cut.generations``: one copy of a recomputed value, or a fresh copy for a
+need more than ``gap`` backward nodes after the last, as checkpointing
+recomputes a layer just before its gradients) and the lowest predicted peak is
+taken. A candidate whose peak is above the unbudgeted min cut's is dropped.
+
+A budget is a fraction of the default partition's saved bytes (the first
+candidate saving no more; a smaller fraction walks further along one fixed
+sequence, so it never saves more) or a predicted peak in bytes (the first
+candidate whose peak fits). Either is met or refused with a ``BudgetError``
+saying how close the candidates came.
 """
 from __future__ import annotations
 
@@ -22,19 +30,11 @@ from .costs import flops, may_recompute, never_recompute, node_bytes
 from .default import Partition, default_partition, forward_nodes
 from .memory import estimate
 from .min_cut import cut_partition, min_cut_partition
-from ..options import keywords_checked
+from ..options import budget_kind, keywords_checked
 
-
-def target_bytes(budget, default_saved: int) -> int:
-    """A fraction (0..1, a float) of the default's saved bytes, or a byte count (an int)."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
-        raise BudgetError(f"memory_budget must be a fraction in [0, 1] or a byte count, not {budget!r}")
-    if isinstance(budget, float):
-        if budget > 1:
-            raise BudgetError(f"memory_budget {budget} is a float above 1; pass a fraction in [0, 1] "
-                              f"or an int byte count")
-        return int(budget * default_saved)
-    return budget
+# Schedules tried per cut: ``None``, one copy of each recomputed value; n, a new copy for a need
+# more than n backward nodes after the copy's first (see ``min_cut.generations``).
+GAPS = (None, 16)
 
 
 def recompute_order(joint: fx.GraphModule, lay: JointLayout, policy) -> list[fx.Node]:
@@ -52,48 +52,59 @@ def _levels(n: int, steps: int = 16) -> list[int]:
     return sorted({k for k in (0, 1, 2, 4, *range(0, n, stride), n) if k <= n})
 
 
-def chain(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
-    """The monotonic chain of partitions: each saves fewer bytes than all before it."""
-    order = recompute_order(joint, lay, policy)
-    kept, higher = None, []
-    for k in _levels(len(order)):
-        part = min_cut_partition(joint, lay, policy) if k == 0 else \
-            cut_partition(joint, lay, policy, frozenset(order[:k]))
+def scheduled(joint: fx.GraphModule, lay: JointLayout, policy, extra=frozenset()):
+    """The cut ``(policy, extra)`` names, scheduled for the lowest predicted peak (fewest
+    recompute FLOPs among equal peaks): ``(partition, estimate)``."""
+    best = None
+    for gap in GAPS:
+        part = cut_partition(joint, lay, policy, extra, gap)
         est = estimate(part)
-        if kept is None or (est.saved_bytes < kept.saved_bytes and est.peak_bytes <= kept.peak_bytes):
-            kept = est
-            yield part, est
-        else:
-            higher.append((part, est))
-    # Full recomputation as the policy-free floor (the cuts' byte counts can differ from the estimate's).
-    floor = cut_partition(joint, lay, "save_nothing")
-    higher.append((floor, estimate(floor)))
-    least = kept.saved_bytes
-    for part, est in higher:        # saving still less, at a higher peak
-        if est.saved_bytes < least:
-            least = est.saved_bytes
+        if best is None or (est.peak_bytes, est.recompute_flops) < (best[1].peak_bytes, best[1].recompute_flops):
+            best = part, est
+        if not part.recomputed:
+            break                   # nothing recomputed: every schedule is this one
+    return best
+
+
+def candidates(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
+    """``(partition, estimate)`` pairs, least recomputation first, none peaking above the
+    unbudgeted min cut (the first); then full recomputation, the policy-free floor."""
+    order = recompute_order(joint, lay, policy)
+    first = min_cut_partition(joint, lay, policy)
+    limit = estimate(first).peak_bytes
+    yield first, estimate(first)
+    for k in [*_levels(len(order))[1:], None]:
+        part, est = scheduled(joint, lay, "save_nothing") if k is None else \
+            scheduled(joint, lay, policy, frozenset(order[:k]))
+        if est.peak_bytes <= limit:
             yield part, est
 
 
-def pick(candidates, target: int, default_saved: int) -> Partition:
-    """The first partition of the chain (least recomputation) saving at most ``target`` bytes."""
-    smallest = None
-    for part, est in candidates:
-        if est.saved_bytes <= target:
+def pick(cands, kind: str, target: int, default_saved: int) -> Partition:
+    """The first candidate within ``target``: saved bytes (``kind="fraction"``) or predicted peak
+    (``kind="peak"``); a ``BudgetError`` naming the closest one when none is."""
+    measure = (lambda e: e.saved_bytes) if kind == "fraction" else (lambda e: e.peak_bytes)
+    closest = None
+    for part, est in cands:
+        if measure(est) <= target:
             return part
-        smallest = est.saved_bytes
-    raise BudgetError(f"memory budget of {target} bytes cannot be met: even recomputing every forward op "
-                      f"that may be recomputed saves {smallest} bytes "
-                      f"({smallest / max(default_saved, 1):.3f} of the default's {default_saved}; random "
-                      f"draws and values read from inputs updated in place must be saved); "
-                      f"raise the budget to at least that", user_line=caller_line())
+        closest = est if closest is None or measure(est) < measure(closest) else closest
+    what = "saves" if kind == "fraction" else "peaks at"
+    raise BudgetError(f"memory budget of {target} bytes ({'saved' if kind == 'fraction' else 'peak'}) cannot be "
+                      f"met: the closest partition {what} {measure(closest)} bytes "
+                      f"({measure(closest) / max(target, 1):.2f}x the budget; it saves {closest.saved_bytes} of the "
+                      f"default's {default_saved} and peaks at {closest.peak_bytes}). No partition is taken whose "
+                      f"peak is above the unbudgeted one, and random draws and values read from inputs updated "
+                      f"in place must be saved; raise the budget to at least that", user_line=caller_line())
 
 
 def budget_partition(joint: fx.GraphModule, lay: JointLayout, budget, policy="cheap") -> Partition:
-    """The partition with the least recomputation whose saved bytes fit ``budget``."""
+    """The partition with the least recomputation that fits ``budget`` (see the module's doc)."""
     joint = inline_calls(joint)     # a block's halves are opaque to the cut: it decides per op
+    kind, value = budget_kind(budget)
     default_saved = estimate(default_partition(joint, lay)).saved_bytes
-    return pick(chain(joint, lay, policy), target_bytes(budget, default_saved), default_saved)
+    target = int(value * default_saved) if kind == "fraction" else value
+    return pick(candidates(joint, lay, policy), kind, target, default_saved)
 
 
 @keywords_checked("partition.min_cut")
@@ -101,11 +112,12 @@ def min_cut(budget=None, policy="cheap"):
     """A partitioner ``(joint, layout) -> Partition`` for ``captured.compile(partitioner=...)``.
 
     ``budget``: ``None`` for the plain min cut, a fraction of the default
-    partitioner's saved bytes (float in [0, 1]) or a byte count (int).
+    partitioner's saved bytes (float in [0, 1]) or a predicted peak in bytes (an
+    int above 1, or text such as ``"4MB"``: ``options.budget_kind``).
     ``policy``: which ops may be recomputed, a name from ``costs.POLICIES``.
     """
     if budget is not None:
-        target_bytes(budget, 0)         # reject a malformed budget now, not at compile time
+        budget_kind(budget)             # reject a malformed budget now, not at compile time
 
     def partition(joint, lay):
         if budget is None:

@@ -82,13 +82,13 @@ def _storages(g: fx.Graph, inputs: dict) -> dict:
     for n in g.nodes:
         if n in key or n.op != "call_function" or is_sym(n):
             continue
-        if n.target is operator.getitem:
+        if n.target is operator.getitem:     # a part of a tuple; of a split's views: their base
             t, i = n.args
-            key[n] = (t, _parts(t)[i] if is_call(t) else i)
-        elif _is_tuple(n):
-            key[n] = None
+            key[n] = key.get(t) if aliases_input(t) else (t, _parts(t)[i] if is_call(t) else i)
         elif aliases_input(n) and isinstance(n.args[0], fx.Node):
             key[n] = key.get(n.args[0])
+        elif _is_tuple(n):
+            key[n] = None
         else:
             key[n] = n
     return key
@@ -100,7 +100,7 @@ def _allocations(g: fx.Graph, key: dict) -> dict:
     for n in g.nodes:
         if n.op != "call_function":
             continue
-        if _is_tuple(n):
+        if _is_tuple(n) and not aliases_input(n):
             first = _parts(n) if is_call(n) else range(len(n.meta["val"]))
             made[n] = {(n, i): tensor_bytes(x) for i, (x, j) in enumerate(zip(n.meta["val"], first)) if i == j}
         elif key.get(n) is n:

@@ -82,32 +82,59 @@ def choose(joint: fx.GraphModule, fw: set, bw: set, recomputable, saveable=lambd
     return recomputed
 
 
-def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set):
+def generations(order: list, bw: set, recomputed: set, gap) -> dict:
+    """Per recomputed node, the joint positions of the backward nodes before which a copy of it is
+    made (its generations), earliest first. A copy serves the needs from its anchor on, until a need
+    comes more than ``gap`` backward nodes after the anchor: that need gets a copy of its own,
+    recomputed just before it, so one copy is not kept alive across the backward in between (the
+    whole forward recomputed at the backward's start, each layer's values held until that layer's
+    gradients). ``gap=None``: one copy, before the first need."""
+    pos = {n: i for i, n in enumerate(order)}
+    seen, count = 0, []
+    for n in order:
+        seen += n in bw
+        count.append(seen)
+    gens: dict[fx.Node, list[int]] = {}
+    for n in reversed(order):
+        if n not in recomputed:
+            continue
+        needs = sorted({pos[u] for u in n.users if u in bw} | {a for u in n.users for a in gens.get(u, ())})
+        anchors = needs[:1]
+        for q in needs[1:]:
+            if gap is not None and count[q] - count[anchors[-1]] > gap:
+                anchors.append(q)
+        if anchors:
+            gens[n] = anchors
+    return gens
+
+
+def _serving(anchors: list, q: int) -> int:
+    """The generation that serves a need at position ``q``: the last one anchored at or before it."""
+    return max(a for a in anchors if a <= q)
+
+
+def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set, gap=None):
     """A copy of the joint where backward users of each recomputed node read a duplicate.
 
-    Duplicates sit just before their first backward use, so they live no longer
-    than needed. Returns the new joint, its node for each old one, and the duplicates.
+    Duplicates sit just before their first backward use, so they live no longer than needed (see
+    :func:`generations` for ``gap``). Returns the new joint, its node for each old one, and the
+    duplicates.
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     g.output(copy_graph(g, joint.graph, env))
-    pos = {n: i for i, n in enumerate(joint.graph.nodes)}
     order = list(joint.graph.nodes)
-    anchor: dict[fx.Node, int] = {}
-    for n in reversed(order):
-        if n in recomputed:
-            uses = [pos[u] for u in n.users if u in bw] + [anchor[u] for u in n.users if u in anchor]
-            if uses:
-                anchor[n] = min(uses)
-    copies: dict[fx.Node, fx.Node] = {}
+    pos = {n: i for i, n in enumerate(order)}
+    gens = generations(order, bw, recomputed, gap)
+    copies: dict[tuple, fx.Node] = {}
     for n in order:
-        if n in anchor:
-            with g.inserting_before(env[order[anchor[n]]]):
-                copies[n] = copy_node(g, n, lambda a: copies.get(a, env[a]))
-    for n, c in copies.items():
+        for a in gens.get(n, ()):
+            with g.inserting_before(env[order[a]]):
+                copies[n, a] = copy_node(g, n, lambda x: copies[x, _serving(gens[x], a)] if x in gens else env[x])
+    for n, anchors in gens.items():
         for u in n.users:
             if u in bw:
-                env[u].replace_input_with(env[n], c)
+                env[u].replace_input_with(env[n], copies[n, _serving(anchors, pos[u])])
     return fx.GraphModule(joint, g, class_name=type(joint).__name__), env, tuple(copies.values())
 
 
@@ -129,7 +156,7 @@ def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
 
 
 def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
-                  extra: frozenset = frozenset()) -> Partition:
+                  extra: frozenset = frozenset(), gap=None) -> Partition:
     """The partition the minimum cut names, whatever it saves (see ``min_cut_partition``)."""
     fw = forward_nodes(joint, lay)
     primals, _, _, grads = split_nodes(joint, lay)
@@ -144,7 +171,7 @@ def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
     def saveable(n):
         return policy not in STRICT or n in extra or not recomputable(n)
     recomputed = choose(joint, fw, bw, recomputable, saveable)
-    new, env, copies = with_recomputation(joint, bw, recomputed)
+    new, env, copies = with_recomputation(joint, bw, recomputed, gap)
     return replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
 
 
