@@ -307,5 +307,5 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     root = step_root(fn)
     if root is not None:        # a whole training step (inputs/step.py)
         return Jit(root, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1),
-                   around=root.binding.around)
+                   around=root.around)
     return Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))

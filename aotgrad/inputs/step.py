@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import warnings
 from collections import defaultdict
 
@@ -94,18 +95,6 @@ def _members(name, obj):
     return [(name, obj)]
 
 
-def _bound_names(fn) -> list:
-    """``(where, name, object)`` of each global and closed-over variable of ``fn`` that holds a module
-    or an optimizer (or a list, tuple or dict of them): what the step was bound to, checked before
-    each call (a reassigned ``model`` is not the one traced)."""
-    fn, _ = _unwrapped(fn)
-    if getattr(fn, "__code__", None) is None:
-        return []
-    kinds = (torch.nn.Module, torch.optim.Optimizer)
-    return [(where, name, value) for where, name, value in _variables(fn)
-            if any(isinstance(o, kinds) for _, o in _members(name, value))]
-
-
 def step_root(fn):
     """The :class:`Root` standing for ``fn`` when it is a training step (it reaches an optimizer), else None."""
     modules, optimizers = reached(fn)
@@ -136,18 +125,38 @@ class Root(torch.nn.Module):
 
     def __init__(self, fn, modules: dict, optimizers: list):
         super().__init__()
-        for name, m in modules.items():     # a variable named like a Module attribute ("forward") keeps apart
-            self.add_module(name if name.isidentifier() and not hasattr(Root, name) else f"module_{name}", m)
         self.__dict__["step_fn"] = fn       # neither a submodule nor state: plain attributes
+        self._hold(modules)
         self.__dict__["binding"] = Binding(self, optimizers, fn)
         self.__name__ = getattr(fn, "__name__", "step")
+
+    def _hold(self, modules: dict) -> None:
+        self._modules.clear()
+        for name, m in modules.items():     # a variable named like a Module attribute ("forward") keeps apart
+            self.add_module(name if name.isidentifier() and not hasattr(Root, name) else f"module_{name}", m)
+
+    def around(self, call, args, kwargs):
+        """``Jit.around``: what the step reaches is bound again where it changed (another optimizer,
+        module, ``step`` function or hook), so that ``jit`` captures it again; then the binding's call."""
+        if self.binding.changed() is not None:
+            was = (dict(self._modules), self.binding)
+            try:
+                modules, optimizers = reached(self.step_fn)
+                self._hold(modules)
+                binding = Binding(self, optimizers, self.step_fn)
+            except BaseException:
+                self._hold(was[0])
+                raise
+            binding.rebound = was[1].rebound + 1
+            self.__dict__["binding"] = binding
+        return self.binding.around(call, args, kwargs)
 
     def forward(self, state, *args, **kwargs):
         b = self.binding
         leaves = b.stand_ins()
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         with tracing.scope(backward=functools.partial(_accumulate, leaves, arguments)), warnings.catch_warnings(), \
-                b.optimizers_holding(leaves, state["optimizer"]):
+                b.optimizers_holding(leaves, state["optimizer"]), _data_writes(self):
             # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
             warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
             for t, name in zip(leaves, b.names):
@@ -160,6 +169,46 @@ class Root(torch.nn.Module):
         needs = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
         out = pytree.tree_unflatten([t.detach() if n else t for t, n in zip(flat, needs)], spec)
         return out, new, needs
+
+
+_DATA = torch._C.TensorBase.data
+
+
+def _temporary() -> int:
+    """What ``sys.getrefcount`` says of a value nothing else holds, inside a property's setter."""
+    seen = []
+    holder = type("Holder", (), {"x": property(None, lambda self, v: seen.append(sys.getrefcount(v)))})
+    holder().x = object()
+    return seen[0]
+
+
+_TEMPORARY = _temporary()
+
+
+@contextlib.contextmanager
+def _data_writes(root):
+    """``t.data = v`` on a parameter or buffer while the step is traced is eager's in-place swap of its
+    value: recorded as ``t.copy_(v)`` (the same values in the tensor the graph writes back), where ``v``
+    is a new tensor of ``t``'s shape and dtype that nothing else holds (a later write to ``v`` would
+    change ``t`` in eager, not in the copy); refused otherwise. Other tensors' ``.data`` is torch's."""
+    held = {id(t) for t in (*root.parameters(), *root.buffers())}
+
+    def set_data(t, v):
+        if id(t) not in held:
+            return _DATA.__set__(t, v)
+        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype or v._is_view() \
+                or id(v) in held or sys.getrefcount(v) > _TEMPORARY:
+            raise UnsupportedError(
+                "`.data = ` on a parameter or buffer inside a captured training step, with a tensor of another "
+                "shape or dtype, or one still held elsewhere: the graph cannot rebind the module's tensor; "
+                "write its values in place (`with torch.no_grad(): p.copy_(new)`)", user_line=caller_line())
+        with torch.no_grad():
+            t.copy_(v)
+    torch.Tensor.data = property(_DATA.__get__, set_data)
+    try:
+        yield
+    finally:
+        del torch.Tensor.data
 
 
 def _accumulate(leaves, arguments, tensors, grad_tensors=None, retain_graph=None, create_graph=False,
@@ -224,7 +273,8 @@ class Binding:
         self.keys = tuple(f"{type(opt).__name__}{k}" for k, opt in enumerate(self.optimizers))
         self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
                                for opt in self.optimizers)
-        self.bound = _bound_names(fn)
+        self.fn, self.root, self.rebound = fn, root, 0
+        self.bound_reach = self.reach()
 
     def stand_ins(self) -> list:
         """What the modules hold now for each parameter (the trace's stand-ins while tracing)."""
@@ -233,31 +283,41 @@ class Binding:
     def gather(self) -> dict:
         """The state a call takes: each parameter's ``.grad``, and per optimizer its groups' learning
         rates (and tensor entries) and its per-parameter state, keyed by parameter name."""
-        for where, name, obj in self.bound:
-            try:
-                now = where.get(name) if isinstance(where, dict) else where.cell_contents
-            except ValueError:      # a closed-over variable deleted
-                now = None
-            if now is not obj:
-                raise UnsupportedError(
-                    f"the training step's variable `{name}` names another object than when the step was bound to "
-                    f"it (a {type(obj).__name__}, now a {type(now).__name__}): its graphs train the old one; build "
-                    "the step again (aotgrad.jit(step) anew, or capture again)", user_line=caller_line())
-        for opt, index in zip(self.optimizers, self.opt_index):
-            if len(opt.param_groups) != len(index) or any(
-                    len(g["params"]) != len(idx) or any(p is not self.params[i] for p, i in zip(g["params"], idx))
-                    for g, idx in zip(opt.param_groups, index)):
-                raise UnsupportedError(
-                    f"{type(opt).__name__}'s parameter groups changed after the training step was bound to them "
-                    "(add_param_group, or a group's params replaced): the step's graphs update the parameters it "
-                    "was built for; build it again (aotgrad.jit(step) anew, or capture again)", user_line=caller_line())
-        for name, (sub, attr), p in zip(self.names, self.homes, self.params):
-            if sub._parameters.get(attr) is not p:
-                raise UnsupportedError(
-                    f"parameter '{name}' was replaced after the training step was bound to it (a new tensor assigned "
-                    "to the module): the step's graphs take the module's tensor where the optimizers update, and keep "
-                    "the .grad of, the old one; build it again (aotgrad.jit(step) anew, or capture again)",
-                    user_line=caller_line())
+        changed = self.changed()
+        if changed is not None:
+            raise InputMismatchError(
+                f"{changed} since {self.made}: its graphs train what the step reached then; "
+                f"{self.remedy}", user_line=caller_line())
+        state = self._gathered()
+        if self.rebound:        # another structure: a graph of the objects bound before does not fit
+            state["rebound"] = self.rebound
+        return state
+
+    def reach(self) -> list:
+        """``(what, objects)`` a step's graphs were made for and each call checks: the modules and
+        optimizers its function reaches (its variables, ``self``'s attributes), the module tree, each
+        optimizer's ``step`` (its class's and one set on the instance), its hooks and parameter groups,
+        and the parameters the modules hold."""
+        modules, optimizers = reached(self.fn)
+        out = [("the modules and optimizers the step reaches", (*modules.values(), *optimizers)),
+               ("the module tree", tuple(self.root.modules()))]
+        for opt in self.optimizers:
+            name = type(opt).__name__
+            out.append((f"{name}'s step function", (type(opt).step, vars(opt).get("step"))))
+            out.append((f"{name}'s hooks", tuple(tuple(h) for h in _hook_dicts(opt))))
+            out.append((f"{name}'s parameter groups", tuple(p for g in opt.param_groups for p in g["params"])
+                        + (len(opt.param_groups),)))
+        out.append(("a parameter of the modules", tuple(sub._parameters.get(attr) for sub, attr in self.homes)))
+        return out
+
+    def changed(self) -> str | None:
+        """What differs from :meth:`reach` when the step was bound, in words; None where nothing does."""
+        for (what, was), (_, now) in zip(self.bound_reach, self.reach()):
+            if len(was) != len(now) or any(a is not b for a, b in zip(was, now)):
+                return f"{what} changed"
+        return None
+
+    def _gathered(self) -> dict:
         return {"grad": {n: p.grad for n, p in zip(self.names, self.params)},
                 "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
                                     "state": self._states(opt, index, self.params)}
@@ -422,16 +482,22 @@ def _refuse_group_writes(opt, before: list, installed: list) -> None:
                                        "the scheduler outside the step", user_line=caller_line())
 
 
+_HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_global_optimizer_pre_hooks",
+          "_global_optimizer_post_hooks")
+
+
+def _hook_dicts(opt) -> list:
+    """The step hooks that run around ``opt.step()``: its own, and those registered for every optimizer."""
+    from torch.optim import optimizer as optim_mod
+    return [getattr(opt, h, None) or {} for h in _HOOKS[:2]] + [getattr(optim_mod, h, None) or {} for h in _HOOKS[2:]]
+
+
 def _refuse_optimizer(opt, fn) -> None:
     name = type(opt).__name__
     if name in _REFUSED:
         raise UnsupportedError(f"{name} inside a captured training step is not supported: {_REFUSED[name]}; "
                                "capture the forward and backward and run the optimizer eagerly")
-    from torch.optim import optimizer as optim_mod
-    hooks = [h for h in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
-                         "_optimizer_load_state_dict_pre_hooks") if getattr(opt, h, None)]
-    hooks += [h for h in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")
-              if getattr(optim_mod, h, None)]
+    hooks = [h for h, d in zip(_HOOKS, _hook_dicts(opt)) if d]
     if hooks:
         raise UnsupportedError(f"{name} has step hooks ({', '.join(hooks)}); they are Python the graph would not "
                                "run at each step: remove them or run the optimizer eagerly")
