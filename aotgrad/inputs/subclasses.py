@@ -274,7 +274,8 @@ class Unwrap:
                 flat.append(next(it) if m is None else _Unflatten.apply(m, self._recorder(i), *(
                     next(it) for _ in range(m.n))))
             fn.flat = flat
-            before = [(t._version, t.shape, t.stride()) if m is not None else None for t, m in zip(flat, self.metas)]
+            before = [(t._version, t.grad_fn, t.shape, t.stride()) if m is not None else None
+                      for t, m in zip(flat, self.metas)]
             out = flat_fn(*flat)
             self._refuse_writes(flat, before)
             return out
@@ -293,11 +294,11 @@ class Unwrap:
                 continue
             from ..errors import UnsupportedError
             cls = type(t).__name__
-            if (t.shape, t.stride()) != was[1:]:
+            if (t.shape, t.stride()) != was[2:]:
                 raise UnsupportedError(f"an in-place change of the size or stride of {self.names[i]}, a {cls} "
                                        "(t_(), unsqueeze_(), resize_()), cannot be replayed on the caller's "
                                        "subclass: use the out-of-place op", user_line=_user_line())
-            if t.requires_grad and torch.is_grad_enabled():
+            if t.grad_fn is not was[1]:     # autograd recorded the write (under no_grad it does not)
                 raise UnsupportedError(f"an in-place write to {self.names[i]}, a {cls} that requires grad, under "
                                        "grad mode: autograd would record it on the subclass, the graph writes its "
                                        "inner tensors; write it under torch.no_grad() or use the out-of-place op",

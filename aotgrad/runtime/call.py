@@ -20,7 +20,7 @@ from typing import Callable
 import sympy
 import torch
 
-from .._torch import pytree, set_version_counter, version_counter
+from .._torch import pytree, set_version_counter, traceable_subclass, version_counter
 from .codegen import compile_source
 from ..ir.records import Analysis, ViewMeta
 from ..tracing.views import HOLDING
@@ -165,6 +165,11 @@ def _generated_match(captured):
     if sig.unwrap is not None:      # subclass inputs: checked, then as their inner tensors (inputs.subclasses)
         env["unwrap"] = sig.unwrap.graph_inputs
         lines += ["    flat, why = unwrap(flat)", "    if why:", "        return None, why"]
+    else:       # a subclass argument where a plain tensor was captured (the input guards take it for a tensor)
+        env.update(plain=_PLAIN, subclass_why=_subclass_why)
+        for p in sig.tensor_pos:
+            lines += [f"    if type(leaves[{p}]) not in plain and subclass_why(leaves[{p}]):",
+                      f"        return None, subclass_why(leaves[{p}], {paths[p]!r})"]
     aliasing = alias_check(setup, analysis)
     if aliasing is not None:
         env["aliasing"] = aliasing
@@ -179,6 +184,15 @@ def _generated_match(captured):
               f"        return None, {_grad_why(grad)!r}", "    return flat, None"]
     exec(compile_source("\n".join(lines) + "\n", "prologue"), env)
     return env["match"]
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter))
+
+
+def _subclass_why(t, name=None) -> str | None:
+    if not traceable_subclass(t):
+        return None
+    return f"{name} was a plain tensor when captured, now a {type(t).__name__}"
 
 
 def _held(get, d, attr):

@@ -35,7 +35,8 @@ def _jagged():
     return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
 
 
-SUBCLASS_INPUTS = {"TwoTensor": _two, "LoggingTensor": _logging, "WrapperSubclass": _wrapper,
+# TwoTensor (a traceable wrapper subclass) is traced now: tests/core/test_subclasses.py.
+SUBCLASS_INPUTS = {"LoggingTensor": _logging, "WrapperSubclass": _wrapper,
                    "torch_function subclass": lambda: torch.randn(3, 3).as_subclass(Tagged),
                    "jagged nested": _jagged}
 
@@ -55,20 +56,32 @@ def test_subclass_input_beside_a_plain_one_is_refused_with_the_call_line(entry, 
     assert ("nested" if kind == "jagged nested" else "subclass") in str(e)
 
 
-def test_subclass_parameter_is_refused_naming_it():
-    m = nn.Linear(3, 3)
-    m.weight = nn.Parameter(_two(rg=False))
-    with pytest.raises(UnsupportedError, match="'weight' of Linear is a TwoTensor"):
-        aotgrad.capture(m, torch.randn(2, 3))
+def test_subclass_parameter_trains_like_eager_and_a_plain_bias_beside_it_is_refused():
+    def make(bias):
+        m = nn.Linear(3, 3, bias=bias)
+        m.weight = nn.Parameter(_two(rg=False))
+        return m, (torch.randn(2, 3),), {}
+    check(None, make=lambda: make(False))
+    # eager's bias.grad is a TwoTensor (the gradient met the weight's); the graph gives plain inputs plain grads
+    e = assert_refused(None, make=lambda: make(True))
+    assert "is a TwoTensor" in str(e) and "plain" in str(e)
 
 
-def test_subclass_made_inside_the_function_is_refused_at_its_line():
+def test_subclass_made_inside_the_function_runs_like_eager():
     from torch.testing._internal.two_tensor import TwoTensor
 
     def f(x, y):
         return (TwoTensor(x, y) * 2).a.sum()
-    e = assert_refused(f, (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)))
-    assert "TwoTensor" in str(e) and "test_subclass_inputs.py" in e.user_line
+    check(f, (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)))
+
+
+def test_untraceable_subclass_made_inside_is_refused_at_its_line():
+    from torch.testing._internal.logging_tensor import LoggingTensor
+
+    def f(x):
+        return (LoggingTensor(x) * 2).elem.sum()
+    e = assert_refused(f, (torch.randn(3),))
+    assert "LoggingTensor" in str(e) and "__tensor_flatten__" in str(e)
 
 
 def test_parameter_subclasses_and_plain_tensors_are_not_refused():

@@ -1,0 +1,182 @@
+"""Traceable wrapper subclasses end to end (``aotgrad/inputs/subclasses.py``): TwoTensor as an input,
+a parameter, a buffer, made inside, returned, nested in a TwoTensor, viewed and written in place,
+requiring grad or not, through every entry point, each compared with eager (outputs, in-place effects
+and ``.grad`` as the subclass eager gives); what cannot be traced is a typed refusal naming the
+subclass. The guards: a change of class, flatten context or inner layout recompiles under ``jit`` and
+is ``InputMismatchError`` for a staged step."""
+import pytest
+import torch
+from torch import nn
+from torch.testing._internal.two_tensor import TwoTensor
+
+import aotgrad
+from aotgrad.errors import InputMismatchError, UnsupportedError
+from tests.differential.entries import ENTRIES
+from tests.eager_check import assert_close, assert_refused, check
+
+ENTRY_NAMES = ["capture", "jit", "dynamo"]
+
+
+def two(*size, rg=False):
+    return TwoTensor(torch.randn(*size), torch.randn(*size)).requires_grad_(rg)
+
+
+class Linear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(two(4, 3))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight).relu()
+
+
+class CountingBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", two(3))
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        self.buf.add_(1)
+        return (x * self.w).sum() + (self.buf * 2).a.sum()
+
+
+def made_returned(x, y):
+    return (TwoTensor(x, y) * 2).sin()
+
+
+def made_used(x, y):
+    u = TwoTensor(x * 2, y + 1).cos() * 3
+    return u.a + u.b
+
+
+def viewed(x):
+    return (x.t() * 2).sum(0)
+
+
+def viewed_in_place(x, y):
+    x[0].mul_(2)
+    return x + y
+
+
+def written(x, y):
+    x.mul_(2)
+    return x + y
+
+
+def written_no_grad(x, y):
+    with torch.no_grad():
+        x.mul_(2)
+    return x * y
+
+
+def squared(x):
+    return (x * x).sin()
+
+
+PROGRAMS = {
+    "input, requires grad": lambda: (lambda x, y: (x * y).sin(), (two(3, rg=True), torch.randn(3)), {}),
+    "input, no grad": lambda: (lambda x, y: (x * y).sin(), (two(3), torch.randn(3)), {}),
+    "input, returned whole": lambda: (lambda x: x * 1, (two(2, 3, rg=True),), {}),
+    "parameter": lambda: (Linear(), (torch.randn(2, 3),), {}),
+    "buffer written in place": lambda: (CountingBuffer(), (torch.randn(3, requires_grad=True),), {}),
+    "made inside, returned": lambda: (made_returned, (torch.randn(3), torch.randn(3)), {}),
+    "made inside, used": lambda: (made_used, (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)), {}),
+    "input viewed": lambda: (viewed, (two(3, 4, rg=True),), {}),
+    "input viewed, written in place": lambda: (viewed_in_place, (two(2, 3), torch.randn(2, 3)), {}),
+    "input written in place": lambda: (written, (two(3), torch.randn(3)), {}),
+    "parameter-like input written under no_grad": lambda: (written_no_grad, (two(3, rg=True), torch.randn(3)), {}),
+    "nested TwoTensor(TwoTensor)": lambda: (squared, (TwoTensor(two(3), two(3)).requires_grad_(),), {}),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_two_tensor_program_trains_like_eager(program, entry):
+    torch._dynamo.reset()
+    check(None, make=PROGRAMS[program], compile=ENTRIES[entry].compile)   # types compared: a TwoTensor comes back
+
+
+REFUSED = {
+    # eager's .grad of a plain input that met a TwoTensor is a TwoTensor; the graph gives plain inputs plain grads
+    "plain input's grad is a subclass": (lambda: (lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)), {}),
+                                         "gradient of flat input"),
+    # eager returns a view of the TwoTensor; the rebuilt output is not one
+    "returned view": (lambda: (lambda x: x.t(), (two(3, 4, rg=True),), {}), "returns a view of a TwoTensor"),
+    # autograd would record the write on the subclass; the graph writes the inner tensors
+    "written under grad": (lambda: (lambda x, y: x.mul_(y) * 1, (two(3, rg=True) * 1, torch.randn(3)), {}),
+                           "in-place write to input 0, a TwoTensor that requires grad"),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_untraceable_subclass_use_is_refused_naming_the_subclass(case, entry):
+    make, text = REFUSED[case]
+    torch._dynamo.reset()
+    e = assert_refused(None, make=make, compile=ENTRIES[entry].compile)
+    assert isinstance(e, UnsupportedError) and "TwoTensor" in str(e), e
+    if entry != "dynamo":   # Dynamo names its own inputs
+        assert text in str(e), e
+
+
+def test_program_shows_the_inner_tensors():
+    captured = aotgrad.capture(lambda x, y: (x * y).sin(), two(3, rg=True), torch.randn(3))
+    program = captured.compile().program()
+    assert "unwrap(flat)" in program        # the prologue flattens the subclass
+    assert "def forward(input_0_a, input_0_b, input_1)" in program
+    assert "TwoTensor" not in captured.joint.code       # plain ATen ops on the inner tensors
+
+
+def test_parameter_grad_is_the_subclass_eager_gives_and_accumulates():
+    torch.manual_seed(0)
+    m = Linear()
+    x = torch.randn(2, 3)
+    compiled = aotgrad.capture(m, x).compile()
+    compiled(x).sum().backward()
+    compiled(x).sum().backward()
+    got = m.weight.grad
+    m.weight.grad = None
+    m(x).sum().backward()
+    m(x).sum().backward()
+    assert type(got) is TwoTensor
+    assert_close(m.weight.grad, got, "grad", 0, 0)
+
+
+def test_staged_step_refuses_another_class_or_layout():
+    compiled = aotgrad.capture(lambda x: (x * 2).sin(), two(3, rg=True)).compile()
+    with pytest.raises(InputMismatchError, match="was a TwoTensor when captured, now a Tensor"):
+        compiled(torch.randn(3, requires_grad=True))
+    with pytest.raises(InputMismatchError, match="input 0.a was a plain tensor when captured, now a TwoTensor"):
+        compiled(TwoTensor(two(3), two(3)).requires_grad_())
+    with pytest.raises(InputMismatchError):     # an inner tensor of another size (the inner guards)
+        compiled(two(4, rg=True))
+    plain = aotgrad.capture(lambda x: (x * 2).sin(), torch.randn(3, requires_grad=True)).compile()
+    with pytest.raises(InputMismatchError, match="was a plain tensor when captured, now a TwoTensor"):
+        plain(two(3, rg=True))
+
+
+def test_jit_recompiles_for_another_class_context_or_inner_layout():
+    f = aotgrad.jit(lambda x: (x * 2).sin(), dynamic=False)
+    for x in (two(3, rg=True), torch.randn(3, requires_grad=True), TwoTensor(two(3), two(3)).requires_grad_(),
+              two(3, rg=True), two(5, rg=True)):
+        assert_close(x.detach().mul(2).sin(), f(x).detach(), "output", 1e-6, 1e-6)
+    reasons = [why for _, why in f.entries_and_reasons()] if hasattr(f, "entries_and_reasons") else \
+        [e.reason for e in f.entries]
+    assert len(reasons) == 4, reasons       # the second TwoTensor of size 3 reuses the first entry
+    assert "was a TwoTensor when captured, now a Tensor" in str(reasons[1])
+    assert "plain tensor when captured, now a TwoTensor" in str(reasons[2])
+
+
+def test_grad_of_subclass_input_names_the_subclass_when_it_is_plain():
+    class Plainify(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.a.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g        # a plain gradient for a TwoTensor input
+
+    e = assert_refused(lambda x: Plainify.apply(x * 1).sum(), (two(3, rg=True),))
+    assert "TwoTensor" in str(e)
