@@ -41,6 +41,7 @@ import sys
 
 import torch
 
+from ..runtime.modes import SETTERS, global_state
 from .writes import _GONE, _same, held_dict, state_changes, traced
 
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
@@ -61,6 +62,7 @@ class Watch:
         self.drew: set = set()      # names of the random streams it called into
         self.owners = _stream_owners()
         self.rec = None             # the read recording it goes with (``reads.record``)
+        self.switches: dict = {}    # index in modes.global_state() -> its value right after this thread set it
 
     def drew_from(self, name) -> bool:
         """Whether this thread drew from the stream ``name``: a call of its methods was seen (Python's
@@ -73,10 +75,18 @@ class Watch:
         if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
             self.drew.add(owner[0])
 
+    def c_return(self, arg):
+        """A process-wide torch setting this thread set (``modes.SETTERS``): its value now is this
+        thread's (``modes.left_as_found`` keeps another thread's later one)."""
+        ix = SETTERS.get(getattr(arg, "__name__", None))
+        if ix is not None:
+            state = global_state()
+            self.switches.update((i, state[i]) for i in ix)
+
     def profile(self, previous):
         """The profile function of this thread while the read recording is off (``previous``: a
         user's profiler, kept running)."""
-        ran, owners, drew = self.ran, self.owners, self.drew
+        ran, owners, drew, c_return = self.ran, self.owners, self.drew, self.c_return
 
         def watch(frame, what, arg):        # (c_call inlined: called for every event)
             if what == "call":
@@ -85,6 +95,8 @@ class Watch:
                 owner = owners.get(id(getattr(arg, "__self__", None)))
                 if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
                     drew.add(owner[0])
+            elif what == "c_return" and arg.__name__ in SETTERS:
+                c_return(arg)
             if previous is not None:
                 previous(frame, what, arg)
         watch.between_user_code = True      # ops pause it (capture.session): no user code runs in them

@@ -120,6 +120,8 @@ class Recording:
                     self.writes.memoizes(frame.f_code, arg)
             elif event == "c_call" and self.watch is not None:
                 self.watch.c_call(arg)
+            elif event == "c_return" and self.watch is not None:
+                self.watch.c_return(arg)
             return
         code = frame.f_code
         if self.watch is not None:
@@ -375,26 +377,19 @@ class _Watch:
     raw: bool = False                           # the instance's __dict__ was read (its real values)
 
 
-_WATCHES: dict = {}         # id(object) -> [_Watch]: the object's class is its watching subclass meanwhile
+_WATCHES: dict = {}         # id(object) -> [_Watch]
 _WATCH_LOCK = threading.Lock()
-_WATCHING_CLASS: dict = {}  # class -> its watching subclass
-_BASE: dict = {}            # watching subclass -> class
+_WATCHED_CLASSES: dict = {}  # class -> [watched instances of it, its own __getattribute__ or _GONE]
 _MODULE_OWN = frozenset(f.__code__ for f in (torch.nn.Module.__getattr__, torch.nn.Module.__setattr__,
                                               torch.nn.Module.__delattr__))
 
 
-def _watching_class(cls: type) -> type:
-    """``cls`` with a ``__getattribute__`` that notes, for the watching thread, each watched name
-    read, and every name when the instance's ``__dict__`` is read (``vars(self)``) by code other
-    than ``nn.Module``'s own attribute plumbing or aotgrad's. ``__class__`` still reads ``cls``."""
-    sub = _WATCHING_CLASS.get(cls)
-    if sub is not None:
-        return sub
-    get = cls.__getattribute__
-
+def _watching_getattribute(get):
+    """A ``__getattribute__`` (``get`` the one it stands in for) that notes, for a watched instance
+    and its watching thread alone, each watched name read, and every name when the instance's
+    ``__dict__`` is read (``vars(self)``) by code other than ``nn.Module``'s own attribute plumbing
+    or aotgrad's; every other read, in any thread, is ``get``'s."""
     def __getattribute__(self, name):
-        if name == "__class__":
-            return cls
         watches = _WATCHES.get(id(self))
         if watches:
             tid = threading.get_ident()
@@ -411,20 +406,48 @@ def _watching_class(cls: type) -> type:
                         w.read.update(w.names)
                         w.raw = True
         return get(self, name)
-    sub = type(cls)(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__})
-    _WATCHING_CLASS[cls], _BASE[sub] = sub, cls
-    return sub
+    __getattribute__.aotgrad_watch = True
+    return __getattribute__
+
+
+def _watch_class(cls: type) -> bool:
+    """``cls`` reads its instances' attributes through :func:`_watching_getattribute` until the last
+    watch of one of them ends (its ``__getattribute__`` is put back then). The class stays the
+    class: ``type(obj)``, ``copy.deepcopy`` and pickling see nothing. False where the class refuses
+    the assignment (a C type)."""
+    held = _WATCHED_CLASSES.get(cls)
+    if held is None:
+        own = cls.__dict__.get("__getattribute__", _GONE)
+        try:
+            cls.__getattribute__ = _watching_getattribute(cls.__getattribute__)
+        except (TypeError, AttributeError):
+            return False
+        held = _WATCHED_CLASSES[cls] = [0, own]
+    held[0] += 1
+    return True
+
+
+def _unwatch_class(cls: type) -> None:
+    held = _WATCHED_CLASSES[cls]
+    held[0] -= 1
+    if held[0]:
+        return
+    del _WATCHED_CLASSES[cls]
+    if held[1] is _GONE:
+        del cls.__getattribute__
+    else:
+        cls.__getattribute__ = held[1]
 
 
 @contextlib.contextmanager
 def attribute_reads(targets, subs=None, raw=None):
     """Which of the named attributes of each object (``targets``: ``[(obj, names)]``) this thread
     reads inside the block, however it reads them (``obj.x``, ``getattr``, ``vars(obj)``, through
-    another object holding ``obj``): yields one set per target, filled as they are read. Each object
-    is an instance of a subclass of its class meanwhile (``__class__`` still answers the class);
-    another thread reading it meanwhile reads the same values and is not counted. An object whose
-    class cannot be subclassed counts every name as read.
+    another object holding ``obj``): yields one set per target, filled as they are read. Meanwhile
+    the object's class reads attributes through a watching ``__getattribute__`` that passes every
+    other object's and every other thread's reads straight through: the object keeps its class
+    (``type(obj)``, a ``deepcopy`` or a ``torch.save`` taken meanwhile see it) and its values. An
+    object whose class cannot take one (a C type) counts every name as read.
 
     ``subs`` (one ``{name: value}`` per target) are what this thread reads instead of the object's
     own values, by attribute (``vars(obj)`` still shows the real ones); ``raw`` (a list) gets True
@@ -433,31 +456,32 @@ def attribute_reads(targets, subs=None, raw=None):
     with _WATCH_LOCK:
         for k, (obj, names) in enumerate(targets):
             w = _Watch(frozenset(names), threading.get_ident(), subs=dict(subs[k]) if subs else {})
-            watches.append((obj, w))
-            held = _WATCHES.setdefault(id(obj), [])
-            if not held:
-                try:
-                    object.__setattr__(obj, "__class__", _watching_class(type(obj)))
-                except Exception:      # a class refusing subclasses (``__init_subclass__``), a fixed layout
-                    del _WATCHES[id(obj)]
-                    w.read.update(names)
-                    w.raw = True
-                    continue
-            held.append(w)
+            if not _watch_class(type(obj)):
+                w.read.update(names)
+                w.raw = True
+                watches.append((obj, w, None))
+                continue
+            watches.append((obj, w, type(obj)))
+            _WATCHES.setdefault(id(obj), []).append(w)
     try:
-        yield [w.read for _, w in watches]
+        yield [w.read for _, w, _ in watches]
     finally:
         if raw is not None:
-            raw.append(any(w.raw for _, w in watches))
+            raw.append(any(w.raw for _, w, _ in watches))
         with _WATCH_LOCK:
-            for obj, w in watches:
-                held = _WATCHES.get(id(obj))
-                if held is None or w not in held:
+            for obj, w, cls in watches:
+                if cls is None:
                     continue
+                held = _WATCHES[id(obj)]
                 held.remove(w)
                 if not held:
                     del _WATCHES[id(obj)]
-                    object.__setattr__(obj, "__class__", _BASE[type(obj)])
+                _unwatch_class(cls)
+
+
+def watched(obj) -> bool:
+    """Whether some thread watches ``obj``'s attribute reads now (:func:`attribute_reads`)."""
+    return id(obj) in _WATCHES
 
 
 def _registers_hook(chain) -> bool:

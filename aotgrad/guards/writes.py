@@ -349,6 +349,19 @@ def _same(a, b) -> bool:
         or real(a) is real(b)
 
 
+def changed_keys(now: dict, before: dict) -> list:
+    """The keys of an object's or a class's dict whose values differ between ``before`` and ``now``;
+    not Python's own bookkeeping, nor the ``__getattribute__`` a class reads its instances' attributes
+    through while some thread watches them (``reads.attribute_reads``: put back when the watch ends)."""
+    return [k for k in now.keys() | before.keys() if k not in _BOOKKEEPING
+            and not _same(now.get(k, _GONE), before.get(k, _GONE))
+            and not (k == "__getattribute__" and (_watcher(now.get(k)) or _watcher(before.get(k))))]
+
+
+def _watcher(v) -> bool:
+    return type(v) is types.FunctionType and v.__dict__.get("aotgrad_watch") is True
+
+
 def _owner_text(owner) -> str:
     if isinstance(owner, str):
         return owner
@@ -362,8 +375,7 @@ def _undo_attrs(s, is_library):
     # A library object's private attributes are its caches (nn.LSTM's _flat_weight_refs): put back, not refused.
     caches = not isinstance(s.owner, str) and is_library(type(s.owner))
     done = []
-    for key in [k for k in d.keys() | before.keys() if k not in _BOOKKEEPING
-                and not _same(d.get(k, _GONE), before.get(k, _GONE))]:
+    for key in changed_keys(d, before):
         if key not in before and _cached_once(s.owner, key, d[key]):
             continue        # eager's first call caches it too, and no later call writes it again
         if key in before:
@@ -467,8 +479,7 @@ def _code_owner(fn):
 def _undo_class(s, is_library):
     cls, before, now = s.obj, s.before, dict(vars(s.obj))
     done = []
-    for key in [k for k in now.keys() | before.keys() if k not in _BOOKKEEPING
-                and not _same(now.get(k, _GONE), before.get(k, _GONE))]:
+    for key in changed_keys(now, before):
         if key in before:
             setattr(cls, key, before[key])
         else:

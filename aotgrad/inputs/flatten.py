@@ -23,6 +23,7 @@ import torch
 
 from .._torch import pytree, subclass_kind, traceable_subclass
 from ..runtime.modes import left_as_found
+from ..guards.reads import thread_watch
 from ..ir.descriptors import BaseDesc, BufferDesc, InputDesc, ParamDesc, input_name
 from ..ir.records import ViewMeta
 from .. import tracing
@@ -188,7 +189,7 @@ def flat_function(fn, sig: Signature) -> Callable:
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
-        with forward_only(), left_as_found():
+        with forward_only(), left_as_found(thread_watch()):
             if homes is not None:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
             else:

@@ -8,6 +8,7 @@ with autocast off on every device.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -66,7 +67,7 @@ def describe(names, was, now) -> str:
     """``'CPU autocast was off, now on; ...'`` for the modes that differ."""
     def text(v):
         return ("on" if v else "off") if isinstance(v, bool) else str(v)
-    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(names, was, now) if a != b)
+    return "; ".join(f"{n} was {text(a)}, now {text(b)}" for n, a, b in zip(names, was, now) if n and a != b)
 
 
 def traced() -> tuple:
@@ -98,29 +99,48 @@ GLOBAL_NAMES = (*TRACED_NAMES, "deterministic algorithms", "deterministic algori
                 "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN", "open autocast regions")
 
 
-def set_global_state(state: tuple) -> None:
-    """Put back what :func:`global_state` read (inference mode, which only its context can end, aside)."""
-    grad, _inference, cpu, cuda, cpu_dtype, cuda_dtype, dtype, det, warn, anomaly, nan, precision, threads, \
-        cudnn_on, bench, cudnn_det, onednn, nesting = state
-    torch.set_grad_enabled(grad)
-    for dev, on, dt in (("cpu", cpu, cpu_dtype), ("cuda", cuda, cuda_dtype)):
+def _put_autocast(dev):
+    def put(on, dtype):
         if _enabled(dev) != on:
             torch.set_autocast_enabled(dev, on)
-        if dt is not None:
-            torch.set_autocast_dtype(dev, dt)
-    torch.set_default_dtype(dtype)
-    torch.use_deterministic_algorithms(det, warn_only=warn)
-    torch.set_anomaly_enabled(anomaly, nan)
-    torch.set_float32_matmul_precision(precision)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    for put, v in zip(set_cudnn_flags, (cudnn_on, bench, cudnn_det)):
-        put(v)
-    set_mkldnn_enabled(onednn)
-    open_regions = _autocast_nesting()
-    for _ in range(open_regions - nesting):     # regions entered and not exited: closed as __exit__ does
+        if dtype is not None:
+            torch.set_autocast_dtype(dev, dtype)
+    return put
+
+
+def _close_regions(nesting):
+    for _ in range(_autocast_nesting() - nesting):     # regions entered and not exited: closed as __exit__ does
         if torch.autocast_decrement_nesting() == 0:
             torch.clear_autocast_cache()
+
+
+# How each setting of global_state() is put back: (its indices, the setter taking their values). Inference
+# mode (1) only its context can end.
+_PUTTERS = (((0,), torch.set_grad_enabled), ((2, 4), _put_autocast("cpu")), ((3, 5), _put_autocast("cuda")),
+            ((6,), torch.set_default_dtype), ((7, 8), lambda det, warn: torch.use_deterministic_algorithms(
+                det, warn_only=warn)), ((9, 10), torch.set_anomaly_enabled),
+            ((11,), torch.set_float32_matmul_precision), ((12,), torch.set_num_threads),
+            *(((13 + k,), put) for k, put in enumerate(set_cudnn_flags)), ((16,), set_mkldnn_enabled),
+            ((17,), _close_regions))
+
+# The process-wide settings (another thread's setter changes them for this thread too; the others are
+# thread-local), by the name of the C function that sets them: a watched capture's thread
+# (``guards.attribution``) notes each value it set.
+SETTERS = {"_set_default_dtype": (6,), "_set_default_tensor_type": (6,), "_set_deterministic_algorithms": (7, 8),
+           "set_anomaly_enabled": (9, 10), "_set_float32_matmul_precision": (11,), "_set_cublas_allow_tf32": (11,),
+           "_set_fp32_precision_setter": (11,), "set_num_threads": (12,), "_set_cudnn_enabled": (13,),
+           "_set_cudnn_benchmark": (14,), "_set_cudnn_deterministic": (15,), "_set_mkldnn_enabled": (16,)}
+PROCESS_WIDE = frozenset(i for ix in SETTERS.values() for i in ix)
+
+
+def set_global_state(state: tuple, keep=frozenset()) -> None:
+    """Put back what :func:`global_state` read, but the settings at the indices ``keep``; a setting
+    that has the value already is not set again (another thread may be setting it)."""
+    now = global_state()
+    want = [v if i not in keep else now[i] for i, v in enumerate(state)]
+    for ix, put in _PUTTERS:
+        if any(want[i] != now[i] for i in ix):
+            put(*(want[i] for i in ix))
 
 
 @contextlib.contextmanager
@@ -134,22 +154,71 @@ def put_back(state: tuple):
 
 
 @contextlib.contextmanager
-def left_as_found():
+def left_as_found(watch=None):
     """Around a traced call of user code. A setting the code changes and leaves changed (a bare
     ``torch.set_grad_enabled(False)``, ``torch.use_deterministic_algorithms(True)``) is refused: eager
     leaves it so after every call, and the compiled function runs no Python to repeat it. Either
-    way the settings are put back as they were (a refused capture changes nothing)."""
-    before = global_state()
-    with put_back(before):
+    way the settings are put back as they were (a refused capture changes nothing).
+
+    ``watch`` (other threads were alive when the capture began: ``guards.attribution.Watch``) holds
+    ``switches``, the value of each process-wide setting right after this thread last set it. A
+    process-wide setting this thread did not set, or set back, and another thread changed meanwhile
+    is that thread's: kept, not refused. One both changed is refused, and the other thread's value kept."""
+    before = _unwatched(global_state)
+    outer = watch.switches if watch is not None else None
+    if watch is not None:
+        watch.switches = {}
+    try:
         yield
-        after = global_state()
-    if after != before:
-        from ..errors import UnsupportedError, caller_line
-        raise UnsupportedError(
-            f"the function changes global settings and leaves them changed ({describe(GLOBAL_NAMES, before, after)}): "
-            "eager leaves them so after every call, the compiled function would not repeat the change; change "
-            "them in a with-block inside the function (torch.no_grad(), torch.autocast(...)) or before calling it",
-            user_line=caller_line())
+    finally:
+        now = _unwatched(global_state)
+        mine = watch.switches if watch is not None else None
+        if watch is not None:
+            watch.switches = {**outer, **mine}
+        changed = _differ(before, now)
+        theirs, both = _theirs(changed, before, now, mine)
+        if changed - theirs:
+            _unwatched(set_global_state, before, theirs)
+    if changed - theirs or both:
+        _refuse_left_changed(before, now, changed - theirs | both, both)
+
+
+def _unwatched(fn, *args):
+    """``fn(*args)`` unseen by this thread's profile function: reading and putting back the settings
+    around the traced code is not the traced code reading them (``guards.reads`` records its reads)."""
+    watcher = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        return fn(*args)
+    finally:
+        sys.setprofile(watcher)
+
+
+def _differ(a, b) -> set:
+    return {i for i, (x, y) in enumerate(zip(a, b)) if x != y}
+
+
+def _theirs(changed, before, after, mine) -> tuple:
+    """``(kept, both)``: of the ``changed`` settings, those another thread changed (kept as it left
+    them): process-wide ones this thread did not set (``mine``: the value right after it last set
+    each; None where no other thread was alive), or set to other than they are now; and among them
+    those this thread had left changed too (refused)."""
+    if mine is None:
+        return set(), set()
+    theirs = {i for i in changed & PROCESS_WIDE if i not in mine or mine[i] != after[i]}
+    return theirs, {i for i in theirs if i in mine and mine[i] != before[i]}
+
+
+def _refuse_left_changed(before, after, which, both):
+    from ..errors import UnsupportedError, caller_line
+    names = [n if i in which else "" for i, n in enumerate(GLOBAL_NAMES)]
+    also = (" (another thread changed {} meanwhile too: its value is kept)".format(
+        ", ".join(GLOBAL_NAMES[i] for i in sorted(both))) if both else "")
+    raise UnsupportedError(
+        f"the function changes global settings and leaves them changed ({describe(names, before, after)}){also}: "
+        "eager leaves them so after every call, the compiled function would not repeat the change; change "
+        "them in a with-block inside the function (torch.no_grad(), torch.autocast(...)) or before calling it",
+        user_line=caller_line())
 
 
 def without_autocast(graph_fn, backward: bool = False):

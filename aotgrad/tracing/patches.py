@@ -11,8 +11,12 @@ a capture is a method of the object the capture put in its context.
 patch                  what it replaces                                             the context field read
 =====================  ===========================================================  ======================
 ``TRACEABLE``          ``torch.manual_seed``, ``torch.random.manual_seed``,         ``traceable``,
-                       ``torch.compiler.is_compiling``; oneDNN off; the effect      ``seeds``,
-                       tokens of ``aten::_linalg_check_errors``/``aten::_print``    ``eager_path``
+                       ``torch.compiler.is_compiling``; the RNN ops (``torch.lstm``  ``seeds``,
+                       and ``torch._VF``'s: oneDNN off while a traced one is        ``eager_path``
+                       dispatched, ``ONEDNN_OFF``); the effect tokens of
+                       ``aten::_linalg_check_errors``/``aten::_print``
+``ONEDNN_OFF``         oneDNN's switch, off for as long as some thread dispatches   ``traceable``
+                       a traced RNN op (RNNs trace into plain ATen ops)
 ``MODULE_CALLS``       ``torch.nn.Module.__call__`` (and the copy ``torch.fx``'s    ``blocks``
                        tracer calls modules through)
 ``TENSOR_HOOKS``       ``Tensor.register_hook``, ``register_post_accumulate_grad_   ``hooks``
@@ -57,11 +61,10 @@ PLAIN_EFFECTS = ("aten::_linalg_check_errors", "aten::_print")
 
 def _traceable():
     """The settings under which traced graphs run correctly outside the trace
-    (``capture.session.traceable_ops``): effect-only checks are plain nodes, oneDNN is off (RNNs
-    trace into plain ATen ops), ``torch.manual_seed`` notes the seed, ``is_compiling()`` is True."""
+    (``capture.session.traceable_ops``): effect-only checks are plain nodes, an RNN op traces into
+    plain ATen ops, ``torch.manual_seed`` notes the seed, ``is_compiling()`` is True."""
     holders = [simple_registry.find(name).effect for name in PLAIN_EFFECTS]
     saved = [h.effect for h in holders]
-    mkldnn = get_mkldnn_enabled()
     seeders = (torch.manual_seed, torch.random.manual_seed)
     is_compiling = torch.compiler.is_compiling
     seed = seeders[1]
@@ -78,17 +81,53 @@ def _traceable():
 
     for h in holders:
         h.register(None)
-    set_mkldnn_enabled(False)
+    undo_rnns = _plain_rnns()
     torch.manual_seed = torch.random.manual_seed = manual_seed
     torch.compiler.is_compiling = compiling
 
     def restore():
         torch.compiler.is_compiling = is_compiling
         torch.manual_seed, torch.random.manual_seed = seeders
-        set_mkldnn_enabled(mkldnn)
+        undo_rnns()
         for h, effect in zip(holders, saved):
             h.register(effect)
     return restore
+
+
+RNN_OPS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+def _plain_rnns():
+    """A traced RNN op (``nn.LSTM``'s ``_VF.lstm``, ``torch.lstm``) is dispatched with oneDNN off
+    (``ONEDNN_OFF``): its fused ``mkldnn_rnn_layer`` returns an undefined workspace tensor at run time
+    that Python cannot pass back to its backward. The switch is process-wide, so it is off only
+    while the op is dispatched: the traced code (``if torch.backends.mkldnn.enabled:``) and other
+    threads read the user's value."""
+    vf = vars(torch._VF)
+    originals = {name: getattr(torch._VF, name) for name in RNN_OPS}
+
+    def plain(real):
+        def rnn(*args, **kwargs):
+            if not current().traceable:
+                return real(*args, **kwargs)
+            with ONEDNN_OFF():
+                return real(*args, **kwargs)
+        return rnn
+    for name, real in originals.items():
+        vf[name] = plain(real)      # the VFModule's own dict answers before its __getattr__
+        setattr(torch, name, vf[name])
+
+    def restore():
+        for name, real in originals.items():
+            vf.pop(name, None)
+            setattr(torch, name, real)
+    return restore
+
+
+def _onednn_off():
+    on = get_mkldnn_enabled()
+    set_mkldnn_enabled(False)
+    return lambda: set_mkldnn_enabled(on)
 
 
 def _module_calls():
@@ -270,6 +309,7 @@ def _compiled_autograd_off():
 
 
 TRACEABLE = Shared(_traceable)
+ONEDNN_OFF = Shared(_onednn_off)
 MODULE_CALLS = Shared(_module_calls)
 TENSOR_HOOKS = Shared(_tensor_hooks)
 FUNCTIONS = Shared(_functions)
@@ -277,7 +317,7 @@ RNG_STATE = Shared(_rng_state)
 FORWARD_ONLY = Shared(_forward_only)
 COMPILED_AUTOGRAD_OFF = Shared(_compiled_autograd_off)
 
-PATCHES = {"TRACEABLE": TRACEABLE, "MODULE_CALLS": MODULE_CALLS, "TENSOR_HOOKS": TENSOR_HOOKS,
+PATCHES = {"TRACEABLE": TRACEABLE, "ONEDNN_OFF": ONEDNN_OFF, "MODULE_CALLS": MODULE_CALLS, "TENSOR_HOOKS": TENSOR_HOOKS,
            "FUNCTIONS": FUNCTIONS, "RNG_STATE": RNG_STATE, "FORWARD_ONLY": FORWARD_ONLY,
            "COMPILED_AUTOGRAD_OFF": COMPILED_AUTOGRAD_OFF}
 """Every capture-time patch, by name (tests check none is left applied after a capture)."""

@@ -238,3 +238,111 @@ def test_a_draw_in_a_traced_backward_of_the_capturing_thread_is_still_refused():
         return h.sum()
     with pytest.raises(aotgrad.errors.UnsupportedError, match="draws from `random`"):
         _overlapping(body, lambda: [random.random() for _ in range(5)])
+
+
+# ---------------------------------------------------------------- torch's process-wide switches
+
+def _threads_other_than_now() -> int:
+    return 1 if torch.get_num_threads() != 1 else 2
+
+
+# name -> (write, read, the value the write sets); each switch starts at another value (``_switches``)
+SWITCHES = {
+    "default dtype": (lambda: torch.set_default_dtype(torch.float64), torch.get_default_dtype, torch.float64),
+    "deterministic": (lambda: torch.use_deterministic_algorithms(True), torch.are_deterministic_algorithms_enabled,
+                      True),
+    "matmul precision": (lambda: torch.set_float32_matmul_precision("medium"), torch.get_float32_matmul_precision,
+                         "medium"),
+    "threads": (lambda: torch.set_num_threads(_THREADS), torch.get_num_threads, None),
+    "oneDNN": (lambda: setattr(torch.backends.mkldnn, "enabled", False), lambda: torch.backends.mkldnn.enabled,
+               False),
+    "anomaly": (lambda: torch.autograd.set_detect_anomaly(True), torch.is_anomaly_enabled, True),
+    "cuDNN benchmark": (lambda: setattr(torch.backends.cudnn, "benchmark", True),
+                        lambda: torch.backends.cudnn.benchmark, True),
+}
+_THREADS = _threads_other_than_now()
+
+
+@pytest.fixture
+def _switches():
+    """Every switch as a test starts it (none at its ``SWITCHES`` value), and again after."""
+    from aotgrad.runtime import modes
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(False)
+    torch.set_float32_matmul_precision("highest")
+    torch.autograd.set_detect_anomaly(False)
+    torch.backends.mkldnn.enabled, torch.backends.cudnn.benchmark = True, False
+    state = modes.global_state()
+    try:
+        yield
+    finally:
+        modes.set_global_state(state)
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_another_threads_switch_during_a_capture_is_kept(switch, _switches):
+    write, read, value = SWITCHES[switch]
+    before = read()
+    if value is None:       # under OpenMP the number of threads is each thread's own: the other's is unseen here
+        value = before if "OpenMP" in torch.__config__.parallel_info() else _THREADS
+
+    def body(m, x, pause):
+        pause()
+        return m.fc(x).tanh()
+    # Before: put back as the capture ended (all of torch's switches were), B's write silently lost.
+    try:
+        out, model, x = _overlapping(body, write)
+    except aotgrad.errors.UnsupportedError as e:      # the trace read the switch: refused, typed
+        assert "changed while the function was captured" in str(e) and switch in ("default dtype",)
+        out = None
+    assert read() == value != before or switch == "threads"
+    if out is not None:
+        assert_close(model.fc(x).tanh().detach(), out.detach(), switch, 1e-6, 1e-6)
+
+
+def test_the_capturing_threads_own_switch_left_changed_is_still_refused_and_put_back(_switches):
+    def body(m, x, pause):
+        torch.use_deterministic_algorithms(True)
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="deterministic algorithms was off, now on"):
+        _overlapping(body, lambda: torch.set_float32_matmul_precision("medium"))
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.get_float32_matmul_precision() == "medium"      # the other thread's, meanwhile
+
+
+def test_a_switch_set_and_put_back_by_the_capture_and_changed_by_another_thread_is_kept(_switches):
+    """The traced code sets a switch and sets it back; another thread sets it meanwhile, after: its
+    value is kept, and the capture is not refused for it."""
+    def body(m, x, pause):
+        with torch.backends.mkldnn.flags(enabled=False):
+            h = m.fc(x)
+        pause()
+        return h
+    try:
+        out, model, x = _overlapping(body, lambda: setattr(torch.backends.mkldnn, "enabled", False))
+        assert_close(model.fc(x).detach(), out.detach(), "oneDNN", 0, 0)
+    except aotgrad.errors.UnsupportedError as e:     # the trace read it (to put it back): the read's guard
+        assert "changed while the function was captured" in str(e)
+    assert torch.backends.mkldnn.enabled is False
+
+
+def test_a_switch_both_threads_changed_is_refused_and_the_other_threads_value_kept(_switches):
+    def body(m, x, pause):
+        torch.set_float32_matmul_precision("high")
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="another thread changed float32 matmul precision"):
+        _overlapping(body, lambda: torch.set_float32_matmul_precision("medium"))
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_a_thread_local_switch_left_changed_is_the_captures_whatever_other_threads_do(_switches):
+    """Grad mode is per thread: another thread cannot have changed this one's."""
+    def body(m, x, pause):
+        torch.set_grad_enabled(False)
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="grad mode was on, now off"):
+        _overlapping(body, lambda: torch.set_grad_enabled(False))
+    assert torch.is_grad_enabled()

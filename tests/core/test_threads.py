@@ -7,6 +7,7 @@ every thread with a bounded timeout, and checks afterwards that nothing was left
 modules hold their own parameters, the process-wide functions capture patches are PyTorch's.
 """
 import copy
+import io
 import threading
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 import torch._dynamo
 
 import aotgrad
+from aotgrad.guards import reads
 from aotgrad.tracing import views
 from aotgrad.tracing.views import HOLDING
 
@@ -402,6 +404,19 @@ class Layer(torch.nn.Module):
         return x + self.fc(x).tanh()
 
 
+class _Local:
+    """A test's callable held by a module: pickled (``torch.save``) and deep-copied as None."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return type(None), ()
+
+
 def _paused(model, where, elsewhere=None):
     """``(inside, release, capture)``: ``capture(x, **opts)`` captures ``model`` in the calling thread,
     where the first layer call for which ``where(layer)`` holds sets ``inside`` and waits for
@@ -415,8 +430,9 @@ def _paused(model, where, elsewhere=None):
         elif where(layer) and not inside.is_set():
             inside.set()
             assert release.wait(WAIT)
+    local = _Local(pause)
     for layer in model:
-        layer.pause = pause
+        layer.pause = local
 
     def capture(x, **opts):
         capturer.append(threading.get_ident())
@@ -425,26 +441,35 @@ def _paused(model, where, elsewhere=None):
 
 
 def test_eager_use_in_another_thread_while_a_block_template_is_traced():
-    """While thread A traces a block template (the block is an instance of the watching subclass,
-    counting which per-layer attributes A reads), the main thread runs the model eagerly: same
-    numbers bit for bit, ``__class__`` and every value unchanged, and A's count not disturbed."""
+    """While thread A traces a block template (counting which per-layer attributes A reads), the main
+    thread runs the model eagerly: same numbers bit for bit, the block's class and every value
+    unchanged, ``torch.save`` and ``copy.deepcopy`` (an EMA copy) work and keep the plain class, and
+    A's count is not disturbed."""
     torch.manual_seed(2)
     model, x = torch.nn.Sequential(*[Layer(i) for i in range(3)]), torch.randn(5, 4)
     expected = _eager(model, x)
     def elsewhere(layer):
         assert layer.layer_idx in (0, 1, 2)      # a read in this thread, while A watches
-    inside, release, capture = _paused(model, lambda layer: type(layer) is not Layer, elsewhere)
+    inside, release, capture = _paused(model, reads.watched, elsewhere)
     join = _start(capture, x)
     try:
         assert inside.wait(WAIT), "the capture never traced a template"
-        assert type(model[0]) is not Layer and model[0].__class__ is Layer and model[0].layer_idx == 0
+        assert type(model[0]) is Layer and model[0].__class__ is Layer and model[0].layer_idx == 0
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        ema = copy.deepcopy(model)
+        assert [(type(m), m.pause) for m in ema] == [(Layer, None)] * 3 and not any(map(reads.watched, ema))
         got = _step(model, model, x)
         assert torch.equal(expected[0], got[0])
         assert all(torch.equal(g, got[1][n]) for n, g in expected[1].items())
     finally:
         release.set()
         captured = join()
-    assert all(type(layer) is Layer for layer in model)
+    assert all(type(layer) is Layer for layer in model) and not any(map(reads.watched, model))
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert [type(layer) for layer in loaded] == [Layer] * 3
+    torch.save(ema, io.BytesIO())       # the copy saves after the capture too
     info = next(s.info for s in captured.history if s.name == "trace joint")
     assert info["reused blocks"] == 3       # the eager calls' reads of layer_idx were not counted
     model.zero_grad()

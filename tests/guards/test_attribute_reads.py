@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from aotgrad.guards.reads import attribute_reads
+from aotgrad.guards.reads import attribute_reads, watched
 
 
 class Mod(nn.Module):
@@ -62,9 +62,10 @@ def test_nested_watches_each_count_and_the_class_comes_back_after_the_last():
     with attribute_reads([(m, {"a"})]) as (outer,):
         with attribute_reads([(m, {"b"})]) as (inner,):
             m.a, m.b
-        assert type(m) is not Mod       # still watched by the outer block
+        assert watched(m) and type(m) is Mod        # still watched by the outer block, its class unchanged
         m.b
-    assert (outer, inner, type(m)) == ({"a"}, {"b"}, Mod)
+    assert (outer, inner, type(m), watched(m)) == ({"a"}, {"b"}, Mod, False)
+    assert "__getattribute__" not in vars(Mod)      # the class's own lookup is back
 
 
 def test_another_threads_reads_are_not_counted_and_see_the_same_values():
@@ -76,12 +77,52 @@ def test_another_threads_reads_are_not_counted_and_see_the_same_values():
     assert seen == set() and got == [(1, 2.5, Mod, False)]
 
 
-def test_a_class_that_refuses_subclasses_counts_every_name():
+def test_a_class_that_refuses_subclasses_is_watched_all_the_same():
     class Closed(nn.Module):
         def __init_subclass__(cls, **kw):
             raise RuntimeError("no subclasses")
     m = Closed()
-    m.a = 1
-    with attribute_reads([(m, {"a"})]) as (seen,):
+    m.a, m.b = 1, 2
+    with attribute_reads([(m, {"a", "b"})]) as (seen,):
+        m.b
+    assert seen == {"b"} and type(m) is Closed
+
+
+def test_a_class_with_its_own_getattribute_keeps_it():
+    class Own(Mod):
+        def __getattribute__(self, name):
+            return 7 if name == "seven" else super().__getattribute__(name)
+    m = Own()
+    own = vars(Own)["__getattribute__"]
+    with attribute_reads([(m, {"a", "seven"})]) as (seen,):
+        assert (m.seven, m.a) == (7, 1)
+    assert seen == {"a", "seven"} and vars(Own)["__getattribute__"] is own and m.seven == 7
+
+
+def test_a_c_type_counts_every_name():
+    with attribute_reads([(1, {"real"})]) as (seen,):
         pass
-    assert seen == {"a"} and type(m) is Closed
+    assert seen == {"real"}
+
+
+def test_other_instances_and_other_threads_copies_are_not_counted_and_keep_the_class():
+    """A twin read meanwhile is not the watched object; another thread's ``deepcopy`` (an EMA copy)
+    and ``torch.save`` see the plain class, and the copy is never watched."""
+    import copy
+    import io
+    m, twin, got = Mod(), Mod(), {}
+
+    def elsewhere():
+        got["clone"] = copy.deepcopy(m)
+        got["buf"] = io.BytesIO()
+        torch.save(m, got["buf"])
+        got["type"] = type(m)
+    with attribute_reads([(m, {"a"})]) as (seen,):
+        twin.a
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join(timeout=30)
+        got["clone"].a
+    assert seen == set() and got["type"] is Mod and type(got["clone"]) is Mod and not watched(got["clone"])
+    got["buf"].seek(0)
+    assert type(torch.load(got["buf"], weights_only=False)) is Mod
