@@ -35,9 +35,10 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
             f_outs = flat_fn(*f_ins)
         names = names or [f"input {i}" for i in range(len(f_ins))]
         shared = shared or {}
-        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), [str(names[j]) for j in shared.get(i, ())
-                                                                            if j != i])
+        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), {str(names[j]): fake_inputs[j]
+                                                                            for j in shared.get(i, ()) if j != i})
                        for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
+        _refuse_meta_in_written_group(inputs, shared, names, [mode.lines.get(id(f)) for f in f_ins])
         outputs, bases = _output_infos(f_outs, f_ins)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
@@ -50,11 +51,11 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _input_info(f, t, grad_fn_before, name: str, line, others=()) -> InputInfo:
+def _input_info(f, t, grad_fn_before, name: str, line, others=None) -> InputInfo:
     """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
     recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
     not, and is replayed without autograd. ``line``: where its layout or storage changed; ``others``:
-    the inputs sharing its storage."""
+    the inputs sharing its storage, by name (their fakes)."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
     sync(f)
@@ -69,15 +70,38 @@ def _input_info(f, t, grad_fn_before, name: str, line, others=()) -> InputInfo:
                             f"caller's tensor; call {what} on it before calling", user_line=line)
     meta = (f.shape != t.shape or f.stride() != t.stride()
             or f.storage_offset() != t.storage_offset())
-    if meta and t.requires_grad:
-        raise MutationError(f"an in-place metadata change of {name} (size {tuple(t.shape)} -> {tuple(f.shape)}, "
-                            "e.g. t_() or unsqueeze_()), an input that requires grad, cannot be replayed; use the "
-                            "out-of-place op and return the result", user_line=line)
-    if meta and others:
-        raise MutationError(f"{name}, which shares storage with {', '.join(others)}, has its metadata changed in "
-                            "place (t_(), unsqueeze_(), resize_()...); that cannot be replayed through a shared base: "
-                            "use the out-of-place op and return the result", user_line=line)
-    return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None)
+    if meta and t.requires_grad and not seen:
+        raise MutationError(f"an in-place metadata change of {name} (t_(), unsqueeze_(), as_strided_()...), which "
+                            "requires grad, made without autograd (under no_grad): eager's gradient for it is then "
+                            "laid out as the new layout, the graph's as the old one; change it outside the function",
+                            user_line=line)
+    if meta and seen and t.requires_grad and t.is_leaf:
+        raise MutationError(f"an in-place metadata change of {name} (t_(), unsqueeze_(), as_strided_()...), a leaf "
+                            "that requires grad: eager raises 'a leaf Variable that requires grad is being used in an "
+                            "in-place operation'; use the out-of-place op, or change it under torch.no_grad()",
+                            user_line=line)
+    others = others or {}
+    if meta and any(o is t for o in others.values()):
+        raise MutationError(f"{name} is passed again as {', '.join(n for n, o in others.items() if o is t)} "
+                            "and has its metadata changed in place (t_(), unsqueeze_(), as_strided_()...); "
+                            "the graph takes them as separate inputs: use the out-of-place op and return the "
+                            "result", user_line=line)
+    return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None,
+                     meta and seen and t.requires_grad)
+
+
+def _refuse_meta_in_written_group(inputs, shared, names, lines) -> None:
+    """An input whose layout changed in place that shares its storage with an input the program
+    writes: the graph takes the group as one synthetic base and regenerates each member from it,
+    so the layout change would be lost."""
+    for i, info in enumerate(inputs):
+        written = [j for j in shared.get(i, ()) if inputs[j].mutates_data]
+        if info.mutates_metadata and written:
+            raise MutationError(
+                f"{names[i]} has its metadata changed in place (t_(), unsqueeze_(), as_strided_()...) and shares "
+                f"storage with {', '.join(str(names[j]) for j in written)}, which the function writes; that cannot "
+                "be replayed through their shared base: use the out-of-place op and return the result",
+                user_line=lines[i])
 
 
 def _storage_changed(elem) -> bool:

@@ -43,8 +43,10 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
         with functional_mode():
             # An unseen input's stand-in is its fake itself: only block calls read it (Direct checks).
             f_ins = [unseen[i] if i in unseen else to_functional(next(seen)) for i in range(lay.n_primals)]
-            # Mutating a clone keeps the original value for autograd.grad to differentiate.
-            call_ins = [f.clone() if (info.mutates_data or info.meta_seen) and info.requires_grad and lay.grad_of else f
+            # Mutating a clone keeps the original value for autograd.grad to differentiate (a layout
+            # change alone, a view: its own layout and storage).
+            call_ins = [f.clone() if info.mutates_data and info.requires_grad and lay.grad_of else
+                        f.view_as(f) if info.meta_seen and lay.grad_of else f
                         for f, info in zip(f_ins, analysis.inputs)]
             n = len(lay.grad_of)
             # Read only by calls of reused blocks: a trace with none makes none.

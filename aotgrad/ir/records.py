@@ -53,6 +53,8 @@ class InputInfo:
     mutates_metadata: bool
     mutation_hidden: bool        # autograd saw no write (no_grad, .data, .detach()): replay without autograd
     new_meta: ViewMeta | None    # metadata after a metadata mutation
+    meta_seen: bool = False      # autograd recorded the metadata mutation (``t_()`` of an input that requires
+                                 # grad, with grad enabled): replayed with ``as_strided_`` under grad, as eager's
 
     @property
     def mutation_needs_autograd(self) -> bool:

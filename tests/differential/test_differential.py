@@ -27,6 +27,11 @@ KNOWN = {
         "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
         "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
         "them changed" for e in ("dynamo", "dynamo_inductor")},
+    **{(f"meta_{op}_aliased_other_written{rg}", e):
+        "Dynamo itself applies the input's t_()/unsqueeze_()/as_strided_() to the real input while it traces, "
+        "before any backend runs: aotgrad's typed refusal (the layout change of a view next to a written view "
+        "sharing its storage) leaves it changed"
+        for op in ("t_", "unsqueeze_", "as_strided_") for rg in ("", "_rg") for e in ("dynamo", "dynamo_inductor")},
     ("aot_input_mutation_and_output_view", "export"):
         "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
         "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
