@@ -16,6 +16,11 @@ through ``aot_function`` rather than through Dynamo because Dynamo falls back
 to eager while a dispatch mode (our peak meter) is active.
 
     python -m benchmarks.memory [--models mlp,gpt,cnn]
+    python -m benchmarks.memory --budgets [--models gpt2,mlp,cnn]
+
+``--budgets``: per memory budget (fractions of the default's saved bytes; peaks in bytes, as
+fractions of the unbudgeted min cut's predicted peak) the saved bytes and the predicted and
+measured peak of aotgrad's min cut, each peak beside the unbudgeted one's.
     python -m benchmarks.memory --inductor [--models gpt_tiny,gpt_small,mlp,cnn]
 
 ``--inductor``: peak of one step (the CPU allocator's profiler events, which see Inductor's own
@@ -25,6 +30,7 @@ with the saved bytes of each (the models of ``benchmarks.matrix``).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 
@@ -36,7 +42,10 @@ MODELS = {
     "mlp": lambda: models.make_mlp(batch=64, width=256, depth=8),
     "gpt": lambda: models.make_gpt_small(batch=4),
     "cnn": lambda: models.make_cnn(batch=32, dropout=0.25),
+    "gpt2": lambda: models.make_gpt(replace(models.GPT_TINY, block_size=64), batch=4),   # issue #61's GPT
 }
+FRACTIONS = (1.0, 0.5, 0.25, 0.1, 0.0)
+PEAK_SHARES = (0.9, 0.75, 0.6)      # peak budgets, as shares of the unbudgeted predicted peak
 AOTGRAD = {"default": "default", "min_cut": "min_cut",
            **{f"budget {b}": min_cut(budget=b) for b in (1.0, 0.5, 0.25, 0.1)}}
 TORCH = {"torch aot_eager (default partition)": "default_partition",
@@ -111,6 +120,44 @@ def rows_for(name: str) -> list[dict]:
     return rows
 
 
+def budget_rows(name: str) -> list[dict]:
+    """Saved bytes, predicted and measured peak of the min cut under each budget."""
+    model, args = MODELS[name]()
+    captured = aotgrad.capture(model, *args)
+    rows, base = [], None
+    for budget in (None, *FRACTIONS, *PEAK_SHARES):
+        given = budget
+        if budget in PEAK_SHARES and not isinstance(budget, int):
+            given = int(budget * base["predicted_peak"])
+        label = "none" if budget is None else f"{budget}" if budget in FRACTIONS else f"peak {_kb(given)} KiB"
+        try:
+            compiled = captured.compile(partitioner=min_cut(budget=given))
+        except aotgrad.errors.BudgetError as e:
+            rows.append(dict(model=name, budget=label, note=str(e).split(". ")[0]))
+            continue
+        est = estimate(compiled.partition)
+        saved, peak = _measure(model, args, compiled)
+        row = dict(model=name, budget=label, predicted_saved=est.saved_bytes, saved=saved,
+                   predicted_peak=est.peak_bytes, peak=peak, recompute=est.recompute_flops)
+        base = base or row
+        row["within"] = row["predicted_peak"] <= base["predicted_peak"] and row["peak"] <= base["peak"]
+        rows.append(row)
+    return rows
+
+
+def budget_table(rows: list[dict]) -> str:
+    lines = ["| model | budget | saved KiB (pred / meas) | peak KiB (pred / meas) | pred/meas | "
+             "≤ unbudgeted | recompute MFLOP |", "|---|---|---:|---:|---:|:-:|---:|"]
+    for r in rows:
+        if "note" in r:
+            lines.append(f"| {r['model']} | {r['budget']} | {r['note']} |||||")
+            continue
+        lines.append(f"| {r['model']} | {r['budget']} | {_kb(r['predicted_saved'])} / {_kb(r['saved'])} | "
+                     f"{_kb(r['predicted_peak'])} / {_kb(r['peak'])} | {r['predicted_peak'] / r['peak']:.3f} | "
+                     f"{'yes' if r['within'] else 'NO'} | {r['recompute'] / 1e6:.2f} |")
+    return "\n".join(lines)
+
+
 # aotgrad's "auto" partitioner is the min cut for Inductor; the default partition is shown beside it.
 INDUCTOR = {"eager": None, "torch.compile inductor": None, "aotgrad inductor": {},
             "aotgrad inductor, default partition": {"partitioner": "default"}}
@@ -171,7 +218,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=None)
     ap.add_argument("--inductor", action="store_true", help="the Inductor peak table instead")
+    ap.add_argument("--budgets", action="store_true", help="the memory-budget table instead")
     opts = ap.parse_args(argv)
+    if opts.budgets:
+        names = (opts.models or "gpt2,mlp,cnn").split(",")
+        print(budget_table([r for name in names for r in budget_rows(name)]))
+        return
     if opts.inductor:
         from benchmarks import matrix
         torch.set_num_threads(1)

@@ -92,7 +92,7 @@ def pick(cands, kind: str, target: int, default_saved: int) -> Partition:
     what = "saves" if kind == "fraction" else "peaks at"
     raise BudgetError(f"memory budget of {target} bytes ({'saved' if kind == 'fraction' else 'peak'}) cannot be "
                       f"met: the closest partition {what} {measure(closest)} bytes "
-                      f"({measure(closest) / max(target, 1):.2f}x the budget; it saves {closest.saved_bytes} of the "
+                      f"({f'{measure(closest) / target:.2f}x the budget; ' if target else ''}it saves {closest.saved_bytes} of the "
                       f"default's {default_saved} and peaks at {closest.peak_bytes}). No partition is taken whose "
                       f"peak is above the unbudgeted one, and random draws and values read from inputs updated "
                       f"in place must be saved; raise the budget to at least that", user_line=caller_line())
