@@ -29,9 +29,17 @@ code objects that ran and the calls it made into a global random stream.
   or removed a hook (a ``RemovableHandle`` was made or removed in it); otherwise it stays as the other
   thread left it, and the trace, which read the module's hook dicts, runs again.
 
-Every other kind of state (instances' attributes, the containers and cells the trace reached) stays
-the capture's: another thread writing those while the same objects
-are captured races with the capture as it would with an eager call.
+* An object's attribute (``model.eval()``'s ``training`` flags, ``obj.x = v``) is the capture's when
+  code that ran in its thread could write that name (as for a global); a container's items (a
+  global list appended to, a dict item set, ``set.add``) when its thread called one of the
+  container's changing methods (a ``c_call`` whose ``__self__`` it is), or its user code stores
+  by subscript or in place anywhere (``d[k] = v`` makes no call: any container may be its
+  write). Otherwise they stay as the other thread left them, and a read one runs the trace again.
+
+* torch's process-wide switches are told apart by :mod:`..runtime.modes` from what the watch notes
+  when its thread's call of a switch's C setter returns (:meth:`Watch.c_return`).
+
+Cells and iterators stay the capture's.
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ import sys
 import torch
 
 from ..runtime.modes import SETTERS, global_state
-from .writes import _GONE, _same, held_dict, state_changes, traced
+from .writes import _GONE, _changed, _entries, _same, held_dict, state_changes, traced
 
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
 # Whole-dict access (any global may be written); in user code, also setters given the name as data.
@@ -50,6 +58,13 @@ _ANY_NAME = frozenset({"globals", "vars"})
 _NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})
 # The methods of a torch generator that change its stream (reading its state does not).
 _TORCH_SETTERS = frozenset({"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"})
+_SUBSCRIPT_STORES = frozenset({"STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE", "DELETE_SLICE"})
+# A container's methods that change it (a call of one by the capturing thread makes a change of it its own).
+_CONTAINERS = (list, dict, set, bytearray)
+_CHANGERS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
+                       "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
+                       "symmetric_difference_update", "__setitem__", "__delitem__", "__iadd__", "__ior__",
+                       "__imul__", "__isub__", "__iand__", "__ixor__"})
 _scanned: dict = {}     # code -> (names it writes, whole-dict access, setters): code is immutable
 
 
@@ -63,6 +78,8 @@ class Watch:
         self.owners = _stream_owners()
         self.rec = None             # the read recording it goes with (``reads.record``)
         self.switches: dict = {}    # index in modes.global_state() -> its value right after this thread set it
+        self.touched: set = set()   # ids of the containers whose changing methods this thread called
+        self._subscripts = None     # whether user code it ran stores by subscript (found once, after)
 
     def drew_from(self, name) -> bool:
         """Whether this thread drew from the stream ``name``: a call of its methods was seen (Python's
@@ -71,9 +88,12 @@ class Watch:
         return name in self.drew or name == "numpy.random"
 
     def c_call(self, arg):
-        owner = self.owners.get(id(getattr(arg, "__self__", None)))
+        held = getattr(arg, "__self__", None)
+        owner = self.owners.get(id(held))
         if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
             self.drew.add(owner[0])
+        elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
+            self.touched.add(id(held))
 
     def c_return(self, arg):
         """A process-wide torch setting this thread set (``modes.SETTERS``): its value now is this
@@ -86,15 +106,18 @@ class Watch:
     def profile(self, previous):
         """The profile function of this thread while the read recording is off (``previous``: a
         user's profiler, kept running)."""
-        ran, owners, drew, c_return = self.ran, self.owners, self.drew, self.c_return
+        ran, owners, drew, c_return, touched = self.ran, self.owners, self.drew, self.c_return, self.touched
 
         def watch(frame, what, arg):        # (c_call inlined: called for every event)
             if what == "call":
                 ran.add(frame.f_code)
             elif what == "c_call":
-                owner = owners.get(id(getattr(arg, "__self__", None)))
+                held = getattr(arg, "__self__", None)
+                owner = owners.get(id(held))
                 if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
                     drew.add(owner[0])
+                elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
+                    touched.add(id(held))
             elif what == "c_return" and arg.__name__ in SETTERS:
                 c_return(arg)
             if previous is not None:
@@ -106,7 +129,7 @@ class Watch:
     def could_write(self, key) -> bool:
         ran = tuple(self.ran)
         return any(key in names or (any_name or named) and self.is_user(c)
-                   for c in ran for names, any_name, named in (_writes(c),))
+                   for c in ran for names, any_name, named, _ in (_writes(c),))
 
     def _foreign(self, s) -> list:
         """The changed names of a module's globals or a user class's dict (snapshot ``s``) that this
@@ -126,8 +149,11 @@ class Watch:
             if s.kind == "hooks":
                 foreign += self._adopt_hooks(s)
                 continue
-            if not (s.kind == "class" or s.kind == "attrs" and (s.owner is None or isinstance(s.owner, str))):
-                continue        # not a module's globals or a class's attributes
+            if s.kind in ("items", "argument"):
+                foreign += self._adopt_items(s)
+                continue
+            if s.kind not in ("class", "attrs"):
+                continue        # not a module's globals, an object's or a class's attributes
             d = s.obj if s.kind == "attrs" else held_dict(vars(s.obj))
             for key in self._foreign(s):
                 if key in d:
@@ -136,6 +162,27 @@ class Watch:
                     del s.before[key]
                 foreign.append((d, key))
         return foreign
+
+    def _adopt_items(self, s) -> list:
+        """A container another thread changed meanwhile (``LOG.append(...)``, ``CFG[k] = v``): this
+        thread called none of its methods that change it (``c_call``) and ran no user code storing
+        into some container by subscript. It stays as the other thread left it; its changed items
+        are listed (a trace that read one runs again)."""
+        if id(s.obj) in self.touched or self.subscript_stores() or not _changed(s):
+            return []
+        obj, before = s.obj, s.before
+        now = _entries(obj) if isinstance(obj, dict) else obj.copy()
+        keys = [k for k in now.keys() | before.keys() if not _same(now.get(k, _GONE), before.get(k, _GONE))] \
+            if isinstance(obj, dict) else range(len(obj)) if isinstance(obj, list) else ()
+        s.before = now
+        return [(obj, k) for k in keys]
+
+    def subscript_stores(self) -> bool:
+        """Whether user code this thread ran stores or deletes by subscript, or updates in place
+        (``d[k] = v``, ``xs += [v]``): any container it reaches may be its write."""
+        if self._subscripts is None:
+            self._subscripts = any(self.is_user(c) and _writes(c)[3] for c in tuple(self.ran))
+        return self._subscripts
 
     def _adopt_state(self, s) -> list:
         """A parameter, buffer or child another thread registered (or dropped) on a traced module
@@ -193,11 +240,15 @@ def _stream_owners() -> dict:
 
 
 def _writes(code) -> tuple:
+    """``(names it stores, whole-dict access, setters, stores by subscript or in place)``."""
     hit = _scanned.get(code)
     if hit is None:
-        names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _STORES}
+        ins = list(dis.get_instructions(code))
+        names = {i.argval for i in ins if i.opname in _STORES}
         co_names = set(code.co_names)
         if co_names & _NAMED:       # library code: the names it holds as constants
             names |= {c for c in code.co_consts if isinstance(c, str)}
-        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME), bool(co_names & _NAMED))
+        subscripts = any(i.opname in _SUBSCRIPT_STORES or i.opname == "BINARY_OP" and "=" in i.argrepr
+                         or i.opname.startswith("INPLACE_") for i in ins)
+        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME), bool(co_names & _NAMED), subscripts)
     return hit

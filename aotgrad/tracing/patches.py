@@ -31,9 +31,10 @@ _OFF                   ``autograd.grad`` is traced, not compiled)
 =====================  ===========================================================  ======================
 
 What a trace changes elsewhere is per object or per thread, not process-wide: a held module's
-``_parameters``/``_buffers`` become per-thread views (``tracing.views``), a module whose
-scalar attributes are watched is an instance of a watching subclass for the length of a block
-template's trace (``guards.reads.attribute_reads``), a captured optimizer's ``step`` is wrapped on
+``_parameters``/``_buffers`` become per-thread views (``tracing.views``), the class of a module
+whose scalar attributes are watched reads attributes through a ``__getattribute__`` that passes
+other instances' and threads' reads through, for the length of a block template's trace
+(``guards.reads.attribute_reads``), a captured optimizer's ``step`` is wrapped on
 the instance (``inputs.step``), the joint trace's own fx tracer records stack traces its cheaper way
 (``_torch.user_stack_traces``), and the read recording is this thread's ``sys.setprofile``
 (``guards.reads.record``). At run time (not while tracing) a compiled backward swaps the autograd

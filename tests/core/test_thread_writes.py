@@ -48,9 +48,10 @@ ENTRIES = {"jit": lambda m, x: aotgrad.jit(m)(x),
            "capture": lambda m, x: aotgrad.capture(m, x).compile()(x)}
 
 
-def _overlapping(body, other, entry="jit"):
+def _overlapping(body, other, entry="jit", box=None):
     """Run ``entry`` on a model whose forward ``body(self, x, pause)`` calls ``pause()``: the first call
-    of it waits until ``other()`` (in another thread) has run. Returns (output, model, x)."""
+    of it waits until ``other()`` (in another thread) has run. Returns (output, model, x); ``box``
+    gets the model as ``"model"`` before it runs."""
     torch.manual_seed(0)
     inside, done = threading.Event(), threading.Event()
 
@@ -66,6 +67,8 @@ def _overlapping(body, other, entry="jit"):
         finally:
             done.set()
     model, x = Model(lambda m, x: body(m, x, pause)), torch.randn(2, 4)
+    if box is not None:
+        box["model"] = model
     join = _start(helper)
     try:
         out = ENTRIES[entry](model, x)
@@ -346,3 +349,98 @@ def test_a_thread_local_switch_left_changed_is_the_captures_whatever_other_threa
     with pytest.raises(aotgrad.errors.UnsupportedError, match="grad mode was on, now off"):
         _overlapping(body, lambda: torch.set_grad_enabled(False))
     assert torch.is_grad_enabled()
+
+
+# ---------------------------------------------------------------- objects and containers another thread writes
+
+class Settings:
+    def __init__(self):
+        self.scale, self.beats = 2.0, 0
+
+
+SETTINGS = Settings()       # a plain object the traced forward reads
+LOG: list = []              # containers the traced forward reaches (loads) without changing them
+TABLE: dict = {}
+TAGS: set = set()
+
+
+def _reaches_everything(m, x, pause):
+    h = m.fc(x) * SETTINGS.scale
+    assert LOG is not None and TABLE is not None and TAGS is not None      # (loads: copied by the capture)
+    pause()
+    return h
+
+
+# name -> (the other thread's write given the model, whether it holds after)
+OBJECT_WRITES = {
+    "model.eval()": (lambda m: m.eval(), lambda m: not m.training and not m.fc.training),
+    "module attribute": (lambda m: setattr(m, "note", 7), lambda m: m.note == 7),
+    "object attribute": (lambda m: setattr(SETTINGS, "beats", 3), lambda m: SETTINGS.beats == 3),
+    "list append": (lambda m: LOG.append("beat"), lambda m: LOG == ["beat"]),
+    "dict item": (lambda m: TABLE.__setitem__("beat", 1), lambda m: TABLE == {"beat": 1}),
+    "set add": (lambda m: TAGS.add("beat"), lambda m: TAGS == {"beat"}),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("write", OBJECT_WRITES)
+def test_another_threads_write_to_an_object_the_capture_reached_is_kept(write, entry):
+    LOG.clear(), TABLE.clear(), TAGS.clear()
+    SETTINGS.beats = 0
+    change, holds = OBJECT_WRITES[write]
+    box = {}
+    # Before: put back when the capture ended (B's write lost) and the capture refused for it.
+    out, model, x = _overlapping(_reaches_everything, lambda: change(box["model"]), entry, box)
+    assert holds(model)
+    assert_close(model.fc(x).detach() * 2.0, out.detach(), write, 0, 0)
+
+
+def test_the_capturing_threads_own_container_write_is_still_refused_and_undone():
+    LOG.clear()
+    TABLE.clear()
+
+    def body(m, x, pause):
+        LOG.append(1)
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="changes the contents of `LOG`"):
+        _overlapping(body, lambda: TABLE.__setitem__("beat", 1))
+    assert LOG == [] and TABLE == {"beat": 1}
+
+
+def test_a_container_write_by_subscript_in_the_capturing_thread_is_its_own():
+    """``TABLE[k] = v`` is no call the watch sees: where user code stores by subscript, a changed
+    container may be the capture's, which is refused and put back."""
+    TABLE.clear()
+
+    def body(m, x, pause):
+        TABLE["mine"] = 1
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="changes the contents of `TABLE`"):
+        _overlapping(body, lambda: None)
+    assert TABLE == {}
+
+
+def test_the_capturing_threads_own_attribute_write_is_still_refused_and_undone():
+    def body(m, x, pause):
+        m.calls = getattr(m, "calls", 0) + 1
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="assigns `calls`"):
+        _overlapping(body, lambda: None)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_another_threads_write_of_an_attribute_the_trace_read_captures_again(entry):
+    SETTINGS.scale = 2.0
+
+    def body(m, x, pause):
+        h = m.fc(x) * SETTINGS.scale
+        pause()
+        return h
+    try:
+        out, model, x = _overlapping(body, lambda: setattr(SETTINGS, "scale", 3.0), entry)
+        assert_close(model.fc(x).detach() * 3.0, out.detach(), entry, 0, 0)
+    finally:
+        SETTINGS.scale = 2.0
