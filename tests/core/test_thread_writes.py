@@ -444,3 +444,44 @@ def test_another_threads_write_of_an_attribute_the_trace_read_captures_again(ent
         assert_close(model.fc(x).detach() * 3.0, out.detach(), entry, 0, 0)
     finally:
         SETTINGS.scale = 2.0
+
+
+# ---------------------------------------------------------------- oneDNN: the user's switch, traced RNNs plain
+
+class _Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h.tanh() if torch.backends.mkldnn.enabled else h.sigmoid()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_forward_branching_on_onednn_reads_the_users_switch(enabled):
+    """Before: a capture turned oneDNN off while it traced, so the forward took the other branch."""
+    from ..eager_check import check
+    with torch.backends.mkldnn.flags(enabled=enabled):
+        check(_Branchy(), (torch.randn(2, 4),))
+        assert torch.backends.mkldnn.enabled is enabled
+
+
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_recurrent_modules_still_trace_into_plain_ops(rnn):
+    from ..eager_check import check
+    assert torch.backends.mkldnn.enabled
+    check(getattr(torch.nn, rnn)(4, 5, num_layers=2), (torch.randn(3, 2, 4),))
+    ops = {str(n.target) for n in aotgrad.capture(torch.nn.LSTM(4, 5), torch.randn(3, 2, 4)).joint.graph.nodes}
+    assert not any("mkldnn" in o for o in ops) and torch.backends.mkldnn.enabled
+
+
+def test_another_threads_eager_lstm_during_a_capture_sees_onednn_on():
+    """oneDNN is off only while a traced RNN op dispatches, not for the whole capture."""
+    seen = []
+
+    def body(m, x, pause):
+        pause()
+        return m.fc(x)
+    _overlapping(body, lambda: seen.append(torch.backends.mkldnn.enabled))
+    assert seen == [True]
