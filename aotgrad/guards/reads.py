@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import MODULE_CALL_CODES
+from .._torch import MODULE_CALL_CODES, SWITCH_GETTERS
 from . import attribution
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
@@ -36,6 +36,9 @@ _STDLIB = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["std
 _CALL_IMPL = MODULE_CALL_CODES
 
 SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
+_SWITCH_IDS = {id(f): name for f, name in SWITCH_GETTERS.items()}
+_UNFOLLOWED_FNS = (eval, exec)      # text evaluated at run time: what it reads is in no code's bytecode
+_UNFOLLOWED = frozenset(map(id, _UNFOLLOWED_FNS))
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 
@@ -110,6 +113,8 @@ class Recording:
     light: object = None        # the watch alone (``user_code``), where other threads run
     watch: object = None        # other threads ran meanwhile: what this thread ran (``.attribution``)
     ran: set | None = None      # when a set, the code objects run get added (a block's template trace)
+    switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
+    reflected: list = field(default_factory=list)   # (builtin, code, line): reads no guard can follow (``eval``)
 
     def event(self, frame, event, arg):
         if event != "call":
@@ -118,8 +123,8 @@ class Recording:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
                     self.writes.memoizes(frame.f_code, arg)
-            elif event == "c_call" and self.watch is not None:
-                self.watch.c_call(arg)
+            elif event == "c_call":
+                self._c_call(frame, arg)
             elif event == "c_return" and self.watch is not None:
                 self.watch.c_return(arg)
             return
@@ -136,6 +141,18 @@ class Recording:
                                             and frame.f_locals.get("self") is self.root):
                 self.root_frame = frame
             self._add(frame, code, kind)
+
+    def _c_call(self, frame, fn):
+        """A C function called while recording: a torch switch's getter is a read of the switch (from
+        any frame: ``torch.backends.cudnn.benchmark`` calls it from torch's Python); ``eval``/``exec``
+        from user code run text whose reads no guard can follow."""
+        name = _SWITCH_IDS.get(id(fn))
+        if name is not None and SWITCH_GETTERS.get(fn) == name and name not in self.switches:
+            self.switches[name] = (fn, fn())
+        elif id(fn) in _UNFOLLOWED and fn in _UNFOLLOWED_FNS and self.kinds.get(frame.f_code) == USER:
+            self.reflected.append((fn, frame.f_code, frame.f_lineno))
+        if self.watch is not None:
+            self.watch.c_call(fn)
 
     def _add(self, frame, code, kind):
         f_locals = frame.f_locals

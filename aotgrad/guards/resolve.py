@@ -11,6 +11,7 @@ code loads by name.
 """
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import functools
@@ -19,14 +20,16 @@ import os
 import sys
 import threading
 import types
+import weakref
 
 import torch
 
 from .. import errors
+from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
 from .bytecode import attr_names, chains
-from .reads import LIBRARY, MODULE_CALL, USER, is_library
-from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, guard_kind
+from .reads import LIBRARY, MODULE_CALL, USER, Frame, is_library
+from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, frozen_size, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
@@ -75,7 +78,8 @@ def locate(obj, kind, key):
 
 _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    # modules whose state is constant
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
-_CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
+_CALLABLES = (types.FunctionType, functools.partial)
+_LRU = type(functools.lru_cache(lambda: None))     # followed though library-made: their code, cells, arguments
 
 
 def _state_of_library(obj) -> bool:
@@ -108,17 +112,41 @@ class Resolver:
         self.executed = {f.code for f in rec.frames.values() if f.kind == USER}
         self.names = attr_names(self.executed)
         self.fn, self.root_name = fn, root_name
+        self.line = None        # the user line of the chain being followed, for refusals
+        self.cached: list = []  # frames standing for a cached function's body (an ``lru_cache`` hit runs none)
         self._roots(fn, leaves)
 
     def resolve(self) -> list:
+        self._unfollowed()
+        self._switches()
         frames = list(self.rec.frames.values())
         for _ in range(3):      # a self or argument reached later gets its path on the next round
             known = len(self.paths)
-            for f in frames:
+            for f in frames + self.cached:
                 self._frame(f)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
         return list(self.reads.values())
+
+    def _unfollowed(self):
+        """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
+        for fn, code, line in self.rec.reflected:
+            raise errors.UnsupportedError(
+                f"the traced code calls `{fn.__name__}`: the text it evaluates reads Python state that aotgrad "
+                "cannot check on later calls; compute the value outside the compiled function and pass it in, "
+                "or write the expression out", user_line=f"{code.co_filename}:{line} in {code.co_name}")
+
+    def _switches(self):
+        """torch's switches the trace read (``_torch.SWITCH_GETTERS``): each guarded on the value seen."""
+        for name, (getter, seen) in self.rec.switches.items():
+            now = getter()
+            if type(now) is not type(seen) or now != seen:
+                raise errors.UnsupportedError(
+                    f"the traced code read torch's switch `{name}` as {seen!r}, and it is {now!r} now: it changed "
+                    "while the function was captured (another thread, or the function itself); set it before "
+                    "the first call")
+            self._add(Read(f"torch switch {switch_name(name)}", ("switch", name), _Called(getter), "value", seen,
+                           guard_kind(seen)))
 
     def _roots(self, fn, leaves):
         if isinstance(fn, torch.nn.Module):
@@ -126,7 +154,10 @@ class Resolver:
         else:
             self._value(fn, ("fn", None), self.root_name)
         for i, v in enumerate(leaves):
-            if v is not None and not _stops(v):
+            if v is not None and guard_kind(v) == "frozen":
+                # a container or buffer argument is the same object (the argument match): and holds the same
+                self._add_value(_Fixed(v), "value", f"input {i}", None)
+            elif v is not None and not _stops(v):
                 self._value(v, ("arg", i), f"input {i}")
         mod = torch.nn.modules.module
         for name in _GLOBAL_HOOKS:
@@ -165,6 +196,7 @@ class Resolver:
         if f.kind == USER and _reflects(f, found):
             self._reflective(f, found)
         for c in found:
+            self.line = f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
             if c.root == "fast" and c.name == "self" and f.self_obj is not None:
                 self._follow(f.self_obj, path, source or _anon(f.self_obj), c.steps)
             elif c.root in ("fast", "deref") and c.name in f.args:     # an argument, or a free variable
@@ -181,14 +213,19 @@ class Resolver:
 
     def _reflective(self, f, found):
         """Code that reads attributes in a way the bytecode does not name (``operator.attrgetter(n)(x)``,
-        ``type.__getattribute__(type(x), n)``, a getter held in a variable): every plain value of every
-        object it was handed or loaded from a global is read."""
+        ``object.__getattribute__(rows[0], n)``, ``vars(vars(x)["o"])``, a getter held in a variable):
+        every plain value of every object it was handed, or reached by a load it makes (each object
+        on the way, and the items of a container it ends at), is read."""
         objs = [(f.self_obj, self.paths.get(id(f.self_obj), (None, _anon(f.self_obj))))] if f.self_obj is not None \
             else []
         objs += [(v, self.paths.get(id(v), (None, _anon(v)))) for v in f.args.values()]
         for c in found:
-            if c.root == "global" and c.name in f.globals and not _stops(f.globals[c.name]):
-                objs.append((f.globals[c.name], (_global_path(f.globals, c.name), c.name)))
+            start = f.globals.get(c.name, _UNSET) if c.root == "global" and f.globals is not None else \
+                f.self_obj if c.root == "fast" and c.name == "self" else f.args.get(c.name, _UNSET)
+            if start is _UNSET or _stops(start) and not isinstance(start, _KEYED + (list,)):
+                continue
+            base = (_global_path(f.globals, c.name), c.name) if c.root == "global" else (None, c.name)
+            objs += [(v, self.paths.get(id(v), base if v is start else (None, _anon(v)))) for v in _reach(start, c.steps)]
         for obj, (path, source) in objs:
             self._any(obj, path, source)
 
@@ -196,6 +233,9 @@ class Resolver:
         d = vars(module)
         for key in HOOKS + (HOOK_EXTRAS if d.get("_forward_hooks") or d.get("_forward_pre_hooks") else ()):
             self._hook(d, key, path + (("attr", key),) if path else None, f"{source}.{key}")
+        if d.get("_forward_hooks") or d.get("_forward_pre_hooks"):
+            # a library's hook (spectral norm's power iteration) reads the module's mode, unrecorded
+            self._add_value(d, "training", f"{source}.training", _own_item(path, "training"))
         # Which ``forward`` the call ran: one set on the instance (``m.forward = ...``: patched,
         # wrapped by a library's hooks) or its absence, the module's class (``m.__class__ = ...``), and
         # the class's by identity, with its absence from every class before it in the MRO (a subclass
@@ -384,12 +424,13 @@ class Resolver:
             return
         if kind == "frozen":
             frozen = freeze(value)
-            if not _frozen_ok(value):
+            if frozen_size(value) is None:
                 raise errors.UnsupportedError(
-                    f"the traced code reads `{source}`, a {type(value).__name__} of {len(value)} entries, which is "
-                    "too large to check on every call; pass what the function needs from it as an argument")
+                    f"the traced code reads `{source}`, a {type(value).__name__} too large or nested too deep to "
+                    "check on every call; pass what the function needs from it as an argument",
+                    user_line=self.line)
             self._add(Read(source, path, where, key, frozen, kind))
-            for x in (value.values() if isinstance(value, dict) else value):
+            for x in (value.values() if isinstance(value, dict) else value if isinstance(value, _ITERATED) else ()):
                 if not _stops(x):
                     self._value(x, None, f"{source}[...]")
             return
@@ -400,6 +441,13 @@ class Resolver:
     def _value(self, v, path, source):
         """Something reached by value: remember its path; a function that ran adds its cells and
         defaults; an object adds the attributes the traced code loads by name."""
+        if isinstance(v, weakref.ref) and id(v) not in self.done:       # ``REF().k``: what it points to
+            self.done.add(id(v))
+            self._add_value(_Called(v), "value", f"{source}()", None)
+            return
+        if id(v) not in self.done and isinstance(v, _LRU) and isinstance(getattr(v, "__wrapped__", None),
+                                                                     types.FunctionType):
+            self._cached(v, path, source)
         if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES) and not _settings(v):
             return
         self.done.add(id(v))
@@ -413,12 +461,24 @@ class Resolver:
         elif isinstance(v, functools.partial):     # what it calls with: its function, arguments, keywords
             for key in ("func", "args", "keywords"):
                 self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)
-        elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict):
-            names = self.names & set(vars(v))
+        elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and (
+                isinstance(getattr(v, "__dict__", None), dict) or _slots(v)):
+            names = self.names & (set(getattr(v, "__dict__", ())) | _slots(v))
             if dataclasses.is_dataclass(v):     # a config: library code reads its fields too (``asdict``)
-                names |= {f.name for f in dataclasses.fields(v)} & set(vars(v))
+                names |= {f.name for f in dataclasses.fields(v)} & (set(getattr(v, "__dict__", ())) | _slots(v))
             for name in sorted(names):
                 self._follow(v, path, source, (("attr", name),))
+
+    def _cached(self, wrapper, path, source):
+        """A ``functools.lru_cache``'d function: a call answered from its cache ran none of its body, so
+        the body's reads are taken as made (they are the ones a miss makes), hit or miss."""
+        self.done.add(id(wrapper))
+        inner = wrapper.__wrapped__
+        if is_library(inner):
+            return
+        self.executed.add(inner.__code__)
+        self.cached.append(Frame(inner.__code__, USER, inner.__globals__))
+        self._value(inner, path + (("attr", "__wrapped__"),) if path else None, f"{source}.__wrapped__")
 
     def _function(self, fn, path, source):
         if is_library(fn):
@@ -448,7 +508,29 @@ class Resolver:
 # Names whose use reads attributes named by a value (``operator.attrgetter("k")``), or a getter the
 # bytecode may not see called with its object and name together.
 # ``super(C, self).k`` too: the bytecode names neither the object nor the classes searched.
-_REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__", "super"))
+_REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__", "super",
+                         "vars"))
+
+
+def _reach(obj, steps):
+    """The objects a load chain passes through from ``obj`` (attributes, items, ``__dict__``), and the
+    items of a container it ends at: what reflective code may read from. Best effort: a step that
+    fails ends it."""
+    out = [obj]
+    for kind, key in steps:
+        if kind in ("any", "anyclass"):
+            continue
+        try:
+            obj = obj[key] if kind in ("item", "get") and not isinstance(obj, types.ModuleType) else \
+                getattr(obj, key) if kind == "attr" else None
+        except Exception:       # the user's own lookup (a property, ``__getitem__``) failing here
+            break
+        if obj is None or type(obj) in _EQ_TYPES:
+            break
+        out.append(obj)
+    if isinstance(obj, (list, tuple, dict, collections.deque)):
+        out += [x for x in (obj.values() if isinstance(obj, dict) else obj) if type(x) not in _EQ_TYPES][:_FROZEN_LIMIT]
+    return [o for o in out if not isinstance(o, (dict, list, tuple, torch.Tensor))]
 
 
 def _reflects(f, found) -> bool:
@@ -458,6 +540,7 @@ def _reflects(f, found) -> bool:
 
 
 _UNSET = object()
+_ITERATED = (list, tuple, set, frozenset, collections.deque)      # containers whose items are followed
 
 
 def _settings(obj) -> bool:
@@ -485,6 +568,31 @@ class _Names:
     @property
     def names(self):
         return tuple(self.d)
+
+
+def switch_name(name: str) -> str:
+    return name.removeprefix("_get_").removeprefix("get_").removeprefix("is_")
+
+
+class _Called:
+    """What a call with no arguments answers, where a guard reads it (``.value``): one of torch's
+    switches (its getter), the object a weak reference points to."""
+    __slots__ = ("getter",)
+
+    def __init__(self, getter):
+        self.getter = getter
+
+    @property
+    def value(self):
+        return self.getter()
+
+
+class _Fixed:
+    """An object a guard reads whole (``.value``): an argument the call's match holds by identity."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 class _ContextValue:
@@ -516,6 +624,11 @@ def _class_item(path, i, key):
     return path + (("class", i), ("own", key)) if path else None
 
 
+def _slots(obj) -> set:
+    """The ``__slots__`` members of ``obj``'s user classes (its values, read through the object)."""
+    return {k for _, c in _user_classes(obj) for k, d in vars(c).items() if isinstance(d, types.MemberDescriptorType)}
+
+
 def _user_classes(obj):
     """``(i, cls)`` for the classes of ``obj``'s type's MRO that are the user's (a library's are constant)."""
     return [(i, c) for i, c in enumerate(type(obj).__mro__) if not is_library(c)]
@@ -542,26 +655,23 @@ def read_at(where, key):
     return where[key] if isinstance(where, (dict, types.MappingProxyType, tuple)) else getattr(where, key)
 
 
-def _frozen_ok(v) -> bool:
-    try:
-        return len(v) <= _FROZEN_LIMIT and all(_frozen_ok(x) for x in (v.values() if isinstance(v, dict) else v)
-                                               if isinstance(x, (list, tuple, set, frozenset, dict)))
-    except TypeError:
-        return False
-
-
 def _anon(obj) -> str:
     return f"<{type(obj).__name__} object>"
 
 
 def assumed(fn, leaves, root_name, rec) -> list:
-    """Every read the traced call made, as guardable ``Read`` s."""
-    return Resolver(fn, leaves, root_name, rec).resolve()
+    """Every read the traced call made, as guardable ``Read`` s, and the installed libraries' code
+    it ran (``cache.library_code``: held by identity here, by contents in another process)."""
+    from .cache import library_code
+    return Resolver(fn, leaves, root_name, rec).resolve() + library_code(rec)
 
 
 def _resolve_path(fn, leaves, path):
     """``(where, key)`` that ``path`` names in this process, or None where it leads nowhere."""
     root, arg, *steps = path
+    if root == "switch":
+        getter = next((f for f, n in SWITCH_GETTERS.items() if n == arg), None)
+        return (_Called(getter), "value") if getter is not None else None
     if not steps:
         return None
     (kind, key), steps = steps[0], steps[1:]

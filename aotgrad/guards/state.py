@@ -23,8 +23,11 @@ one fails, one loop names the first read that failed.
 """
 from __future__ import annotations
 
+import array
+import collections
 import keyword
 import operator
+import sys
 import types
 from dataclasses import dataclass
 
@@ -37,6 +40,8 @@ from ..tracing.views import real
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()
 _FROZEN_LIMIT = 256
+_FROZEN_DEPTH = 8
+_CONTAINER_TYPES = (list, tuple, set, frozenset, dict, collections.deque)
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
                  "_global_forward_hooks_always_called")
@@ -61,15 +66,40 @@ def _get(where, key):
 
 
 def freeze(v, depth=0):
-    """A type-exact, comparable description of a guarded container value."""
+    """A type-exact, comparable description of a guarded container value: plain values by their
+    bits, containers element by element (``deque`` with its ``maxlen``), the buffers of ``bytearray``,
+    ``array.array`` and NumPy values by their bytes; anything else by identity (``_Same``)."""
     if type(v) in _EQ_TYPES:
         return (type(v), bits(v))
-    if isinstance(v, (list, tuple, set, frozenset, dict)) and depth < 4 and len(v) <= _FROZEN_LIMIT:
+    raw = _raw(v)
+    if raw is not None:
+        return (type(v), raw)
+    if isinstance(v, _CONTAINER_TYPES) and depth < _FROZEN_DEPTH and len(v) <= _FROZEN_LIMIT:
         if isinstance(v, dict):
             return (type(v), tuple((freeze(k, depth + 1), freeze(x, depth + 1)) for k, x in v.items()))
         items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
-        return (type(v), tuple(freeze(x, depth + 1) for x in items))
-    return _Same(v)
+        body = tuple(freeze(x, depth + 1) for x in items)
+        return (type(v), (_MAXLEN, v.maxlen, body) if isinstance(v, collections.deque) else body)
+    return _Same(v, v._version) if _versioned(v) else _Same(v)
+
+
+def _raw(v):
+    """``(tag, bytes...)`` of a value held in a buffer (``bytearray``, ``array.array``, a NumPy array or
+    scalar), or None."""
+    if isinstance(v, bytearray):
+        return (_BYTES, bytes(v))
+    if isinstance(v, array.array):
+        return (_ARRAY, v.typecode, v.tobytes())
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, (np.ndarray, np.generic)):
+        a = np.asarray(v)
+        if a.dtype.hasobject:
+            return None
+        return (_NUMPY, a.dtype.str, a.shape, a.tobytes())
+    return None
+
+
+_BYTES, _ARRAY, _NUMPY, _MAXLEN = "bytes", "array", "numpy", "maxlen"
 
 
 def _unbits(t, body):
@@ -78,15 +108,36 @@ def _unbits(t, body):
     return complex(float_from_bits(body[0]), float_from_bits(body[1])) if t is complex else body
 
 
-class _Same:
-    """Compares by identity (a tensor or an object inside a frozen container)."""
-    __slots__ = ("obj",)
+def frozen_size(v, depth=0) -> int | None:
+    """How many entries checking ``v`` by value compares, or None where it cannot be checked whole
+    (too large, nested too deep, a NumPy array of objects): a read of it is refused, not trusted."""
+    if _raw(v) is not None:
+        return 1 if len(_raw(v)[-1]) <= 64 * _FROZEN_LIMIT else None
+    if isinstance(v, _CONTAINER_TYPES):
+        if depth >= _FROZEN_DEPTH or len(v) > _FROZEN_LIMIT:
+            return None
+        total = len(v)
+        for x in (v.values() if isinstance(v, dict) else v):
+            n = frozen_size(x, depth + 1)
+            if n is None:
+                return None
+            total += n
+        return total
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.ndarray):     # of objects
+        return None
+    return 0
 
-    def __init__(self, obj):
-        self.obj = obj
+
+class _Same:
+    """Compares by identity (an object inside a frozen container; a tensor also by its version)."""
+    __slots__ = ("obj", "version")
+
+    def __init__(self, obj, version=None):
+        self.obj, self.version = obj, version
 
     def __eq__(self, other):
-        return isinstance(other, _Same) and other.obj is self.obj
+        return isinstance(other, _Same) and other.obj is self.obj and other.version == self.version
 
     def __hash__(self):
         return id(self.obj)
@@ -95,9 +146,15 @@ class _Same:
 def guard_kind(v) -> str:
     if type(v) in _EQ_TYPES or type(v) in (tuple, frozenset) and all(type(x) in _EQ_TYPES for x in v):
         return "eq"
-    if isinstance(v, (list, tuple, set, frozenset, dict)):
+    if isinstance(v, _CONTAINER_TYPES) or _raw(v) is not None or _versioned(v):
         return "frozen"
     return "id"
+
+
+def _versioned(v) -> bool:
+    """A tensor a read holds that is not a parameter: the same one, unwritten since (a value the trace
+    took from it, ``T.item()``, is baked in the graph)."""
+    return isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and not v.is_inference()
 
 
 def holds(read: Read, now) -> bool:
@@ -119,7 +176,7 @@ def holds(read: Read, now) -> bool:
         return isinstance(now, dict) and len(now) == v
     if k == "empty":
         return isinstance(now, dict) and not now
-    return isinstance(now, dict) and now == v
+    return isinstance(now, dict) and list(now.items()) == list(v.items())     # in order: ``ModuleDict`` iterates it
 
 
 def current(read: Read):
@@ -176,8 +233,26 @@ def _thaw(f):
         return {_thaw(k): _thaw(x) for k, x in body}
     if t in _EQ_TYPES:
         return _unbits(t, body)
+    if isinstance(body, tuple) and body[:1] in ((_BYTES,), (_ARRAY,), (_NUMPY,)):
+        return _unraw(t, body)
+    if isinstance(body, tuple) and body[:1] == (_MAXLEN,):
+        out = t.__new__(t)
+        collections.deque.__init__(out, [_thaw(x) for x in body[2]], body[1])
+        return out
     items = [_thaw(x) for x in body]
     return t._make(items) if issubclass(t, tuple) and hasattr(t, "_make") else t(items)     # a namedtuple
+
+
+def _unraw(t, body):
+    if body[0] == _BYTES:
+        return t(body[1])
+    if body[0] == _ARRAY:
+        out = t(body[1])
+        out.frombytes(body[2])
+        return out
+    import numpy as np
+    a = np.frombuffer(body[3], dtype=np.dtype(body[1])).reshape(body[2]).copy()
+    return a if t is np.ndarray else a.reshape(()).astype(t)[()] if issubclass(t, np.generic) else a
 
 
 def _short(v) -> str:
@@ -257,6 +332,8 @@ def _key(i, r) -> str:
 def _term(i, r, holders, kind) -> str:
     if kind == "absent":        # a name looked up in a dict (a module's, a class's, globals) stays absent
         return f"{_key(i, r)} not in h%d" % holders.setdefault(id(r.where), (len(holders), r.where))[0]
+    if kind == "dict":      # entries in order (a reordered ``ModuleDict`` runs its children in another order)
+        return f"list({_access(i, r, holders)}.items()) == e{i}"
     return f"{_access(i, r, holders)} {'is' if kind == 'same' else '=='} e{i}"
 
 
@@ -272,7 +349,7 @@ def _generated(reads, kind):
     cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms))
                   if f"k{i}]" in t or f"k{i})" in t or t.startswith(f"k{i} ")})
     if kind != "absent":
-        cells.update({f"e{i}": r.value for i, r in enumerate(reads)})
+        cells.update({f"e{i}": list(r.value.items()) if kind == "dict" else r.value for i, r in enumerate(reads)})
     names = list(cells)
     src = (f"def make({', '.join(names)}):\n    def check():\n        return " + " and ".join(terms)
            + "\n    return check\n")
