@@ -26,8 +26,8 @@ def load(path: str, *, state: dict | None = None, placeholders: bool = False):
             check_members(z)
             manifest = check_manifest(read_entry(z, "manifest.json", json=True))
             check_members(z, manifest["graphs"])
-            tensor_io.check_extent(manifest["tensors"], z.getinfo("tensors.bin").file_size)   # before reading it
-            blob = read_entry(z, "tensors.bin")
+            size = tensor_io.check_extent(manifest["tensors"], z.getinfo("tensors.bin").file_size)  # before reading
+            blob = read_entry(z, "tensors.bin", limit=size)
             tensor_io.check_digest(blob, manifest["tensors_sha256"])
             tensors = tensor_io.unpack(blob, manifest["tensors"])
             graphs = {k: read_entry(z, f"graphs/{k}.json", json=True) for k in manifest["graphs"]}

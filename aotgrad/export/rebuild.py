@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import types
 
 import torch
 
-from .._torch import pytree
+from .._torch import OpOverload, pytree
 from .. import errors
 from ..ir.descriptors import Desc
 from ..ir.records import Analysis, JointLayout
@@ -18,7 +19,7 @@ from ..observe import Step
 from ..partition import Partition
 from ..runtime.modes import is_baked
 from ..stages import Captured, Exported, Modes, Setup
-from ..store import codec
+from ..store import codec, sandbox
 from . import verify
 
 _ExportFormatError = errors.ExportFormatError
@@ -69,6 +70,7 @@ def _checked_eager(gm, example_inputs):
     """The eager backend, where an operator's own check of a value (``bernoulli``'s ``p`` in [0, 1], an
     index in range: what no fake tensor sees at load) raises an ``ExportFormatError`` chained to ATen's."""
     from ..backends import eager
+    guard_indices(gm)
     run, kind = eager(gm, example_inputs), getattr(gm.meta.get("aotgrad"), "kind", "joint")
 
     def checked(*args):
@@ -82,6 +84,33 @@ def _checked_eager(gm, example_inputs):
                                            "values are out of its range)") from e
     checked._boxed_call = getattr(run, "_boxed_call", False)
     return checked
+
+
+def guard_indices(gm) -> None:
+    """Before each call of a kernel that trusts an index tensor (``sandbox.INDEX_GUARDS``: max-pooling's
+    and embedding's backward), a check that every index is in range: the artifact's graph computes that
+    tensor, and a crafted one would write outside the gradient's storage."""
+    for n in list(gm.graph.nodes):
+        guard = sandbox.INDEX_GUARDS.get(sandbox.qualified_name(n.target)) if n.op == "call_function" \
+            and isinstance(n.target, OpOverload) else None
+        if guard is None:
+            continue
+        pos, bound = guard
+        with gm.graph.inserting_before(n):
+            checked = gm.graph.call_function(_in_range, (n.args[pos], n.args[bound] if isinstance(bound, int)
+                                                         else (n.args[bound[0]], bound[1]), n.name))
+        n.update_arg(pos, checked)
+    gm.recompile()
+
+
+def _in_range(index: torch.Tensor, bound, name: str) -> torch.Tensor:
+    if not isinstance(bound, int):      # the product of a tensor's last sizes: one plane's elements
+        t, dims = bound
+        bound = math.prod(t.shape[-dims:])
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+        raise IndexError(f"{name}: an index of the artifact's graph is outside [0, {bound}) (min "
+                         f"{int(index.min())}, max {int(index.max())}); the operator would write outside its result")
+    return index
 
 
 def _check_tensor_names(m: dict, graphs: dict, tensors: dict) -> None:

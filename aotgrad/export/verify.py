@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import operator
 import types
 
 import torch
 import torch.fx as fx
 
-from .._torch import data_dependent_errors
+from .._torch import OpOverload, data_dependent_errors
 from ..ir.ops import returns_fresh
 from ..errors import ExportFormatError
 from ..ir.records import layout
@@ -42,9 +43,11 @@ def check_graphs(ops: dict, graphs: dict, specs, lay, part, analysis) -> None:
     # inputs that need not be tensors.
     symbols = set(part.saved[part.n_saved_tensors:]) if part is not None else set()
     values, computed = FakeValues({}, unbacked=True), {}     # one fake mode: the forward's symbols reach the backward
+    values.mode().allow_fallback_kernels = False    # an operator without a meta kernel is refused, never run for real
     for name, gm in graphs.items():
         computed = _propagate(name, gm, values, {k: computed.get(k, _UNKNOWN) for k in symbols}
                               if name == "backward" else {})
+        _check_extents(name, gm)
 
 
 def _check_nodes(name: str, gm: fx.GraphModule) -> None:
@@ -224,8 +227,9 @@ def _has_unknown(v) -> bool:
 
 
 def _matches(value, stored) -> bool:
-    if isinstance(stored, TensorMeta):
-        return isinstance(value, torch.Tensor) and _same(TensorMeta(
+    if isinstance(stored, TensorMeta):      # a dense tensor: no sparse, quantized or MKL-DNN one
+        return isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_quantized \
+            and not value.is_mkldnn and _same(TensorMeta(
             tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype, str(value.device), False),
             stored)
     if isinstance(stored, (tuple, list)):
@@ -239,3 +243,83 @@ def _describe(v) -> str:
     if isinstance(v, (tuple, list)):
         return "(" + ", ".join(map(_describe, v)) + ")"
     return type(v).__name__
+
+
+# --- explicit strides ------------------------------------------------------------------------------
+# An operator given a view's sizes and strides (``as_strided``, ``_reshape_alias``, their ``_copy`` and
+# ``_scatter`` forms) reads where they say; ``_reshape_alias``'s kernel checks nothing, and the fake
+# kernels compute their own strides. Each such view must lie inside the storage its input lives in.
+
+def _strided_view(op):
+    """The view operator whose ``size``/``stride`` arguments ``op`` takes (``op`` itself, or the view a
+    ``_copy``/``_scatter`` form applies to its first argument), or None."""
+    if not isinstance(op, OpOverload):
+        return None
+    ns, _, base = op._schema.name.partition("::")
+    for suffix in ("_copy", "_scatter", ""):
+        if base.endswith(suffix):
+            view = getattr(getattr(getattr(torch.ops, ns), base[:len(base) - len(suffix)], None), op._overloadname, None)
+            if isinstance(view, OpOverload) and view._schema.returns and view._schema.returns[0].alias_info is not None \
+                    and {"size", "stride"} <= {a.name for a in view._schema.arguments}:
+                return view
+    return None
+
+
+def _check_extents(name: str, gm: fx.GraphModule) -> None:
+    """Every explicitly strided view in ``gm`` lies within its input's storage: an input's storage is
+    its recorded extent (the guards pin it), a fresh result's its own, a view's its input's."""
+    storage: dict = {}      # (node, output index) -> bytes of the storage that value lives in
+    for n in gm.graph.nodes:
+        stored = n.meta.get(STORED)
+        outs = stored if isinstance(stored, (tuple, list)) else (stored,)
+        for i, v in enumerate(outs):
+            if isinstance(v, TensorMeta):
+                storage[n, i] = _aliased(n, i, storage) or _extent(v.shape, v.stride, v.offset) * v.dtype.itemsize
+        view = _strided_view(n.target) if n.op == "call_function" else None
+        if view is not None:
+            _check_view(name, n, view, storage)
+
+
+def _aliased(n: fx.Node, i: int, storage: dict) -> int | None:
+    """The storage bytes of the input ``n``'s output ``i`` is a view of (None: a fresh tensor)."""
+    if n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        return storage.get((n.args[0], n.args[1])) if isinstance(n.args[0], fx.Node) else None
+    if not isinstance(n.target, OpOverload) or i >= len(n.target._schema.returns):
+        return None
+    alias = n.target._schema.returns[i].alias_info
+    for arg, value in zip(n.target._schema.arguments, n.args):
+        if alias is not None and arg.alias_info is not None and set(arg.alias_info.before_set) & set(
+                alias.before_set) and isinstance(value, fx.Node):
+            return storage.get((value, 0))
+    return None
+
+
+def _check_view(name: str, n: fx.Node, view, storage: dict) -> None:
+    args = dict(zip((a.name for a in n.target._schema.arguments), n.args)) | dict(n.kwargs)
+    base = next(iter(args.values()), None)
+    meta = base.meta.get(STORED) if isinstance(base, fx.Node) else None
+    size, stride, offset = args.get("size"), args.get("stride"), args.get("storage_offset")
+    if not isinstance(meta, TensorMeta) or not _int_list(size) or not _int_list(stride) \
+            or len(size) != len(stride) or (offset is not None and type(offset) is not int):
+        raise ExportFormatError(f"node {n.name} of the artifact's {name} graph calls {n.target} with sizes, "
+                                "strides or an offset that are not static integers")
+    offset = meta.offset if offset is None else offset
+    low = offset + sum((k - 1) * st for k, st in zip(size, stride) if st < 0)
+    high = _extent(size, stride, offset)
+    if min(size, default=1) < 0 or (0 not in size and (low < 0 or high * meta.dtype.itemsize > storage[base, 0])):
+        raise ExportFormatError(f"node {n.name} of the artifact's {name} graph calls {n.target} with sizes "
+                                f"{list(size)}, strides {list(stride)} and offset {offset}, which reach outside the "
+                                f"{storage[base, 0]} bytes of its input's storage")
+
+
+def _extent(size, stride, offset) -> int:
+    """Elements of storage a view reaches: one past its last element (0 for an empty view)."""
+    if 0 in tuple(size):
+        return 0
+    return offset + sum((k - 1) * st for k, st in zip(size, stride) if st > 0) + 1
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(type(x) is int for x in v)

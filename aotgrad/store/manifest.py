@@ -32,12 +32,25 @@ def check_members(z: zipfile.ZipFile, graphs=None) -> None:
         raise ExportFormatError(f"the artifact's members {sorted(names)} are not the ones its manifest names")
 
 
-def read_entry(z: zipfile.ZipFile, name: str, json: bool = False):
-    """One member's bytes (its CRC checked by ``zipfile``), or its JSON."""
+# The most a JSON member may inflate to: a graph of a large model is a few MiB (gpt_small's joint: 2 MiB).
+JSON_LIMIT = 64 << 20
+
+
+def read_entry(z: zipfile.ZipFile, name: str, json: bool = False, limit: int = JSON_LIMIT):
+    """One member's bytes (its CRC checked by ``zipfile``), or its JSON. A member that inflates to more
+    than ``limit`` bytes is refused before it is inflated (its header's size) and while it is (a
+    header that lies: no more than ``limit + 1`` bytes are ever inflated)."""
     try:
-        data = z.read(name)
+        info = z.getinfo(name)
     except KeyError:
         raise ExportFormatError(f"the artifact has no {name} (it is truncated or not an aotgrad artifact)") from None
+    if info.file_size > limit:
+        raise ExportFormatError(f"the artifact's {name} inflates to {info.file_size} bytes, more than the "
+                                f"{limit} its manifest allows (a zip bomb, or a corrupted file)")
+    with z.open(info) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ExportFormatError(f"the artifact's {name} inflates to more than the {limit} bytes its header says")
     if not json:
         return data
     try:

@@ -18,9 +18,15 @@ every node of every graph when a step is exported and when one is loaded
    text (``from_file(filename)``, ``_functional_assert_async(assert_msg)``): no ``Storage``,
    ``Stream``, future, dict or class argument;
 4. it returns tensors or numbers;
-5. it checks its indices (not ``_unsafe_index*``, ``*_unsafe`` sparse constructors) and makes
-   dense tensors (not ``sparse``/``nested`` ones, whose indices nothing checks), and it is not a
-   ``_test_`` operator.
+5. it checks its indices (not ``_unsafe_index*``, ``*_unsafe`` sparse constructors, nor the kernels
+   of :data:`TRUSTING`, which read or write where an index, offset or length tensor's values say) and
+   makes dense tensors (not ``sparse``/``nested`` ones, whose indices nothing checks, nor a backend's
+   quantized, packed or MKL-DNN ones: :data:`OPAQUE`), and it is not a ``_test_`` operator.
+
+What stays admitted and takes memory-addressing values as arguments is bounded elsewhere: explicit
+strides (``as_strided``, ``_reshape_alias`` and their ``_copy``/``_scatter`` forms) are checked
+against the input's storage at load (``export.verify``); the index tensors of the backward kernels in
+:data:`INDEX_GUARDS` (emitted for every CNN and embedding) are range-checked as the step runs.
 """
 from __future__ import annotations
 
@@ -45,6 +51,28 @@ _DATA = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloat
 _RESULTS = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType",
                       "NumberType"})
 _CHECKED_UNSAFE = frozenset({"_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk"})  # views
+# Kernels that trust an index, offset or length tensor's values, which no fake tensor sees at load (probed
+# on torch 2.13 CPU: a crafted value crashes the process or reads past a storage; tests/export/test_attacks.py).
+TRUSTING = frozenset({"_convert_indices_from_coo_to_csr", "_convert_indices_from_csr_to_coo", "segment_reduce",
+                      "_segment_reduce_backward", "ctc_loss", "_ctc_loss", "_ctc_loss_backward", "_cudnn_ctc_loss",
+                      "miopen_ctc_loss", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+                      "_embedding_bag_per_sample_weights_backward", "_pack_padded_sequence",
+                      "_pack_padded_sequence_backward", "_pad_packed_sequence", "_jagged_to_padded_dense_forward",
+                      "_padded_dense_to_jagged_forward", "_efficientzerotensor"})
+# Operators of a backend's own tensor layouts (quantized, packed weights, MKL-DNN): their kernels trust
+# the layout's bytes and metadata. By name prefix (``fake_quantize_*``, dense, stays).
+OPAQUE = ("quantize_per", "quantized", "_make_per", "_empty_affine", "_empty_per_channel", "empty_quantized",
+          "fbgemm", "_dyn_quant", "_weight_int", "_convert_weight", "_cslt", "mkldnn", "_mkldnn", "to_mkldnn",
+          "_nnpack", "_wrapped")
+# Admitted kernels that index a tensor with another tensor's values without checking them (a crafted
+# index writes outside the gradient's storage): ``{operator: (index argument, bound)}``, the bound an
+# integer argument's position or ``(tensor argument, n)``: the product of its last ``n`` sizes (one
+# pooling plane). The loaded step checks ``0 <= index < bound`` before each runs (``export.rebuild``).
+INDEX_GUARDS = {"aten::max_pool2d_with_indices_backward.default": (7, (1, 2)),
+                "aten::max_pool3d_with_indices_backward.default": (7, (1, 3)),
+                "aten::adaptive_max_pool2d_backward.default": (2, (1, 2)),
+                "aten::adaptive_max_pool3d_backward.default": (2, (1, 3)),
+                "aten::embedding_dense_backward.default": (1, 2)}
 # The Python calls a static graph holds: a tuple result's element, and the scalar arithmetic of an
 # optimizer's eager path on numbers read with ``.item()`` (a training step's bias corrections).
 ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow)
@@ -90,8 +118,10 @@ def refusal(op) -> str | None:
     if not all(_result(r.type) for r in schema.returns):
         return "it returns something other than tensors and numbers"
     if ("unsafe" in base and base not in _CHECKED_UNSAFE) or "sparse" in base or "nested" in base \
-            or base.startswith("_test_"):
+            or base.startswith("_test_") or base in TRUSTING:
         return "it skips its index checks, builds a non-dense tensor or is a test operator"
+    if base.startswith(OPAQUE):
+        return "it makes or reads a backend's quantized, packed or MKL-DNN tensor, whose kernels trust its layout"
     return None
 
 

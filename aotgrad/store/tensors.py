@@ -56,22 +56,31 @@ def check_digest(blob: bytes, expected: str) -> None:
                                 "SHA-256 differs: the file is corrupted or was altered)")
 
 
-def check_extent(table: dict, size: int) -> None:
+def check_extent(table: dict, size: int) -> int:
     """The table's byte ranges lie one after another from 0 and end at ``size`` (as ``pack`` writes
-    them): no byte is read twice or left over, and a member larger than its table is never read."""
+    them), each the bytes of its declared dtype and shape: no byte is read twice or left over, and a
+    member larger than its table is never read. Returns ``size``: the most ``tensors.bin`` may inflate to."""
     end = 0
     try:
-        ranges = sorted((e["start"], e["nbytes"], name) for name, e in table.items())
-    except (KeyError, TypeError) as err:
+        ranges = sorted((e["start"], e["nbytes"], name, _declared(e)) for name, e in table.items())
+    except (KeyError, TypeError, ValueError) as err:
         raise ExportFormatError(f"the artifact's tensor table is malformed ({err})") from None
-    for start, nbytes, name in ranges:
-        if type(start) is not int or type(nbytes) is not int or start != end or nbytes < 0:
-            raise ExportFormatError(f"tensor {name!r} does not start where the one before it ends (the file is "
-                                    "corrupted or truncated)")
+    for start, nbytes, name, declared in ranges:
+        if type(start) is not int or type(nbytes) is not int or start != end or nbytes != declared:
+            raise ExportFormatError(f"tensor {name!r} does not start where the one before it ends, or holds other "
+                                    "than its dtype and shape's bytes (the file is corrupted or truncated)")
         end += nbytes
     if end != size:
         raise ExportFormatError(f"the artifact's tensors.bin holds {size} bytes, its tensor table {end} (the file is "
                                 "corrupted or truncated)")
+    return size
+
+
+def _declared(e: dict) -> int:
+    shape = _ints(e["shape"])
+    if min(shape, default=0) < 0:
+        raise ValueError(f"negative size {shape}")
+    return math.prod(shape) * DTYPES[e["dtype"]].itemsize
 
 
 def _tensor(name: str, blob: bytes, e: dict) -> torch.Tensor:
