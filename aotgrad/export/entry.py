@@ -85,7 +85,13 @@ def load_compiled(record: tuple, fn, args, kwargs, fw_compiler="eager", bw_compi
     sig, tensors, descs = signature(fn, args, kwargs)
     dynamic, grad_enabled = codec.decode(record[0]["session"])
     setup = Setup(fn, sig, tuple(descs), flat_function(fn, sig), Modes(dynamic, grad_enabled), (), ())
-    return compile_record(record, setup, fw_compiler, bw_compiler)
+    compiled = compile_record(record, setup, fw_compiler, bw_compiler)
+    if compiled is not None:
+        try:        # a stored guard that does not run on this call is a malformed record, not the call's error
+            compiled.path.match(args, kwargs)
+        except Exception as e:
+            raise ExportFormatError(f"the stored input guards do not run ({type(e).__name__}: {e})") from e
+    return compiled
 
 
 def compile_record(record: tuple, setup: Setup, fw_compiler="eager", bw_compiler=None):

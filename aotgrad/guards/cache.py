@@ -15,8 +15,13 @@ stale graph; and a loaded entry's guards still check every call.
 """
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
+import enum
+import functools
 import hashlib
+import importlib.metadata
 import inspect
 import logging
 import sys
@@ -27,6 +32,7 @@ import torch
 
 from .._torch import OpOverload, OpOverloadPacket, pytree
 from ..runtime.call import float_bits
+from .reads import LIBRARY, kind_of
 
 log = logging.getLogger("aotgrad.cache")
 
@@ -35,8 +41,18 @@ class Uncacheable(Exception):
     """The fingerprint met a value it cannot describe as data."""
 
 
-_LIB_PREFIXES = ("torch", "builtins", "math", "operator", "_operator", "functools", "typing", "numpy",
-                 "collections", "itertools", "aotgrad")
+# Code whose contents the key's versions fix: named, not fingerprinted. Python's standard library,
+# aotgrad's source, torch (torchgen ships with it) and the packages torch itself runs while it traces
+# (``_DEPENDENCIES``: their versions are in every key). Every other library's code is fingerprinted
+# by its contents, like the user's.
+_DEPENDENCIES = {"numpy": "numpy", "sympy": "sympy", "mpmath": "mpmath", "networkx": "networkx",
+                 "jinja2": "jinja2", "markupsafe": "MarkupSafe", "fsspec": "fsspec", "filelock": "filelock",
+                 "typing_extensions": "typing_extensions", "triton": "triton"}
+_PINNED = frozenset(("torch", "torchgen", "aotgrad", *_DEPENDENCIES, *sys.stdlib_module_names,
+                     "_distutils_hack", "setuptools", "pkg_resources"))      # import hooks an import in a trace runs
+_HEAPTYPE = 1 << 9                  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+_DICT_STATE = (types.SimpleNamespace, functools.partial)    # C types whose state the reads read
+_DATA_LIMIT = 1 << 16               # bytes of an array or buffer fingerprinted by value
 _source_hash: str | None = None
 
 
@@ -61,9 +77,23 @@ def aotgrad_source_hash() -> str:
     return _source_hash
 
 
+@functools.cache
+def _dependency_versions() -> tuple:
+    out = []
+    for dist in _DEPENDENCIES.values():
+        try:
+            out.append((dist, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return tuple(out)
+
+
+def _versions() -> tuple:
+    return (sys.version, torch.__version__, _dependency_versions(), aotgrad_source_hash())
+
+
 def digest(*parts) -> str:
-    return hashlib.sha256(repr(("aotgrad-cache", 1, sys.version, torch.__version__, aotgrad_source_hash()) + parts)
-                          .encode()).hexdigest()
+    return hashlib.sha256(repr(("aotgrad-cache", 2, *_versions()) + parts).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +108,7 @@ class JitKey:
 _KEY_LABELS = ("the code of the function or the module's classes, structure and parameter metadata",
                "the structure and metadata of the inputs", "the grad and autocast modes",
                "the default dtype, autocast dtypes or deterministic algorithms", "dynamic=", "the dynamic dimensions",
-               "the compile options", "the versions of Python, torch or aotgrad's source")
+               "the compile options", "the versions of Python, torch, its dependencies or aotgrad's source")
 
 
 def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKey | None:
@@ -92,8 +122,7 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKe
         return None
     kind = type(fn) if isinstance(fn, torch.nn.Module) else fn
     name = f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', type(kind).__qualname__)}"
-    versions = (sys.version, torch.__version__, aotgrad_source_hash())
-    labelled = tuple(zip(_KEY_LABELS, (*parts, versions)))
+    labelled = tuple(zip(_KEY_LABELS, (*parts, _versions())))
     return JitKey(digest("jit", parts), name, labelled)
 
 
@@ -128,26 +157,93 @@ def _program_fp(fn):
 
 
 def _value_fp(v):
-    """A value a trace read, as data: plain values by value, code by its bytes, other objects by type."""
+    """A value a trace read, as data: plain values, containers, buffers and arrays by value, code by
+    its contents, an object of Python classes by its class (what the trace read of it are reads of
+    their own). Anything else cannot be checked in another process: ``Uncacheable``."""
     if isinstance(v, torch.nn.Module):
         return ("nn.Module", _class_fp(type(v), {}))
     if isinstance(v, types.ModuleType):
         return ("module", v.__name__)
     if isinstance(v, types.FunctionType) and not _is_lib(v):
-        return _program_fp(v) + (_value_fp(v.__defaults__),)
+        return _function_value_fp(v)
+    if isinstance(v, (staticmethod, classmethod)):
+        return (type(v).__name__, _value_fp(v.__func__))
+    if isinstance(v, property):
+        return ("property", _value_fp(v.fget), _value_fp(v.fset), _value_fp(v.fdel))
     if isinstance(v, types.MethodType):
         return ("method", _value_fp(v.__func__), type(v.__self__).__qualname__)
     if isinstance(v, types.CodeType):
         return ("code", code_fp(v))
-    if isinstance(v, (tuple, list, frozenset, set, dict)):
+    if isinstance(v, (tuple, list, frozenset, set, dict, collections.deque)) and not isinstance(v, enum.Enum):
         items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
-        return (type(v).__name__, tuple(_value_fp(x) for x in items))
+        maxlen = (v.maxlen,) if isinstance(v, collections.deque) else ()
+        return (_type_name(type(v)), *maxlen, tuple(_value_fp(x) for x in items))
     try:
         return _fp(v, {})
     except Uncacheable:
-        if hasattr(v, "__dict__") and not isinstance(v, type):
+        if _plain_object(v):
             return ("object", type(v).__module__, type(v).__qualname__)
+        wrapped = getattr(v, "__wrapped__", None)
+        if callable(v) and wrapped is not None and _is_lib(type(v)):     # ``functools.lru_cache(f)``
+            return ("wrapper", _type_name(type(v)), _value_fp(wrapped))
         raise
+
+
+def _function_value_fp(fn):
+    """A function a read saw: its code, defaults and what a decorator wraps; an installed library's
+    (whose cells no read follows) also what its cells hold."""
+    parts = _program_fp(fn) + (_value_fp(fn.__defaults__), _value_fp(fn.__kwdefaults__))
+    wrapped = vars(fn).get("__wrapped__")
+    if wrapped is not None:
+        parts += (("wraps", _value_fp(wrapped)),)
+    if fn.__closure__ and kind_of(fn.__code__, fn.__module__) == LIBRARY:
+        parts += (("cells", tuple(map(_cell_fp, fn.__closure__))),)
+    return parts
+
+
+def _cell_fp(c):
+    try:
+        v = c.cell_contents
+    except ValueError:          # empty
+        return None
+    if isinstance(v, type):     # ``__class__`` of a method calling ``super()``: its own code is read where it runs
+        return ("class", _type_name(v))
+    if isinstance(v, types.FunctionType):       # what a decorator wraps (itself, when recursive: not its cells)
+        return _program_fp(v) + (_value_fp(v.__defaults__),)
+    return _value_fp(v)
+
+
+def _plain_object(v) -> bool:
+    """An object whose state is its ``__dict__`` alone (its classes are Python classes, or a
+    namespace): the reads of its attributes check it. A ``deque`` subclass's items, an exception's
+    arguments, a C type's fields are not there."""
+    if not isinstance(getattr(v, "__dict__", None), dict) or isinstance(v, type):
+        return False
+    return isinstance(v, _DICT_STATE) or all(c is object or c.__flags__ & _HEAPTYPE for c in type(v).__mro__)
+
+
+def _type_name(t) -> str:
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _data_fp(v):
+    """Values whose contents are not attributes: an enum member by its value, byte buffers and
+    arrays (``bytearray``, ``array.array``, NumPy arrays and scalars) by their bytes; None for others."""
+    if isinstance(v, enum.Enum):
+        return ("enum", _type_name(type(v)), v.name, _fp(v.value, {}))
+    if isinstance(v, (bytearray, array.array)):
+        data = v.tobytes() if isinstance(v, array.array) else bytes(v)
+        if len(data) > _DATA_LIMIT:
+            raise Uncacheable(f"a {type(v).__qualname__} of {len(data)} bytes is too large to fingerprint")
+        return (_type_name(type(v)), getattr(v, "typecode", None), "sha256 " + hashlib.sha256(data).hexdigest())
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, (np.ndarray, np.generic)):
+        a = np.asarray(v)
+        if a.dtype.hasobject or a.nbytes > _DATA_LIMIT or not isinstance(v, np.generic) and type(v) is not np.ndarray:
+            raise Uncacheable(f"a NumPy {type(v).__qualname__} of {a.dtype} ({a.nbytes} bytes) cannot be fingerprinted")
+        return ("numpy", _type_name(type(v)), str(a.dtype), a.shape,
+                "sha256 " + hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+    return None
 
 
 def read_fp(read):
@@ -169,9 +265,9 @@ def identities(reads) -> tuple:
     first, seen = {}, []
 
     def walk(v):
-        if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
-            return
-        if isinstance(v, (tuple, list, dict)):
+        if v is None or isinstance(v, (bool, int, float, complex, str, bytes)) or _data_fp_safe(v):
+            return      # values (a frozen read's buffer or array is a copy: its id means nothing)
+        if isinstance(v, (tuple, list, dict, collections.deque)):
             for x in (v.values() if isinstance(v, dict) else v):
                 walk(x)
             return
@@ -180,6 +276,76 @@ def identities(reads) -> tuple:
         if r.kind not in ("absent", "len", "empty"):
             walk(_thaw(r.value) if r.kind == "frozen" else r.value)
     return tuple(seen)
+
+
+def _data_fp_safe(v) -> bool:
+    try:
+        return not isinstance(v, enum.Enum) and _data_fp(v) is not None
+    except Uncacheable:
+        return True
+
+
+def library_code(rec) -> list:
+    """Reads of the installed libraries' code the trace ran (its ``LIBRARY`` frames): each the function,
+    method or property holding the code, read where its module or class defines it. In this process
+    they hold that object by identity (a library function patched in place); in another, by its
+    contents (a library upgraded or edited between the processes). Code a fresh process cannot find
+    (a class made at run time, a name rebound) gets no path: the entry is not stored on disk."""
+    from .state import Read
+    from .writes import held_dict
+    out: dict = {}
+    for f in rec.frames.values():
+        if f.kind == LIBRARY and f.globals is not None and not _is_lib_module(f.globals.get("__name__")):
+            r = _code_read(f.code, f.globals, Read)
+            out.setdefault((id(held_dict(r.where)), r.key), r)
+    return list(out.values())
+
+
+class _Ran:
+    """Where code that a fresh process cannot find is held (its guard always holds in this process)."""
+    __slots__ = ("code",)
+
+    def __init__(self, code):
+        self.code = code
+
+
+def _code_read(code, g, Read):
+    module = g.get("__name__")
+    qualname = getattr(code, "co_qualname", code.co_name)
+    first, *rest = qualname.split(".<locals>")[0].split(".")
+    where, key, value = g, first, g.get(first, _Ran)
+    path = ("G", module, ("attr", first)) if isinstance(module, str) and sys.modules.get(module) is not None \
+        and vars(sys.modules[module]) is g else None
+    for part in rest:
+        d = getattr(value, "__dict__", None)
+        if not isinstance(value, type) or part not in d:
+            value = _Ran
+            break
+        where, key, value = d, part, d[part]
+        path = path + (("own", part),) if path else None
+    if value is _Ran or code not in _codes_in(value, 0):
+        return Read(f"the library code {module}.{qualname}", None, _Ran(code), "code", code, "id")
+    return Read(f"{module}.{qualname.split('.<locals>')[0]}", path, where, key, value, "id")
+
+
+def _codes_in(v, depth) -> set:
+    """The code objects a function (a method, a property, a decorated function) runs, nested code included."""
+    if depth > 4:
+        return set()
+    if isinstance(v, (staticmethod, classmethod)):
+        return _codes_in(v.__func__, depth + 1)
+    if isinstance(v, property):
+        return set().union(*(_codes_in(f, depth + 1) for f in (v.fget, v.fset, v.fdel)))
+    found = set()
+    code = getattr(v, "__code__", None)
+    if isinstance(code, types.CodeType):
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            found.add(c)
+            todo += [x for x in c.co_consts if isinstance(x, types.CodeType)]
+    wrapped = getattr(v, "__wrapped__", None) if callable(v) else None
+    return found | (_codes_in(wrapped, depth + 1) if wrapped is not None else set())
 
 
 def _failed_read(reads, record) -> str | None:
@@ -324,6 +490,9 @@ def _tensor_value(t: torch.Tensor):
 
 def _fp(v, seen: dict):
     """A description of ``v`` as nested tuples of plain values."""
+    data = _data_fp(v) if type(v) not in _PLAIN_TYPES else None
+    if data is not None:
+        return data
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
         return (type(v).__name__, repr(v))
     if isinstance(v, (tuple, list, frozenset, set)):
@@ -358,9 +527,16 @@ def _fp(v, seen: dict):
     raise Uncacheable(f"cannot fingerprint a {type(v).__qualname__}")
 
 
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
 def _is_lib(v) -> bool:
-    module = getattr(v, "__module__", None) or ""
-    return module.split(".")[0] in _LIB_PREFIXES
+    """Whether ``v`` belongs to code the key's versions fix (``_PINNED``)."""
+    return _is_lib_module(getattr(v, "__module__", None))
+
+
+def _is_lib_module(name) -> bool:
+    return isinstance(name, str) and (name.split(".")[0] in _PINNED or name.startswith("__editable__"))
 
 
 def _function_fp(fn, seen):
