@@ -38,7 +38,24 @@ class SdpaBlock(nn.Module):
         return nn.functional.gelu(x + y.transpose(1, 2).reshape(B, T, C))
 
 
+STALE_CASES = ("library_function", "library_method", "enum_member", "deque_subclass", "array", "bytearray",
+               "numpy_array", "numpy_scalar", "getattribute")
+
+
+def stale():
+    """``python -m tests.guards.cache_worker stale``: each of ``stale_cases``'s functions (a module the
+    test writes, with the library it imports, between processes) compiled next to eager."""
+    import stale_cases
+    loaded = {}
+    for name in STALE_CASES:
+        x = torch.randn(3, requires_grad=True)
+        loaded[name] = check(getattr(stale_cases, name), (x,), compile=jit_compile).compiled.entries[0].loaded
+    print(json.dumps(loaded))
+
+
 def main():
+    if sys.argv[1:] == ["stale"]:
+        return stale()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1))
     loaded = {}
