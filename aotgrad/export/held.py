@@ -49,9 +49,10 @@ class LoadedBinding(Binding):
         return state
 
 
-def bind(module: torch.nn.Module, entry, signature, tensors: dict, name: str) -> LoadedBinding:
+def bind(module: torch.nn.Module, entry, signature, tensors: dict, name: str, item_only=frozenset()) -> LoadedBinding:
     """The loaded step's state from the artifact: ``.grad`` set on ``module``'s parameters, each
-    optimizer built over them with its stored groups and per-parameter state."""
+    optimizer built over them with its stored groups and per-parameter state. ``item_only``: the state
+    leaves the graph reads only with ``.item()`` (a learning rate the group held as a float)."""
     spec = signature.in_spec.children()[0].children()[0]
     tensor_pos = set(signature.tensor_pos)
     leaves = []
@@ -59,7 +60,7 @@ def bind(module: torch.nn.Module, entry, signature, tensors: dict, name: str) ->
         if i in tensor_pos and f"step/{i}" not in tensors:
             raise ExportFormatError(f"the artifact holds no value for the training step's state leaf {i}")
         leaves.append(tensors[f"step/{i}"] if i in tensor_pos else signature.leaves[i])
-    state = pytree.tree_unflatten(leaves, spec)
+    state, where = pytree.tree_unflatten(leaves, spec), pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
     if not isinstance(entry, dict) or not isinstance(state, dict) or set(state) != {"grad", "optimizer"} \
             or not isinstance(entry.get("optimizers"), list) or not isinstance(entry.get("parameters"), list):
         raise ExportFormatError("the artifact's training step entry is malformed")
@@ -67,11 +68,14 @@ def bind(module: torch.nn.Module, entry, signature, tensors: dict, name: str) ->
     optimizers, group_keys = [], []
     for o in entry["optimizers"]:
         held = state["optimizer"].get(o.get("key")) if isinstance(o, dict) else None
-        if held is None or len(held["groups"]) != len(o["groups"]):
-            raise ExportFormatError(f"the artifact's optimizer entry {str(o)[:80]} does not match its state")
+        if held is None or not _fits(o, held, where["optimizer"][o["key"]], item_only):
+            raise ExportFormatError(f"the artifact's optimizer entry {str(o)[:80]} does not match its state and graph")
         groups = [{**g_in, "lr": g_in["lr"] if meta["tensor_lr"] else g_in["lr"].item(),
                    "params": [params[n] for n in meta["params"]]} for meta, g_in in zip(o["groups"], held["groups"])]
         opt = _optimizer_class(o["class"], o["module"])(groups)
+        if any(set(g) != {*g_in, "params"} for g, g_in in zip(opt.param_groups, held["groups"])):
+            raise ExportFormatError(f"the artifact's optimizer {o['key']} is a {o['class']}, whose groups hold other "
+                                    "hyperparameters than its state's")
         for n, st in held["state"].items():
             if st is not None:
                 opt.state[params[n]] = dict(st)
@@ -85,6 +89,19 @@ def bind(module: torch.nn.Module, entry, signature, tensors: dict, name: str) ->
     return binding
 
 
+def _fits(o: dict, held: dict, where: dict, item_only) -> bool:
+    """The manifest's optimizer entry says what its state and graph say: one group per held group, its
+    parameters those the state lists (in order), its learning rate a tensor exactly where the graph
+    uses it as one (a float's is read with ``.item()`` only)."""
+    groups = o.get("groups")
+    if not isinstance(groups, list) or len(groups) != len(held["groups"]) or not all(
+            isinstance(g, dict) and type(g.get("tensor_lr")) is bool and isinstance(g.get("params"), list)
+            and isinstance(g_in.get("lr"), torch.Tensor) for g, g_in in zip(groups, held["groups"])):
+        return False
+    return [n for g in groups for n in g["params"]] == list(held["state"]) and all(
+        g["tensor_lr"] == (w["lr"] not in item_only) for g, w in zip(groups, where["groups"]))
+
+
 def _optimizer_class(name: str, module: str):
     """``torch.optim``'s class of that name; for an optimizer defined elsewhere (the user's code, which
     a loaded step does without) a stand-in of the same name that holds groups and state only."""
@@ -92,6 +109,8 @@ def _optimizer_class(name: str, module: str):
         raise ExportFormatError(f"the artifact names an optimizer class {str(name)[:60]!r}")
     cls = getattr(torch.optim, name, None)
     if module.startswith("torch.optim") and isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
+        if cls.__module__ != module:
+            raise ExportFormatError(f"the artifact names torch.optim.{name} in module {module!r:.60}, not its own")
         return cls
 
     def step(self, closure=None):

@@ -61,9 +61,17 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
     binding = None
     if m["kind"] == "step":
         from .held import bind
-        binding = bind(module, m.get("step"), sig, tensors, m["name"])
+        binding = bind(module, m.get("step"), sig, tensors, m["name"], _item_only(joint, sig))
     return Exported(path, types.MappingProxyType({k: v for k, v in m.items() if k != "tensors"}), module, compiled,
                     binding)
+
+
+def _item_only(joint, sig) -> frozenset:
+    """The signature's tensor leaves the joint graph reads only with ``.item()``."""
+    inputs = [n for n in joint.graph.nodes if n.op == "placeholder"][len(sig.slots):]
+    return frozenset(pos for pos, n in zip(sig.tensor_pos, inputs) if n.users and all(
+        isinstance(u.target, OpOverload) and sandbox.qualified_name(u.target) == "aten::_local_scalar_dense.default"
+        for u in n.users))
 
 
 def _checked_eager(gm, example_inputs):
