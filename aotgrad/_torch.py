@@ -568,6 +568,14 @@ def data_dependent_errors() -> tuple:
     return DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode
 
 
+def dynamo_fallback_errors() -> tuple:
+    """The exceptions a ``torch.compile`` backend may raise for Dynamo to split its graph there and run
+    that part eagerly (``torch._dynamo.exc.exceptions_allowed_to_be_fallback``: a data-dependent output
+    shape, an operator fake tensors cannot run), as PyTorch's own backends raise them."""
+    from torch._dynamo import exc
+    return tuple(getattr(exc, "exceptions_allowed_to_be_fallback", ()))
+
+
 def _spell_keyword_overloads() -> None:
     """fx writes a call to ``aten.random.from`` (``x.random_(0, 10)``) as
     ``torch.ops.aten.random.from(...)``, a SyntaxError whenever a graph holding it is compiled to

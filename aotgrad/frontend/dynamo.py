@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, pytree
+from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, dynamo_fallback_errors, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
@@ -136,11 +136,36 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
     key = _key(setup.fn, setup, setup.fake_inputs, options)     # the lifted state by its layout, not its values
     compiled = None if key is None else _load(key, setup, options)
     if compiled is None:
-        captured = capture_setup(setup, history, user_code=False)     # Dynamo's graph: torch ops alone
+        captured = _splittable(lambda: capture_setup(setup, history, user_code=False))  # torch ops alone
         compiled = captured.compile(options=options)
         if key is not None:
             _store(key, compiled)
     return _leaving_grad_mode(_callable(compiled, setup.flat_fn.lifted), _grad_mode_after(gm))
+
+
+def _splittable(trace):
+    """``trace()``, where a refusal caused by an exception Dynamo splits its graph on (a data-dependent
+    output shape: ``h[mask] = embed``'s ``nonzero`` in the backward) re-raises that exception: Dynamo
+    breaks the graph there and runs that part eagerly, as it does for PyTorch's own backends, rather
+    than failing the whole compile."""
+    try:
+        return trace()
+    except errors.AotgradError as e:
+        cause = _fallback_cause(e)
+        if cause is None:
+            raise
+        log.info("letting Dynamo split its graph: %s (%s)", type(cause).__name__, e)
+        raise cause from e
+
+
+def _fallback_cause(e: BaseException):
+    fallback, seen = dynamo_fallback_errors(), set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if fallback and isinstance(e, fallback):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _grad_mode_after(gm) -> bool | None:

@@ -59,6 +59,9 @@ KNOWN = {
 KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
 del KNOWN["index_add_scatter_", "dynamo_warm"]      # seen at the stride call, which dynamo_warm does not make
 del KNOWN["anomaly_mode_left_on", "dynamo_warm"]   # served from the disk cache: nothing is traced under anomaly mode
+for _op in ("t_", "unsqueeze_", "as_strided_"):   # seen at the size call, which dynamo_warm does not make
+    for _rg in ("", "_rg"):
+        del KNOWN[f"meta_{_op}_aliased_other_written{_rg}", "dynamo_warm"]
 
 
 def known(program, entry, device):
