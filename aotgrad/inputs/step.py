@@ -55,9 +55,20 @@ def reached(fn) -> tuple[dict, list]:
         for n, o in _members(name, obj):
             if isinstance(o, torch.nn.Module) and all(o is not m for m in modules.values()):
                 modules[str(n).replace(".", "_")] = o
-            elif isinstance(o, torch.optim.Optimizer) and all(o is not p for p in optimizers):
-                optimizers.append(o)
+            elif isinstance(o, torch.optim.Optimizer):
+                _with_held(o, optimizers)
     return modules, optimizers
+
+
+def _with_held(opt, optimizers: list) -> None:
+    """Add ``opt`` and the optimizers it holds (a wrapper's inner one: Lookahead's) to ``optimizers``."""
+    if any(opt is o for o in optimizers):
+        return
+    optimizers.append(opt)
+    for name, value in vars(opt).items():
+        for _, o in _members(name, value) if isinstance(value, (list, tuple, torch.optim.Optimizer)) else ():
+            if isinstance(o, torch.optim.Optimizer):
+                _with_held(o, optimizers)
 
 
 def _unwrapped(fn) -> tuple:
@@ -113,10 +124,19 @@ def step_reads(fn, found: list) -> list:
     for opt in fn.binding.optimizers:
         held.update(map(id, (opt.state, *opt.state.values(), opt.param_groups, *opt.param_groups)))
     attrs = {id(vars(opt)) for opt in fn.binding.optimizers}
-    return [r for r in found if id(r.where) not in held and not (id(r.where) in attrs and r.key in _HELD)]
+    bases = {id(b) for b in fn.binding._gathered().get("grad_bases", ())}      # read as the step's own input
+    return [r for r in found if id(r.where) not in held and not (id(r.where) in attrs and r.key in _HELD)
+            and not (bases and id(_held_at(r.where, r.key)) in bases)]
 
 
 _HELD = ("state", "param_groups")
+
+
+def _held_at(where, key):
+    try:
+        return where[key] if isinstance(where, dict) else getattr(where, key)
+    except Exception:       # a cell, a missing entry: not a buffer
+        return None
 
 
 class Root(torch.nn.Module):
@@ -155,13 +175,15 @@ class Root(torch.nn.Module):
         b = self.binding
         leaves = b.stand_ins()
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
-        with tracing.scope(backward=functools.partial(_accumulate, leaves, arguments)), warnings.catch_warnings(), \
+        with tracing.scope(backward=functools.partial(_accumulate, leaves, arguments, b.params)), warnings.catch_warnings(), \
                 b.optimizers_holding(leaves, state["optimizer"]), _data_writes(self):
             # The trace's stand-ins for parameters are not leaves to autograd: their .grad is ours.
             warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+            bases = state.get("grad_bases", ())
             for t, name in zip(leaves, b.names):
-                t.grad = state["grad"][name]
-            out = self.step_fn(*args, **kwargs)
+                t.grad = _placed(state["grad"][name], bases)
+            with b.bases_named(bases):
+                out = self.step_fn(*args, **kwargs)
             new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
             for t in leaves:
                 t.grad = None
@@ -172,6 +194,11 @@ class Root(torch.nn.Module):
 
 
 _DATA = torch._C.TensorBase.data
+
+
+def _grad_hooks(p) -> tuple:
+    """The hooks eager's AccumulateGrad runs for ``p``: its tensor hooks, then its post-accumulate ones."""
+    return (*(p._backward_hooks or {}).values(), None, *(getattr(p, "_post_accumulate_grad_hooks", None) or {}).values())
 
 
 def _temporary() -> int:
@@ -211,11 +238,13 @@ def _data_writes(root):
         del torch.Tensor.data
 
 
-def _accumulate(leaves, arguments, tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+def _accumulate(leaves, arguments, params, tensors, grad_tensors=None, retain_graph=None, create_graph=False,
                 grad_variables=None, inputs=None):
     """``torch.autograd.backward`` inside a traced step: the gradients by ``autograd.grad``, then
     accumulated as eager's AccumulateGrad does (a new gradient stored with the parameter's strides,
-    an existing one added to in place)."""
+    an existing one added to in place), with the hooks the user's parameter (``params``, the
+    stand-in's real tensor) holds: its tensor hooks on the gradient before, its post-accumulate-grad
+    hooks after."""
     if create_graph:
         raise UnsupportedError("backward(create_graph=True) inside a captured training step: the step's "
                                "gradients would themselves need gradients; use torch.autograd.grad for "
@@ -243,10 +272,18 @@ def _accumulate(leaves, arguments, tensors, grad_tensors=None, retain_graph=None
                     f"backward() inside a captured training step reaches a tensor of shape {tuple(t.shape)} that "
                     "is not a parameter of a module the step uses (an input with requires_grad=True?); its .grad "
                     "would not be written back: detach it, or make it a parameter", user_line=caller_line())
+            real = next(p for leaf, p in zip(leaves, params) if leaf is t)
+            hooks = _grad_hooks(real)
+            for hook in hooks[:hooks.index(None)]:
+                changed = hook(g)
+                g = g if changed is None else changed
             if t.grad is None:
                 t.grad = g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
             else:
                 t.grad += g
+            for hook in hooks[hooks.index(None) + 1:]:
+                if hook(t) is not None:
+                    raise RuntimeError("Tensor post accumulate grad hooks should return None.")
 
 
 class Binding:
@@ -308,6 +345,7 @@ class Binding:
             out.append((f"{name}'s parameter groups", tuple(p for g in opt.param_groups for p in g["params"])
                         + (len(opt.param_groups),)))
         out.append(("a parameter of the modules", tuple(sub._parameters.get(attr) for sub, attr in self.homes)))
+        out.append(("a parameter's gradient hooks", tuple(h for p in self.params for h in _grad_hooks(p))))
         return out
 
     def changed(self) -> str | None:
@@ -318,10 +356,45 @@ class Binding:
         return None
 
     def _gathered(self) -> dict:
-        return {"grad": {n: p.grad for n, p in zip(self.names, self.params)},
-                "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
-                                    "state": self._states(opt, index, self.params)}
-                              for key, opt, index in zip(self.keys, self.optimizers, self.opt_index)}}
+        bases = []      # flat buffers .grad tensors are views of (gradient-as-bucket-view)
+        for p in self.params:
+            base = p.grad._base if p.grad is not None else None
+            if base is not None and all(base is not b for b in bases):
+                bases.append(base)
+        state = {"grad": {n: _place(p.grad, bases) for n, p in zip(self.names, self.params)},
+                 "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
+                                     "state": self._states(opt, index, self.params)}
+                               for key, opt, index in zip(self.keys, self.optimizers, self.opt_index)}}
+        if bases:
+            state["grad_bases"] = tuple(bases)
+        return state
+
+    @contextlib.contextmanager
+    def bases_named(self, stand_ins):
+        """The step's variables (globals, closed-over, ``self``'s attributes) that hold a buffer the
+        gradients are views of name its stand-in while the step is traced, so a read of it after
+        ``backward()`` sees the gradients as eager's does."""
+        if not stand_ins:
+            yield
+            return
+        real = self._gathered().get("grad_bases", ())
+        fn, found = _unwrapped(self.fn)
+        places = [(w, n, v) for w, n, v in _variables(fn)] if getattr(fn, "__code__", None) else []
+        obj = found.get("self")
+        places += [(vars(obj), n, v) for n, v in vars(obj).items()] if hasattr(obj, "__dict__") else []
+        swaps = [(w, n, stand_ins[k]) for w, n, v in places for k, b in enumerate(real) if v is b]
+        rec = reads.watching()
+        for w, n, _ in swaps:       # the write watch sees them as the user holds them
+            if rec is not None and isinstance(w, dict):
+                rec.writes.module_dict(w)
+        undo = [(w, n, _get(w, n)) for w, n, _ in swaps]
+        try:
+            for w, n, v in swaps:
+                _put(w, n, v)
+            yield
+        finally:
+            for w, n, v in undo:
+                _put(w, n, v)
 
     def _states(self, opt, index, params) -> dict:
         return {self.names[i]: dict(opt.state[params[i]]) if params[i] in opt.state else None
@@ -329,37 +402,38 @@ class Binding:
 
     @contextlib.contextmanager
     def optimizers_holding(self, live, states: dict):
-        """Each optimizer's groups list the stand-ins and its ``state`` is keyed by them, for the trace."""
-        saved, installed, ours = [], {}, []
+        """Each optimizer's groups list the stand-ins and its ``state`` is keyed by them, for the trace
+        (a group two optimizers share, a wrapper's and the one it wraps, is installed once)."""
+        saved, ours, groups = [], [], {}
         _as_found(self.optimizers)
         try:
             for key, opt, index in zip(self.keys, self.optimizers, self.opt_index):
-                saved.append((opt, opt.state, [dict(g) for g in opt.param_groups], opt.__dict__.get("step")))
+                mine = [g for g in opt.param_groups if id(g) not in groups]
+                saved.append((opt, opt.state, [(g, dict(g)) for g in mine], vars(opt).get("step")))
                 opt.step = _eager_step(opt.step, type(opt).__name__)
-                held = defaultdict(dict)
                 for group, idx, inputs in zip(opt.param_groups, index, states[key]["groups"]):
-                    group["params"] = [live[i] for i in idx]
-                    was_float = isinstance(group.get("lr"), float)
-                    for name, value in inputs.items():
-                        group[name] = value.item() if name == "lr" and was_float else value
-                installed[id(opt)] = [dict(g) for g in opt.param_groups]
+                    if id(group) not in groups:
+                        groups[id(group)] = (type(opt).__name__, len(groups), dict(group),
+                                             _install_group(group, [live[i] for i in idx], inputs))
+                held = defaultdict(dict)
                 for name, st in states[key]["state"].items():
                     if st is not None:
                         held[live[self.position[name]]] = dict(st)
                 opt.state = held
                 ours += [held, *(g["params"] for g in opt.param_groups)]
             yield
-            _forget(ours + [st for held in ours[::1] if isinstance(held, defaultdict) for st in held.values()])
-            for opt, _, before, _ in saved:
-                _refuse_group_writes(opt, before, installed[id(opt)])
+            _forget(ours + [st for held in ours if isinstance(held, defaultdict) for st in held.values()])
+            for gid, (name, k, before, installed) in groups.items():
+                _refuse_group_writes(name, k, next(g for o in self.optimizers for g in o.param_groups if id(g) == gid),
+                                     before, installed)
         finally:
-            for opt, state, groups, step in saved:
+            for opt, state, mine, step in reversed(saved):
                 if step is None:
-                    del opt.step
+                    vars(opt).pop("step", None)
                 else:
                     opt.step = step
                 opt.state = state
-                for group, was in zip(opt.param_groups, groups):
+                for group, was in mine:
                     group.clear()
                     group.update(was)
 
@@ -372,8 +446,8 @@ class Binding:
         """Leave the Python objects as eager would after the step; return the function's outputs."""
         out, (grads, opts), needs = result
         for p, n in zip(self.params, self.names):
-            if p.grad is not grads[n]:
-                p.grad = grads[n]
+            if p.grad is not grads[n] and not _same_place(p.grad, grads[n]):
+                p.grad = grads[n]       # (a .grad that is a view of a flat buffer stays the view it was)
         for key, opt in zip(self.keys, self.optimizers):
             for name, st in opts[key].items():
                 if st is None:
@@ -383,7 +457,15 @@ class Binding:
                     if held.get(k) is not value:
                         held[k] = value
         flat, spec = pytree.tree_flatten(out)
-        return pytree.tree_unflatten([_Spent.apply(t, _ANCHOR) if n else t for t, n in zip(flat, needs)], spec)
+        return pytree.tree_unflatten([self._live(t) if n else t for t, n in zip(flat, needs)], spec)
+
+    def _live(self, t):
+        """An output that required grad in eager: a parameter (or a view of one) is the live parameter
+        (a view of it), as eager returns it; anything else's graph was spent by the step's backward."""
+        for p in self.params:
+            if t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() and t.dtype == p.dtype:
+                return p if _same_place(p, t) else p.as_strided(t.size(), t.stride(), t.storage_offset())
+        return _Spent.apply(t, _ANCHOR)
 
     # What a call whose state no longer fits is told (a loaded step's binding says it of its export).
     made = "the capture"
@@ -434,6 +516,40 @@ def _forget(containers) -> None:
             rec.writes.snaps.pop(id(c), None)
 
 
+def _place(g, bases):
+    """A ``.grad`` that is a view of one of ``bases``: where it lies in it (the trace makes it a view
+    of the base's stand-in); any other ``.grad`` as it is."""
+    for k, b in enumerate(bases):
+        if g is not None and g._base is b:
+            return ("view", k, tuple(g.size()), tuple(g.stride()), g.storage_offset() - b.storage_offset())
+    return g
+
+
+def _placed(g, bases):
+    if isinstance(g, tuple):
+        _, k, size, stride, offset = g
+        return bases[k].as_strided(size, stride, bases[k].storage_offset() + offset)
+    return g
+
+
+def _get(where, name):
+    return where[name] if isinstance(where, dict) else where.cell_contents
+
+
+def _put(where, name, value):
+    if isinstance(where, dict):
+        where[name] = value
+    else:
+        where.cell_contents = value
+
+
+def _same_place(a, b) -> bool:
+    """Two tensors over the same memory, the same way (one a fresh view object of the other's place)."""
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype \
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.size() == b.size() \
+        and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+
+
 def _group_inputs(group: dict) -> dict:
     """A group's entries as the graph takes them: the learning rate as a float64 tensor (an input, so a
     scheduler changes it without a capture), tensors as inputs, every other hyperparameter (betas,
@@ -470,16 +586,25 @@ def _eager_step(step, name: str):
     return run
 
 
-def _refuse_group_writes(opt, before: list, installed: list) -> None:
+def _install_group(group: dict, params: list, inputs: dict) -> dict:
+    """The trace's group: its stand-in parameters, its learning rate read from its input (a Python
+    number where the user's was), its other entries as the call has them; what was installed."""
+    group["params"] = params
+    was_float = isinstance(group.get("lr"), float)
+    for name, value in inputs.items():
+        group[name] = value.item() if name == "lr" and was_float else value
+    return dict(group)
+
+
+def _refuse_group_writes(name: str, k: int, group: dict, was: dict, held: dict) -> None:
     """A step that changes a group's entries (an LR scheduler's ``step()`` inside it) would change them at
     every trace and never when the graph runs: each must still be what the trace installed."""
-    for k, (group, was, held) in enumerate(zip(opt.param_groups, before, installed)):
-        for key in set(group) | set(was):
-            if key != "params" and group.get(key, was) is not held.get(key, was):
-                what = "learning rate" if key == "lr" else f"param_groups[{k}]['{key}']"
-                raise UnsupportedError(f"the step sets {type(opt).__name__}'s {what} inside the captured function "
-                                       "(an LR scheduler's step()?); the graph cannot repeat a Python write: call "
-                                       "the scheduler outside the step", user_line=caller_line())
+    for key in set(group) | set(was):
+        if key != "params" and group.get(key, was) is not held.get(key, was):
+            what = "learning rate" if key == "lr" else f"param_groups[{k}]['{key}']"
+            raise UnsupportedError(f"the step sets {name}'s {what} inside the captured function "
+                                   "(an LR scheduler's step()?); the graph cannot repeat a Python write: call "
+                                   "the scheduler outside the step", user_line=caller_line())
 
 
 _HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_global_optimizer_pre_hooks",
