@@ -80,7 +80,7 @@ SCHEMAS = {
     TensorSpec: {"dtype": lambda v: isinstance(v, torch.dtype), "device": lambda v: isinstance(v, torch.device),
                  "size": _sizes, "requires_grad": _bool, "layout": _sizes},
     ViewMeta: {"size": _sizes, "stride": _sizes, "offset": _size},
-    InputInfo: {"requires_grad": _bool, "mutates_data": _bool, "mutates_metadata": _bool,
+    InputInfo: {"requires_grad": _bool, "mutates_data": _bool, "mutates_metadata": _bool, "meta_seen": _bool,
                 "mutation_hidden": _bool, "new_meta": _optional(ViewMeta)},
     OutputInfo: {"kind": lambda v: v in _OUTPUT_KINDS, "index": _int, "view": _optional(ViewMeta),
                  "requires_grad": _bool, "value": _constant, "is_leaf": _bool, "is_view": _bool,
