@@ -172,6 +172,9 @@ def _propagate(name: str, gm: fx.GraphModule, values: FakeValues, symbols: dict)
             env[n] = mode.from_tensor(getattr(gm, n.target))
         elif n.op == "call_function":
             env[n] = _run(name, n, env, mode, values)
+        if n.op == "call_function" and not _dense(env[n]):
+            raise ExportFormatError(f"node {n.name} of the artifact's {name} graph makes a sparse, quantized or "
+                                    f"MKL-DNN tensor with {n.target}: a loaded step computes dense tensors only")
         if n.op != "output" and stored is not None and env[n] is not _UNKNOWN and not _matches(env[n], stored):
             if _offset_only(n, env[n], stored):
                 env[n] = values.rebuild(stored)
@@ -226,10 +229,15 @@ def _has_unknown(v) -> bool:
     return False
 
 
+def _dense(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.layout == torch.strided and not v.is_quantized and not v.is_mkldnn
+    return all(map(_dense, v)) if isinstance(v, (tuple, list)) else True
+
+
 def _matches(value, stored) -> bool:
     if isinstance(stored, TensorMeta):      # a dense tensor: no sparse, quantized or MKL-DNN one
-        return isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_quantized \
-            and not value.is_mkldnn and _same(TensorMeta(
+        return isinstance(value, torch.Tensor) and _dense(value) and _same(TensorMeta(
             tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype, str(value.device), False),
             stored)
     if isinstance(stored, (tuple, list)):

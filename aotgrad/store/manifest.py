@@ -36,10 +36,11 @@ def check_members(z: zipfile.ZipFile, graphs=None) -> None:
 JSON_LIMIT = 64 << 20
 
 
-def read_entry(z: zipfile.ZipFile, name: str, json: bool = False, limit: int = JSON_LIMIT):
+def read_entry(z: zipfile.ZipFile, name: str, json: bool = False, limit: int | None = None):
     """One member's bytes (its CRC checked by ``zipfile``), or its JSON. A member that inflates to more
     than ``limit`` bytes is refused before it is inflated (its header's size) and while it is (a
     header that lies: no more than ``limit + 1`` bytes are ever inflated)."""
+    limit = JSON_LIMIT if limit is None else limit
     try:
         info = z.getinfo(name)
     except KeyError:
