@@ -37,9 +37,19 @@ def _read(path):
 
 
 def _write(path, doc, rest):
+    """Rewrite an entry, and its index's record of it with its new SHA-256 (a forged pair: an entry
+    changed alone is not the one its index names, a miss before anything decodes)."""
     body = json.dumps(doc).encode()
     payload = struct.pack("<Q", len(body)) + body + rest
     path.write_bytes(disk.MAGIC + hashlib.sha256(payload).digest() + payload)
+    for index in path.parent.glob("jitidx-*.bin"):
+        idoc, irest = _read(index)
+        for record in idoc["data"]:
+            if path.name == f"jit-{record[1]}.bin":
+                record[3] = hashlib.sha256(payload).hexdigest()
+                body = json.dumps(idoc).encode()
+                ipayload = struct.pack("<Q", len(body)) + body + irest
+                index.write_bytes(disk.MAGIC + hashlib.sha256(ipayload).digest() + ipayload)
 
 
 def _one_entry(cache_dir, fn=scaled, args=None):
