@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
+import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -45,7 +46,10 @@ from .._torch import (
 from ..ir.ops import is_random
 from ..tracing.views import holding
 from ..guards import bytecode, reads
+from ..guards import resolve
 from ..guards.resolve import locate, read_at
+from ..guards.state import freeze
+from ..errors import AotgradError
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
@@ -77,6 +81,9 @@ class Traced:
     owner: torch.nn.Module
     frames: tuple       # (Frame, self path or None, {arg name: path})
     effects: tuple = ()     # caches.Update/Ask/SetItem of its cache arguments, in order; updates' tensors end the outputs
+    watched: frozenset = frozenset()    # sources of the varying scalars the watch saw read (``_Entry.read``'s)
+    proof: tuple = ()       # every frame its trace ran, as ``frames`` (a twin's reads are found again from them)
+    reads: tuple = ()       # ``(source, kind, value)`` of each read its trace made, on the owner (``_reads_in``)
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ class Reuse:
         the output) runs flat: a template of its own would stand for one call only."""
         entries = self.traced.setdefault(key, [])
         for e in entries:
-            if e.stands_for(m):
+            if e.stands_for(m) and self._proven(e, module, m):
                 return e
         read = self.read.get(m.group)
         if not self.may_trace or read is not None and not any(
@@ -206,7 +213,29 @@ class Reuse:
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
         e.traced.frames = tuple(x for x in frames if x[1] is not None or x[2])
+        e.traced.proof = frames
+        e.traced.reads = _reads_in(module, frames, m.paths)
+        if e.traced.reads is None:
+            return _Entry((), None, "its trace read Python state that cannot be compared between its twins")
         return e
+
+    def _proven(self, e: _Entry, module, m: Member) -> bool:
+        """Whether every read the template's trace made has the same value for this block now as it
+        had for the template's (a global the parent sets per layer, a ``ContextVar``, a class
+        attribute, a value read with ``object.__getattribute__``): else the block gets a template of its
+        own, or runs flat. The varying scalars the watch saw are ``_Entry.stands_for``'s."""
+        t = e.traced
+        if t is None or module is t.owner:
+            return True
+        with reads.paused():
+            now = _reads_in(module, t.proof, m.paths)
+        if now is None or len(now) != len(t.reads):
+            return False
+        for (source, kind, was), (source2, _, value) in zip(t.reads, now):
+            if source != source2 or source not in t.watched and not _same_read(kind, was, value):
+                self.why.setdefault(type(module).__name__, f"`{source}`, which its template's trace read, differs")
+                return False
+        return True
 
     def _trace_with(self, module, m: Member, state, call, stands: dict, log: list, asked=()) -> _Entry | None:
         """The call's entry, its template traced with ``stands`` read for the block's varying
@@ -231,7 +260,7 @@ class Reuse:
             self.off, rec.ran = False, outer
         if log:
             return None
-        traced = Traced(template, module, (), effects)
+        traced = Traced(template, module, (), effects, frozenset(_varying_source(m, i) for i in read))
         if read & stands.keys() and self._told_apart(module, m, state, call, traced, ran, asked):
             return None
         if not any(raw):        # the stands were all it read of those: it stands for any values there
@@ -299,10 +328,13 @@ def _leads_to(obj, steps, objects: frozenset) -> bool:
 
 
 def _holds(v, objects: frozenset, depth: int) -> bool:
+    """Whether ``v`` is, or holds (as an item, a key or a weakly held entry), one of ``objects``."""
     if id(v) in objects:
         return True
+    if isinstance(v, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)):
+        v = dict(v.items()) if not isinstance(v, weakref.WeakSet) else set(v)
     if depth and isinstance(v, (list, tuple, set, frozenset, dict, types.MappingProxyType)) and len(v) <= 4096:
-        items = v.values() if isinstance(v, (dict, types.MappingProxyType)) else v
+        items = [*v.keys(), *v.values()] if isinstance(v, (dict, types.MappingProxyType)) else v
         return any(_holds(x, objects, depth - 1) for x in items)
     return False
 
@@ -463,7 +495,22 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     # from the stream as it then stands: not a place a forward call can take for it.
     if any(is_random(n) for n in template.bw_nodes):
         raise _Flat("its backward draws random numbers")
+    # A draw only the backward depends on is a recomputation's (a checkpoint inside the block:
+    # eager restores the stream and draws the same numbers again); a call's place in the stream
+    # cannot stand for it, the flat trace pairs it with the draw it repeats.
+    if template.random and set(template.random) & (_ancestors(template.bw_outs) - _ancestors(template.fw_outs)):
+        raise _Flat("it recomputes random ops in its backward (activation checkpointing inside it)")
     return template, tuple(effects)
+
+
+def _ancestors(nodes) -> set:
+    seen, todo = set(), [n for n in nodes if isinstance(n, torch.fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
 
 
 def _same_template(a: Traced, b: Traced) -> bool:
@@ -541,6 +588,37 @@ def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
             if not (info.mutates_data or info.mutates_metadata):
                 unseen.add(i)
     return frozenset(unseen)
+
+
+def _reads_in(module, frames, paths) -> tuple | None:
+    """``(source, kind, value)`` of each read the frames of a template's trace make when the block is
+    ``module`` (submodules by path: ``paths``), the module tree's structure aside (the twins' key
+    compares it); None where a read cannot be resolved (it would be refused at capture)."""
+    ran = {}
+    for i, (f, self_path, arg_paths) in enumerate(frames):
+        obj = paths[self_path] if self_path is not None else f.self_obj
+        ran[i] = replace(f, self_obj=obj, args={**f.args, **{n: paths[p] for n, p in arg_paths.items()}})
+    rec = types.SimpleNamespace(frames=ran, switches={}, reflected=[])
+    try:
+        found = resolve.Resolver(module, (), "block", rec, structure=False).resolve()
+    except AotgradError:
+        return None
+    return tuple((r.source, r.kind, r.value) for r in found)
+
+
+def _same_read(kind, was, now) -> bool:
+    if kind in ("id", "type"):
+        return was is now
+    if kind == "eq":
+        return freeze(was) == freeze(now)
+    if kind == "dict":
+        return list(was.items()) == list(now.items())
+    return was == now       # frozen values, lengths, absences
+
+
+def _varying_source(m: Member, i: int) -> str:
+    path, attr = m.varying[i]
+    return ".".join(filter(None, ("block", path, attr)))
 
 
 def _replay_reads(rec, frames, paths) -> None:

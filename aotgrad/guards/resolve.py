@@ -102,7 +102,8 @@ def _stops(obj) -> bool:
 
 
 class Resolver:
-    def __init__(self, fn, leaves, root_name, rec):
+    def __init__(self, fn, leaves, root_name, rec, structure=True):
+        self.structure = structure      # False: the module tree's own structure is not read (block twins')
         self.reads: dict = {}
         self.paths: dict = {}          # id(obj) -> (path, source) of objects reached from a root
         self.skip: set = set()         # ids of dicts whose entries are guarded elsewhere
@@ -171,6 +172,8 @@ class Resolver:
             self.paths.setdefault(id(m), (path, source))
             d = vars(m)
             self.skip.update(id(x) for s in ("_parameters", "_buffers", "_modules") for x in (d[s], real(d[s])))
+            if not self.structure:
+                continue
             self._hook(d, "_modules", path + (("attr", "_modules"),), source)
             for store in ("_parameters", "_buffers"):
                 n = len(d[store])
@@ -190,7 +193,8 @@ class Resolver:
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)
         if f.kind == MODULE_CALL:
-            self._called(f.self_obj, path, source or _anon(f.self_obj))
+            if self.structure:
+                self._called(f.self_obj, path, source or _anon(f.self_obj))
             return
         found, _ = chains(f.code)
         if f.kind == USER and _reflects(f, found):
@@ -415,6 +419,8 @@ class Resolver:
 
     def _add_value(self, where, key, source, path):
         value = read_at(where, key)
+        if not self.structure and id(value) in self.skip:
+            return      # a module's own parameter, buffer or child dict: the tree's structure
         kind = guard_kind(value)
         if isinstance(value, dict) and all(isinstance(x, (torch.nn.Module, types.FunctionType)) for x in value.values()):
             kind = "dict"       # children or hooks: compared entry by entry by identity, in C
