@@ -21,9 +21,11 @@ before each call and installs the new one after, as eager would have left it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import sys
+import types
 import warnings
 from collections import defaultdict
 
@@ -49,7 +51,10 @@ def reached(fn) -> tuple[dict, list]:
     fn, found = _unwrapped(fn)
     if getattr(fn, "__code__", None) is None:
         return {}, []
-    found.update({name: value for _, name, value in _variables(fn)})
+    while fn is not None:       # a decorator's wrapper (functools.wraps) and what it wraps
+        found.update({name: value for _, name, value in _variables(fn)})
+        fn = getattr(fn, "__wrapped__", None)
+        fn = fn if getattr(fn, "__code__", None) is not None else None
     modules, optimizers = {}, []
     for name, obj in found.items():
         for n, o in _members(name, obj):
@@ -98,11 +103,14 @@ def _variables(fn) -> list:
 
 
 def _members(name, obj):
-    """``(name, object)`` of ``obj`` itself, or of each member of a list, tuple or dict."""
+    """``(name, object)`` of ``obj`` itself, or of each member of a list, tuple or dict, or each
+    attribute of a plain namespace (``types.SimpleNamespace``, ``argparse.Namespace``)."""
     if isinstance(obj, dict):
         return obj.items()
     if isinstance(obj, (list, tuple)):
         return ((f"{name}{i}", o) for i, o in enumerate(obj))
+    if type(obj).__name__ == "Namespace" or isinstance(obj, types.SimpleNamespace):
+        return ((f"{name}_{k}", o) for k, o in vars(obj).items())
     return [(name, obj)]
 
 
@@ -184,6 +192,7 @@ class Root(torch.nn.Module):
                 t.grad = _placed(state["grad"][name], bases)
             with b.bases_named(bases):
                 out = self.step_fn(*args, **kwargs)
+            out = b.rates_named(out)
             new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
             for t in leaves:
                 t.grad = None
@@ -348,6 +357,10 @@ class Binding:
         out.append(("a parameter's gradient hooks", tuple(h for p in self.params for h in _grad_hooks(p))))
         return out
 
+    def hooked(self) -> list:
+        """The parameters whose gradient hooks the step runs (code, which an export cannot carry)."""
+        return [n for n, p in zip(self.names, self.params) if len(_grad_hooks(p)) > 1]
+
     def changed(self) -> str | None:
         """What differs from :meth:`reach` when the step was bound, in words; None where nothing does."""
         for (what, was), (_, now) in zip(self.bound_reach, self.reach()):
@@ -356,10 +369,10 @@ class Binding:
         return None
 
     def _gathered(self) -> dict:
-        bases = []      # flat buffers .grad tensors are views of (gradient-as-bucket-view)
+        bases = []      # flat buffers .grad tensors are parts of (gradient-as-bucket-view)
         for p in self.params:
             base = p.grad._base if p.grad is not None else None
-            if base is not None and all(base is not b for b in bases):
+            if base is not None and base.numel() > p.grad.numel() and all(base is not b for b in bases):
                 bases.append(base)
         state = {"grad": {n: _place(p.grad, bases) for n, p in zip(self.names, self.params)},
                  "optimizer": {key: {"groups": tuple(_group_inputs(g) for g in opt.param_groups),
@@ -457,7 +470,15 @@ class Binding:
                     if held.get(k) is not value:
                         held[k] = value
         flat, spec = pytree.tree_flatten(out)
-        return pytree.tree_unflatten([self._live(t) if n else t for t, n in zip(flat, needs)], spec)
+        return pytree.tree_unflatten([self._live(t) if n else self.optimizers[t.opt].param_groups[t.group]["lr"]
+                                      if isinstance(t, _Rate) else t for t, n in zip(flat, needs)], spec)
+
+    def rates_named(self, out):
+        """A learning rate the step returns (``group['lr']``, an input read as a number while traced)
+        stands for the group's rate, read again after each call, as eager returns it."""
+        rates = {id(g["lr"]): _Rate(i, k) for i, opt in enumerate(self.optimizers)
+                 for k, g in enumerate(opt.param_groups) if isinstance(g.get("lr"), torch.SymFloat)}
+        return pytree.tree_map(lambda v: rates.get(id(v), v) if isinstance(v, torch.SymFloat) else v, out)
 
     def _live(self, t):
         """An output that required grad in eager: a parameter (or a view of one) is the live parameter
@@ -556,6 +577,11 @@ def _group_inputs(group: dict) -> dict:
     weight_decay, momentum, amsgrad...) as a constant of the call signature: the trace bakes it, so a
     change between calls misses the entry (``jit`` captures again; a staged step refuses)."""
     out = {k: v for k, v in group.items() if k != "params"}
+    if type(out.get("lr")).__module__ == "numpy" and not isinstance(out["lr"], float):
+        raise UnsupportedError(
+            f"an optimizer's learning rate is a numpy scalar ({type(out['lr']).__name__}): the step takes it as "
+            "an input read as a Python number, which would change eager's numpy arithmetic; set the group's "
+            "lr to float(lr) (or a tensor)", user_line=caller_line())
     if isinstance(out.get("lr"), float):
         out["lr"] = torch.tensor(out["lr"], dtype=torch.float64)
     return out
@@ -584,6 +610,13 @@ def _eager_step(step, name: str):
                     "with .item()), so one graph cannot serve every step; run this optimizer eagerly after a "
                     "captured forward and backward", user_line=caller_line()) from e
     return run
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rate:
+    """The learning rate of ``optimizers[opt].param_groups[group]``, as a step's output."""
+    opt: int
+    group: int
 
 
 def _install_group(group: dict, params: list, inputs: dict) -> dict:
@@ -626,6 +659,12 @@ def _refuse_optimizer(opt, fn) -> None:
     if hooks:
         raise UnsupportedError(f"{name} has step hooks ({', '.join(hooks)}); they are Python the graph would not "
                                "run at each step: remove them or run the optimizer eagerly")
+    if any(g.get("fused") for g in opt.param_groups):
+        raise UnsupportedError(f"{name}(fused=True) inside a captured training step is not supported: its fused "
+                               "kernel (one ATen op over every parameter) cannot be traced here (no fake-tensor "
+                               "kernel on this device, and it takes the learning rate as a plain number, which "
+                               "the step makes an input); use foreach=True or the for-loop implementation, or "
+                               "torch.compile(step, backend=\"aotgrad\")")
     if any(g.get("differentiable") for g in opt.param_groups):
         raise UnsupportedError(f"{name}(differentiable=True) inside a captured training step is not supported")
 

@@ -138,6 +138,9 @@ def _step(captured, named: dict | None) -> dict | None:
     b = captured.step
     if b is None:
         return None
+    if b.hooked():
+        raise Unserializable(f"a training step that runs gradient hooks of {', '.join(b.hooked()[:3])} (Python the "
+                             "loaded step would not have); remove the hooks before exporting")
     if named is None:
         raise Unserializable("a whole training step without values (its optimizer state is part of the step); "
                              "export it with values=True")

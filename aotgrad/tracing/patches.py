@@ -261,7 +261,10 @@ def _forward_only():
         if mode is REFUSE:
             raise errors.UnsupportedError(
                 "backward() inside the captured function: aotgrad captures the backward itself; return the "
-                "loss and call .backward() on the compiled function's result", user_line=errors.caller_line())
+                "loss and call .backward() on the compiled function's result. (A function that reaches a "
+                "torch.optim.Optimizer through its globals, closure or self's attributes is captured as a whole "
+                "training step; this one reaches none: an optimizer passed as an argument, or a module whose "
+                "forward trains, is not found)", user_line=errors.caller_line())
         if mode is not None:        # a whole training step is traced: its own backward (inputs.step)
             return mode(*args, **kwargs)
         return backward(*args, **kwargs)

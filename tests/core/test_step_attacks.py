@@ -339,3 +339,204 @@ def test_step_family(opt_name, layout, change, entry):
 @pytest.mark.parametrize("opt_name,layout,change", [r for r in _rows(full=True) if r not in _rows(full=False)])
 def test_step_family_full(opt_name, layout, change, entry):
     _check(opt_name, layout, change, entry)
+
+
+# ---------------------------------------------------------------- single attacks
+
+def _twins(make, steps=3, compile=aotgrad.jit):
+    """``make()`` -> ``(step, model, args)`` built twice under one seed: eager's run and the compiled
+    one; each call's outputs and the parameters after, or the compiled run's refusal."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        step, model, args = make()
+        fn = compile(step) if compiled else step
+        outs = [fn(*args) for _ in range(steps)]
+        runs.append((outs, [p.detach().clone() for p in model.parameters()]))
+    (e_outs, e_params), (c_outs, c_params) = runs
+    assert all(torch.equal(a, b) for a, b in zip(e_params, c_params))
+    for e, c in zip(e_outs, c_outs):
+        assert _equal(tuple(e) if isinstance(e, tuple) else (e,), tuple(c) if isinstance(c, tuple) else (c,))
+    return c_outs
+
+
+def _model_opt(opt_cls=torch.optim.SGD, **kw):
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    return model, opt_cls(model.parameters(), **{"lr": 0.5, **kw}), (torch.randn(8, 4), torch.randn(8, 1))
+
+
+def test_data_assignment_inside_the_step_is_kept():
+    """``p.data = p.data.clamp(...)`` after the update: eager swaps the values in; so does the graph."""
+    def make():
+        model, opt, args = _model_opt()
+
+        def step(x, y):
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            for p in model.parameters():
+                p.data = p.data.clamp(-0.2, 0.2)
+        return step, model, args
+    _twins(make)
+
+
+def test_data_assignment_of_a_held_tensor_is_refused_untouched():
+    """``p.data = t`` with ``t`` held elsewhere aliases it in eager; the graph cannot: refused."""
+    model, opt, (x, y) = _model_opt()
+    new = [torch.zeros_like(p) for p in model.parameters()]
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        for p, t in zip(model.parameters(), new):
+            p.data = t
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(errors.UnsupportedError, match="`.data = ` on a parameter"):
+        aotgrad.jit(step)(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters()) and not opt.state
+
+
+def test_returned_learning_rate_is_the_groups():
+    """``return loss, group['lr']``: eager returns the float; so does the step, read after each call
+    (a scheduler changes it between calls)."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model, opt, (x, y) = _model_opt()
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), opt.param_groups[0]["lr"]
+        fn = aotgrad.jit(step) if compiled else step
+        outs = []
+        for _ in range(3):
+            outs.append(fn(x, y))
+            sched.step()
+        runs.append(outs)
+    assert all(type(c[1]) is float and c[1] == e[1] and torch.equal(c[0], e[0]) for e, c in zip(*runs))
+    assert [o[1] for o in runs[0]] == [0.5, 0.25, 0.125]
+
+
+@pytest.mark.parametrize("found", ["functools_wraps", "namespace"])
+def test_optimizer_reached_through_a_wrapper_or_namespace_trains(found):
+    import functools
+    import types
+
+    def make():
+        model, opt, args = _model_opt(torch.optim.Adam, lr=0.01)
+        ns = types.SimpleNamespace(model=model, opt=opt)
+
+        def step(x, y):
+            ((ns.model(x) - y) ** 2).mean().backward()
+            ns.opt.step()
+            ns.opt.zero_grad()
+        if found == "functools_wraps":
+            def step(x, y, _inner=None):        # noqa: F811
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+            @functools.wraps(step)
+            def logged(*a, **k):
+                return step(*a, **k)
+            return logged, model, args
+        return step, model, args
+    _twins(make)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])
+def test_fused_optimizers_are_refused_by_their_cause(cls):
+    model, opt, (x, y) = _model_opt(cls, lr=0.01, fused=True)
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    before = copy.deepcopy(model)
+    with pytest.raises(errors.UnsupportedError, match=r"fused=True\) inside a captured training step"):
+        aotgrad.jit(step)(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
+
+
+def test_numpy_learning_rate_is_refused_by_its_cause():
+    import numpy as np
+    model, opt, (x, y) = _model_opt(lr=np.float32(0.1))
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    with pytest.raises(errors.UnsupportedError, match="learning rate is a numpy scalar"):
+        aotgrad.jit(step)(x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_load_state_dict_hook_is_not_a_step_hook():
+    def make():
+        model, opt, args = _model_opt()
+        opt.register_load_state_dict_pre_hook(lambda o, sd: None)
+
+        def step(x, y):
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return step, model, args
+    _twins(make)
+
+
+def test_optimizer_passed_as_an_argument_is_told_why():
+    """Not found (an argument): the backward refusal says that no optimizer was reached."""
+    model, opt, (x, y) = _model_opt()
+
+    def step(opt, x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    with pytest.raises(errors.UnsupportedError, match="reaches none: an optimizer passed as an argument"):
+        aotgrad.jit(step)(opt, x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_user_optimizer_refusal_restores_it():
+    """A user optimizer whose step writes a Python attribute (a step counter) is refused naming it,
+    its groups (plain floats), state and ``step`` as they were, and eager training after it is eager's."""
+    class Counting(MomentumSGD):
+        def step(self, closure=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().step(closure)
+
+    runs = []
+    for refuse_first in (False, True):
+        torch.manual_seed(0)
+        model, _, (x, y) = _model_opt()
+        opt = Counting(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        step(x, y)
+        if refuse_first:
+            with pytest.raises(errors.UnsupportedError, match="assigns `calls` of Counting"):
+                aotgrad.capture(step, x, y)
+            assert type(opt.param_groups[0]["lr"]) is float and opt.calls == 1
+            opt.state_dict()
+        for _ in range(3):
+            step(x, y)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_export_of_a_step_with_gradient_hooks_is_refused(tmp_path):
+    model, opt, (x, y) = _model_opt()
+    model[0].weight.register_hook(_scaled)
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    step(x, y)
+    with pytest.raises(errors.UnsupportedError, match="gradient hooks of model.0.weight"):
+        aotgrad.capture(step, x, y).export(str(tmp_path / "step.aotgrad"))
