@@ -183,3 +183,88 @@ class Trainer:
 def _method():
     t = Trainer()
     return t.step, _batch(), [t.model, t.opt], None
+
+
+class MomentumSGD(torch.optim.Optimizer):
+    """An optimizer the user wrote: a subclass with its own ``step()``, state made on its first step."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "buf" not in st:
+                    st["buf"] = p.grad.clone()
+                else:
+                    st["buf"].mul_(group["momentum"]).add_(p.grad)
+                p.add_(st["buf"], alpha=-group["lr"])
+
+
+@case("user_optimizer")
+def _user_optimizer():
+    model = _mlp()
+    opt = MomentumSGD(model.parameters(), lr=0.05)
+    x, y = _batch()
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step, (x, y), [model, opt], None
+
+
+def _scaled(g):
+    return g * 0.5
+
+
+def _clamped(p):
+    p.grad.clamp_(-0.05, 0.05)
+
+
+@case("param_grad_hooks")
+def _param_grad_hooks():
+    """Hooks registered on the parameters before the step: eager's AccumulateGrad runs them."""
+    model = _mlp()
+    for p in model.parameters():
+        p.register_hook(_scaled)
+        p.register_post_accumulate_grad_hook(_clamped)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = _batch()
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step, (x, y), [model, opt], None
+
+
+@case("flat_grad_buffer")
+def _flat_grad_buffer():
+    """Gradient-as-bucket-view: every ``.grad`` a view of one flat buffer, zeroed in place, the
+    buffer's norm read after ``backward()``."""
+    model = _mlp()
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()))
+    at = 0
+    for p in model.parameters():
+        p.grad = flat[at:at + p.numel()].view_as(p)
+        at += p.numel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = _batch()
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        norm = flat.norm()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        return loss.detach(), norm
+    return step, (x, y), [model, opt], None
