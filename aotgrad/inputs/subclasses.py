@@ -26,8 +26,8 @@ from .._torch import pytree, traceable_subclass
 @dataclass(frozen=True, eq=False)
 class Meta:
     """What rebuilding one subclass value takes: its class, its flatten context, the names of its
-    inner tensors (each a plain tensor, ``None``, or a nested subclass's ``Meta``), and its outer
-    size and stride."""
+    inner values (each a plain tensor, ``None``; a nested subclass's ``Meta``; or an :class:`Opaque`
+    object the class flattens beside its tensors, DTensor's device mesh), and its outer size and stride."""
     cls: type
     ctx: object
     keys: tuple
@@ -38,7 +38,7 @@ class Meta:
     @classmethod
     def of(cls, t: torch.Tensor) -> "Meta":
         keys, ctx = t.__tensor_flatten__()
-        inner = tuple(Meta.of(getattr(t, k)) if traceable_subclass(getattr(t, k)) else None for k in keys)
+        inner = tuple(_inner(getattr(t, k)) for k in keys)
         size, stride = tuple(t.size()), tuple(t.stride())
         if not all(type(v) is int for v in (*size, *stride)) and keys:
             first = getattr(t, keys[0])     # symbolic: the first inner tensor's, rebuilt from it at run time
@@ -106,6 +106,39 @@ class Meta:
 
     def __repr__(self) -> str:
         return f"{self.cls.__name__}{list(self.keys)}"
+
+
+@dataclass(frozen=True, eq=False)
+class Opaque:
+    """A non-tensor value a subclass flattens among its inner tensors (DTensor's ``device_mesh``): no
+    leaf of the graph; the captured object itself is put back, and another one is a mismatch."""
+    value: object
+    n = 0
+
+    def leaves(self, t) -> list:
+        return []
+
+    def names(self, name: str) -> list:
+        return []
+
+    def build(self, leaves):
+        return self.value
+
+    def why(self, x, name: str) -> str | None:
+        return None if _same(x, self.value) else f"{name} is {x!r}, when captured {self.value!r}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Opaque) and _same(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return hash(type(self.value))
+
+
+def _inner(x):
+    """How :class:`Meta` holds one inner value."""
+    if traceable_subclass(x):
+        return Meta.of(x)
+    return None if isinstance(x, torch.Tensor) else Opaque(x)
 
 
 def _same(a, b) -> bool:
@@ -215,7 +248,7 @@ def _dynamic_refused(meta: Meta, what: str) -> None:
                                "first inner tensor's: rebuilding it at run time needs sizes aotgrad does not compute; "
                                "capture with static shapes (dynamic=False)", user_line=_user_line())
     for m in meta.inner:
-        if m is not None:
+        if isinstance(m, Meta):
             _dynamic_refused(m, what)
 
 
