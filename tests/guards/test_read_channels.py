@@ -1,0 +1,236 @@
+"""Reads through channels the bytecode alone does not follow: each is guarded by value, observed as
+the trace runs, or refused at capture — never trusted.
+
+Each case is a tiny program (its own module, so the code is the user's) that reads one value through
+one channel (``VALUES`` held at one of ``PLACES``, torch's switches, reflective reads), called once,
+changed, called again: ``aotgrad.jit`` must return eager's result (recompiling), and a
+``capture().compile()`` of the first call must raise ``InputMismatchError``. A refused case raises a
+typed error naming the user's line. Every change changes eager's result (checked), so a stale graph
+fails the case.
+"""
+import itertools
+import sys
+import types
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad import errors
+
+HEADER = """
+import array, collections, contextvars, functools, inspect, operator, threading, weakref
+import numpy as np
+import torch
+"""
+
+# value kind: (how it is made, how the program reads a number from it, how it is changed in place)
+VALUES = {
+    "deque": ("collections.deque([2.0])", "{v}[0]", "{v}[0] = 3.0"),
+    "deque subclass": ("type('DQ', (collections.deque,), {})([2.0])", "{v}[0]", "{v}.append(1.0); {v}.popleft(); "
+                       "{v}[0] = 3.0"),
+    "array.array": ("array.array('d', [2.0])", "{v}[0]", "{v}[0] = 3.0"),
+    "bytearray": ("bytearray(b'\\x02')", "{v}[0]", "{v}[0] = 3"),
+    "numpy array": ("np.array([2.0])", "float({v}[0])", "{v}[0] = 3.0"),
+    "list five deep": ("[[[[[2.0]]]]]", "{v}[0][0][0][0][0]", "{v}[0][0][0][0][0] = 3.0"),
+    "tensor .item()": ("torch.tensor(2.0)", "{v}.item()", "{v}.fill_(3.0)"),
+    "set": ("{2}", "(2.0 if 3 not in {v} else 3.0)", "{v}.add(3)"),
+}
+
+# place: (definition of the holder, the expression reaching the value ``{h}``)
+PLACES = {
+    "global": ("H = {make}", "H"),
+    "closure cell": ("def _mk():\n    h = {make}\n    return lambda: h\nGET = _mk()", "GET()"),
+    "object attribute": ("class O: pass\nOBJ = O(); OBJ.h = {make}", "OBJ.h"),
+    "class attribute": ("class K:\n    h = {make}", "K.h"),
+    "list item": ("L = [{make}]", "L[0]"),
+    "weakref": ("class O: pass\nOBJ = O(); OBJ.h = {make}\nREF = weakref.ref(OBJ)", "REF().h"),
+}
+
+_n = itertools.count()
+
+
+def _module(src):
+    name = f"_read_channels_{next(_n)}"
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    exec(compile(HEADER + src, f"<{name}>", "exec"), vars(mod))
+    return vars(mod)
+
+
+def _value_program(kind, place):
+    make, read, change = VALUES[kind]
+    define, reach = PLACES[place]
+    src = define.format(make=make) + f"\n\ndef f(x):\n    return x * {read.format(v=reach)}\n\n" \
+        f"def change():\n    {change.format(v=reach)}\n"
+    return _module(src)
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    monkeypatch.setenv("AOTGRAD_CACHE", "0")
+
+
+def _check(ns, fn, change, x):
+    """jit recompiles to eager's result; the staged step refuses the changed state."""
+    f = aotgrad.jit(fn)
+    torch.testing.assert_close(f(x), fn(x))
+    staged = aotgrad.capture(fn, x).compile()
+    before = fn(x)
+    torch.testing.assert_close(staged(x), before)
+    change()
+    expected = fn(x)
+    assert not torch.equal(expected, before), "the change must change eager's result"
+    torch.testing.assert_close(f(x), expected)
+    assert len(f.entries) == 2, [e.reason for e in f.entries]
+    with pytest.raises(errors.InputMismatchError):
+        staged(x)
+
+
+@pytest.mark.parametrize("kind,place", list(itertools.product(VALUES, PLACES)))
+def test_value_read_in_place_changed(kind, place):
+    ns = _value_program(kind, place)
+    _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("kind", ["set", "bytearray", "deque"])
+def test_container_argument_changed_in_place(kind):
+    make, read, change = VALUES[kind]
+    ns = _module(f"ARG = {make}\n\ndef f(x, v):\n    return x * {read.format(v='v')}\n\n"
+                 f"def change():\n    {change.format(v='ARG')}\n")
+    x, arg = torch.tensor([1.0, -2.0]), ns["ARG"]
+    f = aotgrad.jit(ns["f"])
+    staged = aotgrad.capture(ns["f"], x, arg).compile()
+    before = f(x, arg)
+    torch.testing.assert_close(before, ns["f"](x, arg))
+    ns["change"]()
+    torch.testing.assert_close(f(x, arg), ns["f"](x, arg))
+    assert not torch.equal(before, ns["f"](x, arg))
+    with pytest.raises(errors.InputMismatchError):
+        staged(x, arg)
+
+
+# torch's switches: (the read, the change, the value to put back)
+SWITCHES = {
+    "deterministic algorithms": ("torch.are_deterministic_algorithms_enabled()",
+                                 lambda v: torch.use_deterministic_algorithms(v), torch.are_deterministic_algorithms_enabled),
+    "float32 matmul precision": ("torch.get_float32_matmul_precision() == 'highest'",
+                                 lambda v: torch.set_float32_matmul_precision("highest" if v else "high"),
+                                 lambda: torch.get_float32_matmul_precision() == "highest"),
+    "anomaly mode": ("torch.is_anomaly_enabled()", lambda v: torch.set_anomaly_enabled(v), torch.is_anomaly_enabled),
+    "cudnn benchmark": ("torch.backends.cudnn.benchmark",
+                        lambda v: setattr(torch.backends.cudnn, "benchmark", v), lambda: torch.backends.cudnn.benchmark),
+    "oneDNN": ("torch.backends.mkldnn.enabled", lambda v: setattr(torch.backends.mkldnn, "enabled", v),
+               lambda: torch.backends.mkldnn.enabled),
+    "default dtype": ("torch.get_default_dtype() == torch.float64",
+                      lambda v: torch.set_default_dtype(torch.float64 if v else torch.float32),
+                      lambda: torch.get_default_dtype() == torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(SWITCHES))
+def test_torch_switch_read_by_the_trace(name):
+    read, put, get = SWITCHES[name]
+    ns = _module(f"def f(x):\n    return x * (2.0 if {read} else 3.0)\n")
+    was = get()
+    try:
+        _check(ns, ns["f"], lambda: put(not was), torch.tensor([1.0, -2.0]))
+    finally:
+        put(was)
+
+
+def test_a_switch_the_trace_did_not_read_recompiles_nothing():
+    ns = _module("def f(x):\n    return x * 2.0\n")
+    f, x = aotgrad.jit(ns["f"]), torch.tensor([1.0])
+    f(x)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(not was)
+        f(x)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert len(f.entries) == 1
+
+
+# Reads a C function or a cache makes: (setup, the read, the change)
+REFLECTIVE = {
+    "object.__getattribute__ of a list item": (
+        "class O: pass\no = O(); o.k = 2.0\nL = [o]", "object.__getattribute__(L[0], 'k')", "o.k = 3.0"),
+    "vars(vars(x))": ("class O: pass\no = O(); o.k = 2.0\np = O(); p.o = o", "vars(vars(p)['o'])['k']", "o.k = 3.0"),
+    "inspect.getattr_static": ("class O: pass\no = O(); o.k = 2.0", "inspect.getattr_static(o, 'k')", "o.k = 3.0"),
+    "operator.attrgetter": ("class O: pass\no = O(); o.k = 2.0\nAG = operator.attrgetter('k')", "AG(o)", "o.k = 3.0"),
+    "lru_cache hit": ("K = [2.0]\n@functools.lru_cache\ndef scale(n):\n    return K[0] * n\nscale(1)", "scale(1)",
+                      "K[0] = 3.0; scale.cache_clear()"),
+    "__slots__ objects in a list": ("class S:\n    __slots__ = ('k',)\n    def __init__(s):\n        s.k = 2.0\nL = [S()]",
+                                    "[s.k for s in L][0]", "L[0].k = 3.0"),
+    "ContextVar": ("V = contextvars.ContextVar('v', default=2.0)", "V.get()", "V.set(3.0)"),
+    "threading.local": ("T = threading.local(); T.k = 2.0", "T.k", "T.k = 3.0"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFLECTIVE))
+def test_reflective_read_changed(name):
+    setup, read, change = REFLECTIVE[name]
+    ns = _module(f"{setup}\n\ndef f(x):\n    return x * {read}\n\ndef change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("text", ["eval('self.k')", "(exec('r = self.k', globals(), d) or d['r'])"])
+def test_evaluated_text_is_refused_with_the_users_line(text):
+    ns = _module(f"""
+class M(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.k = 2.0
+
+    def forward(self, x):
+        d = {{'self': self}}
+        return x * {text}
+""")
+    m, x = ns["M"](), torch.tensor([1.0])
+    for compile_ in (lambda: aotgrad.jit(m)(x), lambda: aotgrad.capture(m, x)):
+        with pytest.raises(errors.UnsupportedError, match=r"calls `(eval|exec)`") as info:
+            compile_()
+        assert info.value.user_line and "forward" in info.value.user_line
+
+
+def test_reordered_module_dict_runs_in_the_new_order():
+    ns = _module("""
+class M(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.d = torch.nn.ModuleDict({'a': torch.nn.Linear(2, 2), 'b': torch.nn.Tanh()})
+
+    def forward(self, x):
+        for v in self.d.values():
+            x = v(x)
+        return x
+""")
+    torch.manual_seed(0)
+    m = ns["M"]()
+
+    def change():
+        d = m.d._modules
+        d["a"] = d.pop("a")
+    _check(ns, m, change, torch.tensor([[1.0, -2.0]]))
+
+
+def test_a_hooked_modules_mode_is_guarded():
+    """A library forward pre-hook (spectral norm's power iteration, here a stand-in) reads the
+    module's ``training``: switching to ``eval()`` recompiles."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(2, 2)
+    m.register_forward_pre_hook(_scale_in_training)
+    _check({}, m, m.eval, torch.tensor([[1.0, -2.0]]))
+
+
+def _scale_in_training(module, args):
+    return (args[0] * (2.0 if module.training else 3.0),)
+
+
+def test_too_deep_a_container_is_refused():
+    ns = _module("H = [2.0]\nfor _ in range(12):\n    H = [H]\n\ndef f(x):\n    v = H\n    while isinstance(v, list):\n"
+                 "        v = v[0]\n    return x * v\n")
+    with pytest.raises(errors.UnsupportedError, match="nested too deep") as info:
+        aotgrad.jit(ns["f"])(torch.tensor([1.0]))
+    assert info.value.user_line
