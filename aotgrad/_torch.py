@@ -455,8 +455,8 @@ SWITCH_GETTERS = {f: name for name in (
     "_get_cublas_allow_fp16_reduced_precision_reduction", "_get_cublas_allow_bf16_reduced_precision_reduction",
     "_get_cpu_allow_fp16_reduced_precision_reduction", "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
     "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_nnpack_enabled", "_get_warnAlways",
-    "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads",
-    "get_default_dtype") for f in [getattr(torch._C, name, None)] if f is not None}
+    "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads")
+    for f in [getattr(torch._C, name, None)] if f is not None}     # (the default dtype is a baked mode)
 SET_GRAD_ENABLED = torch._C._set_grad_enabled       # how a Dynamo graph's nodes set grad mode
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
