@@ -18,6 +18,7 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -37,8 +38,13 @@ _CALL_IMPL = MODULE_CALL_CODES
 
 SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
 _SWITCH_IDS = {id(f): name for f, name in SWITCH_GETTERS.items()}
-_UNFOLLOWED_FNS = (eval, exec)      # text evaluated at run time: what it reads is in no code's bytecode
-_UNFOLLOWED = frozenset(map(id, _UNFOLLOWED_FNS))
+# C functions whose answer no guard can check on a later call, by why: refused where user code calls them.
+_EVALUATED = "the text it evaluates reads Python state that aotgrad cannot check on later calls"
+_CLOCK = "its answer changes from call to call and the compiled graph would hold the first one"
+UNFOLLOWED = {eval: _EVALUATED, exec: _EVALUATED, **{f: _CLOCK for f in (
+    time.time, time.time_ns, time.perf_counter, time.perf_counter_ns, time.monotonic, time.monotonic_ns,
+    time.process_time, time.process_time_ns, time.thread_time, time.thread_time_ns, os.urandom)}}
+_UNFOLLOWED = {id(f): f for f in UNFOLLOWED}
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 
@@ -115,6 +121,7 @@ class Recording:
     ran: set | None = None      # when a set, the code objects run get added (a block's template trace)
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (builtin, code, line): reads no guard can follow (``eval``)
+    returned: list = field(default_factory=list)    # modules library calls returned to user code
 
     def event(self, frame, event, arg):
         if event != "call":
@@ -123,6 +130,11 @@ class Recording:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
                     self.writes.memoizes(frame.f_code, arg)
+                if type(arg) is types.ModuleType and not self.kinds.get(frame.f_code) and frame.f_back is not None \
+                        and self.kinds.get(frame.f_back.f_code) == USER:
+                    # a module a library call handed user code (``importlib.import_module(name)``):
+                    # what the code then loads from it is read, as from a module it named
+                    self.returned.append(arg)
             elif event == "c_call":
                 self._c_call(frame, arg)
             elif event == "c_return" and self.watch is not None:
@@ -149,7 +161,7 @@ class Recording:
         name = _SWITCH_IDS.get(id(fn))
         if name is not None and SWITCH_GETTERS.get(fn) == name and name not in self.switches:
             self.switches[name] = (fn, fn())
-        elif id(fn) in _UNFOLLOWED and fn in _UNFOLLOWED_FNS and self.kinds.get(frame.f_code) == USER:
+        elif _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
             self.reflected.append((fn, frame.f_code, frame.f_lineno))
         if self.watch is not None:
             self.watch.c_call(fn)

@@ -28,7 +28,7 @@ from .. import errors
 from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
 from .bytecode import attr_names, chains
-from .reads import LIBRARY, MODULE_CALL, USER, Frame, is_library
+from .reads import LIBRARY, MODULE_CALL, UNFOLLOWED, USER, Frame, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, frozen_size, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
@@ -125,6 +125,8 @@ class Resolver:
             known = len(self.paths)
             for f in frames + self.cached:
                 self._frame(f)
+            for v in getattr(self.rec, "returned", ()):
+                self._value(v, None, v.__name__)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
         return list(self.reads.values())
@@ -133,9 +135,9 @@ class Resolver:
         """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
         for fn, code, line in self.rec.reflected:
             raise errors.UnsupportedError(
-                f"the traced code calls `{fn.__name__}`: the text it evaluates reads Python state that aotgrad "
-                "cannot check on later calls; compute the value outside the compiled function and pass it in, "
-                "or write the expression out", user_line=f"{code.co_filename}:{line} in {code.co_name}")
+                f"the traced code calls `{getattr(fn, '__module__', None) or 'builtins'}.{fn.__name__}`: "
+                f"{UNFOLLOWED[fn]}; compute the value outside the compiled function and pass it in",
+                user_line=f"{code.co_filename}:{line} in {code.co_name}")
 
     def _switches(self):
         """torch's switches the trace read (``_torch.SWITCH_GETTERS``): each guarded on the value seen."""
@@ -152,6 +154,9 @@ class Resolver:
     def _roots(self, fn, leaves):
         if isinstance(fn, torch.nn.Module):
             self._tree(fn)
+            step_fn = vars(fn).get("step_fn")       # a whole training step's function (inputs.step.Root)
+            if step_fn is not None:
+                self._value(step_fn, ("fn", None, ("own", "step_fn")), self.root_name)
         else:
             self._value(fn, ("fn", None), self.root_name)
         for i, v in enumerate(leaves):
@@ -302,6 +307,9 @@ class Resolver:
             whole = None
             if obj is os and key == "environ":
                 obj = os.environ
+                continue
+            if obj is sys and key == "modules":     # ``sys.modules[name]``: a module, read by its name
+                obj, path = sys.modules, None
                 continue
             if obj is os and key in ("getenv", "environb", "getenvb"):
                 self._environment(None)     # ``os.getenv(k)``
@@ -464,6 +472,9 @@ class Resolver:
             return
         if isinstance(v, types.FunctionType):
             self._function(v, path, source)
+        elif isinstance(v, types.ModuleType):        # reached by value: the names the code loads from it
+            for name in sorted(self.names & set(vars(v))):
+                self._follow(v, path, source, (("attr", name),))
         elif isinstance(v, functools.partial):     # what it calls with: its function, arguments, keywords
             for key in ("func", "args", "keywords"):
                 self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)

@@ -165,6 +165,11 @@ REFLECTIVE = {
                                     "[s.k for s in L][0]", "L[0].k = 3.0"),
     "ContextVar": ("V = contextvars.ContextVar('v', default=2.0)", "V.get()", "V.set(3.0)"),
     "threading.local": ("T = threading.local(); T.k = 2.0", "T.k", "T.k = 3.0"),
+    "sys.modules[name]": ("import sys\nCFG = type(sys)('_channels_cfg'); CFG.k = 2.0\nsys.modules[CFG.__name__] = CFG",
+                          "sys.modules['_channels_cfg'].k", "CFG.k = 3.0"),
+    "importlib.import_module": ("import importlib, sys\nCFG = type(sys)('_channels_cfg2'); CFG.k = 2.0\n"
+                                "sys.modules[CFG.__name__] = CFG", "importlib.import_module('_channels_cfg2').k",
+                                "CFG.k = 3.0"),
 }
 
 
@@ -175,9 +180,12 @@ def test_reflective_read_changed(name):
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
 
 
-@pytest.mark.parametrize("text", ["eval('self.k')", "(exec('r = self.k', globals(), d) or d['r'])"])
-def test_evaluated_text_is_refused_with_the_users_line(text):
+@pytest.mark.parametrize("text", ["eval('self.k')", "(exec('r = self.k', globals(), d) or d['r'])",
+                                  "(time.time() % 7)", "(time.perf_counter() % 7)"])
+def test_evaluated_text_or_a_clock_is_refused_with_the_users_line(text):
     ns = _module(f"""
+import time
+
 class M(torch.nn.Module):
     def __init__(s):
         super().__init__()
@@ -189,7 +197,8 @@ class M(torch.nn.Module):
 """)
     m, x = ns["M"](), torch.tensor([1.0])
     for compile_ in (lambda: aotgrad.jit(m)(x), lambda: aotgrad.capture(m, x)):
-        with pytest.raises(errors.UnsupportedError, match=r"calls `(eval|exec)`") as info:
+        with pytest.raises(errors.UnsupportedError, match=r"calls `(builtins.eval|builtins.exec|time.time|"
+                                                         r"time.perf_counter)`") as info:
             compile_()
         assert info.value.user_line and "forward" in info.value.user_line
 
