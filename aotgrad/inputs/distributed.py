@@ -70,8 +70,13 @@ def check_ddp_for_jit(ddp) -> None:
             "inner module and wrap it without those options", user_line=errors.caller_line())
 
 
+_GRAPH = {"capture": "one captured graph", "jit": "one jitted graph",
+          "step": "the one graph of a whole training step (aotgrad.jit or capture of a step calling opt.step())"}
+
+
 def refuse_wrapped(fn, frontend: str) -> None:
-    """Refuse a DDP module (for ``capture``) or FSDP-wrapped modules anywhere in ``fn``'s tree."""
+    """Refuse a DDP module (for ``capture``) or FSDP-wrapped modules anywhere in ``fn``'s tree.
+    ``frontend``: ``capture``, ``jit`` or ``step``."""
     if not isinstance(fn, torch.nn.Module) or isinstance(fn, _UnitForward):
         return
     if frontend == "capture" and is_ddp(fn):
@@ -84,7 +89,7 @@ def refuse_wrapped(fn, frontend: str) -> None:
         if fsdp and isinstance(m, fsdp):
             raise errors.UnsupportedError(
                 f"module {name or type(fn).__name__!r} is FSDP-wrapped: its forward hooks all-gather and reshard "
-                f"parameters on every call, which one {frontend}d graph cannot hold; use aotgrad.jit on the "
+                f"parameters on every call, which {_GRAPH[frontend]} cannot hold; use aotgrad.jit on the "
                 "fully_shard-ed model (it compiles each innermost FSDP unit between those hooks), "
                 "torch.compile, or compiled autograd", user_line=errors.caller_line())
 
@@ -92,6 +97,9 @@ def refuse_wrapped(fn, frontend: str) -> None:
 def split_for_jit(jit) -> None:
     """Set ``jit.fn``/``jit.around`` for a distributed wrapper: ``around(call, args, kwargs)`` runs one step."""
     fn = jit.fn
+    if jit.around is not None:      # a whole training step (inputs.step): FSDP's hooks cannot run inside it
+        refuse_wrapped(fn, "step")
+        return
     if is_ddp(fn):
         check_ddp_for_jit(fn)
         jit.fn, jit.around = fn.module, functools.partial(around_ddp, fn)
