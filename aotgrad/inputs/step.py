@@ -132,9 +132,24 @@ def step_reads(fn, found: list) -> list:
     for opt in fn.binding.optimizers:
         held.update(map(id, (opt.state, *opt.state.values(), opt.param_groups, *opt.param_groups)))
     attrs = {id(vars(opt)) for opt in fn.binding.optimizers}
-    bases = {id(b) for b in fn.binding._gathered().get("grad_bases", ())}      # read as the step's own input
-    return [r for r in found if id(r.where) not in held and not (id(r.where) in attrs and r.key in _HELD)
-            and not (bases and id(_held_at(r.where, r.key)) in bases)]
+    flat = {b.untyped_storage().data_ptr() for b in fn.binding._gathered().get("grad_bases", ())}
+    kept = []
+    for r in found:
+        if id(r.where) in held or id(r.where) in attrs and r.key in _HELD:
+            continue
+        v = _held_at(r.where, r.key)
+        over = flat and [t for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)
+                         and t.untyped_storage().data_ptr() in flat]
+        if over:
+            if not isinstance(v, torch.Tensor) or (id(r.where), r.key) not in fn.binding.swapped:
+                raise UnsupportedError(
+                    f"the training step reads `{r.source}`, a tensor over the flat buffer its .grad tensors are "
+                    "views of, through a path aotgrad does not hand the traced buffer to (a global, a closed-over "
+                    "variable or an attribute of self holding the buffer itself): the read would see the buffer "
+                    "as it was before the step; read it through such a variable")
+            continue        # the step's own input
+        kept.append(r)
+    return kept
 
 
 _HELD = ("state", "param_groups")
@@ -142,6 +157,8 @@ _HELD = ("state", "param_groups")
 
 def _held_at(where, key):
     try:
+        if isinstance(where, types.CellType):
+            return where.cell_contents
         return where[key] if isinstance(where, dict) else getattr(where, key)
     except Exception:       # a cell, a missing entry: not a buffer
         return None
@@ -319,7 +336,7 @@ class Binding:
         self.keys = tuple(f"{type(opt).__name__}{k}" for k, opt in enumerate(self.optimizers))
         self.opt_index = tuple(tuple(tuple(index[id(p)] for p in g["params"]) for g in opt.param_groups)
                                for opt in self.optimizers)
-        self.fn, self.root, self.rebound = fn, root, 0
+        self.fn, self.root, self.rebound, self.swapped = fn, root, 0, set()
         self.bound_reach = self.reach()
 
     def stand_ins(self) -> list:
@@ -401,6 +418,7 @@ class Binding:
             if rec is not None and isinstance(w, dict):
                 rec.writes.module_dict(w)
         undo = [(w, n, _get(w, n)) for w, n, _ in swaps]
+        self.swapped = {(id(w), n if isinstance(w, dict) else None) for w, n, _ in swaps}
         try:
             for w, n, v in swaps:
                 _put(w, n, v)

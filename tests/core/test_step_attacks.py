@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ class Lookahead(torch.optim.Optimizer):
         self.inner, self.k, self.alpha, self.count = inner, k, alpha, 0
         self.param_groups, self.defaults, self.state = inner.param_groups, inner.defaults, {}
         self.slow = [p.detach().clone() for g in inner.param_groups for p in g["params"]]
-        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = OrderedDict(), OrderedDict()
 
     def step(self, closure=None):
         self.inner.step()
@@ -540,3 +541,36 @@ def test_export_of_a_step_with_gradient_hooks_is_refused(tmp_path):
     step(x, y)
     with pytest.raises(errors.UnsupportedError, match="gradient hooks of model.0.weight"):
         aotgrad.capture(step, x, y).export(str(tmp_path / "step.aotgrad"))
+
+
+@pytest.mark.parametrize("path", ["closure", "list"])
+def test_flat_buffer_read_is_exact_or_refused(path):
+    """The flat buffer read after ``backward()``: through a variable holding it, the traced buffer
+    (eager's values); through a list, refused before anything runs (it would be read as it was)."""
+    def make():
+        model, opt, args = _model_opt()
+        flat = _flat_views(model)
+        held = [flat]
+
+        def by_variable(x, y):
+            ((model(x) - y) ** 2).mean().backward()
+            norm = flat.norm()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            return norm
+
+        def through_a_list(x, y):
+            ((model(x) - y) ** 2).mean().backward()
+            norm = held[0].norm()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            return norm
+        return by_variable if path == "closure" else through_a_list, model, args
+    if path == "closure":
+        outs = _twins(make)
+        assert all(o.item() > 0 for o in outs)
+        return
+    step, model, (x, y) = make()
+    with pytest.raises(errors.UnsupportedError, match=r"reads `.*`, a tensor over the flat buffer"):
+        aotgrad.jit(step)(x, y)
+    assert all(not p.grad.any() for p in model.parameters())
