@@ -574,3 +574,32 @@ def test_flat_buffer_read_is_exact_or_refused(path):
     with pytest.raises(errors.UnsupportedError, match=r"reads `.*`, a tensor over the flat buffer"):
         aotgrad.jit(step)(x, y)
     assert all(not p.grad.any() for p in model.parameters())
+
+
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_closed_over_value_changed_between_calls(entry):
+    """A value the step reads from its closure (a config list) changed between calls: ``jit`` captures
+    again (eager's numbers), a staged step refuses; the old graph never runs with the old value."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model, opt, (x, y) = _model_opt()
+        cfg = [1.0]
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean() * cfg[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        step(x, y)
+        fn = step if not compiled else aotgrad.jit(step) if entry == "jit" else aotgrad.capture(step, x, y).compile()
+        outs = [fn(x, y)]
+        cfg[0] = 3.0
+        if compiled and entry == "capture":
+            with pytest.raises(errors.InputMismatchError):
+                fn(x, y)
+            return
+        outs.append(fn(x, y))
+        runs.append(outs)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
