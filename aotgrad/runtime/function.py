@@ -195,6 +195,8 @@ def _saved(tensors, primals, saved_views) -> list:
     tensors = list(tensors)
     for k, i in saved_views:
         t, p = tensors[k], primals[i]
+        if t._base is p or t._base is not None and t._base is p._base:
+            continue        # a view of the caller's tensor already (the eager backend's ``t()``): its counter
         if t.dtype == p.dtype and t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
             tensors[k] = p.detach().as_strided(t.shape, t.stride(), t.storage_offset())
     return [t.detach() if isinstance(t, torch.Tensor) and t._base is not None else t for t in tensors]
