@@ -432,7 +432,9 @@ def recorded(fn, trace, leaves, name, names=()):
     read a global another thread changed meanwhile runs again (its graph may hold either value)."""
     for _ in range(_ATTEMPTS):
         captured, rec = _recorded_once(fn, trace, leaves, names)
-        reads_ = step_reads(fn, resolve.assumed(fn, leaves, name, rec))
+        reads_ = resolve.assumed(fn, leaves, name, rec)
+        if getattr(fn, "whole_step", False):     # what a step's state argument carries is not guarded
+            reads_ = step_reads(fn, reads_)
         raced = rec.raced(reads_)
         if raced is None:
             return captured, reads_
