@@ -88,6 +88,10 @@ def without_dynamo(fn):
 # The compiled-autograd engine (C++): its compiler slot and its cache are one per process.
 compiled_autograd_engine = C_dynamo.compiled_autograd
 TensorGuards = C_dynamo.guards.TensorGuards
+# A plain dict's version tag (CPython's ``ma_version_tag``: every insert, delete or new value changes it,
+# and no two dicts share one); None where this torch has no such function. It raises on a non-dict, and
+# a subclass reordered in place (``OrderedDict.move_to_end``) keeps its tag: callers use it on plain dicts.
+dict_version = getattr(C_dynamo.guards, "dict_version", None)
 
 # Functionalization.
 sync = torch._sync

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._torch import dict_version
 from ..runtime.codegen import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from ..tracing.views import real
@@ -308,11 +309,40 @@ def _fast_check(kind, reads):
         # Lengths only: comparing the dicts would compare replaced parameters with ``Tensor.__eq__``.
         held, expect = tuple(real(_get(r.where, r.key)) for r in reads), [r.value for r in reads]
         return lambda: list(map(len, held)) == expect
+    if kind == "dict" and dict_version is not None:
+        return _by_version(reads)
     if kind in ("same", "dict") or kind == "absent" and all(
             isinstance(r.where, (dict, types.MappingProxyType)) for r in reads):
         return _generated(reads, kind)
     gather = _gatherer(reads)
     return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
+
+
+def _by_version(reads):
+    """The ``dict`` reads (children, non-empty hooks) by version tag: one C pass of ``dict_version`` over
+    the dicts their holders hold now. A changed tag (any write, or another dict in the holder) runs the
+    entry-by-entry comparison, and where that holds and every dict is a plain one, its tags are the
+    expected ones from then on; an ``OrderedDict`` (hooks) reordered in place keeps its tag, so a group
+    holding one is compared entry by entry every call."""
+    plain = [r for r in reads if type(_get(r.where, r.key)) is dict]
+    others = [r for r in reads if type(_get(r.where, r.key)) is not dict]
+    exact, rest = _generated(plain, "dict") if plain else None, _generated(others, "dict") if others else None
+    if exact is None:
+        return rest
+    gather, expect = _gatherer(plain), [dict_version(_get(r.where, r.key)) for r in plain]
+
+    def check():
+        if rest is not None and not rest():
+            return False
+        if list(map(dict_version, gather())) == expect:
+            return True
+        if not exact():
+            return False
+        now = gather()
+        if all(type(d) is dict for d in now):
+            expect[:] = map(dict_version, now)
+        return True
+    return check
 
 
 def _access(i, r, holders) -> str:
@@ -422,7 +452,7 @@ def build(reads) -> StateGuards:
                     if failed is None and hasattr(ok, "refresh"):
                         ok.refresh()
                     return failed
-        except (KeyError, AttributeError, ValueError, TypeError):
+        except (KeyError, AttributeError, ValueError, TypeError, RuntimeError):     # RuntimeError: dict_version
             return slow()
         return None
     return StateGuards(reads, check if reads else (lambda: None))
