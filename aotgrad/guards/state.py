@@ -18,8 +18,9 @@ Each read has a ``path`` from a root (``fn``, ``G:<module>``, ``arg:<i>``) that 
 fresh process can resolve again: the disk cache compares those, so the cache
 and the guards check the same record. The checks run as one generated
 straight-line function for the identity, value and absent reads (expected values in
-closure cells) and C-level passes over the held dicts of the module tree; when
-one fails, one loop names the first read that failed.
+closure cells), C-level passes over the held dicts of the module tree, and one C pass of
+dict version tags for plain ``dict`` reads (``_by_version``); when one fails, one loop names the
+first read that failed.
 """
 from __future__ import annotations
 
