@@ -525,6 +525,12 @@ def ddp_bucket_assignment(params: list, limits: list) -> list:
     return indices
 
 
+def reentrant_checkpoint():
+    """The ``autograd.Function`` ``checkpoint(..., use_reentrant=True)`` applies (``None`` where gone)."""
+    from torch.utils import checkpoint
+    return getattr(checkpoint, "CheckpointFunction", None)
+
+
 def replace_checkpoint_is_compiling(make) -> "Callable[[], None]":
     """Make ``torch.utils.checkpoint`` ask ``make(its own check)`` whether it is compiling (its
     selective checkpoint contexts act eagerly when told no); return the undo (nothing where torch

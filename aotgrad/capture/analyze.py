@@ -16,6 +16,7 @@ from .._torch import (
 from ..errors import MutationError, UnsupportedError
 from ..guards import reads
 from ..ir.records import Analysis, InputInfo, OutputInfo, ViewMeta
+from ..runtime.call import Rebound
 from ..runtime.hooks import custom_view
 from .session import Session, from_functional, functional_mode, to_functional
 
@@ -254,3 +255,18 @@ def _output_infos(f_outs, f_ins):
             infos.append(OutputInfo("plain", requires_grad=rg, is_leaf=leaf, is_view=o._is_view()))
         seen.setdefault(id(o), j)
     return tuple(infos), bases
+
+
+def without_rebound(fn, captured, found: list) -> list:
+    """The reads of a capture of ``fn``, less those of the module attributes its graph rebinds
+    (``runtime.call.Rebound``: a forward pre-hook's ``module.weight = ...``): every call binds them
+    before anything reads them (a graph that read the old value was refused), so the value held
+    between calls is the graph's own output, not state the graph was made for."""
+    spec = getattr(captured, "out_spec", None)
+    if spec is None or spec.type is not Rebound or not isinstance(fn, torch.nn.Module):
+        return found
+    places = set()
+    for path, attr in spec.context:
+        m = fn.get_submodule(path)
+        places.update(((id(m), attr), (id(vars(m)), attr)))
+    return [r for r in found if (id(r.where), r.key) not in places]

@@ -41,7 +41,7 @@ from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, Vi
 from ..ir.records import HookRecord, layout
 from ..runtime.hooks import observed
 from ..runtime.modes import rng_states, set_rng_states
-from .analyze import analyze
+from .analyze import analyze, without_rebound
 from .joint import trace_joint
 from .session import Session
 from ..tracing.patches import COMPILED_AUTOGRAD_OFF
@@ -432,7 +432,7 @@ def recorded(fn, trace, leaves, name, names=()):
     read a global another thread changed meanwhile runs again (its graph may hold either value)."""
     for _ in range(_ATTEMPTS):
         captured, rec = _recorded_once(fn, trace, leaves, names)
-        reads_ = resolve.assumed(fn, leaves, name, rec)
+        reads_ = without_rebound(fn, captured, resolve.assumed(fn, leaves, name, rec))
         if getattr(fn, "whole_step", False):     # what a step's state argument carries is not guarded
             reads_ = step_reads(fn, reads_)
         raced = rec.raced(reads_)

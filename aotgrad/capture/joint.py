@@ -21,7 +21,7 @@ from ..runtime.modes import autocast_off
 from ..inputs.flatten import module_state
 from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
-from .. import tracing
+from .. import errors, tracing
 from ..guards import reads
 from .block_graph import Direct, UnseenUsed
 from .session import Session, traceable_ops, from_functional, functional_mode, to_functional
@@ -58,6 +58,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                 versions = [version_counter(t) for t in call_ins]
                 with torch.set_grad_enabled(grad_enabled), reads.user_code():
                     outs = flat_fn(*call_ins)
+                joint.replaced = getattr(outs, "replaced", ())
                 fw = forward_values(call_ins, outs, analysis)
                 grads = [None] * n
                 # An input written without a version bump (a batch norm's running statistics): the
@@ -92,7 +93,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                             grads[k] = g
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
-    joint.eager_saved = joint.quiet = ()
+    joint.eager_saved = joint.quiet = joint.replaced = ()
     joint.engine_sums = None
     return joint
 
@@ -261,6 +262,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
             fn.direct.forget()
     if fn.direct is not None and fn.direct.missed:
         raise UnseenUsed
+    _refuse_replaced_reads(gm, fn.replaced)
     if unseen:
         _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
     d = fn.direct
@@ -268,6 +270,21 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet)
     gm.meta["aotgrad engine sums"] = fn.engine_sums
     return gm
+
+
+def _refuse_replaced_reads(gm, replaced) -> None:
+    """A module attribute the trace rebinds (``runtime.call.Rebound``) whose old tensor the graph also
+    read (``self.t = self.t * 0.9``): the graph holds that tensor as a constant, where each later eager
+    call reads the one the call before bound."""
+    if not replaced:
+        return
+    for node in gm.graph.find_nodes(op="get_attr"):
+        if any(getattr(gm, node.target, None) is t for t in replaced):
+            raise errors.UnsupportedError(
+                "the traced code reads a tensor held in a plain module attribute and then rebinds that attribute "
+                "to a tensor it computed (state carried from call to call outside the module's buffers): the "
+                "graph would read the first value on every call; register it as a buffer",
+                user_line=errors.traced_line(next(iter(node.users), node).meta.get("stack_trace")))
 
 
 def _add_inputs(graph: torch.fx.Graph, unseen: dict, n_primals: int) -> None:

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from .._torch import pytree, subclass_kind, traceable_subclass
+from ..runtime.call import rebound, tensor_attributes
 from ..runtime.modes import left_as_found
 from ..guards.reads import thread_watch
 from ..ir.descriptors import BaseDesc, BufferDesc, InputDesc, ParamDesc, input_name
@@ -168,8 +169,10 @@ def _holds_tensors(obj) -> bool:
 
 
 class Outputs(list):
-    """A flat function's output leaves; ``spec`` is their tree structure (the trace returns it)."""
+    """A flat function's output leaves; ``spec`` is their tree structure (the trace returns it);
+    ``replaced``: the tensors module attributes held before the trace rebound them (``runtime.call.rebound``)."""
     spec: pytree.TreeSpec
+    replaced: tuple = ()
 
 
 def outputs(out) -> Outputs:
@@ -189,12 +192,15 @@ def flat_function(fn, sig: Signature) -> Callable:
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
+        attrs = tensor_attributes(fn) if homes is not None else ()
         with forward_only(), left_as_found(thread_watch()):
             if homes is not None:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
             else:
                 out = fn(*args, **kwargs)
-        flat_out = outputs(as_inner(out))
+        out, replaced = rebound(attrs, as_inner(out))     # a pre-hook's module.weight = ... (weight_norm)
+        flat_out = outputs(out)
+        flat_out.replaced = replaced
         _refuse_hidden_tensors(flat_out)
         return flat_out
 

@@ -100,7 +100,7 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     quiet = analysis.quiet_writes
     return CallPath(match=_generated_match(captured), graph=run_graph,
                     epilogue=None if simple else epilogue(analysis, setup.session.grad_enabled),
-                    unflatten=_unflattener(captured.out_spec),
+                    unflatten=_unflattener(captured.out_spec, setup.fn),
                     symbols=guards.bind if not simple and _needs_symbols(analysis) else None,
                     quiet=tuple(quiet),
                     written=tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet),
@@ -218,9 +218,13 @@ def _grad_why(grad_was: bool) -> str:
             f"{'disabled (torch.no_grad())' if grad_was else 'enabled'}")
 
 
-def _unflattener(spec) -> Callable:
+def _unflattener(spec, root=None) -> Callable:
     """``pytree.tree_unflatten`` for ``spec``, except that a ``torch.Size`` output comes back
-    a ``torch.Size`` (pytree rebuilds it as a plain tuple; eager returns the Size)."""
+    a ``torch.Size`` (pytree rebuilds it as a plain tuple; eager returns the Size), and that the
+    values of a :class:`Rebound` are bound to their modules' attributes again (``root``'s)."""
+    if spec.type is Rebound:
+        user, n, names = _unflattener(spec.children()[0]), spec.children()[0].num_leaves, spec.context
+        return lambda leaves: _rebind(root, names, leaves[n:]) or user(leaves[:n])
     if not _has_size(spec):
         return lambda leaves: pytree.tree_unflatten(leaves, spec)
     return lambda leaves: _restore_sizes(pytree.tree_unflatten(leaves, spec), spec)
@@ -240,6 +244,51 @@ def _restore_sizes(value, spec):
     if spec.type is dict:
         return {k: _restore_sizes(value[k], c) for k, c in zip(spec.context, spec.children())}
     return value   # other containers holding a Size keep pytree's tuple
+
+
+# --- module attributes the traced code rebinds
+
+class Rebound:
+    """A traced function's output ``out`` with the tensors its modules' plain attributes were rebound
+    to (a forward pre-hook's ``module.weight = g * v / v.norm()``: ``weight_norm``, ``spectral_norm``):
+    graph outputs like any other, whose epilogue binds each again (``names``: module path, attribute),
+    so the module holds the call's tensor after every call, as after eager's."""
+
+    def __init__(self, out, values, names):
+        self.out, self.values, self.names = out, values, names
+
+
+pytree.register_pytree_node(
+    Rebound, lambda r: ([r.out, *r.values], r.names), lambda vs, names: Rebound(vs[0], vs[1:], names),
+    serialized_type_name="aotgrad.Rebound", to_dumpable_context=lambda names: [list(n) for n in names],
+    from_dumpable_context=lambda names: tuple(tuple(n) for n in names))
+
+
+def tensor_attributes(root) -> list:
+    """``(path, module, attribute, tensor)`` for each plain tensor attribute (in the instance's
+    ``__dict__``, not a parameter or buffer) of ``root`` and its submodules."""
+    return [(path, m, k, v) for path, m in root.named_modules() for k, v in vars(m).items()
+            if isinstance(v, torch.Tensor)]
+
+
+def rebound(before: list, out):
+    """``out`` as a :class:`Rebound` where the trace rebound attributes listed in ``before`` (from
+    :func:`tensor_attributes`) to tensors it computed; each is put back to its old tensor (every call of
+    the graph binds it again, and a graph that read the old one is refused: ``Outputs.replaced``)."""
+    names, values, replaced = [], [], []
+    for path, m, k, old in before:
+        new = vars(m).get(k, old)
+        if new is not old and isinstance(new, torch.Tensor) and type(new) not in (torch.Tensor, torch.nn.Parameter):
+            vars(m)[k] = old
+            names.append((path, k))
+            values.append(new)
+            replaced.append(old)
+    return (Rebound(out, values, tuple(names)), replaced) if names else (out, ())
+
+
+def _rebind(root, names, values) -> None:
+    for (path, attr), v in zip(names, values):
+        setattr(root.get_submodule(path), attr, v)
 
 
 def alias_check(setup, analysis):

@@ -21,7 +21,8 @@ patch                  what it replaces                                         
                        tracer calls modules through)
 ``TENSOR_HOOKS``       ``Tensor.register_hook``, ``register_post_accumulate_grad_   ``hooks``
                        hook``, ``retain_grad``
-``FUNCTIONS``          ``torch.autograd.Function.apply``                            ``hooks``
+``FUNCTIONS``          ``torch.autograd.Function.apply`` (reentrant checkpointing   ``hooks``
+                       runs as the non-reentrant one)
 ``RNG_STATE``          ``torch[.random|.cuda].get_rng_state``/``set_rng_state``;   ``rng``
                        ``torch.utils.checkpoint``'s ``_is_compiling``
 ``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad``, ``.is_leaf`` and     ``backward``
@@ -49,7 +50,7 @@ import torch
 from .. import errors
 from .._torch import (
     ERROR_NODE, FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
-    replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
+    reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
 from .context import REFUSE, current
@@ -196,8 +197,10 @@ def _functions():
     original = Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
-        out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
         rec = current().hooks
+        if rec is not None and cls is reentrant_checkpoint():
+            return _as_non_reentrant(*args)
+        out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
         if rec is not None and not getattr(cls, "aotgrad_writes_nothing", False):      # aotgrad's own Functions
             rec.applied(cls, args, out, errors.caller_line())
         return out
@@ -206,6 +209,21 @@ def _functions():
     def restore():
         Function.apply = original
     return restore
+
+
+def _as_non_reentrant(function, preserve_rng_state, *args):
+    """``checkpoint(function, *args, use_reentrant=True)`` inside a trace, whose backward is the joint's
+    ``autograd.grad`` (reentrant checkpointing runs ``backward()`` in its own backward, and refuses
+    ``grad``): the non-reentrant implementation recomputes the same ops from the same RNG state. Eager's
+    reentrant one gives no gradient where no tensor argument requires grad (its outputs are detached,
+    the parameters inside get none; it warns so): that is kept."""
+    from torch.utils import checkpoint
+    if not (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        import warnings
+        warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=3)
+        with torch.no_grad():
+            return function(*args)
+    return checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state)
 
 
 def _rng_targets():
