@@ -219,7 +219,17 @@ class Root(torch.nn.Module):
         return out, new, needs
 
 
-_DATA = torch._C.TensorBase.data
+_DATA = inspect.getattr_static(torch.Tensor, "data")       # the C getset (Tensor does not define its own)
+
+
+def _tree(module) -> tuple:
+    """Every module under ``module`` (itself included), in order, by walking the children dicts."""
+    out, todo = [], [module]
+    while todo:
+        m = todo.pop()
+        out.append(m)
+        todo.extend(c for c in reversed(m._modules.values()) if c is not None)
+    return tuple(out)
 
 
 def _grad_hooks(p) -> tuple:
@@ -363,16 +373,18 @@ class Binding:
         and the parameters the modules hold."""
         modules, optimizers = reached(self.fn)
         out = [("the modules and optimizers the step reaches", (*modules.values(), *optimizers)),
-               ("the module tree", tuple(self.root.modules()))]
+               ("the module tree", _tree(self.root))]
         for opt in self.optimizers:
             name = type(opt).__name__
             out.append((f"{name}'s step function", (type(opt).step, vars(opt).get("step"))))
-            out.append((f"{name}'s hooks", tuple(tuple(h) for h in _hook_dicts(opt))))
-            out.append((f"{name}'s parameter groups", tuple(p for g in opt.param_groups for p in g["params"])
-                        + (len(opt.param_groups),)))
+            out.append((f"{name}'s hooks", tuple(h for d in _hook_dicts(opt) for h in d.values())))
+            out.append((f"{name}'s parameter groups", (*(p for g in opt.param_groups for p in g["params"]),
+                                                       *opt.param_groups)))
         out.append(("a parameter of the modules", tuple(sub._parameters.get(attr) for sub, attr in self.homes)))
-        out.append(("a parameter's gradient hooks", tuple(h for p in self.params for h in _grad_hooks(p))))
-        return out
+        out.append(("a parameter's gradient hooks", tuple(h for p in self.params if p._backward_hooks
+                                                          or getattr(p, "_post_accumulate_grad_hooks", None)
+                                                          for h in (p, *_grad_hooks(p)))))
+        return [(what, objects, tuple(map(id, objects))) for what, objects in out]
 
     def hooked(self) -> list:
         """The parameters whose gradient hooks the step runs (code, which an export cannot carry)."""
@@ -380,8 +392,8 @@ class Binding:
 
     def changed(self) -> str | None:
         """What differs from :meth:`reach` when the step was bound, in words; None where nothing does."""
-        for (what, was), (_, now) in zip(self.bound_reach, self.reach()):
-            if len(was) != len(now) or any(a is not b for a, b in zip(was, now)):
+        for (what, _, was), (_, _, now) in zip(self.bound_reach, self.reach()):
+            if was != now:      # ids: the bound objects are alive (held here), so none is another's
                 return f"{what} changed"
         return None
 
