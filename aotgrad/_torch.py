@@ -327,6 +327,12 @@ def traceable_class(cls) -> bool:
     return has_own_dispatch(cls) and is_traceable_wrapper_subclass_type(cls)
 
 
+def jagged_class(cls) -> bool:
+    """Whether ``cls`` is the jagged nested tensor's class (``torch.nested``, ``layout=torch.jagged``)."""
+    module = sys.modules.get("torch.nested._internal.nested_tensor")
+    return module is not None and isinstance(cls, type) and issubclass(cls, module.NestedTensor)
+
+
 def subclass_kind(t) -> str | None:
     """Why tensor ``t``'s class changes what ops do, or None where it does not: a class with its own
     ``__torch_dispatch__`` (a wrapper subclass such as TwoTensor, a jagged nested tensor; fake and

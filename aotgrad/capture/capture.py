@@ -41,6 +41,7 @@ from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, Vi
 from ..ir.records import HookRecord, layout
 from ..runtime.hooks import observed
 from ..runtime.modes import rng_states, set_rng_states
+from ..inputs.subclasses import SubclassGradient, promoted
 from .analyze import analyze, without_rebound
 from .joint import trace_joint
 from .session import Session
@@ -90,13 +91,23 @@ def capture_setup(setup: Setup, history: list, reuse_blocks: bool = True, *, use
     ``user_code=False``: the function is a graph of torch ops alone (Dynamo's), whose trace seeds nothing."""
     rng = rng_states()
     try:
-        members = repeated(setup, reuse_blocks)
-        with GC_PAUSED(), tracing.scope(seeds=[]), _reusing(setup, members) as reuse:
-            return _capture_setup(setup, history, reuse, rng[0], user_code)
+        try:
+            return _capture_once(setup, history, reuse_blocks, rng[0], user_code)
+        except SubclassGradient as e:     # plain inputs whose gradient is a subclass: traced again, promoted
+            again = promoted(setup, e)
+            if again is None:
+                raise
+            return _capture_once(again, history, reuse_blocks, rng[0], user_code)
     except BaseException:
         if _changed_rng(rng[0], user_code):
             set_rng_states(rng)
         raise
+
+
+def _capture_once(setup: Setup, history: list, reuse_blocks: bool, rng, user_code: bool) -> Captured:
+    members = repeated(setup, reuse_blocks)
+    with GC_PAUSED(), tracing.scope(seeds=[]), _reusing(setup, members) as reuse:
+        return _capture_setup(setup, history, reuse, rng, user_code)
 
 
 def _changed_rng(before: torch.Tensor, user_code: bool) -> bool:

@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._torch import (
     anomaly_nan_check,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
-    has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
+    has_own_dispatch, is_functional_tensor, jagged_class, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
 )
 from .. import tracing
@@ -139,8 +139,15 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 "do it outside the captured function", user_line=caller_line())
         for cls in types:
             if has_own_dispatch(cls):
-                if traceable_class(cls):    # its own dispatch runs now, on its inner tensors (inputs.subclasses)
-                    return NotImplemented
+                if traceable_class(cls) and not jagged_class(cls):   # its own dispatch runs now, on its inner tensors
+                    return NotImplemented                          # (inputs.subclasses)
+                from ..errors import UnsupportedError, caller_line
+                if jagged_class(cls):
+                    raise UnsupportedError(
+                        f"{func.__name__} on a {cls.__name__} (a jagged nested tensor, torch.nested with "
+                        "layout=torch.jagged) inside the captured function: its ragged sizes are nested ints "
+                        "aotgrad's traces cannot hold; pad it (to_padded_tensor) or compile it with another "
+                        "torch.compile backend", user_line=caller_line())
                 from ..errors import UnsupportedError, caller_line
                 raise UnsupportedError(
                     f"{func.__name__} on a {cls.__name__}, a tensor subclass with its own __torch_dispatch__ but "

@@ -153,8 +153,9 @@ def refuse_tensor(name: str, t: torch.Tensor) -> None:
     from ..errors import UnsupportedError, caller_line
     why = subclass_kind(t)
     if t.is_nested or t.layout != torch.strided:
-        raise UnsupportedError(f"{name} is {'a nested tensor' if t.is_nested else f'of layout {t.layout}'}; "
-                               "only strided (dense) tensors can be captured", user_line=caller_line())
+        what = f"a nested tensor ({type(t).__name__}, layout {t.layout})" if t.is_nested else f"of layout {t.layout}"
+        raise UnsupportedError(f"{name} is {what}; only strided (dense) tensors and traceable wrapper subclasses "
+                               "can be captured", user_line=caller_line())
     if why is not None and not traceable_subclass(t):
         raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why} but no "
                                "__tensor_flatten__/__tensor_unflatten__; aotgrad traces plain tensors and traceable "

@@ -16,11 +16,13 @@ rebuilt as that subclass at run time, as eager gives it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .._torch import pytree, traceable_subclass
+from ..errors import UnsupportedError
+from ..ir.descriptors import InputDesc
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +94,16 @@ class Meta:
                 return why
         return None
 
+    def gradient(self, grads):
+        """The subclass gradient from its leaves' gradients (at run time)."""
+        return self.build(iter(grads))
+
+    def examples(self, t, rg: bool) -> list:
+        return [x.detach().requires_grad_(rg and _differentiable(x)) for x in self.leaves(t)]
+
+    def descs(self, d) -> list:
+        return [type(d)(n) for n in self.names(d.name)]
+
     @property
     def static(self) -> bool:
         return self.size is not None and all(type(v) is int for v in (*self.size, *self.stride))
@@ -141,6 +153,91 @@ def _inner(x):
     return None if isinstance(x, torch.Tensor) else Opaque(x)
 
 
+@dataclass(frozen=True, eq=False)
+class Promoted:
+    """A plain input whose gradient is a subclass (it met one in an op, so eager's ``.grad`` is that
+    subclass). Its graph leaves are the input itself and one *carrier* per leaf of the gradient's
+    structure ``grad`` (a zero of that leaf's shape, expanded, never read): the traced function takes
+    the input through :class:`_Unflatten`, whose backward hands the subclass gradient's leaves to the
+    carriers, and at run time :class:`_Flatten` builds the subclass from the carriers' gradients."""
+    grad: Meta
+    like: tuple         # (shape, dtype, device) of each leaf of the gradient
+
+    @property
+    def n(self) -> int:
+        return 1 + len(self.like)
+
+    def leaves(self, t) -> list:
+        return [t, *(torch.zeros((), dtype=d, device=v).expand(s) for s, d, v in self.like)]
+
+    def build(self, leaves):
+        value = next(leaves)
+        for _ in self.like:
+            next(leaves)
+        return value
+
+    def gradient(self, grads):
+        return self.grad.build(iter(grads[1:]))
+
+    def examples(self, t, rg: bool) -> list:
+        return [t, *(c.requires_grad_(rg) for c in self.leaves(t)[1:])]
+
+    def descs(self, d) -> list:
+        return [d, *(InputDesc(n) for n in self.grad.names(f"{d.name}.grad"))]
+
+    def why(self, t, name: str) -> str | None:
+        return f"{name} was a plain tensor when captured, now a {type(t).__name__}" if traceable_subclass(t) else None
+
+    def carried(self, grad) -> list:
+        """The leaves of ``grad``, which must have the structure the trace gave it."""
+        leaves = Meta.of(grad).leaves(grad) if traceable_subclass(grad) and Meta.of(grad) == self.grad else None
+        if leaves is None or [(x.shape, x.dtype) for x in leaves] != [(s, d) for s, d, _ in self.like]:
+            raise UnsupportedError(f"the gradient of a plain input was a {self.grad} when traced, now a "
+                                   f"{type(grad).__name__}: aotgrad fixed its structure at the trace",
+                                   user_line=_user_line())
+        return leaves
+
+
+class SubclassGradient(UnsupportedError):
+    """The joint trace found plain graph inputs (of ``n_inputs``) whose gradient is a subclass:
+    ``found`` maps each index to its :class:`Promoted`. ``capture_setup`` traces again with them
+    promoted (:func:`promoted`); uncaught, it is the refusal it says."""
+
+    def __init__(self, message: str, found: dict, n_inputs: int, user_line=None):
+        super().__init__(message, user_line=user_line)
+        self.found, self.n_inputs = found, n_inputs
+
+
+def promoted(setup, e: SubclassGradient):
+    """``setup`` (a ``stages.Setup``) with the inputs ``e`` found as :class:`Promoted`; None where its
+    graph inputs are not the ones ``e`` counted (rebased)."""
+    if setup.rebase is not None or e.n_inputs != len(setup.real_inputs):
+        return None
+    sig, old = setup.signature, setup.flat_fn
+    unwrap = sig.unwrap or Unwrap((None,) * len(setup.real_inputs), tuple(map(str, setup.input_descs)))
+    at, k, metas = {}, 0, list(unwrap.metas)      # graph input index -> the plain flat input it is
+    for j, m in enumerate(metas):
+        at[k] = j if m is None else None
+        k += 1 if m is None else m.n
+    if any(at.get(i) is None for i in e.found):
+        return None
+    for i, p in e.found.items():
+        metas[at[i]] = p
+    new = replace(unwrap, metas=tuple(metas), grads={})
+    real, fakes, descs = [], [], []
+    for i, (t, f, d) in enumerate(zip(setup.real_inputs, setup.fake_inputs, setup.input_descs)):
+        extra = e.found[i].examples(t, True)[1:] if i in e.found else []
+        faked = [setup.session.fake_mode.from_tensor(c) for c in extra]
+        real += [t, *(faked if t is f else extra)]      # Dynamo's inputs are its fakes
+        fakes += [f, *faked]
+        descs += e.found[i].descs(d) if i in e.found else [d]
+    flat_fn = new.wrap(getattr(old, "inner", old))
+    for k, v in vars(old).items():      # what the frontend set on the function (Dynamo's lifted state)
+        vars(flat_fn).setdefault(k, v)
+    return replace(setup, signature=replace(sig, unwrap=new), flat_fn=flat_fn, real_inputs=tuple(real),
+                   fake_inputs=tuple(fakes), input_descs=tuple(descs))
+
+
 def _same(a, b) -> bool:
     if a is b:
         return True
@@ -176,7 +273,7 @@ class _Flatten(torch.autograd.Function):
         if all(g is None for g in grads):
             return None, None, None
         grads = [g if g is not None else torch.zeros(s, dtype=d, device=v) for g, (s, d, v) in zip(grads, ctx.like)]
-        return None, None, ctx.grad_meta.build(iter(grads))
+        return None, None, ctx.grad_meta.gradient(grads)
 
 
 class _Unflatten(torch.autograd.Function):
@@ -193,11 +290,12 @@ class _Unflatten(torch.autograd.Function):
     def backward(ctx, grad):
         if grad is None:
             return (None, None) + (None,) * len(ctx.like)
+        if isinstance(ctx.meta, Promoted):
+            return (None, None, None, *ctx.meta.carried(grad))
         gm = Meta.of(grad) if traceable_subclass(grad) else None
         leaves = gm.leaves(grad) if gm is not None else None
         if leaves is None or len(leaves) != len(ctx.like) or any(
                 g.shape != s or g.dtype != d for g, (s, d) in zip(leaves, ctx.like)):
-            from ..errors import UnsupportedError
             raise UnsupportedError(
                 f"the gradient of a {ctx.meta.cls.__name__} is a {type(grad).__name__}"
                 + (f" laid out as {gm}" if gm is not None else "")
@@ -230,8 +328,7 @@ def as_inner(out):
     for k, v in enumerate(leaves):
         if traceable_subclass(v):
             if v._is_view():
-                from ..errors import UnsupportedError
-                raise UnsupportedError(
+                    raise UnsupportedError(
                     f"the function returns a view of a {type(v).__name__} (of an input or of a value made inside): "
                     "eager's output is a view of that subclass, the graph's inner tensors cannot make one; return "
                     "a copy (.clone()) or the base", user_line=_user_line())
@@ -243,7 +340,6 @@ def as_inner(out):
 
 def _dynamic_refused(meta: Meta, what: str) -> None:
     if meta.size is not None and not meta.static:
-        from ..errors import UnsupportedError
         raise UnsupportedError(f"{what} is a {meta.cls.__name__} with symbolic outer sizes {meta.size} other than its "
                                "first inner tensor's: rebuilding it at run time needs sizes aotgrad does not compute; "
                                "capture with static shapes (dynamic=False)", user_line=_user_line())
@@ -271,17 +367,13 @@ class Unwrap:
         """The leaves as example inputs: detached, requiring grad where their subclass does."""
         out = []
         for t, m in zip(tensors, self.metas):
-            if m is None:
-                out.append(t)
-                continue
-            rg = t.requires_grad and torch.is_grad_enabled()
-            out += [x.detach().requires_grad_(rg and _differentiable(x)) for x in m.leaves(t)]
+            out += [t] if m is None else m.examples(t, t.requires_grad and torch.is_grad_enabled())
         return out
 
     def descs(self, descs) -> list:
         out = []
         for d, m in zip(descs, self.metas):
-            out += [d] if m is None else [type(d)(n) for n in m.names(d.name)]
+            out += [d] if m is None else m.descs(d)
         return out
 
     def graph_inputs(self, flat):
@@ -312,7 +404,7 @@ class Unwrap:
             out = flat_fn(*flat)
             self._refuse_writes(flat, before)
             return out
-        fn.__name__ = flat_fn.__name__
+        fn.__name__, fn.inner = flat_fn.__name__, flat_fn
         state = getattr(flat_fn, "module_state", None)
         if state is not None:
             fn.module_state = lambda leaves: state(fn.flat)
@@ -325,7 +417,6 @@ class Unwrap:
         for i, (t, was) in enumerate(zip(flat, before)):
             if was is None or t._version == was[0]:
                 continue
-            from ..errors import UnsupportedError
             cls = type(t).__name__
             if (t.shape, t.stride()) != was[2:]:
                 raise UnsupportedError(f"an in-place change of the size or stride of {self.names[i]}, a {cls} "

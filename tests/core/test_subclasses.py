@@ -70,6 +70,24 @@ def written_no_grad(x, y):
     return x * y
 
 
+def plain_and_two(x, y):
+    return (x * y).sin() + y.exp()      # the TwoTensor gradient plus a plain one: eager's sum is a TwoTensor
+
+
+class TwoLinearBias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(two(4, 3))
+        self.bias = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight, self.bias).tanh()
+
+
+def made_meets(x, y):
+    return (x * TwoTensor(y, y * 2)).sin()
+
+
 def squared(x):
     return (x * x).sin()
 
@@ -87,6 +105,15 @@ PROGRAMS = {
     "input written in place": lambda: (written, (two(3), torch.randn(3)), {}),
     "parameter-like input written under no_grad": lambda: (written_no_grad, (two(3, rg=True), torch.randn(3)), {}),
     "nested TwoTensor(TwoTensor)": lambda: (squared, (TwoTensor(two(3), two(3)).requires_grad_(),), {}),
+    # eager's .grad of a plain input that met a TwoTensor is a TwoTensor: the input is promoted (its
+    # gradient's leaves are carried by extra graph inputs)
+    "plain input, its grad a subclass": lambda: (lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)), {}),
+    "plain input, grad a subclass and plain uses": lambda: (plain_and_two, (two(3), torch.randn(3, requires_grad=True)), {}),
+    "plain input, grad of a nested subclass": lambda: (lambda x, y: (x * y).cos(), (TwoTensor(two(3), two(3)),
+                                                                                   torch.randn(3, requires_grad=True)), {}),
+    "plain bias beside a subclass weight": lambda: (TwoLinearBias(), (torch.randn(2, 3),), {}),
+    "plain input meets a subclass made inside": lambda: (made_meets, (torch.randn(3, requires_grad=True),
+                                                                      torch.randn(3)), {}),
 }
 
 
@@ -98,9 +125,6 @@ def test_two_tensor_program_trains_like_eager(program, entry):
 
 
 REFUSED = {
-    # eager's .grad of a plain input that met a TwoTensor is a TwoTensor; the graph gives plain inputs plain grads
-    "plain input's grad is a subclass": (lambda: (lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)), {}),
-                                         "gradient of flat input"),
     # eager returns a view of the TwoTensor; the rebuilt output is not one
     "returned view": (lambda: (lambda x: x.t(), (two(3, 4, rg=True),), {}), "returns a view of a TwoTensor"),
     # autograd would record the write on the subclass; the graph writes the inner tensors

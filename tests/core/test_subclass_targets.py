@@ -1,0 +1,166 @@
+"""Real tensor-subclass programs (issue #60): torchao float8 training (emulated on CPU), the traceable
+subclasses of PyTorch's own tests, and jagged nested tensors. Each trains several SGD steps next to
+eager, bitwise (loss, every ``.grad`` and every parameter), under ``torch.compile(backend="aotgrad")``,
+``aotgrad.jit``, a staged ``capture``, and as a whole training step; or is refused with a typed error
+naming the subclass and the user's line before anything runs. DTensor: ``tests/distributed/test_dtensor.py``.
+"""
+import pytest
+import torch
+from torch import nn
+from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor, CustomTensorPlainOut
+from torch.testing._internal.subclasses import WrapperSubclass
+from torch.testing._internal.two_tensor import TwoTensor
+
+import aotgrad
+from aotgrad.errors import AotgradError, UnsupportedError
+from tests.differential.entries import ENTRIES
+from tests.eager_check import assert_refused, check
+
+STEPS = 3
+ENTRY_NAMES = ["capture", "jit", "dynamo"]
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if type(a) is not type(b) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if type(a) is not torch.Tensor and type(a) is not nn.Parameter:
+        keys, _ = a.__tensor_flatten__()
+        return all(_same(getattr(a, k), getattr(b, k)) for k in keys)
+    return torch.equal(a, b)
+
+
+def _forward_entry(entry, model, x):
+    if entry == "capture":
+        return aotgrad.capture(model, x).compile()
+    if entry == "jit":
+        return aotgrad.jit(model)
+    return torch.compile(model, backend="aotgrad")
+
+
+def _stepper(model, opt):
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def train_like_eager(make, entry, data):
+    """``make()`` twice: one trained eagerly, one through ``entry``; per step, all equal bitwise?"""
+    torch._dynamo.reset()
+    eager, model = make(), make()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    want, got = _stepper(eager, opt_e), _stepper(model, opt_m)
+    if entry == "step jit":
+        fn = aotgrad.jit(got)
+    elif entry == "step capture":       # after one eager step: the optimizer's state exists
+        want(data(-1)), got(data(-1))
+        fn = aotgrad.capture(got, data(-1)).compile()
+    else:
+        fn = _stepper(_forward_entry(entry, model, data(0)), opt_m)
+    out = []
+    for i in range(STEPS):
+        x = data(i)
+        out.append(_same(want(x), fn(x)) and all(_same(a, b) for a, b in zip(eager.parameters(), model.parameters())))
+    return out
+
+
+TRAIN_ENTRIES = ["capture", "jit", "dynamo", "step jit", "step capture"]
+
+
+# --- torchao float8 training (emulated: the float8 casts and scaled matmuls in plain ATen on CPU)
+
+def _float8_mlp():
+    float8 = pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    return float8.convert_to_float8_training(m, config=float8.Float8LinearConfig(emulate=True))
+
+
+def _data(i):
+    torch.manual_seed(100 + i)
+    return torch.randn(8, 16)
+
+
+@pytest.mark.parametrize("entry", TRAIN_ENTRIES)
+def test_float8_training_is_bitwise_eager(entry):
+    assert train_like_eager(_float8_mlp, entry, _data) == [True] * STEPS
+
+
+def test_float8_graph_computes_in_float8():
+    captured = aotgrad.capture(_float8_mlp(), _data(0))
+    assert "float8_e4m3fn" in captured.joint.code and "float8_e5m2" in captured.joint.code
+    assert "Float8TrainingTensor" not in captured.joint.code       # plain ATen ops on its inner tensors
+
+
+# --- PyTorch's own test subclasses as parameters
+
+def _with_param(wrap):
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
+        m[0].weight = nn.Parameter(wrap(m[0].weight.detach()))
+        return m
+    return make
+
+
+SUBCLASS_PARAMS = {
+    "TwoTensor": lambda w: TwoTensor(w.clone(), w * 2),
+    "WrapperSubclass": lambda w: WrapperSubclass(w.clone()),
+    "ConstantExtraMetadataTensor": lambda w: ConstantExtraMetadataTensor(w.clone()),
+}
+
+
+@pytest.mark.parametrize("entry", TRAIN_ENTRIES)
+@pytest.mark.parametrize("cls", list(SUBCLASS_PARAMS))
+def test_torch_test_subclass_parameter_trains_bitwise(cls, entry):
+    assert train_like_eager(_with_param(SUBCLASS_PARAMS[cls]), entry, _data) == [True] * STEPS
+
+
+def _plain_out(x):
+    """CustomTensorPlainOut's non-view ops return plain tensors (the sum of both inner results)."""
+    return (CustomTensorPlainOut(x * 2, x + 1) * 3).sin()
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+def test_subclass_made_inside_returning_plain_tensors(entry):
+    torch._dynamo.reset()
+    check(None, make=lambda: (_plain_out, (torch.randn(3, requires_grad=True),), {}), compile=ENTRIES[entry].compile)
+
+
+# --- jagged nested tensors: refused, naming the nested tensor and the line
+
+def _jagged():
+    torch.manual_seed(0)
+    return torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged,
+                                      requires_grad=True)
+
+
+def _nested_input(nt):
+    return nt.sin() * 2
+
+
+def _nested_made_inside(values, offsets):
+    return torch.nested.nested_tensor_from_jagged(values, offsets).sin().values()
+
+
+NESTED = {
+    "input": lambda: (_nested_input, (_jagged(),), {}),
+    "made inside": lambda: (_nested_made_inside, (torch.randn(5, 4, requires_grad=True), torch.tensor([0, 2, 5])), {}),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+@pytest.mark.parametrize("case", list(NESTED))
+def test_jagged_nested_tensor_is_refused_naming_it(case, entry):
+    torch._dynamo.reset()
+    e = assert_refused(None, make=NESTED[case], compile=ENTRIES[entry].compile)
+    assert isinstance(e, UnsupportedError) and "NestedTensor" in str(e), e
+    if case == "made inside":       # the op, and the user's line (Dynamo's graph and an input: the calling line)
+        assert "_nested_view_from_jagged" in str(e), e
+        assert entry == "dynamo" or "test_subclass_targets.py" in str(e), e
