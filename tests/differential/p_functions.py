@@ -130,6 +130,47 @@ def _(n=4):
     return fn(f, r(n, 6, rg=True), r(6, 6, rg=True))
 
 
+# Reentrant checkpointing (``use_reentrant=True``): traced as the non-reentrant one (same masks, same RNG).
+@program("checkpoint_reentrant_dropout", R, "checkpoint", must_match=True)
+def _(n=4):
+    return fn(lambda x, w: checkpoint(_block, x, w, use_reentrant=True).sum(), r(n, 6, rg=True), r(6, 6, rg=True))
+
+
+@program("checkpoint_reentrant_no_preserve_rng", R, "checkpoint", must_match=True)
+def _(n=4):
+    def f(x, w):
+        return checkpoint(_block, x, w, use_reentrant=True, preserve_rng_state=False) + torch.rand(())
+    return fn(f, r(n, 6, rg=True), r(6, 6, rg=True))
+
+
+# (symbolic sizes: the RNG pass refuses the inner region's draw replayed inside the outer's recompute)
+@program("checkpoint_reentrant_nested", R, "checkpoint")
+def _(n=4):
+    def f(x, w1, w2):
+        return checkpoint(lambda a: _block(checkpoint(_block, a, w1, use_reentrant=True), w2), x,
+                          use_reentrant=True).sum()
+    return fn(f, r(n, 6, rg=True), r(6, 6, rg=True), r(6, 6, rg=True))
+
+
+class _ReentrantModule(torch.nn.Module):
+    """A module's parameters inside the region. (Where no argument requires grad, eager's reentrant
+    checkpoint gives them no gradient, and Dynamo, aot_eager too, gives them one: that case is
+    tests/trust/test_rebound_and_reentrant.py's, through capture and jit.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Dropout(0.3), torch.nn.Tanh())
+        self.out = torch.nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.out(checkpoint(self.inner, x * 1.0, use_reentrant=True))
+
+
+@program("checkpoint_reentrant_module", R, "checkpoint", "module", must_match=True)
+def _(n=4):
+    return fn(_ReentrantModule(), r(n, 6, rg=True))
+
+
 class _CkptModule(torch.nn.Module):
     def __init__(self):
         super().__init__()
