@@ -140,7 +140,8 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         for cls in types:
             if has_own_dispatch(cls):
                 if traceable_class(cls) and not jagged_class(cls):   # its own dispatch runs now, on its inner tensors
-                    return NotImplemented                          # (inputs.subclasses)
+                    _refuse_constant_requiring_grad(func, args, kwargs)   # (inputs.subclasses)
+                    return NotImplemented
                 from ..errors import UnsupportedError, caller_line
                 if jagged_class(cls):
                     raise UnsupportedError(
@@ -199,6 +200,27 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 isinstance(a, FunctionalTensor) for a in pytree.tree_leaves((args, kwargs))):
             return out
         return FunctionalTensor(to_functional_tensor(out), self)
+
+
+def _refuse_constant_requiring_grad(func, args, kwargs) -> None:
+    """A subclass value that requires grad but holds no traced tensor (a parameter reached through a
+    closure or a global): its dispatch would bake its inner tensors in and its gradient would be lost."""
+    for t in pytree.tree_leaves((args, kwargs or {})):
+        if isinstance(t, torch.Tensor) and t.requires_grad and has_own_dispatch(type(t)) and not _traced(t):
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                f"{func.__name__} uses a {type(t).__name__} of shape {tuple(t.shape)} that requires grad but is not "
+                "an input (a parameter reached through a closure or a global?); its gradient would be lost. "
+                "Capture the module itself, or pass the tensor as an argument", user_line=caller_line())
+
+
+def _traced(t) -> bool:
+    """Whether subclass value ``t`` holds a traced (functional) tensor."""
+    if isinstance(t, FunctionalTensor):
+        return True
+    flatten = getattr(t, "__tensor_flatten__", None)
+    return flatten is not None and any(_traced(getattr(t, k)) for k in flatten()[0]
+                                       if isinstance(getattr(t, k), torch.Tensor))
 
 
 _DEVICE = torch.ops.prim.device.default

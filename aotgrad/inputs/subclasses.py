@@ -297,7 +297,8 @@ class _Unflatten(torch.autograd.Function):
         if leaves is None or len(leaves) != len(ctx.like) or any(
                 g.shape != s or g.dtype != d for g, (s, d) in zip(leaves, ctx.like)):
             raise UnsupportedError(
-                f"the gradient of a {ctx.meta.cls.__name__} is a {type(grad).__name__}"
+                f"the gradient of a {ctx.meta.cls.__name__} is a "
+                + (type(grad).__name__ if gm is not None else "plain tensor")
                 + (f" laid out as {gm}" if gm is not None else "")
                 + f", not a {ctx.meta.cls.__name__} of inner tensors like its own ({ctx.meta}): aotgrad "
                 "differentiates the inner tensors and cannot map that gradient onto them", user_line=_user_line())

@@ -164,3 +164,34 @@ def test_jagged_nested_tensor_is_refused_naming_it(case, entry):
     if case == "made inside":       # the op, and the user's line (Dynamo's graph and an input: the calling line)
         assert "_nested_view_from_jagged" in str(e), e
         assert entry == "dynamo" or "test_subclass_targets.py" in str(e), e
+
+
+# --- what cannot be traced: typed refusals naming the subclass
+
+_CLOSED = {"TwoTensor": lambda: nn.Parameter(TwoTensor(torch.randn(3), torch.randn(3))),
+           "CustomTensorPlainOut": lambda: nn.Parameter(CustomTensorPlainOut(torch.randn(3), torch.randn(3)))}
+
+
+@pytest.mark.parametrize("cls", list(_CLOSED))
+def test_subclass_parameter_reached_through_a_closure_is_refused(cls):
+    w = _CLOSED[cls]()      # not an input: its dispatch would bake its inner tensors in, its .grad stay None
+
+    def f(x):
+        return (x * w).sum()
+    e = assert_refused(f, (torch.randn(3),))
+    assert isinstance(e, UnsupportedError) and cls in str(e) and "test_subclass_targets.py" in str(e), e
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+def test_subclass_whose_gradient_is_plain_is_refused(entry):
+    """CustomTensorPlainOut's ops return plain tensors, so eager's .grad of one is plain: the graph
+    differentiates its inner tensors and has no map from a plain gradient onto them. (Called directly:
+    a clone of one, as eager_check makes, is a plain tensor.)"""
+    torch._dynamo.reset()
+    w, x = CustomTensorPlainOut(torch.randn(3), torch.randn(3)).requires_grad_(), torch.randn(3)
+    with pytest.raises(Exception) as info:
+        ENTRIES[entry].compile(lambda w, x: (w * x).sin(), (w, x), {})(w, x)
+    e = info.value
+    e = e.inner_exception if isinstance(e, torch._dynamo.exc.BackendCompilerFailed) else e
+    assert isinstance(e, UnsupportedError) and "gradient of a CustomTensorPlainOut is a plain tensor" in str(e), e
+    assert w.grad is None

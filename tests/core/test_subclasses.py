@@ -70,6 +70,10 @@ def written_no_grad(x, y):
     return x * y
 
 
+def plain(*size):
+    return torch.randn(*size, requires_grad=True)
+
+
 def plain_and_two(x, y):
     return (x * y).sin() + y.exp()      # the TwoTensor gradient plus a plain one: eager's sum is a TwoTensor
 
@@ -107,13 +111,12 @@ PROGRAMS = {
     "nested TwoTensor(TwoTensor)": lambda: (squared, (TwoTensor(two(3), two(3)).requires_grad_(),), {}),
     # eager's .grad of a plain input that met a TwoTensor is a TwoTensor: the input is promoted (its
     # gradient's leaves are carried by extra graph inputs)
-    "plain input, its grad a subclass": lambda: (lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)), {}),
-    "plain input, grad a subclass and plain uses": lambda: (plain_and_two, (two(3), torch.randn(3, requires_grad=True)), {}),
+    "plain input, its grad a subclass": lambda: (lambda x, y: (x * y).sin(), (two(3), plain(3)), {}),
+    "plain input, grad a subclass and plain uses": lambda: (plain_and_two, (two(3), plain(3)), {}),
     "plain input, grad of a nested subclass": lambda: (lambda x, y: (x * y).cos(), (TwoTensor(two(3), two(3)),
-                                                                                   torch.randn(3, requires_grad=True)), {}),
+                                                                                   plain(3)), {}),
     "plain bias beside a subclass weight": lambda: (TwoLinearBias(), (torch.randn(2, 3),), {}),
-    "plain input meets a subclass made inside": lambda: (made_meets, (torch.randn(3, requires_grad=True),
-                                                                      torch.randn(3)), {}),
+    "plain input meets a subclass made inside": lambda: (made_meets, (plain(3), torch.randn(3)), {}),
 }
 
 
