@@ -35,8 +35,8 @@ def _jagged():
     return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
 
 
-# TwoTensor (a traceable wrapper subclass) is traced now: tests/core/test_subclasses.py.
-SUBCLASS_INPUTS = {"LoggingTensor": _logging, "WrapperSubclass": _wrapper,
+# TwoTensor and WrapperSubclass (traceable wrapper subclasses) are traced now: tests/core/test_subclasses.py.
+SUBCLASS_INPUTS = {"LoggingTensor": _logging,
                    "torch_function subclass": lambda: torch.randn(3, 3).as_subclass(Tagged),
                    "jagged nested": _jagged}
 
@@ -56,15 +56,23 @@ def test_subclass_input_beside_a_plain_one_is_refused_with_the_call_line(entry, 
     assert ("nested" if kind == "jagged nested" else "subclass") in str(e)
 
 
-def test_subclass_parameter_trains_like_eager_and_a_plain_bias_beside_it_is_refused():
+@pytest.mark.parametrize("entry", ["capture", "jit", "dynamo"])
+def test_wrapper_subclass_input_beside_a_plain_one_trains_like_eager(entry):
+    """The plain one's eager .grad is a WrapperSubclass (it met one): it comes back as one."""
+    def make():
+        torch.manual_seed(0)
+        return (lambda a, b: (a * 2).sum() + b.sum()), (_wrapper(), torch.randn(3, requires_grad=True)), {}
+    torch._dynamo.reset()
+    check(None, make=make, compile=ENTRIES[entry].compile)
+
+
+def test_subclass_parameter_and_a_plain_bias_beside_it_train_like_eager():
     def make(bias):
         m = nn.Linear(3, 3, bias=bias)
         m.weight = nn.Parameter(_two(rg=False))
         return m, (torch.randn(2, 3),), {}
     check(None, make=lambda: make(False))
-    # eager's bias.grad is a TwoTensor (the gradient met the weight's); the graph gives plain inputs plain grads
-    e = assert_refused(None, make=lambda: make(True))
-    assert "is a TwoTensor" in str(e) and "plain" in str(e)
+    check(None, make=lambda: make(True))    # eager's bias.grad is a TwoTensor (the gradient met the weight's)
 
 
 def test_subclass_made_inside_the_function_runs_like_eager():
