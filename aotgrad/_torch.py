@@ -447,6 +447,7 @@ _FAST_COPY = all(hasattr(torch.fx.Graph(), a) for a in ("_insert", "_graph_names
 
 
 # Global switches and dispatcher state.
+VF = torch._VF      # the RNN ops' module (``_VF.lstm``): tracing.patches dispatches them with oneDNN off
 get_mkldnn_enabled = torch._C._get_mkldnn_enabled
 set_mkldnn_enabled = torch._C._set_mkldnn_enabled
 # cuDNN's switches (enabled, benchmark, deterministic), read and set as torch.backends.cudnn does.

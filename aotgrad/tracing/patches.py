@@ -49,7 +49,7 @@ import torch
 
 from .. import errors
 from .._torch import (
-    ERROR_NODE, FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
+    ERROR_NODE, VF, FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
     reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
@@ -105,8 +105,8 @@ def _plain_rnns():
     that Python cannot pass back to its backward. The switch is process-wide, so it is off only
     while the op is dispatched: the traced code (``if torch.backends.mkldnn.enabled:``) and other
     threads read the user's value."""
-    vf = vars(torch._VF)
-    originals = {name: getattr(torch._VF, name) for name in RNN_OPS}
+    vf = vars(VF)
+    originals = {name: getattr(VF, name) for name in RNN_OPS}
 
     def plain(real):
         def rnn(*args, **kwargs):
