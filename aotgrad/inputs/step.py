@@ -115,11 +115,18 @@ def _members(name, obj):
 
 
 def step_root(fn):
-    """The :class:`Root` standing for ``fn`` when it is a training step (it reaches an optimizer), else None."""
+    """The :class:`Root` standing for ``fn`` when it is a training step (it reaches an optimizer, or
+    modules and calls ``backward()`` itself: a hand-written update, ``p -= lr * p.grad``), else None."""
     modules, optimizers = reached(fn)
-    if not optimizers:
+    if not optimizers and not (modules and _calls_backward(fn)):
         return None
     return Root(fn, modules, optimizers)
+
+
+def _calls_backward(fn) -> bool:
+    fn, _ = _unwrapped(fn)
+    code = getattr(fn, "__code__", None)
+    return code is not None and "backward" in code_names(code) and "grad" in code_names(code)
 
 
 def step_reads(fn, found: list) -> list:
@@ -198,6 +205,11 @@ class Root(torch.nn.Module):
 
     def forward(self, state, *args, **kwargs):
         b = self.binding
+        if any(isinstance(a, torch.optim.Optimizer) and all(a is not o for o in b.optimizers)
+               for a in pytree.tree_leaves((args, kwargs))):
+            raise UnsupportedError("an optimizer passed as an argument of a captured training step: aotgrad finds "
+                                   "a step's optimizers through its globals, closure or self's attributes, before "
+                                   "the call; reach it through one of those", user_line=caller_line())
         leaves = b.stand_ins()
         arguments = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         with tracing.scope(backward=functools.partial(_accumulate, leaves, arguments, b.params)), warnings.catch_warnings(), \

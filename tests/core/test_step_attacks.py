@@ -603,3 +603,36 @@ def test_closed_over_value_changed_between_calls(entry):
         outs.append(fn(x, y))
         runs.append(outs)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_hand_written_update_is_a_step():
+    """No optimizer: ``p -= lr * p.grad`` under no_grad after ``backward()``, ``.grad`` set to None."""
+    def make():
+        model, _, args = _model_opt()
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+            return loss.detach()
+        return step, model, args
+    _twins(make)
+
+
+def test_optimizer_argument_of_a_hand_written_step_is_refused_untouched():
+    """A step found by its own ``backward()`` and ``.grad`` use that is also handed an optimizer:
+    refused before the optimizer runs (it would step the real parameters inside the trace)."""
+    model, opt, (x, y) = _model_opt(torch.optim.Adam, lr=0.01)
+
+    def step(opt, x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        assert all(p.grad is not None for p in model.parameters())
+        opt.step()
+    before = copy.deepcopy(model)
+    with pytest.raises(errors.UnsupportedError, match="an optimizer passed as an argument"):
+        aotgrad.jit(step)(opt, x, y)
+    assert not opt.state and all(torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
