@@ -31,7 +31,7 @@ from collections import defaultdict
 
 import torch
 
-from .._torch import data_dependent_errors, pytree
+from .._torch import data_dependent_errors, pytree, traceable_subclass
 from ..guards.cache import code_names
 from ..guards import reads
 from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
@@ -525,8 +525,9 @@ class Binding:
     def _live(self, t):
         """An output that required grad in eager: a parameter (or a view of one) is the live parameter
         (a view of it), as eager returns it; anything else's graph was spent by the step's backward."""
-        for p in self.params:
-            if t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() and t.dtype == p.dtype:
+        for p in () if traceable_subclass(t) else self.params:     # a subclass holds no storage of its own
+            if not traceable_subclass(p) and t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() \
+                    and t.dtype == p.dtype:
                 return p if _same_place(p, t) else p.as_strided(t.size(), t.stride(), t.storage_offset())
         return _Spent.apply(t, _ANCHOR)
 

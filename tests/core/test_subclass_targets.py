@@ -28,7 +28,7 @@ def _same(a, b) -> bool:
     if type(a) is not torch.Tensor and type(a) is not nn.Parameter:
         keys, _ = a.__tensor_flatten__()
         return all(_same(getattr(a, k), getattr(b, k)) for k in keys)
-    return torch.equal(a, b)
+    return torch.equal(a, b) and a.requires_grad == b.requires_grad
 
 
 def _forward_entry(entry, model, x):
@@ -45,7 +45,7 @@ def _stepper(model, opt):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        return loss.detach()
+        return loss         # a TwoTensor weight's loss is a TwoTensor that required grad
     return step
 
 
