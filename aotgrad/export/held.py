@@ -33,7 +33,7 @@ class LoadedBinding(Binding):
     def reach(self) -> list:
         """What each call checks, less the optimizers' step functions: the update is in the graph, and a
         scheduler made after loading wraps ``step`` on the instance."""
-        return [(what, objects) for what, objects in super().reach() if not what.endswith("step function")]
+        return [r for r in super().reach() if not r[0].endswith("step function")]
 
     def install(self, result):
         for opt in self.optimizers:     # the update ran: an LR scheduler checks that the optimizer stepped

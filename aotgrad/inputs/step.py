@@ -391,12 +391,12 @@ class Binding:
             out.append((f"{name}'s step function", (type(opt).step, vars(opt).get("step"))))
             out.append((f"{name}'s hooks", tuple(h for d in _hook_dicts(opt) for h in d.values())))
             out.append((f"{name}'s parameter groups", (*(p for g in opt.param_groups for p in g["params"]),
-                                                       *opt.param_groups)))
+                                                       len(opt.param_groups))))
         out.append(("a parameter of the modules", tuple(sub._parameters.get(attr) for sub, attr in self.homes)))
         out.append(("a parameter's gradient hooks", tuple(h for p in self.params if p._backward_hooks
                                                           or getattr(p, "_post_accumulate_grad_hooks", None)
                                                           for h in (p, *_grad_hooks(p)))))
-        return [(what, objects, tuple(map(id, objects))) for what, objects in out]
+        return [(what, objects, tuple(("n", o) if type(o) is int else id(o) for o in objects)) for what, objects in out]
 
     def hooked(self) -> list:
         """The parameters whose gradient hooks the step runs (code, which an export cannot carry)."""
