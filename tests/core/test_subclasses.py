@@ -207,3 +207,36 @@ def test_grad_of_subclass_input_names_the_subclass_when_it_is_plain():
 
     e = assert_refused(lambda x: Plainify.apply(x * 1).sum(), (two(3, rg=True),))
     assert "TwoTensor" in str(e)
+
+
+# --- a plain input whose gradient is a subclass (promoted: its gradient's leaves ride on carrier inputs)
+
+def test_promoted_bias_grad_accumulates_like_eager_over_calls():
+    torch.manual_seed(0)
+    m = TwoLinearBias()
+    xs = [torch.randn(2, 3) for _ in range(3)]
+    compiled = aotgrad.capture(m, xs[0]).compile()
+    for x in xs:
+        compiled(x).sum().backward()
+    got = m.bias.grad, m.weight.grad
+    m.bias.grad = m.weight.grad = None
+    for x in xs:
+        m(x).sum().backward()
+    assert type(got[0]) is TwoTensor and type(m.bias.grad) is TwoTensor
+    assert_close(m.bias.grad, got[0], "bias grad", 0, 0)
+    assert_close(m.weight.grad, got[1], "weight grad", 0, 0)
+
+
+def test_promoted_input_shows_its_carriers_and_refuses_a_subclass_there():
+    captured = aotgrad.capture(lambda x, y: (x * y).sin(), two(3), torch.randn(3, requires_grad=True))
+    assert [str(d) for d in captured.input_descs][:5] == ["input 0.a", "input 0.b", "input 1", "input 1.grad.a",
+                                                          "input 1.grad.b"]
+    compiled = captured.compile()
+    with pytest.raises(InputMismatchError, match="input 1 was a plain tensor when captured, now a TwoTensor"):
+        compiled(two(3), two(3, rg=True))
+
+
+def test_promoted_input_with_symbolic_sizes_is_refused():
+    e = assert_refused(lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)),
+                       compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args, dynamic=True).compile())
+    assert "is a TwoTensor" in str(e) and "symbolic sizes" in str(e), e
