@@ -142,6 +142,10 @@ def store_jit(key: JitKey, reads, entry: tuple) -> bool:
         log.info("not caching on disk: the trace read `%s`, which a fresh process cannot find again "
                  "(reached through objects with no path from its roots)", lost.source)
         return False
+    lossy = next((r for r in reads if _plain(r.path) != r.path), None)
+    if lossy is not None:       # a key JSON cannot write (``os.environ``'s bytes): read back, it would name another
+        log.info("not caching on disk: the path of `%s` holds a key the index cannot write", lossy.source)
+        return False
     try:
         record = _plain(tuple((r.path, r.kind, r.source, read_fp(r)) for r in reads))
     except Uncacheable as e:
