@@ -2,8 +2,9 @@
 (``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel``: DTensor parameters, the
 all-reduce of the row-wise layer inside the graph) trained 3 SGD steps (momentum) under
 ``torch.compile(backend="aotgrad")``, ``aotgrad.jit`` and ``aotgrad.capture``, and as a whole training
-step (forward, backward, ``opt.step()``) under ``jit`` and ``capture``; FSDP2 on one rank through
-``tests.distributed.cases``. Each case reports per step whether the loss, every gradient and every
+step (forward, backward, ``opt.step()``; SGD, and AdamW's foreach ops on DTensors) under ``jit`` and
+``capture``; FSDP2 through ``tests.distributed.cases``, compared bitwise here, and a whole step over it
+refused. Each case reports per step whether the loss, every gradient and every
 parameter (local shards, and the DTensor metadata) equal eager's exactly, and how many graphs compiled.
 """
 from __future__ import annotations
@@ -78,12 +79,15 @@ def _compiled_count(entry, fn) -> int:
     return len(fn.entries) if hasattr(fn, "entries") else 1
 
 
-def tp_case(entry: str, world: int) -> dict:
+OPTIMIZERS = {"tp": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+              "tpadamw": lambda ps: torch.optim.AdamW(ps, lr=0.01)}     # foreach: DTensor _foreach_ ops
+
+
+def tp_case(program: str, entry: str, world: int) -> dict:
     """``entry`` trains a TP MLP 3 steps next to eager: per step, loss, grads, then parameters equal?"""
     import aotgrad
     eager, model = _tp_model(world), _tp_model(world)
-    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-    opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_e, opt_m = OPTIMIZERS[program](eager.parameters()), OPTIMIZERS[program](model.parameters())
     want_step, got_step = _stepper(eager, opt_e), _stepper(model, opt_m)
     if entry.startswith("step"):
         if entry == "stepcapture":      # a staged step is captured after one eager step (optimizer state exists)
@@ -137,7 +141,7 @@ def run_case(name: str, rank: int, world: int):
         cases._same = lambda a, b, tol: _same(a, b)      # bitwise, not the matrix's tolerance
         return cases.run(name, rank, world)
     program, entry = name.split("-")
-    return {"tp": tp_case}[program](entry, world)
+    return tp_case(program, entry, world)
 
 
 def _worker(rank, world, port, names, out_dir):
@@ -208,7 +212,8 @@ def test_fast_slice_one_rank(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_tensor_parallel_every_entry(tmp_path, world):
-    names = [f"tp-{e}" for e in ENTRIES if world == 2 or f"tp-{e}" not in FAST]
+    names = [f"tp-{e}" for e in ENTRIES if world == 2 or f"tp-{e}" not in FAST] + ["tpadamw-stepjit",
+                                                                                    "tpadamw-stepcapture"]
     _check(spawn(names, world, tmp_path, timeout=600), names)
 
 
