@@ -90,6 +90,9 @@ def _refuse(captured) -> None:
     from ..runtime.hooks import has_opaque_calls
     if captured.setup.rebase is not None:
         raise Unserializable("inputs that alias each other and are mutated (synthetic bases)")
+    if captured.setup.signature.unwrap is not None:
+        raise Unserializable("tensor subclass inputs, or plain inputs whose gradient is a subclass (a class is "
+                             "live Python code)")
     if has_opaque_calls(captured):
         raise Unserializable("tensor hooks, retain_grad or a custom Function returning its input (live Python code)")
     for spec in captured.guards.specs:

@@ -240,3 +240,27 @@ def test_promoted_input_with_symbolic_sizes_is_refused():
     e = assert_refused(lambda x, y: (x * y).sin(), (two(3), torch.randn(3, requires_grad=True)),
                        compile=lambda fn, args, kwargs: aotgrad.capture(fn, *args, dynamic=True).compile())
     assert "is a TwoTensor" in str(e) and "symbolic sizes" in str(e), e
+
+
+class _ToPlain(torch.autograd.Function):
+    """A TwoTensor to a plain tensor, whose backward gives the TwoTensor its gradient back."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.a + t.b
+
+    @staticmethod
+    def backward(ctx, g):
+        return TwoTensor(g, g * 2)
+
+
+@pytest.mark.parametrize("case", ["subclass input", "promoted plain input"])
+def test_export_refuses_a_program_with_subclass_inputs(case, tmp_path):
+    """The artifact would hold the graph's inner-tensor inputs and no way to unwrap (it failed at load)."""
+    if case == "subclass input":
+        captured = aotgrad.capture(lambda x: (x * 2).a.sin(), two(3))
+    else:
+        captured = aotgrad.capture(lambda x, y: _ToPlain.apply(x * TwoTensor(y, y * 2)).sin(),
+                                   torch.randn(3, requires_grad=True), torch.randn(3))
+    with pytest.raises(UnsupportedError, match="tensor subclass inputs"):
+        captured.export(str(tmp_path / "step.zip"))
