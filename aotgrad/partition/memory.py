@@ -20,7 +20,7 @@ from .._torch import TorchDispatchMode, pytree
 from ..errors import traced_line
 from ..ir.ops import aliases_input
 from .blocks import is_call
-from .costs import flops, tensor_bytes
+from .costs import as_int, flops, tensor_bytes
 from .default import is_sym, output_values, placeholders
 
 
@@ -102,10 +102,20 @@ def _allocations(g: fx.Graph, key: dict) -> dict:
             continue
         if _is_tuple(n) and not aliases_input(n):
             first = _parts(n) if is_call(n) else range(len(n.meta["val"]))
-            made[n] = {(n, i): tensor_bytes(x) for i, (x, j) in enumerate(zip(n.meta["val"], first)) if i == j}
+            made[n] = {(n, i): _storage_bytes(x) for i, (x, j) in enumerate(zip(n.meta["val"], first)) if i == j}
         elif key.get(n) is n:
             made[n] = {n: tensor_bytes(n.meta.get("val"))}
     return made
+
+
+def _storage_bytes(v) -> int:
+    """A tuple part's bytes: its storage's, where it is a view of a larger one (a half returning ``q``
+    of a split ``qkv`` keeps all of ``qkv``), else its span."""
+    span = tensor_bytes(v)
+    try:
+        return max(span, as_int(v.untyped_storage().nbytes()))
+    except Exception:       # no storage to ask (a symbolic size, a meta value without one)
+        return span
 
 
 def _last_uses(g: fx.Graph, key: dict, made: dict) -> dict:
