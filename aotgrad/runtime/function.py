@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._torch import are_functorch_transforms_active, skipped_by_dynamo, without_dynamo
+from .._torch import are_functorch_transforms_active, skipped_by_dynamo, traceable_subclass, without_dynamo
 from .call import _is_view_op
 from .hooks import RUNNING, install_input_hooks
 from .modes import rng_states
@@ -204,4 +204,16 @@ def _saved(tensors, primals, saved_views) -> list:
 
 def _contiguous(g):
     # Traced tangents were contiguous; incoming grads (of a transposed output, say) may not be.
+    if type(g) is not torch.Tensor and traceable_subclass(g):
+        _subclass_tangent(g)
     return g if g.is_contiguous() else g.contiguous()
+
+
+def _subclass_tangent(g):
+    """A plain output's incoming gradient is a subclass (the loss mixed it with a TwoTensor): the backward
+    was traced for a plain one, and compiled kernels would read the subclass's missing storage."""
+    from ..errors import UnsupportedError, caller_line
+    raise UnsupportedError(
+        f"the gradient reaching a plain output of the compiled function is a {type(g).__name__} (the loss "
+        f"combined that output with a {type(g).__name__}): its backward was traced for a plain gradient; "
+        "make the output itself that subclass, or combine the outputs after .backward()", user_line=caller_line())

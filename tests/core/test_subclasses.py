@@ -264,3 +264,21 @@ def test_export_refuses_a_program_with_subclass_inputs(case, tmp_path):
                                    torch.randn(3, requires_grad=True), torch.randn(3))
     with pytest.raises(UnsupportedError, match="tensor subclass inputs"):
         captured.export(str(tmp_path / "step.zip"))
+
+
+@pytest.mark.parametrize("program", ["plain program", "promoted input"])
+def test_subclass_gradient_into_a_plain_output_is_refused_as_backward_runs(program):
+    """The loss mixes a plain output with a TwoTensor: eager's backward dispatches the TwoTensor
+    through it; the compiled one was traced for a plain gradient (Inductor's kernels read its missing
+    storage: a crash; the promoted input's carriers got nested TwoTensors)."""
+    if program == "plain program":
+        x, args = torch.randn(3, requires_grad=True), ()
+        compiled = aotgrad.capture(lambda x: x.sin() * 2, x).compile()
+    else:
+        x, args = torch.randn(3, requires_grad=True), (two(3),)
+        compiled = aotgrad.capture(lambda x, y: (x.cos(), x * y), x, *args).compile()
+    out = compiled(x, *args)
+    plain = out if program == "plain program" else out[0]
+    with pytest.raises(UnsupportedError, match="gradient reaching a plain output of the compiled function is a Two"):
+        (plain * two(3)).sum().backward()
+    assert x.grad is None
