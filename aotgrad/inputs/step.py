@@ -36,6 +36,7 @@ from ..guards.cache import code_names
 from ..guards import reads
 from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
 from .. import tracing
+from ..tracing.patches import TENSOR_DATA
 from . import flatten
 
 _REFUSED = {"LBFGS": "its step(closure) re-evaluates the loss a data-dependent number of times",
@@ -231,9 +232,6 @@ class Root(torch.nn.Module):
         return out, new, needs
 
 
-_DATA = inspect.getattr_static(torch.Tensor, "data")       # the C getset (Tensor does not define its own)
-
-
 def _tree(module) -> tuple:
     """Every module under ``module`` (itself included), in order, by walking the children dicts."""
     out, todo = [], [module]
@@ -250,9 +248,16 @@ def _grad_hooks(p) -> tuple:
 
 
 def _temporary() -> int:
-    """What ``sys.getrefcount`` says of a value nothing else holds, inside a property's setter."""
+    """What ``sys.getrefcount`` says of a value nothing else holds, inside the function a property's
+    setter hands it to (``tracing.patches.TENSOR_DATA``'s path to ``_data_writes``)."""
     seen = []
-    holder = type("Holder", (), {"x": property(None, lambda self, v: seen.append(sys.getrefcount(v)))})
+
+    def inner(own, t, v):
+        seen.append(sys.getrefcount(v))
+
+    def outer(t, v):
+        return inner(None, t, v)
+    holder = type("Holder", (), {"x": property(None, outer)})
     holder().x = object()
     return seen[0]
 
@@ -265,12 +270,13 @@ def _data_writes(root):
     """``t.data = v`` on a parameter or buffer while the step is traced is eager's in-place swap of its
     value: recorded as ``t.copy_(v)`` (the same values in the tensor the graph writes back), where ``v``
     is a new tensor of ``t``'s shape and dtype that nothing else holds (a later write to ``v`` would
-    change ``t`` in eager, not in the copy); refused otherwise. Other tensors' ``.data`` is torch's."""
+    change ``t`` in eager, not in the copy); refused otherwise. Other tensors' ``.data``, and other
+    threads', is torch's (``tracing.patches.TENSOR_DATA``)."""
     held = {id(t) for t in (*root.parameters(), *root.buffers())}
 
-    def set_data(t, v):
+    def set_data(own, t, v):
         if id(t) not in held:
-            return _DATA.__set__(t, v)
+            return own.__set__(t, v)
         if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype or v._is_view() \
                 or id(v) in held or sys.getrefcount(v) > _TEMPORARY:
             raise UnsupportedError(
@@ -279,11 +285,8 @@ def _data_writes(root):
                 "write its values in place (`with torch.no_grad(): p.copy_(new)`)", user_line=caller_line())
         with torch.no_grad():
             t.copy_(v)
-    torch.Tensor.data = property(_DATA.__get__, set_data)
-    try:
+    with TENSOR_DATA(), tracing.scope(data=set_data):
         yield
-    finally:
-        del torch.Tensor.data
 
 
 def _accumulate(leaves, arguments, params, tensors, grad_tensors=None, retain_graph=None, create_graph=False,

@@ -26,6 +26,7 @@ class Trace:
     rng: object = None          # passes.rng_positions._Log: where each random op draws
     blocks: object = None       # capture.blocks.Reuse: calls of repeated blocks go through templates
     direct: object = None       # capture.block_graph.Direct: the joint trace's block parameters
+    data: object = None         # inputs.step: what ``t.data = v`` does while a training step is traced
 
 
 REFUSE = True

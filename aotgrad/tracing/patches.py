@@ -29,6 +29,7 @@ patch                  what it replaces                                         
                        ``.grad_fn`` of a FunctionalTensor
 ``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
 _OFF                   ``autograd.grad`` is traced, not compiled)
+``TENSOR_DATA``        ``torch.Tensor.data``'s setter (``p.data = new`` in a step)   ``data``
 =====================  ===========================================================  ======================
 
 What a trace changes elsewhere is per object or per thread, not process-wide: a held module's
@@ -43,6 +44,7 @@ engine object for one that keeps queued callbacks (``compiled_autograd.opaque``)
 """
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -317,6 +319,20 @@ def _forward_only():
     return restore
 
 
+def _tensor_data():
+    """``t.data = v`` goes to this thread's step trace (``Trace.data``), else to torch's own setter."""
+    own = inspect.getattr_static(torch.Tensor, "data")      # the C getset (Tensor does not define its own)
+
+    def set_data(t, v):
+        setter = current().data
+        return own.__set__(t, v) if setter is None else setter(own, t, v)
+    torch.Tensor.data = property(own.__get__, set_data)
+
+    def restore():
+        del torch.Tensor.data
+    return restore
+
+
 def _is_traced_input(t) -> bool:
     """A traced input that requires grad: its functional stand-in's history is one ``Error`` node
     (made when the input was wrapped), which no tensor of eager's has."""
@@ -338,8 +354,9 @@ FUNCTIONS = Shared(_functions)
 RNG_STATE = Shared(_rng_state)
 FORWARD_ONLY = Shared(_forward_only)
 COMPILED_AUTOGRAD_OFF = Shared(_compiled_autograd_off)
+TENSOR_DATA = Shared(_tensor_data)
 
 PATCHES = {"TRACEABLE": TRACEABLE, "ONEDNN_OFF": ONEDNN_OFF, "MODULE_CALLS": MODULE_CALLS, "TENSOR_HOOKS": TENSOR_HOOKS,
            "FUNCTIONS": FUNCTIONS, "RNG_STATE": RNG_STATE, "FORWARD_ONLY": FORWARD_ONLY,
-           "COMPILED_AUTOGRAD_OFF": COMPILED_AUTOGRAD_OFF}
+           "COMPILED_AUTOGRAD_OFF": COMPILED_AUTOGRAD_OFF, "TENSOR_DATA": TENSOR_DATA}
 """Every capture-time patch, by name (tests check none is left applied after a capture)."""
