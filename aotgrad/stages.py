@@ -102,8 +102,9 @@ class Captured:
     def compile(self, fw_compiler="eager", bw_compiler=None, partitioner="auto",
                 memory_budget=None, *, options: CompileOptions | None = None, **more) -> "Compiled":
         """Partition and compile, with keyword options or one ``options`` (``aotgrad.options.CompileOptions``,
-        which documents each; ``cudagraphs={...}`` too). ``memory_budget``: a fraction (float, 0..1] of the
-        default partitioner's saved bytes or a byte count (int); ``partitioner="auto"`` then is the budgeted
+        which documents each; ``cudagraphs={...}`` too). ``memory_budget``: a fraction [0, 1] of the
+        default partitioner's saved bytes, or a predicted peak in bytes (an int above 1, or ``"4MB"``,
+        ``"512KiB"``: met or ``BudgetError``); ``partitioner="auto"`` then is the budgeted
         min cut (and the min cut for the Inductor compiler). A misspelt option is an ``OptionError``.
         Nothing is written to disk (``aotgrad.jit`` keeps the disk cache)."""
         from .compile import compile_parts
