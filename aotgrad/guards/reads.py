@@ -261,8 +261,13 @@ def record(fn=None):
     costs every trace it watches about as much again. An existing profiler keeps running."""
     root = getattr(getattr(fn, "func", fn), "__code__", None) if not isinstance(fn, torch.nn.Module) else fn
     # Where other Python threads are alive, a write may be theirs: the capture's thread is watched.
-    watch = attribution.Watch(lambda code: kind_of(code, None) == USER) if threading.active_count() > 1 else None
+    watch = attribution.Watch(None) if threading.active_count() > 1 else None
     rec = Recording(root=root, watch=watch)
+    if watch is not None:
+        # user code as the recording saw it, with its module's name (code made by exec in a notebook
+        # or a test has no file to tell by); code it never saw, by its file
+        kinds = rec.kinds
+        watch.is_user = lambda code: (kinds[code] if code in kinds else kind_of(code, None)) == USER
     previous = sys.getprofile()
     event = rec.event
     if previous is not None:

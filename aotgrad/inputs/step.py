@@ -249,7 +249,8 @@ def _grad_hooks(p) -> tuple:
 
 def _temporary() -> int:
     """What ``sys.getrefcount`` says of a value nothing else holds, inside the function a property's
-    setter hands it to (``tracing.patches.TENSOR_DATA``'s path to ``_data_writes``)."""
+    setter hands it to (``tracing.patches.TENSOR_DATA``'s path to ``_data_writes``), measured now: a
+    profiler or tracer running (the read recording, another thread's watch) may hold more."""
     seen = []
 
     def inner(own, t, v):
@@ -262,7 +263,6 @@ def _temporary() -> int:
     return seen[0]
 
 
-_TEMPORARY = _temporary()
 
 
 @contextlib.contextmanager
@@ -278,7 +278,7 @@ def _data_writes(root):
         if id(t) not in held:
             return own.__set__(t, v)
         if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype or v._is_view() \
-                or id(v) in held or sys.getrefcount(v) > _TEMPORARY:
+                or id(v) in held or sys.getrefcount(v) > _temporary():
             raise UnsupportedError(
                 "`.data = ` on a parameter or buffer inside a captured training step, with a tensor of another "
                 "shape or dtype, or one still held elsewhere: the graph cannot rebind the module's tensor; "
