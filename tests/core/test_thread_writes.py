@@ -479,3 +479,24 @@ def test_another_threads_eager_lstm_during_a_capture_sees_onednn_on():
         return m.fc(x)
     _overlapping(body, lambda: seen.append(torch.backends.mkldnn.enabled))
     assert seen == [True]
+
+
+@pytest.mark.parametrize("entry", ["jit", "capture"])
+def test_the_captures_own_write_through_execd_code_is_refused_while_a_thread_idles(entry):
+    """Code made by ``exec`` (a notebook cell) is the user's to the watch as to the recording: its
+    write to a global dict is the capture's, refused and undone, with another thread merely alive."""
+    import types
+    ns = types.ModuleType("_thread_writes_execd")
+    exec(compile("TABLE = {'k': 0}\n\ndef f(x):\n    (lambda: TABLE.__setitem__('k', TABLE['k'] + 1))()\n"
+                 "    TABLE['k'] = TABLE['k'] + 1\n    return x * 2\n", "<cell>", "exec"), vars(ns))
+    stop = threading.Event()
+    idle = threading.Thread(target=stop.wait, args=(WAIT,), daemon=True)
+    idle.start()
+    try:
+        x = torch.randn(3)
+        with pytest.raises(aotgrad.errors.UnsupportedError, match="TABLE"):
+            aotgrad.jit(ns.f)(x) if entry == "jit" else aotgrad.capture(ns.f, x)
+        assert ns.TABLE == {"k": 0}
+    finally:
+        stop.set()
+        idle.join(WAIT)
