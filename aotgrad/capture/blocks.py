@@ -53,6 +53,7 @@ from ..errors import AotgradError
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..passes.cleanup import simplify_owned
+from ..partition.default import ancestors
 from . import block_graph, caches, per_call
 from .block_groups import Member, hooked
 from ..ir.records import layout
@@ -498,19 +499,9 @@ def _trace_template(session: Session, module, m: Member, state, call: _Call, sta
     # A draw only the backward depends on is a recomputation's (a checkpoint inside the block:
     # eager restores the stream and draws the same numbers again); a call's place in the stream
     # cannot stand for it, the flat trace pairs it with the draw it repeats.
-    if template.random and set(template.random) & (_ancestors(template.bw_outs) - _ancestors(template.fw_outs)):
+    if template.random and set(template.random) & (ancestors(template.bw_outs) - ancestors(template.fw_outs)):
         raise _Flat("it recomputes random ops in its backward (activation checkpointing inside it)")
     return template, tuple(effects)
-
-
-def _ancestors(nodes) -> set:
-    seen, todo = set(), [n for n in nodes if isinstance(n, torch.fx.Node)]
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.all_input_nodes)
-    return seen
 
 
 def _same_template(a: Traced, b: Traced) -> bool:
