@@ -585,10 +585,7 @@ def _reads_in(module, frames, paths) -> tuple | None:
     """``(source, kind, value)`` of each read the frames of a template's trace make when the block is
     ``module`` (submodules by path: ``paths``), the module tree's structure aside (the twins' key
     compares it); None where a read cannot be resolved (it would be refused at capture)."""
-    ran = {}
-    for i, (f, self_path, arg_paths) in enumerate(frames):
-        obj = paths[self_path] if self_path is not None else f.self_obj
-        ran[i] = replace(f, self_obj=obj, args={**f.args, **{n: paths[p] for n, p in arg_paths.items()}})
+    ran = {i: _rebound(f, self_path, arg_paths, paths) for i, (f, self_path, arg_paths) in enumerate(frames)}
     rec = types.SimpleNamespace(frames=ran, switches={}, reflected=[])
     try:
         found = resolve.Resolver(module, (), "block", rec, structure=False).resolve()
@@ -615,12 +612,18 @@ def _varying_source(m: Member, i: int) -> str:
 def _replay_reads(rec, frames, paths) -> None:
     """Record on this block's objects the reads the template's trace recorded on the first block's."""
     for f, self_path, arg_paths in frames:
-        obj = paths[self_path] if self_path is not None else f.self_obj
-        args = {**f.args, **{n: paths[p] for n, p in arg_paths.items()}}
+        f = _rebound(f, self_path, arg_paths, paths)
         g = f.globals
-        key = (f.code, id(g) if g is not None else None, id(obj),
-               tuple(sorted((n, id(v)) for n, v in args.items())) if f.kind == reads.USER else ())
-        rec.frames.setdefault(key, replace(f, self_obj=obj, args=args))
+        key = (f.code, id(g) if g is not None else None, id(f.self_obj),
+               tuple(sorted((n, id(v)) for n, v in f.args.items())) if f.kind == reads.USER else ())
+        rec.frames.setdefault(key, f)
+
+
+def _rebound(f, self_path, arg_paths, paths):
+    """A frame of the template's trace as this block's: its ``self`` and object arguments that are the
+    template block's objects (``self_path``, ``arg_paths``) replaced by this block's (``paths``)."""
+    obj = paths[self_path] if self_path is not None else f.self_obj
+    return replace(f, self_obj=obj, args={**f.args, **{n: paths[p] for n, p in arg_paths.items()}})
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
 from .bytecode import attr_names, chains
 from .reads import LIBRARY, MODULE_CALL, UNFOLLOWED, USER, Frame, is_library
-from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, frozen_size, guard_kind
+from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, checkable, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
@@ -78,8 +78,8 @@ def locate(obj, kind, key):
 
 _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    # modules whose state is constant
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
-_CALLABLES = (types.FunctionType, functools.partial)
-_LRU = type(functools.lru_cache(lambda: None))     # followed though library-made: their code, cells, arguments
+_CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
+_LRU = type(functools.lru_cache(lambda: None))
 
 
 def _state_of_library(obj) -> bool:
@@ -438,7 +438,7 @@ class Resolver:
             return
         if kind == "frozen":
             frozen = freeze(value)
-            if frozen_size(value) is None:
+            if not checkable(value):
                 raise errors.UnsupportedError(
                     f"the traced code reads `{source}`, a {type(value).__name__} too large or nested too deep to "
                     "check on every call; pass what the function needs from it as an argument",
@@ -480,9 +480,10 @@ class Resolver:
                 self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and (
                 isinstance(getattr(v, "__dict__", None), dict) or _slots(v)):
-            names = self.names & (set(getattr(v, "__dict__", ())) | _slots(v))
+            held = set(getattr(v, "__dict__", ())) | _slots(v)
+            names = self.names & held
             if dataclasses.is_dataclass(v):     # a config: library code reads its fields too (``asdict``)
-                names |= {f.name for f in dataclasses.fields(v)} & (set(getattr(v, "__dict__", ())) | _slots(v))
+                names |= {f.name for f in dataclasses.fields(v)} & held
             for name in sorted(names):
                 self._follow(v, path, source, (("attr", name),))
 

@@ -85,20 +85,25 @@ def freeze(v, depth=0):
     return _Same(v, v._version) if _versioned(v) else _Same(v)
 
 
+def _buffer(v) -> bool:
+    """Whether ``v`` holds its value in a buffer (``bytearray``, ``array.array``, a NumPy array or
+    scalar not of objects), compared by its bytes."""
+    if isinstance(v, (bytearray, array.array)):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(v, (np.ndarray, np.generic)) and not np.asarray(v).dtype.hasobject
+
+
 def _raw(v):
-    """``(tag, bytes...)`` of a value held in a buffer (``bytearray``, ``array.array``, a NumPy array or
-    scalar), or None."""
+    """``(tag, bytes...)`` of a value held in a buffer (:func:`_buffer`), or None."""
+    if not _buffer(v):
+        return None
     if isinstance(v, bytearray):
         return (_BYTES, bytes(v))
     if isinstance(v, array.array):
         return (_ARRAY, v.typecode, v.tobytes())
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, (np.ndarray, np.generic)):
-        a = np.asarray(v)
-        if a.dtype.hasobject:
-            return None
-        return (_NUMPY, a.dtype.str, a.shape, a.tobytes())
-    return None
+    a = sys.modules["numpy"].asarray(v)
+    return (_NUMPY, a.dtype.str, a.shape, a.tobytes())
 
 
 _BYTES, _ARRAY, _NUMPY, _MAXLEN = "bytes", "array", "numpy", "maxlen"
@@ -110,25 +115,16 @@ def _unbits(t, body):
     return complex(float_from_bits(body[0]), float_from_bits(body[1])) if t is complex else body
 
 
-def frozen_size(v, depth=0) -> int | None:
-    """How many entries checking ``v`` by value compares, or None where it cannot be checked whole
-    (too large, nested too deep, a NumPy array of objects): a read of it is refused, not trusted."""
-    if _raw(v) is not None:
-        return 1 if len(_raw(v)[-1]) <= 64 * _FROZEN_LIMIT else None
+def checkable(v, depth=0) -> bool:
+    """Whether ``v`` can be checked whole by value; not where it is too large, nested too deep or a
+    NumPy array of objects: a read of it is refused, not trusted."""
+    if _buffer(v):
+        return len(_raw(v)[-1]) <= 64 * _FROZEN_LIMIT
     if isinstance(v, _CONTAINER_TYPES):
-        if depth >= _FROZEN_DEPTH or len(v) > _FROZEN_LIMIT:
-            return None
-        total = len(v)
-        for x in (v.values() if isinstance(v, dict) else v):
-            n = frozen_size(x, depth + 1)
-            if n is None:
-                return None
-            total += n
-        return total
+        return depth < _FROZEN_DEPTH and len(v) <= _FROZEN_LIMIT and all(
+            checkable(x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, np.ndarray):     # of objects
-        return None
-    return 0
+    return np is None or not isinstance(v, np.ndarray)      # (one of objects)
 
 
 class _Same:
@@ -148,7 +144,7 @@ class _Same:
 def guard_kind(v) -> str:
     if type(v) in _EQ_TYPES or type(v) in (tuple, frozenset) and all(type(x) in _EQ_TYPES for x in v):
         return "eq"
-    if isinstance(v, _CONTAINER_TYPES) or _raw(v) is not None or _versioned(v):
+    if isinstance(v, _CONTAINER_TYPES) or _buffer(v) or _versioned(v):
         return "frozen"
     return "id"
 
