@@ -160,8 +160,8 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
     setup = replace(setup, flat_fn=observed(setup.flat_fn, records))
     lay = layout(analysis)
     with timed(history, "trace joint") as info:
-        joint, info["direct grads"], (saved, quiet), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
-        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet)
+        joint, info["direct grads"], (saved, quiet, reruns), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
+        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet, eager_reruns=reruns)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = (reuse.count(), reuse.whole) if reuse else (0, 0)
         if reuse:
@@ -224,7 +224,7 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
-        saved = joint.meta.pop("aotgrad eager saved", ((), ()))
+        saved = joint.meta.pop("aotgrad eager saved", ((), (), False))
         calls = joint.meta.pop("aotgrad block calls")
         return joint, inline_blocks(joint, *calls) if reuse is not None else 0, saved, len(unseen)
     if reuse is None:       # no repeated blocks
@@ -338,8 +338,10 @@ def _traced(thunk):
         kind = type(e).__name__
         if kind in _DATA_DEPENDENT:
             raise errors.DataDependentError(
-                "cannot capture a Python branch, int()/float()/bool() or a size that depends on tensor values "
-                "(.item(), nonzero(), a data-dependent size)" + _library_reader(e.__traceback__), user_line=line) from e
+                "cannot capture a Python read of a tensor's value (a branch on it, int()/float()/bool(), .item()) or "
+                "a size that depends on values (nonzero(), a boolean mask): one graph holds one path, and which path "
+                "runs is decided per call (a random draw deciding a branch, LayerDrop's torch.rand([]) < p, also "
+                "decides what the ops after it draw)" + _library_reader(e.__traceback__), user_line=line) from e
         if type(e).__module__.startswith("torch._dynamo"):
             raise errors.UnsupportedError(COMPILED_INSIDE.format(why=f"Dynamo raised {kind}: {_first_line(e)}"),
                                           user_line=line) from e
@@ -364,14 +366,17 @@ _READERS = {
     f"torch{os.sep}distributions": "a distribution validating its arguments (pass validate_args=False, or "
                                    "torch.distributions.Distribution.set_default_validate_args(False))",
     f"nn{os.sep}modules{os.sep}batchnorm.py": "a batch norm with momentum=None (a cumulative average of "
-                                             "num_batches_tracked): give it a momentum",
+                                             "num_batches_tracked): give it a momentum, or run it under "
+                                             "aotgrad.jit or torch.compile(backend=\"aotgrad\") (Dynamo splits the "
+                                             "graph at the read)",
 }
 
 
 def _library_reader(tb) -> str:
     """Where library code (not the user's, not torch's tracing machinery) read the value, and what to
     do instead; the generic advice where the user's own code read it."""
-    generic = "; compute it outside the captured function or use torch.where/torch.cond"
+    generic = ("; aotgrad.jit and torch.compile(backend=\"aotgrad\") run it (Dynamo splits the graph at the read), "
+               "or compute it outside the captured function or use torch.where/torch.cond")
     for fr in reversed(traceback.extract_tb(tb) if tb is not None else []):
         name = os.path.abspath(fr.filename)
         if any(m in name for m in _MACHINERY) or name.startswith(_AOTGRAD_DIR):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, dynamo_fallback_errors, pytree
+from .._torch import SET_GRAD_ENABLED, FakeTensor, backend_compiler_failed, detect_fake_mode, dynamo_fallback_errors, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
@@ -97,7 +98,8 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
         if isinstance(t, torch.Tensor):
             refuse_tensor(str(desc), t)
     unwrap = Unwrap.of(example_inputs, descs)     # subclass inputs: the graph takes their inner tensors
-    if unwrap is not None:
+    if unwrap is not None:      # from Dynamo's fakes of the subclasses: its symbols for their inner sizes
+        example_inputs = [fake_mode.from_tensor(t) if m is not None else t for t, m in zip(example_inputs, unwrap.metas)]
         example_inputs, descs = unwrap.examples(example_inputs), tuple(unwrap.descs(descs))
     fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
         t, FakeTensor) else t for t in example_inputs]
@@ -278,3 +280,42 @@ def backend(fw_compiler="eager", bw_compiler=None, partitioner="auto", **compile
 def aotgrad_backend(gm, example_inputs, **options):
     """``torch.compile(model, backend="aotgrad")``: registered through the ``torch_dynamo_backends`` entry point."""
     return compile_graph(gm, example_inputs, **options)
+
+
+@dataclass(repr=False)
+class HandOff:
+    """``aotgrad.jit``'s way past a Python read of a tensor's value (``if torch.rand([]) < p``,
+    ``float(self.num_batches_tracked)``, ``.item()`` driving a branch), which no one graph holds: the
+    function under ``torch.compile`` with this backend. Dynamo splits its graph at each such read and
+    runs the read in Python, so every call takes eager's branch and draws eager's numbers; each piece
+    is captured and compiled by aotgrad (``graphs``), and Dynamo guards and recompiles them.
+    ``why``: the refusal jit's own trace raised, with the user's line."""
+    why: errors.DataDependentError
+    call: object
+    graphs: list = field(default_factory=list)     # each piece's Compiled, in the order Dynamo made them
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.call(*args, **kwargs)
+        except backend_compiler_failed() as e:     # a piece aotgrad refused: its own typed error
+            if isinstance(e.inner_exception, errors.AotgradError):
+                raise e.inner_exception from e
+            raise
+
+    def summary(self) -> str:
+        return (f"calls no entry fits run under torch.compile(backend=\"aotgrad\") ({len(self.graphs)} graph(s) so "
+                f"far; Dynamo splits the graph at the read), because the trace {self.why}")
+
+
+def hand_off(fn, why: errors.DataDependentError, options: CompileOptions, dynamic) -> HandOff:
+    """``fn`` compiled by Dynamo with this backend (``options``), for ``aotgrad.jit`` to call where its
+    own trace read a tensor's value (``why``)."""
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        call = compile_graph(gm, example_inputs, options=options)
+        graphs.append(call.compiled)
+        return call
+    with timed([], "jit hand-off to torch.compile", reason=str(why)):
+        log.info("%s: handing it to torch.compile(backend='aotgrad'), which splits its graph there", why)
+        return HandOff(why, torch.compile(fn, backend=backend, dynamic=dynamic), graphs)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import errors
+from .dynamo import hand_off
 from ..capture.capture import call_leaves, capture_call, leaf_names, recorded, root_name
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
@@ -69,6 +70,7 @@ class Jit:
     entries: list = field(default_factory=list)
     dynamic_dims: dict = field(default_factory=dict)
     fallbacks: int = 0
+    handoff: object = None      # dynamo.HandOff: where a trace read a tensor's value, calls no entry fits
     name: str | None = None     # what messages call a jitted module: the caller's variable name
     around: object = None       # ``around(call, args, kwargs)``: a DDP's or FSDP's eager bookkeeping around ``fn``
     options: CompileOptions = field(init=False, repr=False)    # ``compile_options`` checked, as one object
@@ -111,7 +113,12 @@ class Jit:
             return found[0].path.run(found[1])
         with self._lock:        # one compile at a time; the entries another thread added meanwhile first
             found = self._find(modes, args, kwargs)
-            run = self._miss(modes, args, kwargs) if found is None else lambda: found[0].path.run(found[1])
+            if found is not None:
+                run = lambda: found[0].path.run(found[1])   # noqa: E731
+            elif self.handoff is not None:
+                run = lambda: self.handoff(*args, **kwargs)     # noqa: E731
+            else:
+                run = self._miss(modes, args, kwargs)
         return run()
 
     def _find(self, modes, args, kwargs):
@@ -139,10 +146,16 @@ class Jit:
             return lambda: self.fn(*args, **kwargs)
         if reason is not None:
             log.info("recompiling %s: %s", _name(self.fn), reason)
-        with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
-                   entry=len(self.entries), reason=reason) as info:
-            compiled, state, loaded, disk = self._compile(modes, args, kwargs)
-            info["from disk cache"] = loaded
+        try:
+            with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
+                       entry=len(self.entries), reason=reason) as info:
+                compiled, state, loaded, disk = self._compile(modes, args, kwargs)
+                info["from disk cache"] = loaded
+        except errors.DataDependentError as e:     # a Python read of a tensor's value: Dynamo splits there
+            if isinstance(self.fn, Root):
+                raise
+            self.handoff = hand_off(self.fn, e, self.options, self.dynamic)
+            return lambda: self.handoff(*args, **kwargs)
         self.entries.append(Entry(compiled, modes, state, reason, loaded, disk))
         failed = state.check()
         assert failed is None, f"a fresh compile rejected its own state: {state.explain(failed)}"
@@ -258,8 +271,12 @@ class Jit:
         """Each compiled entry as the Python a call runs (``Compiled.program``), with the modes and
         Python state this frontend checks to pick it."""
         from ..observe.printing import format_program
-        return "\n\n".join(f"# ===== entry {k}\n" + format_program(e.compiled, (TRACED_NAMES, e.modes),
-                                                                   e.state) for k, e in enumerate(self.entries))
+        parts = [f"# ===== entry {k}\n" + format_program(e.compiled, (TRACED_NAMES, e.modes), e.state)
+                 for k, e in enumerate(self.entries)]
+        if self.handoff is not None:    # Dynamo's pieces: Dynamo checks its own guards before each
+            parts += [f"# ===== torch.compile graph {k} (Dynamo guards it; {self.handoff.summary()})\n"
+                      + format_program(c) for k, c in enumerate(self.handoff.graphs)]
+        return "\n\n".join(parts)
 
     def explain(self) -> str:
         """Every entry: why it was compiled, its stages, graphs, saved activations, guards and the Python
@@ -285,6 +302,8 @@ class Jit:
             for c in g.conditions:
                 lines.append(f"    assumes {c}")
             lines.append(f"    reads {len(e.state.reads)} pieces of Python state")
+        if self.handoff is not None:
+            lines.append(f"  {self.handoff.summary()}")
         return "\n".join(lines)
 
 

@@ -1,0 +1,125 @@
+"""Python reads of a tensor's value (issue #60): LayerDrop's ``torch.rand([]) < p`` branch, BatchNorm with
+``momentum=None`` (``1.0 / float(self.num_batches_tracked)``), an ``.item()``-driven branch.
+
+No one graph holds them: which ops run (and, for a random draw, how many numbers the layers after it
+draw) is decided per call. ``aotgrad.jit`` hands such a function to ``torch.compile(backend="aotgrad")``
+(Dynamo splits its graph at the read and runs it in Python, each piece captured by aotgrad);
+``torch.compile`` does so itself; the staged ``capture`` refuses with ``DataDependentError`` naming the
+read's line and pointing to them, leaving the module, its buffers and the RNG as they were.
+Compared with eager over several training steps: outputs, gradients, parameters and buffers after
+each optimizer step, and the global RNG stream after the whole run (a skipped layer's dropout draws
+nothing).
+"""
+import pytest
+import torch
+
+import aotgrad
+from aotgrad import errors
+from tests.eager_check import assert_refused, check, check_usage
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc, self.drop = torch.nn.Linear(d, d), torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        return x + self.drop(self.fc(x).relu())
+
+
+class LayerDrop(torch.nn.Module):
+    """BART's encoder loop: a layer is skipped when a draw falls under ``p`` (training only)."""
+
+    def __init__(self, p, d=6, n=3):
+        super().__init__()
+        self.p, self.layers = p, torch.nn.ModuleList(_Layer(d) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = layer(x)
+        return x.pow(2).mean()
+
+
+class _BN(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.fc, self.norm = torch.nn.Linear(4, 4), norm
+
+    def forward(self, x):
+        y = self.norm(self.fc(x) if x.dim() == 2 else self.fc(x.transpose(1, -1)).transpose(1, -1))
+        return y.sin().mean()
+
+
+def _bn1d():
+    return _BN(torch.nn.BatchNorm1d(4, momentum=None)), lambda g: (torch.randn(5, 4, generator=g),)
+
+
+def _bn2d():
+    return _BN(torch.nn.BatchNorm2d(4, momentum=None)), lambda g: (torch.randn(2, 4, 3, 3, generator=g),)
+
+
+def _item_branch():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            if y.sum().item() > 0:         # the branch is decided by the value
+                return torch.nn.functional.dropout(y, 0.3).sin().sum()
+            return y.cos().sum()
+    return M(), lambda g: (torch.randn(3, 4, generator=g),)
+
+
+def _jit(fn, args, kwargs):
+    return aotgrad.jit(fn)
+
+
+def _dynamo(fn, args, kwargs):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aotgrad")
+
+
+ENTRIES = {"jit": _jit, "dynamo": _dynamo}
+
+
+def _training(steps, batch, train=True, seed=0):
+    """``steps`` SGD steps, each on ``batch(generator)``, the same batches for eager and compiled; keeps
+    every loss."""
+    def usage(call, model, args, kwargs):
+        g = torch.Generator().manual_seed(seed)
+        model.train(train)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = call(*batch(g))
+            if loss.requires_grad:
+                loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses
+    return usage
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_layerdrop_trains_like_eager(entry, p, train, seed):
+    def make():
+        return LayerDrop(p), (torch.randn(4, 6),), {}
+    check_usage(make, _training(4, lambda g: (torch.randn(4, 6, generator=g),), train, seed), compile=ENTRIES[entry])
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("make", [_bn1d, _bn2d, _item_branch])
+def test_value_reads_train_like_eager(entry, make):
+    def fresh():
+        model, batch = make()
+        return model, batch(torch.Generator()), {}
+    _, batch = make()
+    check_usage(fresh, _training(4, batch), compile=ENTRIES[entry])
