@@ -614,3 +614,10 @@ def _spell_keyword_overloads() -> None:
 
 
 _spell_keyword_overloads()
+
+
+def backend_compiler_failed() -> type:
+    """What Dynamo wraps a backend's exception in (``torch._dynamo.exc.BackendCompilerFailed``; its
+    ``inner_exception`` is the backend's own)."""
+    from torch._dynamo import exc
+    return exc.BackendCompilerFailed
