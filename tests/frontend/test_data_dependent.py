@@ -123,3 +123,62 @@ def test_value_reads_train_like_eager(entry, make):
         return model, batch(torch.Generator()), {}
     _, batch = make()
     check_usage(fresh, _training(4, batch), compile=ENTRIES[entry])
+
+
+def _models():
+    return {"layerdrop": lambda: (LayerDrop(0.5), lambda g: (torch.randn(4, 6, generator=g),)),
+            "bn1d": _bn1d, "bn2d": _bn2d, "item": _item_branch}
+
+
+READ_LINES = {"layerdrop": "torch.rand([]) < self.p", "bn1d": "y = self.norm(", "bn2d": "y = self.norm(",
+              "item": "y.sum().item() > 0"}
+READERS = {"bn1d": "batchnorm.py", "bn2d": "batchnorm.py"}     # the library line that read it, in the message
+
+
+@pytest.mark.parametrize("name", list(READ_LINES))
+def test_staged_capture_refuses_naming_the_read_and_where_it_runs(name):
+    model, batch = _models()[name]()
+    model.train()
+    e = assert_refused(model, batch(torch.Generator().manual_seed(0)))
+    assert isinstance(e, errors.DataDependentError), repr(e)
+    assert READ_LINES[name] in e.user_line, e.user_line
+    assert READERS.get(name, "") in str(e), str(e)
+    assert "aotgrad.jit" in str(e) and 'torch.compile(backend="aotgrad")' in str(e), str(e)
+
+
+def test_jit_hands_off_only_where_the_trace_reads_a_value_and_says_so():
+    model = LayerDrop(0.5)
+    j = aotgrad.jit(model)
+    x = torch.randn(4, 6, requires_grad=True)
+    model.eval()
+    j(x)                                    # eval: `self.training and ...` reads nothing: jit's own graph
+    assert len(j.entries) == 1 and j.handoff is None
+    model.train()
+    for _ in range(3):
+        j(x).backward()
+    assert len(j.entries) == 1, j.summary()     # the training call was not compiled as an entry of its own
+    assert j.handoff is not None and j.handoff.graphs, j.summary()
+    assert READ_LINES["layerdrop"] in j.handoff.why.user_line
+    assert "torch.compile" in j.summary() and READ_LINES["layerdrop"] in j.summary()
+    assert "torch.compile graph 0" in j.program() and "# --- forward" in j.program()
+    assert READ_LINES["layerdrop"] in aotgrad.explain(j)
+    model.eval()
+    graphs = len(j.handoff.graphs)
+    j(x)                                    # served by the eval entry again, not by Dynamo
+    assert len(j.handoff.graphs) == graphs and len(j.entries) == 1
+
+
+def test_jit_switching_train_and_eval_trains_like_eager():
+    def usage(call, model, args, kwargs):
+        g = torch.Generator().manual_seed(5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        for train in (False, True, True, False, True):
+            model.train(train)
+            opt.zero_grad()
+            loss = call(torch.randn(4, 6, generator=g))
+            loss.backward()
+            opt.step()
+            out.append(loss.detach())
+        return out
+    check_usage(lambda: (LayerDrop(0.5), (), {}), usage, compile=_jit)
