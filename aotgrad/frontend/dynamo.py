@@ -22,7 +22,7 @@ from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
 from ..capture.session import Session
 from ..inputs.flatten import Signature, outputs, refuse_tensor
-from ..inputs.subclasses import Unwrap, as_inner
+from ..inputs.subclasses import Meta, Unwrap, as_inner
 from ..observe import timed
 from ..options import CompileOptions, as_options
 from ..runtime.call import alias_check
@@ -99,7 +99,7 @@ def _setup(gm: torch.fx.GraphModule, example_inputs) -> Setup:
             refuse_tensor(str(desc), t)
     unwrap = Unwrap.of(example_inputs, descs)     # subclass inputs: the graph takes their inner tensors
     if unwrap is not None:      # from Dynamo's fakes of the subclasses: its symbols for their inner sizes
-        example_inputs = [fake_mode.from_tensor(t) if m is not None else t for t, m in zip(example_inputs, unwrap.metas)]
+        example_inputs = [fake_mode.from_tensor(t) if isinstance(m, Meta) else t for t, m in zip(example_inputs, unwrap.metas)]
         example_inputs, descs = unwrap.examples(example_inputs), tuple(unwrap.descs(descs))
     fakes = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(
         t, FakeTensor) else t for t in example_inputs]
@@ -304,7 +304,8 @@ class HandOff:
 
     def summary(self) -> str:
         return (f"calls no entry fits run under torch.compile(backend=\"aotgrad\") ({len(self.graphs)} graph(s) so "
-                f"far; Dynamo splits the graph at the read), because the trace {self.why}")
+                f"far; Dynamo splits the graph at the read): its trace read a tensor's value in Python at "
+                f"{self.why.user_line or 'a line of torch or a library'}")
 
 
 def hand_off(fn, why: errors.DataDependentError, options: CompileOptions, dynamic) -> HandOff:

@@ -100,9 +100,14 @@ class Jit:
         return self if obj is None else bound_method(self, obj)
 
     def __call__(self, *args, **kwargs):
-        if self.around is not None:
+        if self.around is None:
+            return self._call(*args, **kwargs)
+        if self.handoff is not None and isinstance(self.fn, Root):  # Dynamo runs the step on its own state
+            return self.handoff(*args, **kwargs)
+        try:
             return self.around(self._call, args, kwargs)
-        return self._call(*args, **kwargs)
+        except _HandedOff:
+            return self.handoff(*args, **kwargs)
 
     def _call(self, *args, **kwargs):
         if tracing():       # called inside another capture: trace through, the outer graph holds it
@@ -126,8 +131,12 @@ class Jit:
         last call first (a training step's first entry, traced before its optimizer state existed, fits
         no later call), then each in order. Any entry whose checks all pass runs the call exactly."""
         last = self._last
-        for e in self.entries if last is None else [last, *(e for e in self.entries if e is not last)]:
-            if e.modes == modes and e.state.check() is None:
+        if last is not None and last.modes == modes and last.state.check() is None:
+            flat, why = last.compiled.path.match(args, kwargs)
+            if why is None:
+                return last.compiled, flat
+        for e in self.entries:
+            if e is not last and e.modes == modes and e.state.check() is None:
                 flat, why = e.compiled.path.match(args, kwargs)
                 if why is None:
                     self._last = e
@@ -152,9 +161,10 @@ class Jit:
                 compiled, state, loaded, disk = self._compile(modes, args, kwargs)
                 info["from disk cache"] = loaded
         except errors.DataDependentError as e:     # a Python read of a tensor's value: Dynamo splits there
-            if isinstance(self.fn, Root):
-                raise
-            self.handoff = hand_off(self.fn, e, self.options, self.dynamic)
+            whole = isinstance(self.fn, Root)       # a whole step: the user's step function, not its Root
+            self.handoff = hand_off(self.fn.step_fn if whole else self.fn, e, self.options, self.dynamic)
+            if whole:
+                raise _HandedOff from e     # out of the binding's around, which installs nothing
             return lambda: self.handoff(*args, **kwargs)
         self.entries.append(Entry(compiled, modes, state, reason, loaded, disk))
         failed = state.check()
@@ -305,6 +315,10 @@ class Jit:
         if self.handoff is not None:
             lines.append(f"  {self.handoff.summary()}")
         return "\n".join(lines)
+
+
+class _HandedOff(Exception):
+    """A whole step's call handed to Dynamo (``Jit.handoff``), raised through its binding's ``around``."""
 
 
 def _name(fn) -> str:

@@ -182,3 +182,44 @@ def test_jit_switching_train_and_eval_trains_like_eager():
             out.append(loss.detach())
         return out
     check_usage(lambda: (LayerDrop(0.5), (), {}), usage, compile=_jit)
+
+
+def _whole_step(make_opt, p=0.5):
+    """A whole training step (forward, backward, optimizer, zero_grad) over LayerDrop."""
+    def make():
+        model = LayerDrop(p)
+        opt = make_opt(model.parameters())
+
+        def step(x):
+            loss = model(x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        step.model, step.opt = model, opt
+        return step, (), {}
+    return make
+
+
+def _steps(call, fn, args, kwargs):
+    """Four steps; keeps the losses, the parameters and the optimizer's state after them."""
+    g = torch.Generator().manual_seed(2)
+    losses = [call(torch.randn(4, 6, generator=g, requires_grad=True)) for _ in range(4)]
+    state = [t.clone() for s in fn.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return losses, [p.detach().clone() for p in fn.model.parameters()], state
+
+
+@pytest.mark.parametrize("opt", ["SGD", "Adam", "RAdam"])
+def test_jit_whole_step_hands_the_step_function_to_dynamo(opt):
+    """The read is inside a whole training step (or RAdam's own ``rho_t > 5`` branch): the user's step
+    function runs under Dynamo, its optimizer state the user's own, as eager's."""
+    make_opt = {"SGD": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+                "RAdam": lambda ps: torch.optim.RAdam(ps, lr=0.01)}[opt]
+    handed = []
+
+    def compile(fn, args, kwargs):
+        handed.append(aotgrad.jit(fn))
+        return handed[-1]
+    check_usage(_whole_step(make_opt, 0.5 if opt != "RAdam" else 0.0), _steps, compile=compile)
+    assert handed[0].handoff is not None and handed[0].handoff.graphs
