@@ -124,7 +124,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      double_backward=second_order(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
-                                     saved_views=saved_views)
+                                     saved_views=saved_views, reruns=captured.analysis.eager_reruns)
         run = fast_apply(fn_class)
         own = {i for _, i in saved_views}       # saved as the caller's tensor: autograd checks its version
         after = version_checks(fn_class, tuple(i for i in captured.analysis.eager_saved if i not in own))

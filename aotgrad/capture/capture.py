@@ -160,8 +160,8 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
     setup = replace(setup, flat_fn=observed(setup.flat_fn, records))
     lay = layout(analysis)
     with timed(history, "trace joint") as info:
-        joint, info["direct grads"], (saved, quiet), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
-        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet)
+        joint, info["direct grads"], (saved, quiet, reruns), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
+        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet, eager_reruns=reruns)
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = (reuse.count(), reuse.whole) if reuse else (0, 0)
         if reuse:
@@ -224,7 +224,7 @@ def _joint(setup: Setup, analysis, lay, reuse) -> tuple:
         if unseen and any(isinstance(getattr(joint, n.target, None), FakeTensor)
                           for n in joint.graph.find_nodes(op="get_attr")):
             raise UnseenUsed("a fake constant in the graph may be an unseen input's stand-in")
-        saved = joint.meta.pop("aotgrad eager saved", ((), ()))
+        saved = joint.meta.pop("aotgrad eager saved", ((), (), False))
         calls = joint.meta.pop("aotgrad block calls")
         return joint, inline_blocks(joint, *calls) if reuse is not None else 0, saved, len(unseen)
     if reuse is None:       # no repeated blocks

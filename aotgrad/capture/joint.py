@@ -69,6 +69,8 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                                     if v is not None and analysis.inputs[i].mutates_data and version_counter(t) == v)
                 if lay.grad_of:
                     joint.eager_saved = eager_saved_inputs([fw[i] for i in lay.tangent_of], call_ins)
+                    n_written = len(analysis.mutated())     # (a later call's backward comes through these)
+                    joint.eager_reruns = not eager_saves([fw[i] for i in lay.tangent_of if i < n_written])
                     backward_begins()
                     if direct is not None:
                         direct.backward = True
@@ -96,6 +98,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
             return [from_functional(v) for v in fw] + [from_functional(g) for g in grads]
     joint.direct = None
     joint.eager_saved = joint.quiet = joint.replaced = ()
+    joint.eager_reruns = False
     joint.engine_sums = None
     return joint
 
@@ -235,6 +238,23 @@ def eager_saved_inputs(roots, ins) -> tuple:
     return tuple(sorted(found))
 
 
+def eager_saves(roots) -> bool:
+    """Whether eager's autograd saved any tensor for the backward of ``roots`` (a saved-tensor hook's
+    counts, unread): its nodes are released by a backward, so a second backward through them raises
+    "backward through the graph a second time"; nodes that saved nothing (``add_``) run again. The
+    roots are the new values of the inputs a call writes: a non-leaf input written by every call and
+    backwarded after each takes every later backward through the earlier calls' nodes, and the
+    compiled call's node runs again where eager's would (and it saved nothing itself)."""
+    for node in autograd_nodes(roots):
+        for name in _saved_names(type(node)):
+            raw = getattr(node, name, None)
+            for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
+                if saved is not None and (getattr(saved, "unpack_hook", None) is not None
+                                          or getattr(saved, "data", None) is not None):
+                    return True
+    return False
+
+
 def _anchor_user_frames(user_fn) -> None:
     """make_fx keeps stack frames of ``forward`` methods; also keep a plain user function's own frames."""
     if callable(user_fn) and hasattr(user_fn, "__code__"):
@@ -280,7 +300,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
         _add_inputs(gm.graph, {i: fake_inputs[i] for i in unseen}, lay.n_primals)
     d = fn.direct
     gm.meta["aotgrad block calls"] = (d.calls, d.rng, d.origins, d.flat) if d is not None else ({}, {}, {}, {})
-    gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet)
+    gm.meta["aotgrad eager saved"] = (fn.eager_saved, fn.quiet, fn.eager_reruns)
     gm.meta["aotgrad engine sums"] = fn.engine_sums
     return gm
 

@@ -89,6 +89,7 @@ class Analysis:
     out_spec: Any = None            # the outputs' tree structure (``Outputs.spec`` of the traced call)
     eager_saved: tuple = ()         # inputs eager's autograd saves for the backward (version-checked there)
     quiet_writes: tuple = ()        # inputs the program writes without a version bump (batch norm's statistics)
+    eager_reruns: bool = False      # eager's autograd saved no tensor: a second backward through a call runs
 
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]

@@ -34,7 +34,7 @@ class BackwardGraph(NamedTuple):
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
                       bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=(),
-                      saved_views=()):
+                      saved_views=(), reruns=False):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -48,7 +48,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     backward's ``aotgrad::retain_grad`` node for ``slot`` sets its ``.grad``; ``returned``
     ``(k, i)``: forward value ``k`` is input ``i`` returned by a custom Function, returned
     as the input itself so autograd makes it a view of it, as eager does. ``saved_views``
-    ``(k, i)``: saved tensor ``k`` is a view of primal ``i`` (``saved_input_views``).
+    ``(k, i)``: saved tensor ``k`` is a view of primal ``i`` (``saved_input_views``). ``reruns``: eager's
+    autograd saved nothing for this program, so a second backward through a call runs, as eager's does.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -81,7 +82,12 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
 
     def first_order(ctx, *grad_outputs):
         check_versions(ctx)
-        args = [*ctx.saved_tensors, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
+        # Where eager's nodes saved nothing (``a.add_(1)`` on a non-leaf every call writes again: each backward
+        # goes through the earlier calls' nodes too) and this one saved nothing either, it runs again as they
+        # do; otherwise reading ``ctx.saved_tensors`` of a released node raises eager's "backward through the
+        # graph a second time".
+        saved = ctx.saved_tensors if n_saved_tensors or not reruns else ()
+        args = [*saved, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
         ctx.maybe_clear_saved_tensors()

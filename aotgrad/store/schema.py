@@ -88,7 +88,7 @@ SCHEMAS = {
     Analysis: {"inputs": _tuple_of(InputInfo), "outputs": _tuple_of(OutputInfo), "base_count": _int,
                "fake_outputs": lambda v: v == (), "fw_requires_grad": lambda v: type(v) is tuple and all(map(_bool, v)),
                "out_spec": lambda v: v is None,     # written once, as the manifest's out_spec
-               "eager_saved": _ints, "quiet_writes": _ints},
+               "eager_saved": _ints, "quiet_writes": _ints, "eager_reruns": _bool},
     JointLayout: {"n_primals": _int, "tangent_of": _ints, "n_fw": _int, "grad_of": _ints, "mutated": _ints},
     SymText: {"expr": symbolic.text_ok},
     TensorMeta: {"shape": lambda v: type(v) is tuple and all(map(_text_size, v)),
