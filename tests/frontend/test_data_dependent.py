@@ -223,3 +223,33 @@ def test_jit_whole_step_hands_the_step_function_to_dynamo(opt):
         return handed[-1]
     check_usage(_whole_step(make_opt, 0.5 if opt != "RAdam" else 0.0), _steps, compile=compile)
     assert handed[0].handoff is not None and handed[0].handoff.graphs
+
+
+@pytest.mark.slow
+def test_hf_bart_encoder_layerdrop_trains_like_eager_under_jit():
+    """HF BART (tiny random config) training with ``encoder_layerdrop=decoder_layerdrop=0.5``: its
+    ``if dropout_probability < self.layerdrop`` skips a layer per call."""
+    pytest.importorskip("transformers")
+    from tests.models.zoo import _hf, batch_seq2seq
+
+    def make():
+        model, args = _hf("BartConfig", "BartForConditionalGeneration", ("input_ids", "labels"), batch_seq2seq,
+                          encoder_layers=2, decoder_layers=2, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          encoder_attention_heads=2, decoder_attention_heads=2, vocab_size=64,
+                          max_position_embeddings=16, encoder_layerdrop=0.5, decoder_layerdrop=0.5, dropout=0.1,
+                          pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+        return model, args, {}
+
+    def usage(call, model, args, kwargs):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for step in range(3):
+            opt.zero_grad()
+            loss = call(*batch_seq2seq(step))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses
+    jits = []
+    check_usage(make, usage, compile=lambda fn, a, k: jits.append(aotgrad.jit(fn)) or jits[-1], atol=1e-4)
+    assert jits[0].handoff is not None and "modeling_bart.py" in jits[0].handoff.why.user_line
