@@ -317,7 +317,7 @@ def _unbound(method):
 def traceable_subclass(t) -> bool:
     """Whether ``t`` is a traceable wrapper subclass (``__tensor_flatten__``/``__tensor_unflatten__``
     with its own ``__torch_dispatch__``: TwoTensor, DTensor, float8 training tensors), which capture
-    traces through to its inner tensors. A nested tensor is one, and is refused on its own."""
+    traces through to its inner tensors; a jagged nested tensor is one (its ragged size a nested int)."""
     return isinstance(t, torch.Tensor) and traceable_class(type(t))
 
 
@@ -327,10 +327,66 @@ def traceable_class(cls) -> bool:
     return has_own_dispatch(cls) and is_traceable_wrapper_subclass_type(cls)
 
 
-def jagged_class(cls) -> bool:
-    """Whether ``cls`` is the jagged nested tensor's class (``torch.nested``, ``layout=torch.jagged``)."""
+def view_base(t):
+    """The base view ``t`` is regenerated from at run time: ``t._base``, or ``t`` itself where that
+    is a traceable wrapper subclass (a jagged nested tensor's ``values()``): the graph returns the
+    plain value, whose autograd history runs through the subclass, and the output is a view of it."""
+    base = t._base
+    return t if base is not None and traceable_subclass(base) else base
+
+
+def nested_int(v) -> bool:
+    """Whether size ``v`` is a nested int (a jagged nested tensor's ragged size: the identity of its
+    offsets tensor, no number)."""
+    return isinstance(v, torch.SymInt) and v.node.is_nested_int()
+
+
+def nested_int_of(t):
+    """The nested int tied to tensor ``t`` (a jagged nested tensor's offsets), or None: a real
+    tensor's from torch's registry, a fake's from its memo (under a functional tensor: its fake's)."""
+    if isinstance(t, FunctionalTensor):
+        t = torch._from_functional_tensor(t.elem)
+    if isinstance(t, FakeTensor):
+        return t.nested_int_memo
     module = sys.modules.get("torch.nested._internal.nested_tensor")
-    return module is not None and isinstance(cls, type) and issubclass(cls, module.NestedTensor)
+    return None if module is None else module._tensor_symint_registry.get(t)
+
+
+def tie_nested_int(t, n) -> None:
+    """Tie nested int ``n`` to ``t``, a fake tensor or a functional tensor over one, that has none:
+    a nested tensor built on it while tracing gets ``n`` as its ragged size (torch would make a
+    fresh symbol no trace tracks)."""
+    if isinstance(t, FunctionalTensor):
+        t = torch._from_functional_tensor(t.elem)
+    if isinstance(t, FakeTensor) and t.nested_int_memo is None:
+        t.nested_int_memo = n
+
+
+def as_traced_by_make_fx(fn):
+    """``fn`` with fx's "symbolic tracing" flag off while it runs: make_fx's tracer sets it, and
+    library code that refuses ``fx.symbolic_trace`` (``nested_tensor_from_jagged``) then refuses a
+    trace of real fake tensors too; torch's own higher-order ops clear it the same way
+    (``_higher_order_ops.utils._set_compilation_env``). Callers hold ``scoped.FX_TRACING``."""
+    def run(*args):
+        old, fx_symbolic_trace._is_fx_tracing_flag = fx_symbolic_trace._is_fx_tracing_flag, False
+        try:
+            return fn(*args)
+        finally:
+            fx_symbolic_trace._is_fx_tracing_flag = old
+    return run
+
+
+def constant_nested_ints(mode) -> None:
+    """Make fake mode ``mode`` give a jagged nested tensor built while tracing on offsets with no
+    nested int (``nested_tensor_from_jagged`` on an input) a fresh *constant* nested int, as eager's
+    registry does, not a symbol of its shape env that no trace tracks (torch's AOTAutograd gets
+    that symbol from Dynamo as a graph input). At run time the outputs are rebuilt on the real
+    offsets, which get theirs from the registry."""
+    def create(*, nt_tensor_id=None):
+        from torch.nested._internal import nested_int, nested_tensor
+        n, nested_tensor._tensor_id_counter = nested_tensor._tensor_id_counter, nested_tensor._tensor_id_counter + 1
+        return torch.SymInt(nested_int.NestedIntNode(n, 1))
+    mode.create_symbolic_nested_int = create
 
 
 def subclass_kind(t) -> str | None:

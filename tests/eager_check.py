@@ -234,8 +234,14 @@ def _assert_same_subclass(a, b, what, rtol, atol):
 
 def _weights(out, seed):
     g = torch.Generator().manual_seed(seed + 1)
-    return [torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)
+    return [torch.randn(_dense(o).shape, generator=g, dtype=o.dtype).to(o.device)
             if o.requires_grad else None for o in _tensors(out)]
+
+
+def _dense(o):
+    """What an output's weight multiplies: a jagged nested tensor's values (its ragged size is a
+    nested int tied to its own offsets, which eager's and the compiled output do not share)."""
+    return o.values() if o.is_nested else o
 
 
 def _backward(out, weights, penalty_of=None):
@@ -243,7 +249,7 @@ def _backward(out, weights, penalty_of=None):
     taken with ``create_graph=True``, are squared into the loss (a double backward, like a
     gradient penalty)."""
     # Complex outputs contribute their real part: backward needs a real scalar.
-    terms = [torch.real((o * w).sum()) for o, w in zip(_tensors(out), weights) if w is not None]
+    terms = [torch.real((_dense(o) * w).sum()) for o, w in zip(_tensors(out), weights) if w is not None]
     if terms:
         loss = torch.stack(terms).sum()
         leaves = [t for t in penalty_of or () if t.requires_grad]

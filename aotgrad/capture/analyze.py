@@ -11,7 +11,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .._torch import (
     apply_view_meta_sequence, backed_symbols, functionalize_has_data_mutation, functionalize_was_storage_changed,
-    FunctionalTensor, sync, view_meta_sequence,
+    FunctionalTensor, sync, traceable_subclass, view_base, view_meta_sequence,
 )
 from ..errors import MutationError, UnsupportedError
 from ..guards import reads
@@ -220,8 +220,9 @@ def _output_infos(f_outs, f_ins):
         custom = custom_view(o)     # regenerating it as a view would skip a custom backward
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
         storage = StorageWeakRef(o.untyped_storage())
-        base = f_ins[in_storages[storage]] if storage in in_storages else (o._base if o._is_view() else None)
-        replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) else None
+        base = f_ins[in_storages[storage]] if storage in in_storages else (view_base(o) if o._is_view() else None)
+        replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) and (
+            not o._is_view() or not traceable_subclass(o._base)) else None     # (its view ops start at the subclass)
         if same_in is not None:
             infos.append(OutputInfo("input", same_in, requires_grad=rg, is_leaf=leaf))
         elif id(o) in seen:
@@ -243,8 +244,7 @@ def _output_infos(f_outs, f_ins):
         elif not custom and o._is_view() and id(o._base) in plain_ids and (replay or _replayable(o, o._base)):
             infos.append(OutputInfo("output_view", plain_ids[id(o._base)], ViewMeta.relative(o, o._base), rg,
                                     is_leaf=leaf, replay=replay))
-        elif not custom and o._is_view() and storage not in in_storages and (replay or _replayable(o, o._base)):
-            base = o._base
+        elif not custom and base is not None and storage not in in_storages and (replay or _replayable(o, base)):
             k = next((b for b, t in enumerate(bases) if t is base), None)
             if k is None:
                 k = len(bases)

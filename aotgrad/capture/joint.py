@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import (
-    fake_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
+    as_traced_by_make_fx, fake_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
     version_counter,
 )
 from ..ir.records import Analysis, JointLayout, forward_values
@@ -284,7 +284,7 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
     try:
         with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules(), symbolic_dispatch(session.shape_env):
-            gm = make_fx(fn, decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
+            gm = make_fx(as_traced_by_make_fx(fn), decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                          _allow_non_fake_inputs=True)(*seen, *tangents)
     except Exception:
         if fn.direct is not None and fn.direct.missed:

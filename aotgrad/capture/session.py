@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._torch import (
     anomaly_nan_check,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
-    has_own_dispatch, is_functional_tensor, jagged_class, traceable_class, plain_fake,
+    constant_nested_ints, has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
 )
 from .. import tracing
@@ -42,6 +42,7 @@ class Session:
         if self.fake_mode is None:
             self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True,
                                             static_shapes=self.dynamic is False)
+        constant_nested_ints(self.fake_mode)      # a nested tensor made inside (inputs.subclasses)
 
     @classmethod
     def for_inputs(cls, tensors, dynamic, grad_enabled) -> "Session":
@@ -139,16 +140,9 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 "do it outside the captured function", user_line=caller_line())
         for cls in types:
             if has_own_dispatch(cls):
-                if traceable_class(cls) and not jagged_class(cls):   # its own dispatch runs now, on its inner tensors
+                if traceable_class(cls):   # its own dispatch runs now, on its inner tensors
                     _refuse_constant_requiring_grad(func, args, kwargs)   # (inputs.subclasses)
                     return NotImplemented
-                from ..errors import UnsupportedError, caller_line
-                if jagged_class(cls):
-                    raise UnsupportedError(
-                        f"{func.__name__} on a {cls.__name__} (a jagged nested tensor, torch.nested with "
-                        "layout=torch.jagged) inside the captured function: its ragged sizes are nested ints "
-                        "aotgrad's traces cannot hold; pad it (to_padded_tensor) or compile it with another "
-                        "torch.compile backend", user_line=caller_line())
                 from ..errors import UnsupportedError, caller_line
                 raise UnsupportedError(
                     f"{func.__name__} on a {cls.__name__}, a tensor subclass with its own __torch_dispatch__ but "

@@ -148,11 +148,12 @@ def _refuse_argument(name: str, leaf) -> None:
 
 def refuse_tensor(name: str, t: torch.Tensor) -> None:
     """Tensors a trace through plain fake tensors cannot stand for, refused before anything runs:
-    nested tensors, layouts other than strided, and tensor subclasses whose class changes what ops
-    do (TwoTensor and other wrapper subclasses, ``__torch_function__`` subclasses)."""
+    layouts other than strided and nested tensors other than traceable subclasses (the jagged one is),
+    and tensor subclasses whose class changes what ops do but cannot be flattened (``__torch_function__``
+    subclasses, a ``__torch_dispatch__`` class without ``__tensor_flatten__``)."""
     from ..errors import UnsupportedError, caller_line
     why = subclass_kind(t)
-    if t.is_nested or t.layout != torch.strided:
+    if (t.is_nested or t.layout != torch.strided) and not traceable_subclass(t):
         what = f"a nested tensor ({type(t).__name__}, layout {t.layout})" if t.is_nested else f"of layout {t.layout}"
         raise UnsupportedError(f"{name} is {what}; only strided (dense) tensors and traceable wrapper subclasses "
                                "can be captured", user_line=caller_line())

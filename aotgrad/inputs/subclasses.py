@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .._torch import pytree, traceable_subclass
+from .._torch import nested_int, nested_int_of, pytree, tie_nested_int, traceable_subclass
 from ..errors import UnsupportedError
 from ..ir.descriptors import InputDesc
 
@@ -29,24 +29,31 @@ from ..ir.descriptors import InputDesc
 class Meta:
     """What rebuilding one subclass value takes: its class, its flatten context, the names of its
     inner values (each a plain tensor, ``None``; a nested subclass's ``Meta``; or an :class:`Opaque`
-    object the class flattens beside its tensors, DTensor's device mesh), and its outer size and stride."""
+    object the class flattens beside its tensors, DTensor's device mesh), and its outer size and stride.
+    ``ties``: per key, the nested int tied to that inner tensor (a jagged nested tensor's offsets:
+    its outer size holds it as the ragged size) or None; the trace ties it to the inner tensor's fake,
+    so the subclass rebuilt there has the ragged size it had, a constant, and not a fresh symbol."""
     cls: type
     ctx: object
     keys: tuple
     inner: tuple
     size: tuple
     stride: tuple
+    ties: tuple = ()
 
     @classmethod
     def of(cls, t: torch.Tensor) -> "Meta":
         keys, ctx = t.__tensor_flatten__()
         inner = tuple(_inner(getattr(t, k)) for k in keys)
         size, stride = tuple(t.size()), tuple(t.stride())
-        if not all(type(v) is int for v in (*size, *stride)) and keys:
+        ties = ()
+        if any(nested_int(v) for v in size):
+            ties = tuple(nested_int_of(getattr(t, k)) if m is None else None for k, m in zip(keys, inner))
+        if not all(type(v) is int or nested_int(v) for v in (*size, *stride)) and keys:
             first = getattr(t, keys[0])     # symbolic: the first inner tensor's, rebuilt from it at run time
             if str((size, stride)) == str((tuple(first.size()), tuple(first.stride()))):
                 size = stride = None
-        return cls(type(t), ctx, tuple(keys), inner, size, stride)
+        return cls(type(t), ctx, tuple(keys), inner, size, stride, ties)
 
     @property
     def n(self) -> int:
@@ -69,6 +76,9 @@ class Meta:
     def build(self, leaves) -> torch.Tensor:
         """The subclass value from an iterator of its leaves."""
         inner = {k: next(leaves) if m is None else m.build(leaves) for k, m in zip(self.keys, self.inner)}
+        for k, n in zip(self.keys, self.ties):
+            if n is not None:
+                tie_nested_int(inner[k], n)
         if self.size is None:       # symbolic when traced: its first inner tensor's
             first = inner[self.keys[0]]
             return self.cls.__tensor_unflatten__(inner, self.ctx, first.size(), first.stride())
@@ -82,7 +92,7 @@ class Meta:
         if tuple(keys) != self.keys or not _same(ctx, self.ctx):
             return (f"{name}, a {self.cls.__name__}, flattens to {list(keys)} with context {ctx!r}; when captured "
                     f"to {list(self.keys)} with context {self.ctx!r}")
-        if self.static and (tuple(t.size()) != self.size or tuple(t.stride()) != self.stride):
+        if self.static and _layout(t.size(), t.stride()) != _layout(self.size, self.stride):
             return (f"{name}, a {self.cls.__name__}, has size {tuple(t.size())} and stride {tuple(t.stride())}; "
                     f"when captured {self.size} and {self.stride}")
         for k, m in zip(self.keys, self.inner):
@@ -106,12 +116,13 @@ class Meta:
 
     @property
     def static(self) -> bool:
-        return self.size is not None and all(type(v) is int for v in (*self.size, *self.stride))
+        """Sizes and strides all ints (a nested int is its inner tensor's identity, no size to compare)."""
+        return self.size is not None and all(type(v) is int or nested_int(v) for v in (*self.size, *self.stride))
 
     def __eq__(self, other) -> bool:      # output structures compare (pytree specs hold a Meta)
         return isinstance(other, Meta) and self.cls is other.cls and self.keys == other.keys and \
             _same(self.ctx, other.ctx) and self.inner == other.inner and \
-            (not self.static or (self.size, self.stride) == (other.size, other.stride))
+            (not self.static or _layout(self.size, self.stride) == _layout(other.size, other.stride))
 
     def __hash__(self) -> int:
         return hash((self.cls, self.keys))
@@ -144,6 +155,30 @@ class Opaque:
 
     def __hash__(self) -> int:
         return hash(type(self.value))
+
+
+@dataclass(frozen=True, eq=False)
+class RaggedSize:
+    """A ragged size Dynamo passes as an argument of its graph (a jagged nested tensor's ``size(1)``:
+    a nested int, the identity of its offsets, no number): no leaf of the graph; the trace gets the
+    nested int it had when captured, and any nested int may come later (the nested tensor's offsets
+    and values are inner tensors, guarded as such)."""
+    value: object
+    n = 0
+
+    def examples(self, t, rg: bool) -> list:
+        return []
+
+    def descs(self, d) -> list:
+        return []
+
+    def why(self, t, name: str) -> str | None:
+        return None if nested_int(t) else f"{name} was a ragged size (a nested int) when captured, now {t!r}"
+
+    @classmethod
+    def of(cls, v) -> "RaggedSize | None":
+        hint = v.node.hint if isinstance(v, torch.SymInt) else None
+        return cls(v if nested_int(v) else hint) if nested_int(v) or nested_int(hint) else None
 
 
 def _inner(x):
@@ -238,6 +273,11 @@ def promoted(setup, e: SubclassGradient):
                    fake_inputs=tuple(fakes), input_descs=tuple(descs))
 
 
+def _layout(size, stride) -> tuple:
+    """Outer size and stride to compare: a nested int stands for any (its offsets are an inner tensor)."""
+    return tuple(None if nested_int(v) else v for v in (*size, *stride))
+
+
 def _same(a, b) -> bool:
     if a is b:
         return True
@@ -248,7 +288,9 @@ def _same(a, b) -> bool:
 
 
 def _differentiable(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
+    """An inner tensor with values to differentiate (an empty one, a nested tensor's cached sequence
+    length held as its shape, has none)."""
+    return (t.is_floating_point() or t.is_complex()) and not any(type(v) is int and v == 0 for v in t.shape)
 
 
 def _user_line():
@@ -263,7 +305,8 @@ class _Flatten(torch.autograd.Function):
     @staticmethod
     def forward(ctx, meta, grad_meta, t):
         ctx.grad_meta = grad_meta
-        leaves = [x.detach() for x in meta.leaves(t)]
+        ctx.own = meta.leaves(t)
+        leaves = [x.detach() for x in ctx.own]
         ctx.like = [(x.shape, x.dtype, x.device) for x in leaves]
         ctx.mark_non_differentiable(*[x for x in leaves if not _differentiable(x)])
         return tuple(leaves)
@@ -272,6 +315,8 @@ class _Flatten(torch.autograd.Function):
     def backward(ctx, *grads):
         if all(g is None for g in grads):
             return None, None, None
+        # a leaf with no gradient (a nested tensor's offsets; autograd hands it zeros): the value's own
+        grads = [g if _differentiable(o) else o for g, o in zip(grads, ctx.own)]
         grads = [g if g is not None else torch.zeros(s, dtype=d, device=v) for g, (s, d, v) in zip(grads, ctx.like)]
         return None, None, ctx.grad_meta.gradient(grads)
 
@@ -360,15 +405,14 @@ class Unwrap:
 
     @classmethod
     def of(cls, tensors, names) -> "Unwrap | None":
-        if not any(traceable_subclass(t) for t in tensors):
-            return None
-        return cls(tuple(Meta.of(t) if traceable_subclass(t) else None for t in tensors), tuple(map(str, names)))
+        metas = tuple(Meta.of(t) if traceable_subclass(t) else RaggedSize.of(t) for t in tensors)
+        return None if all(m is None for m in metas) else cls(metas, tuple(map(str, names)))
 
     def examples(self, tensors) -> list:
         """The leaves as example inputs: detached, requiring grad where their subclass does."""
         out = []
         for t, m in zip(tensors, self.metas):
-            out += [t] if m is None else m.examples(t, t.requires_grad and torch.is_grad_enabled())
+            out += [t] if m is None else m.examples(t, getattr(t, "requires_grad", False) and torch.is_grad_enabled())
         return out
 
     def descs(self, descs) -> list:
@@ -389,7 +433,8 @@ class Unwrap:
             why = m.why(t, self.names[i])
             if why:
                 return None, why
-            out += _Flatten.apply(m, self.grads.get(i, m), t)
+            if not isinstance(m, RaggedSize):
+                out += _Flatten.apply(m, self.grads.get(i, m), t)
         return out, None
 
     def wrap(self, flat_fn):
@@ -397,10 +442,10 @@ class Unwrap:
         def fn(*leaves):
             it, flat = iter(leaves), []
             for i, m in enumerate(self.metas):
-                flat.append(next(it) if m is None else _Unflatten.apply(m, self._recorder(i), *(
-                    next(it) for _ in range(m.n))))
+                flat.append(next(it) if m is None else m.value if isinstance(m, RaggedSize) else _Unflatten.apply(
+                    m, self._recorder(i), *(next(it) for _ in range(m.n))))
             fn.flat = flat
-            before = [(t._version, t.grad_fn, t.shape, t.stride()) if m is not None else None
+            before = [(t._version, t.grad_fn, t.shape, t.stride()) if isinstance(m, (Meta, Promoted)) else None
                       for t, m in zip(flat, self.metas)]
             out = flat_fn(*flat)
             self._refuse_writes(flat, before)

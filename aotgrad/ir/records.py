@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .._torch import view_base
+
 
 @dataclass(frozen=True)
 class ViewMeta:
@@ -136,7 +138,7 @@ def forward_values(call_ins, outs, analysis: Analysis) -> list:
     bases = [None] * analysis.base_count
     for o, info in zip(outs, analysis.outputs):
         if info.kind == "intermediate_view":
-            bases[info.index] = o._base
+            bases[info.index] = view_base(o)
     return mutated + plain + bases
 
 

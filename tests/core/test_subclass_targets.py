@@ -1,5 +1,5 @@
 """Real tensor-subclass programs (issue #60): torchao float8 training (emulated on CPU), the traceable
-subclasses of PyTorch's own tests, and jagged nested tensors. Each trains several SGD steps next to
+subclasses of PyTorch's own tests (jagged nested tensors: test_subclass_nested.py). Each trains several SGD steps next to
 eager, bitwise (loss, every ``.grad`` and every parameter), under ``torch.compile(backend="aotgrad")``,
 ``aotgrad.jit``, a staged ``capture``, and as a whole training step; or is refused with a typed error
 naming the subclass and the user's line before anything runs. DTensor: ``tests/distributed/test_dtensor.py``.
@@ -133,37 +133,7 @@ def test_subclass_made_inside_returning_plain_tensors(entry):
     check(None, make=lambda: (_plain_out, (torch.randn(3, requires_grad=True),), {}), compile=ENTRIES[entry].compile)
 
 
-# --- jagged nested tensors: refused, naming the nested tensor and the line
-
-def _jagged():
-    torch.manual_seed(0)
-    return torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged,
-                                      requires_grad=True)
-
-
-def _nested_input(nt):
-    return nt.sin() * 2
-
-
-def _nested_made_inside(values, offsets):
-    return torch.nested.nested_tensor_from_jagged(values, offsets).sin().values()
-
-
-NESTED = {
-    "input": lambda: (_nested_input, (_jagged(),), {}),
-    "made inside": lambda: (_nested_made_inside, (torch.randn(5, 4, requires_grad=True), torch.tensor([0, 2, 5])), {}),
-}
-
-
-@pytest.mark.parametrize("entry", ENTRY_NAMES)
-@pytest.mark.parametrize("case", list(NESTED))
-def test_jagged_nested_tensor_is_refused_naming_it(case, entry):
-    torch._dynamo.reset()
-    e = assert_refused(None, make=NESTED[case], compile=ENTRIES[entry].compile)
-    assert isinstance(e, UnsupportedError) and "NestedTensor" in str(e), e
-    if case == "made inside":       # the op, and the user's line (Dynamo's graph and an input: the calling line)
-        assert "_nested_view_from_jagged" in str(e), e
-        assert entry == "dynamo" or "test_subclass_targets.py" in str(e), e
+# --- jagged nested tensors: tests/core/test_subclass_nested.py
 
 
 # --- what cannot be traced: typed refusals naming the subclass
