@@ -430,26 +430,122 @@ def _rule(r: Read) -> str:
 
 def build(reads) -> StateGuards:
     reads = tuple(sorted(reads, key=lambda r: (_group(r), _access_order(r))))
-    by_kind: dict = {}
-    for r in reads:
-        by_kind.setdefault(_group(r), []).append(r)
-    fast = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
+    return StateGuards(reads, _Check(reads).check if reads else (lambda: None))
 
-    def slow():
+
+_COVERED = ("id", "eq", "absent")     # kinds a holder's unchanged version tag proves by itself
+
+
+def _module_dicts(reads) -> dict:
+    """``{id: dict}``: the ``__dict__`` of each module the reads watch (its ``type`` read's object)."""
+    if dict_version is None:
+        return {}
+    return {id(vars(r.where)): vars(r.where) for r in reads
+            if r.kind == "type" and isinstance(r.where, torch.nn.Module) and type(vars(r.where)) is dict}
+
+
+class _Check:
+    """The per-call check of ``reads`` (in ``build``'s order): ``check()`` is None or the index of the
+    first read that fails.
+
+    Each module's ``__dict__`` is checked by its version tag, one C pass of ``dict_version`` over them
+    all: an unchanged tag means no entry of it was written, so its ``id``, ``eq`` and ``absent`` reads
+    hold without being looked at, and the hook and parameter dicts it holds are the ones held here
+    (a dict assigned in place of ``_forward_hooks`` changes the tag). Their contents, the modules'
+    types and every other read are checked each call, by kind (``_fast_check``); a hook or parameter
+    dict of another holder (the global hooks) is read through it. All of it is one generated
+    expression (``_fuse``). When it fails, the parts are checked one by one: a changed tag (a write to
+    the module, ``model.step = i``) checks that module's reads, and where they hold its new tag is the
+    expected one (dicts it now holds are held in place of the old ones); a part that fails with every
+    read holding (an equal value in a new object) is refreshed; else the per-read loop names the read."""
+
+    def __init__(self, reads):
+        self.reads = reads
+        self.mods = _module_dicts(reads)
+        self.dicts = tuple(self.mods.values())
+        # No tag is expected at first: the first call checks every read of each module (reads resolved
+        # again from the disk cache are not known to hold).
+        self.tags = [None] * len(self.dicts)
+        self.held = {i: _get(r.where, r.key) for i, r in enumerate(reads)
+                     if r.kind in ("empty", "len") and id(r.where) in self.mods}
+        self.of = [[] for _ in self.dicts]     # one pass over the reads: a deep model has thousands, and hundreds of dicts
+        at = {id(d): k for k, d in enumerate(self.dicts)}
         for i, r in enumerate(reads):
+            k = at.get(id(r.where))
+            if k is not None:
+                self.of[k].append(i)
+        self.rest = tuple(r for r in reads if not (id(r.where) in self.mods and r.kind in _COVERED))
+        self._parts()
+
+    def _parts(self):
+        by_kind: dict = {}
+        for r in self.rest:
+            k = _group(r)
+            by_kind.setdefault("through" if k in ("empty", "len") and id(r.where) not in self.mods else k,
+                               []).append(r)
+        self.parts = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
+        self.fused = _fuse(self.dicts, self.tags, by_kind, self.parts)
+
+    def _slow(self):
+        for i, r in enumerate(self.reads):
             if not holds(r, current(r)):
                 return i
         return None
 
-    def check():
+    def _retag(self, now) -> bool:
+        """After a module's tag changed: whether its reads all hold (then its tag is the new one)."""
+        reads, held = self.reads, False
+        for j, (was, tag) in enumerate(zip(self.tags, now)):
+            if was == tag:
+                continue
+            for i in self.of[j]:
+                r, now = reads[i], current(reads[i])
+                if not holds(r, now):
+                    return False
+                if i in self.held and self.held[i] is not now:
+                    self.held[i], held = now, True
+            self.tags[j] = tag
+        if held:        # a hook or parameter dict replaced by an equal one: hold the new one
+            self._parts()
+        return True
+
+    def check(self):
         try:
-            for ok in fast:
+            if self.fused():
+                return None
+            if self.dicts:
+                now = list(map(dict_version, self.dicts))
+                if now != self.tags and not self._retag(now):
+                    return self._slow()
+            for ok in self.parts:
                 if not ok():
-                    failed = slow()
+                    failed = self._slow()
                     if failed is None and hasattr(ok, "refresh"):
                         ok.refresh()
                     return failed
         except (KeyError, AttributeError, ValueError, TypeError, RuntimeError):     # RuntimeError: dict_version
-            return slow()
+            return self._slow()
         return None
-    return StateGuards(reads, check if reads else (lambda: None))
+
+
+def _fuse(dicts, tags, by_kind, parts):
+    """The whole check as one generated expression: the tags, the held hook and parameter dicts'
+    emptiness and lengths and the modules' types as C passes in line, each other part called."""
+    env = {"dv": dict_version, "D": dicts, "T": tags, "any": any, "len": len, "list": list, "map": map, "type": type}
+    terms = ["list(map(dv, D)) == T"] if dicts else []
+    for n, (kind, rs) in enumerate(by_kind.items()):
+        if kind == "empty":
+            env["E"] = tuple(real(_get(r.where, r.key)) for r in rs)
+            terms.append("not any(E)")
+        elif kind == "len":
+            env["L"], env["LE"] = tuple(real(_get(r.where, r.key)) for r in rs), [r.value for r in rs]
+            terms.append("list(map(len, L)) == LE")
+        elif kind == "type":
+            env["Y"], env["YE"] = tuple(r.where for r in rs), [r.value for r in rs]
+            terms.append("list(map(type, Y)) == YE")
+        else:
+            env[f"p{n}"] = parts[n]
+            terms.append(f"p{n}()")
+    src = "def make():\n    def check():\n        return " + (" and ".join(terms) or "True") + "\n    return check\n"
+    exec(compile_source(src, "state guards"), env)
+    return env["make"]()

@@ -10,9 +10,7 @@ recompile, and ``Compiled.__call__`` can raise a typed error.
 """
 from __future__ import annotations
 
-import operator
 import struct
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -23,7 +21,6 @@ import torch
 from .._torch import pytree, set_version_counter, traceable_subclass, version_counter
 from .codegen import compile_source
 from ..ir.records import Analysis, ViewMeta
-from ..tracing.views import HOLDING
 from ..ir.descriptors import leaf_paths, tree_difference
 
 
@@ -147,20 +144,22 @@ def _generated_match(captured):
         env[f"c{i}"] = v    # type-exact and bit-exact: 2, 2.0, True and -0.0 differ; other objects: the same one
         test = f"x is not c{i} and not same_value(x, c{i})" if type(v) in VALUE_TYPES else f"x is not c{i}"
         lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({paths[i]!r}, c{i}, x)"]
-    gather = []
-    for n, s in enumerate(sig.slots):
-        env[f"m{n}"] = s.module.__dict__
-        gather.append(f"get(m{n}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r})")
+    gather, stores = [], {}
+    for s in sig.slots:
+        # Each module's parameter (or buffer) dict read once per call from its ``__dict__``, then each
+        # entry by a dict subscript (a capture in another thread may stand a per-thread view in for the
+        # dict: its ``__getitem__`` gives each thread its own values, tracing.views.View).
+        key = (id(s.module), "_parameters" if s.is_param else "_buffers")
+        if key not in stores:
+            stores[key] = n = len(stores)
+            env[f"m{n}"] = s.module.__dict__
+            lines.append(f"    s{n} = m{n}[{key[1]!r}]")
+        gather.append(f"s{stores[key]}[{s.attr!r}]")
     gather += [f"leaves[{p}]" for p in sig.tensor_pos]
-    if sig.slots:
-        # A thread holding no traced values reads the real entries: dict.__getitem__, a C call per
-        # parameter, not a per-thread view's __getitem__ in Python (tracing.views.View).
-        env.update(dget=dict.__getitem__, getitem=operator.getitem, holding=HOLDING, thread=threading.get_ident)
-        lines.append("    get = getitem if holding and thread() in holding else dget")
     lines.append(f"    flat = [{', '.join(gather)}]")
     for j, (name, s, i) in enumerate(sig.ties):
         env[f"t{j}"], env["held"] = s.module.__dict__, _held
-        lines += [f"    if held(get, t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
+        lines += [f"    if held(t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
                   f"        return None, {_untied_why(name, sig.state_names[i])!r}"]
     if sig.unwrap is not None:      # subclass inputs: checked, then as their inner tensors (inputs.subclasses)
         env["unwrap"] = sig.unwrap.graph_inputs
@@ -195,9 +194,9 @@ def _subclass_why(t, name=None) -> str | None:
     return f"{name} was a plain tensor when captured, now a {type(t).__name__}"
 
 
-def _held(get, d, attr):
+def _held(d, attr):
     try:
-        return get(d, attr)
+        return d[attr]
     except KeyError:
         return None
 

@@ -19,9 +19,7 @@ import threading
 
 HOLDING: dict = {}
 """Thread id -> how many :func:`holding` contexts that thread is in (modules holding its traced
-values in place of their parameters). A thread in none reads every module's real entries, so a
-step's prologue gathers them with ``dict.__getitem__`` (``runtime.call._generated_match``) instead
-of a view's ``__getitem__`` in Python, once per parameter."""
+values in place of their parameters). A thread in none reads every module's real entries."""
 
 _INSTALLING = threading.Lock()      # a view stands in, gets a layer, loses one, is put back: one at a time
 

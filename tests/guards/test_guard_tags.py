@@ -1,0 +1,238 @@
+"""The per-call state check's shortcuts (issue #61) against the full check: each module's ``__dict__``
+by its version tag (covering its ids, values, absent names and which hook and parameter dicts it
+holds), held hook and parameter dicts by their contents, one generated expression for it all.
+
+Every kind of state the guards watch is changed in the ways that would fool a version-tag shortcut:
+through the API, through ``__dict__``, by ``object.__setattr__``, a dict replaced wholesale (by an
+equal one first, then written), mutated then restored, a same-size replacement, a container written in
+place while its holder stays untouched, from another thread. After each change: ``aotgrad.jit``
+gives eager's result, recompiling exactly where the change is real; a staged step raises
+``InputMismatchError`` exactly there; and the fast check agrees with the per-read loop."""
+from __future__ import annotations
+
+import collections
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import aotgrad
+from aotgrad.errors import InputMismatchError
+
+SHIFT = 1.0
+
+
+def _hook(m, i, o):
+    return o * 10
+
+
+def _pre(m, args):
+    return (args[0] + 1,)
+
+
+class Branch(nn.Module):
+    def forward(self, x):
+        return x * 2 if self.training else x * 3
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Tanh()
+        self.c = Branch()
+        self.scale = 2.0
+        self.cfg = [1.0, 2.0]
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x))) * self.scale + self.cfg[0] + SHIFT
+
+
+def _in_thread(fn):
+    def run(m):
+        t = threading.Thread(target=fn, args=(m,))
+        t.start()
+        t.join()
+    return run
+
+
+def _set_global(v):
+    def run(m):
+        globals()["SHIFT"] = v
+    return run
+
+
+def _swap_then_restore_hooks(m):
+    m.a._forward_hooks[99] = _hook
+    del m.a._forward_hooks[99]
+
+
+def _new_param(m):
+    with torch.no_grad():
+        m.a.weight = nn.Parameter(torch.randn(3, 3))
+
+
+# name: steps, each (change, whether it is real: a recompile under jit, a mismatch for a staged step)
+CHANGES = {
+    "hook registered": [(lambda m: m.a.register_forward_hook(_hook), True)],
+    "hook written into the dict": [(lambda m: m.a._forward_hooks.__setitem__(99, _hook), True)],
+    "pre-hook written into the dict": [(lambda m: m.b._forward_pre_hooks.__setitem__(5, _pre), True)],
+    "hook dict replaced by setattr": [
+        (lambda m: setattr(m.a, "_forward_hooks", collections.OrderedDict([(0, _hook)])), True)],
+    "hook dict replaced through __dict__": [
+        (lambda m: m.a.__dict__.__setitem__("_forward_hooks", collections.OrderedDict([(0, _hook)])), True)],
+    "hook dict replaced by object.__setattr__": [
+        (lambda m: object.__setattr__(m.c, "_forward_pre_hooks", collections.OrderedDict([(0, _pre)])), True)],
+    "hook dict replaced by an equal one, then written": [
+        (lambda m: setattr(m.a, "_forward_hooks", collections.OrderedDict()), False),
+        (lambda m: m.a._forward_hooks.__setitem__(3, _hook), True)],
+    "hook written then removed, then written": [
+        (_swap_then_restore_hooks, False), (lambda m: m.a._forward_hooks.__setitem__(4, _hook), True)],
+    "hook written from another thread": [(_in_thread(lambda m: m.a._forward_hooks.__setitem__(7, _hook)), True)],
+    "parameter replaced, same shape": [(_new_param, False)],
+    "parameter written into the dict": [
+        (lambda m: m.a._parameters.__setitem__("bias", nn.Parameter(torch.randn(3))), False)],
+    "parameter dict replaced by an equal one, then written": [
+        (lambda m: setattr(m.a, "_parameters", dict(m.a._parameters)), False),
+        (lambda m: m.a._parameters.__setitem__("bias", None), True)],
+    "parameter dict replaced, same size, a parameter missing": [
+        (lambda m: setattr(m.a, "_parameters", {"weight": m.a.weight, "bias": None}), True)],
+    "module type swapped": [(lambda m: setattr(m.b, "__class__", nn.Sigmoid), True)],
+    "training by train()": [(lambda m: m.train(False), True)],
+    "training through __dict__": [(lambda m: m.c.__dict__.__setitem__("training", False), True)],
+    "training as an int": [(lambda m: setattr(m.c, "training", 1), True)],
+    "training set to what it was": [(lambda m: setattr(m.c, "training", True), False)],
+    "training flipped and back": [(lambda m: (m.c.train(False), m.c.train(True)), False),
+                                  (lambda m: m.c.train(False), True)],
+    "attribute equal, another object": [(lambda m: setattr(m, "scale", float("2.0")), False),
+                                        (lambda m: setattr(m, "scale", 3.0), True)],
+    "attribute as an int": [(lambda m: setattr(m, "scale", 2), True)],
+    "attribute through __dict__": [(lambda m: m.__dict__.__setitem__("scale", -1.0), True)],
+    "attribute from another thread": [(_in_thread(lambda m: setattr(m, "scale", 4.0)), True)],
+    "attribute added (was absent)": [(lambda m: setattr(m.a, "forward", lambda x: x), True)],
+    "attribute added and deleted": [(lambda m: (setattr(m.a, "forward", lambda x: x), delattr(m.a, "forward")),
+                                     False)],
+    "list written in place, its holder untouched": [(lambda m: m.cfg.__setitem__(0, 7.0), True)],
+    "list replaced, same size": [(lambda m: setattr(m, "cfg", [7.0, 2.0]), True)],
+    "list replaced by an equal one, then written": [(lambda m: setattr(m, "cfg", [1.0, 2.0]), False),
+                                                    (lambda m: m.cfg.__setitem__(0, 5.0), True)],
+    "child replaced": [(lambda m: setattr(m, "b", nn.ReLU()), True)],
+    "child replaced through _modules": [(lambda m: m._modules.__setitem__("b", nn.Sigmoid()), True)],
+    "global changed": [(_set_global(2.0), True)],
+    "global changed and restored": [(lambda m: (_set_global(5.0)(m), _set_global(1.0)(m)), False)],
+    "global hook registered": [(lambda m: _global_hook(), True)],
+}
+
+
+_HANDLES = []
+
+
+def _global_hook():
+    _HANDLES.append(nn.modules.module.register_module_forward_hook(lambda m, i, o: o + 1 if m.__class__ is nn.Tanh else o))
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    globals()["SHIFT"] = 1.0
+    while _HANDLES:
+        _HANDLES.pop().remove()
+
+
+def _agree(guards):
+    """The fast check and the per-read loop say the same."""
+    fast = guards.check()
+    slow = guards.check.__self__._slow()
+    assert (fast is None) == (slow is None), (fast, slow)
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_jit_recompiles_exactly_where_the_full_check_fails(change):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    first = step.entries[0].state
+    expected = 1
+    for do, real in CHANGES[change]:
+        do(model)
+        _agree(first)
+        expected += real
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+        assert len(step.entries) == expected, [e.reason for e in step.entries]
+        _agree(first)
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)      # a second call: the refreshed check
+        assert len(step.entries) == expected
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.capture(model, x).compile()
+    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    for do, real in CHANGES[change]:
+        do(model)
+        _agree(step.captured.state)
+        if real:
+            with pytest.raises(InputMismatchError):
+                step(x)
+            return
+        out = step(x)
+        out.sum().backward()
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
+def test_a_module_written_every_call_is_checked_by_its_reads():
+    """``model.step = i`` each call changes the root's tag: its reads are checked one by one and the new tag
+    expected; the result stays eager's, no recompile, and a real change after it still recompiles."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    for i in range(4):
+        model.calls = i
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    assert len(step.entries) == 1
+    model.a._forward_hooks[1] = _hook
+    model.calls = 9
+    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    assert len(step.entries) == 2
+
+
+def test_reads_resolved_again_are_checked_before_their_tags_are_trusted():
+    """A check built over reads that do not hold (the disk cache resolves stored reads in a new process)
+    fails on its first call, whatever the tags are then."""
+    from aotgrad.guards import state
+    m = Net()
+    d = vars(m)
+    read = state.Read("m.extra", None, d, "extra", None, "absent")
+    typed = state.Read("type(m)", None, m, "__class__", Net, "type")
+    m.extra = 1
+    guards = state.build([read, typed])
+    assert guards.check() is not None
+    assert guards.check() is not None
+    del m.extra
+    assert guards.check() is None
+    m.extra = 2
+    assert guards.check() is not None
+
+
+@pytest.mark.parametrize("change", ["hook", "type", "scale"])
+def test_each_entry_of_several_keeps_its_own_tags(change):
+    """Two entries over one model (train and eval): switching between them retags each; a real change
+    afterwards still makes both miss."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    for training in (True, False, True, False):
+        model.train(training)
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    assert len(step.entries) == 2
+    {"hook": lambda: model.a._forward_hooks.__setitem__(1, _hook),
+     "type": lambda: setattr(model.b, "__class__", nn.Sigmoid),
+     "scale": lambda: setattr(model, "scale", 0.5)}[change]()
+    for training in (True, False):
+        model.train(training)
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    assert len(step.entries) == 4
