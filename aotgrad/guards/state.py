@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._torch import dict_version
+from .._torch import dict_version, tags_and_types_check
 from ..runtime.codegen import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from ..tracing.views import real
@@ -308,7 +308,7 @@ def _fast_check(kind, reads):
         return lambda: list(map(len, held)) == expect
     if kind == "dict" and dict_version is not None:
         return _by_version(reads)
-    if kind in ("same", "dict") or kind == "absent" and all(
+    if kind in ("same", "dict", "through") or kind == "absent" and all(
             isinstance(r.where, (dict, types.MappingProxyType)) for r in reads):
         return _generated(reads, kind)
     gather = _gatherer(reads)
@@ -361,6 +361,9 @@ def _term(i, r, holders, kind) -> str:
         return f"{_key(i, r)} not in h%d" % holders.setdefault(id(r.where), (len(holders), r.where))[0]
     if kind == "dict":      # entries in order (a reordered ``ModuleDict`` runs its children in another order)
         return f"list({_access(i, r, holders)}.items()) == e{i}"
+    if kind == "through":   # a hook or parameter dict read through its holder: of its class, empty or as long
+        body = "not x" if r.kind == "empty" else f"len(x) == {int(r.value)}"
+        return f"(x := {_access(i, r, holders)}).__class__ is e{i} and {body}"
     return f"{_access(i, r, holders)} {'is' if kind == 'same' else '=='} e{i}"
 
 
@@ -375,7 +378,9 @@ def _generated(reads, kind):
     cells = {f"h{n}": w for n, w in holders.values()}
     cells.update({f"k{i}": r.key for i, (r, t) in enumerate(zip(reads, terms))
                   if f"k{i}]" in t or f"k{i})" in t or t.startswith(f"k{i} ")})
-    if kind != "absent":
+    if kind == "through":
+        cells.update({f"e{i}": type(current(r)) for i, r in enumerate(reads)})
+    elif kind != "absent":
         cells.update({f"e{i}": list(r.value.items()) if kind == "dict" else r.value for i, r in enumerate(reads)})
     names = list(cells)
     src = (f"def make({', '.join(names)}):\n    def check():\n        return " + " and ".join(terms)
@@ -383,8 +388,8 @@ def _generated(reads, kind):
     env: dict = {"getattr": getattr}
     exec(compile_source(src, "state guards"), env)
     check = env["make"](*cells.values())
-    if kind in ("dict", "absent"):
-        return check            # the rule itself: a failure is never a false alarm
+    if kind in ("dict", "absent", "through"):
+        return check            # the rule itself, or stricter (``through``: the same class)
     expected = [check.__closure__[check.__code__.co_freevars.index(f"e{i}")] for i in range(len(reads))]
 
     def refresh():
@@ -448,16 +453,20 @@ class _Check:
     """The per-call check of ``reads`` (in ``build``'s order): ``check()`` is None or the index of the
     first read that fails.
 
-    Each module's ``__dict__`` is checked by its version tag, one C pass of ``dict_version`` over them
-    all: an unchanged tag means no entry of it was written, so its ``id``, ``eq`` and ``absent`` reads
-    hold without being looked at, and the hook and parameter dicts it holds are the ones held here
-    (a dict assigned in place of ``_forward_hooks`` changes the tag). Their contents, the modules'
-    types and every other read are checked each call, by kind (``_fast_check``); a hook or parameter
-    dict of another holder (the global hooks) is read through it. All of it is one generated
-    expression (``_fuse``). When it fails, the parts are checked one by one: a changed tag (a write to
-    the module, ``model.step = i``) checks that module's reads, and where they hold its new tag is the
-    expected one (dicts it now holds are held in place of the old ones); a part that fails with every
-    read holding (an equal value in a new object) is refreshed; else the per-read loop names the read."""
+    Each module's ``__dict__`` is checked by its version tag: an unchanged tag means no entry of it was
+    written, so its ``id``, ``eq`` and ``absent`` reads hold without being looked at, and the hook and
+    parameter dicts it holds are the ones held here (a dict assigned in place of ``_forward_hooks``
+    changes the tag). Their contents, the modules' types and every other read are checked each call, by
+    kind (``_fast_check``); a hook or parameter dict of another holder (the global hooks) is read
+    through it. All of it is one generated expression (``_fuse``); once the tags have held for a few
+    calls, the tags and the types are checked in C++ (``_torch.tags_and_types_check``, built over the
+    tags just verified). When it fails, the parts are checked one by one: a changed tag (a write to the
+    module, ``model.step = i``) checks that module's reads, and where they hold its new tag is the
+    expected one (dicts it now holds are held in place of the old ones, and the C++ check, which holds
+    the old tags, is dropped); a part that fails with every read holding (an equal value in a new
+    object) is refreshed; else the per-read loop names the read."""
+
+    CALM, BUILDS = 3, 4     # calls the tags must hold before the C++ check is built; builds at most
 
     def __init__(self, reads):
         self.reads = reads
@@ -475,6 +484,7 @@ class _Check:
             if k is not None:
                 self.of[k].append(i)
         self.rest = tuple(r for r in reads if not (id(r.where) in self.mods and r.kind in _COVERED))
+        self.cpp, self.calm, self.builds = None, 0, 0
         self._parts()
 
     def _parts(self):
@@ -483,8 +493,9 @@ class _Check:
             k = _group(r)
             by_kind.setdefault("through" if k in ("empty", "len") and id(r.where) not in self.mods else k,
                                []).append(r)
+        self.by_kind = by_kind
         self.parts = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
-        self.fused = _fuse(self.dicts, self.tags, by_kind, self.parts)
+        self.fused = _fuse(self.dicts, self.tags, by_kind, self.parts, self.cpp)
 
     def _slow(self):
         for i, r in enumerate(self.reads):
@@ -505,14 +516,36 @@ class _Check:
                 if i in self.held and self.held[i] is not now:
                     self.held[i], held = now, True
             self.tags[j] = tag
+        self.cpp, self.calm = None, 0      # it holds the old tags
         if held:        # a hook or parameter dict replaced by an equal one: hold the new one
             self._parts()
+        else:
+            self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, None)
         return True
+
+    def _calm(self):
+        """The tags held again: after ``CALM`` calls in a row, the C++ check of them and the types."""
+        self.calm += 1
+        if self.calm < self.CALM or self.builds >= self.BUILDS:
+            return
+        self.builds += 1
+        typed = self.by_kind.get("type", ())
+        check = tags_and_types_check(self.dicts, [r.where for r in typed], [r.value for r in typed])
+        if check is None:
+            self.builds = self.BUILDS
+        # Built over each dict's tag as it is now: only where that is still the verified one (a write
+        # from another thread since this call's check gives a new tag, never an old one back).
+        elif list(map(dict_version, self.dicts)) == self.tags:
+            self.cpp = check
+            self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, check)
 
     def check(self):
         try:
             if self.fused():
+                if self.cpp is None and self.dicts:
+                    self._calm()
                 return None
+            self.calm = 0
             if self.dicts:
                 now = list(map(dict_version, self.dicts))
                 if now != self.tags and not self._retag(now):
@@ -528,11 +561,12 @@ class _Check:
         return None
 
 
-def _fuse(dicts, tags, by_kind, parts):
-    """The whole check as one generated expression: the tags, the held hook and parameter dicts'
-    emptiness and lengths and the modules' types as C passes in line, each other part called."""
+def _fuse(dicts, tags, by_kind, parts, cpp=None):
+    """The whole check as one generated expression: the tags (or ``cpp``, the C++ check of the tags and
+    the types), the held hook and parameter dicts' emptiness and lengths and the modules' types as C
+    passes in line, each other part called."""
     env = {"dv": dict_version, "D": dicts, "T": tags, "any": any, "len": len, "list": list, "map": map, "type": type}
-    terms = ["list(map(dv, D)) == T"] if dicts else []
+    terms = [] if not dicts else ["list(map(dv, D)) == T"] if cpp is None else ["C(DY)"]
     for n, (kind, rs) in enumerate(by_kind.items()):
         if kind == "empty":
             env["E"] = tuple(real(_get(r.where, r.key)) for r in rs)
@@ -542,10 +576,13 @@ def _fuse(dicts, tags, by_kind, parts):
             terms.append("list(map(len, L)) == LE")
         elif kind == "type":
             env["Y"], env["YE"] = tuple(r.where for r in rs), [r.value for r in rs]
-            terms.append("list(map(type, Y)) == YE")
+            if cpp is None:
+                terms.append("list(map(type, Y)) == YE")
         else:
             env[f"p{n}"] = parts[n]
             terms.append(f"p{n}()")
+    if cpp is not None:
+        env["C"], env["DY"] = cpp, (*dicts, *env.get("Y", ()))
     src = "def make():\n    def check():\n        return " + (" and ".join(terms) or "True") + "\n    return check\n"
     exec(compile_source(src, "state guards"), env)
     return env["make"]()

@@ -140,6 +140,11 @@ def _restore():
         _HANDLES.pop().remove()
 
 
+def _has_cpp():
+    from aotgrad._torch import tags_and_types_check
+    return tags_and_types_check([{}], [0], [int]) is not None
+
+
 def _agree(guards):
     """The fast check and the per-read loop say the same."""
     fast = guards.check()
@@ -147,13 +152,21 @@ def _agree(guards):
     assert (fast is None) == (slow is None), (fast, slow)
 
 
+def _calls(step, model, x, n):
+    for _ in range(n):
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("warm", [1, 6], ids=["python tags", "C++ tags"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_jit_recompiles_exactly_where_the_full_check_fails(change):
+def test_jit_recompiles_exactly_where_the_full_check_fails(change, warm):
+    """``warm`` calls before the change: after a few, the tags and types are checked in C++."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.jit(model)
-    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    _calls(step, model, x, warm)
     first = step.entries[0].state
+    assert (first.check.__self__.cpp is not None) == (warm > 3 and _has_cpp())
     expected = 1
     for do, real in CHANGES[change]:
         do(model)
@@ -166,12 +179,13 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change):
         assert len(step.entries) == expected
 
 
+@pytest.mark.parametrize("warm", [1, 6], ids=["python tags", "C++ tags"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change):
+def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, warm):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.capture(model, x).compile()
-    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    _calls(step, model, x, warm)
     for do, real in CHANGES[change]:
         do(model)
         _agree(step.captured.state)
@@ -190,7 +204,7 @@ def test_a_module_written_every_call_is_checked_by_its_reads():
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.jit(model)
-    for i in range(4):
+    for i in range(8):
         model.calls = i
         torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
     assert len(step.entries) == 1
@@ -236,3 +250,40 @@ def test_each_entry_of_several_keeps_its_own_tags(change):
         model.train(training)
         torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
     assert len(step.entries) == 4
+
+
+def test_the_cpp_check_is_dropped_at_a_write_and_built_again_a_bounded_number_of_times():
+    """Writes to a module every few calls: the C++ check (built over the old tags) is dropped at each, built
+    again after calm calls, at most ``BUILDS`` times; results stay eager's and a real change still recompiles."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    checker = None
+    for i in range(40):
+        if i % 5 == 4:
+            model.b.calls = i
+        torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+        checker = step.entries[0].state.check.__self__
+    assert len(step.entries) == 1
+    assert checker.builds == (checker.BUILDS if _has_cpp() else 0)
+    model.b.__class__ = nn.Sigmoid
+    torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
+    assert len(step.entries) == 2
+
+
+@pytest.mark.skipif(not _has_cpp(), reason="this torch has no guard manager to build on")
+def test_the_cpp_tags_and_types_check_fails_at_each_change():
+    from aotgrad._torch import tags_and_types_check
+    ds, objs = [{"a": 1}, {}], [nn.Tanh(), nn.Linear(1, 1)]
+    values = (*ds, *objs)
+
+    def fresh():
+        return tags_and_types_check(ds, objs, [type(o) for o in objs])
+    assert fresh()(values)
+    for change in (lambda: ds[0].__setitem__("a", 2), lambda: ds[1].__setitem__("b", None),
+                   lambda: ds[0].pop("a"), lambda: ds[1].clear() or ds[1].update(x=1),
+                   lambda: setattr(objs[0], "__class__", nn.Sigmoid)):
+        check = fresh()
+        assert check(values)
+        change()
+        assert not check(values)
