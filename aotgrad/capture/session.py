@@ -65,8 +65,8 @@ class Session:
             fake = plain_fake(self.fake_mode, t) if alone else None
             return fake if fake is not None else self.fake_mode.from_tensor(t)
         dims = set(dynamic_dims) | set(getattr(t, "_dynamo_dynamic_indices", ()))
-        if self.dynamic:
-            dims = set(range(t.dim()))
+        if self.dynamic:        # but what torch._dynamo.mark_static marked (a nested tensor's fixed dims)
+            dims = set(range(t.dim())) - set(getattr(t, "_dynamo_static_indices", ()))
         ctx = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())])
         return self.fake_mode.from_tensor(t, symbolic_context=ctx)

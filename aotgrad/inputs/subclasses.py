@@ -49,10 +49,9 @@ class Meta:
         ties = ()
         if any(nested_int(v) for v in size):
             ties = tuple(nested_int_of(getattr(t, k)) if m is None else None for k, m in zip(keys, inner))
-        if not all(type(v) is int or nested_int(v) for v in (*size, *stride)) and keys:
-            first = getattr(t, keys[0])     # symbolic: the first inner tensor's, rebuilt from it at run time
-            if str((size, stride)) == str((tuple(first.size()), tuple(first.stride()))):
-                size = stride = None
+        first = getattr(t, keys[0]) if keys else None
+        if isinstance(first, torch.Tensor) and str((size, stride)) == str((tuple(first.size()), tuple(first.stride()))):
+            size = stride = None    # its first inner tensor's (symbolic where that is), rebuilt from it
         return cls(type(t), ctx, tuple(keys), inner, size, stride, ties)
 
     @property
@@ -95,6 +94,10 @@ class Meta:
         if self.static and _layout(t.size(), t.stride()) != _layout(self.size, self.stride):
             return (f"{name}, a {self.cls.__name__}, has size {tuple(t.size())} and stride {tuple(t.stride())}; "
                     f"when captured {self.size} and {self.stride}")
+        first = getattr(t, self.keys[0]) if self.size is None else None
+        if first is not None and (t.size(), t.stride()) != (first.size(), first.stride()):
+            return (f"{name}, a {self.cls.__name__}, has size {tuple(t.size())} and stride {tuple(t.stride())}, "
+                    f"not its {self.keys[0]}'s {tuple(first.size())} and {tuple(first.stride())} as when captured")
         for k, m in zip(self.keys, self.inner):
             x = getattr(t, k)
             why = m.why(x, f"{name}.{k}") if m is not None else (
@@ -109,7 +112,11 @@ class Meta:
         return self.build(iter(grads))
 
     def examples(self, t, rg: bool) -> list:
-        return [x.detach().requires_grad_(rg and _differentiable(x)) for x in self.leaves(t)]
+        out = [x.detach().requires_grad_(rg and _differentiable(x)) for x in self.leaves(t)]
+        if any(n is not None for n in self.ties):      # a nested int times a symbolic stride cannot be
+            for x in out:           # formed: only the leading (collapsed ragged) dimension may vary
+                x._dynamo_static_indices = set(range(1, x.dim()))
+        return out
 
     def descs(self, d) -> list:
         return [type(d)(n) for n in self.names(d.name)]
@@ -374,7 +381,7 @@ def as_inner(out):
     for k, v in enumerate(leaves):
         if traceable_subclass(v):
             if v._is_view():
-                    raise UnsupportedError(
+                raise UnsupportedError(
                     f"the function returns a view of a {type(v).__name__} (of an input or of a value made inside): "
                     "eager's output is a view of that subclass, the graph's inner tensors cannot make one; return "
                     "a copy (.clone()) or the base", user_line=_user_line())

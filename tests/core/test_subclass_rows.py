@@ -1,0 +1,131 @@
+"""Subclass rows of the adversarial family (issue #60): symbolic sizes of a subclass's inner tensors
+(one ``capture(dynamic=True)`` called at several sizes, every call compared with eager: outputs, their
+inner tensors, and gradients), through every entry point; and what stays refused, naming the subclass.
+"""
+import pytest
+import torch
+from torch import nn
+from torch.testing._internal.subclasses import WrapperSubclass
+from torch.testing._internal.two_tensor import TwoTensor
+
+import aotgrad
+from aotgrad.errors import InputMismatchError, UnsupportedError
+from tests.eager_check import assert_close, assert_refused
+
+SIZES = (3, 5, 7)
+CLASSES = {"TwoTensor": lambda a: TwoTensor(a, a * 2), "WrapperSubclass": WrapperSubclass}
+
+
+def _input(cls, n, rg=True, dtype=torch.float32):
+    torch.manual_seed(n)
+    return CLASSES[cls](torch.randn(n, 4, dtype=dtype)).requires_grad_(rg)
+
+
+def _elementwise(x):
+    return (x.sin() * 2).cos()
+
+
+def _reduced(x):
+    return x.tanh().sum(dim=1)
+
+
+class _Weighted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+PROGRAMS = {"elementwise": lambda: _elementwise, "reduced": lambda: _reduced, "linear": _Weighted}
+# the weight's eager .grad is a subclass (it met one): with symbolic sizes aotgrad refuses to promote it
+REFUSED = {("linear", "capture"), ("linear", "jit")}
+
+DYNAMIC = {
+    "capture": lambda fn, x: aotgrad.capture(fn, x, dynamic=True).compile(),
+    "jit": lambda fn, x: aotgrad.jit(fn, dynamic=True),
+    "dynamo": lambda fn, x: torch.compile(fn, backend="aotgrad", dynamic=True),
+}
+
+
+def _grads(fn, x, out):
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * w).sum().backward() if type(out) is torch.Tensor else (out * CLASSES[type(out).__name__](w)).sum().backward()
+    params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
+    return [x.grad, *(p.grad for p in params)]
+
+
+@pytest.mark.parametrize("entry", list(DYNAMIC))
+@pytest.mark.parametrize("program", list(PROGRAMS))
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_subclass_input_with_symbolic_sizes_is_eager_at_every_size(cls, program, entry):
+    """One compiled function, called at several sizes: the subclass's outer size is its first inner
+    tensor's (``Meta.size`` None), symbolic in the trace, read from the inputs at run time."""
+    torch._dynamo.reset()
+    fn_e, fn_c = PROGRAMS[program](), PROGRAMS[program]()
+    if (program, entry) in REFUSED:
+        with pytest.raises(UnsupportedError, match="symbolic sizes"):
+            DYNAMIC[entry](fn_c, _input(cls, SIZES[0]))(_input(cls, SIZES[0]))
+        assert all(p.grad is None for p in fn_c.parameters())
+        return
+    compiled = DYNAMIC[entry](fn_c, _input(cls, SIZES[0]))
+    for n in SIZES:
+        x_e, x_c = _input(cls, n), _input(cls, n)
+        out_e, out_c = fn_e(x_e), compiled(x_c)
+        assert_close(out_e, out_c, f"output at size {n}", 0, 0)
+        for k, (a, b) in enumerate(zip(_grads(fn_e, x_e, out_e), _grads(fn_c, x_c, out_c))):
+            assert_close(a, b, f"gradient {k} at size {n}", 0, 0)
+        for p in (fn_e.parameters() if isinstance(fn_e, nn.Module) else ()):
+            p.grad = None
+        for p in (fn_c.parameters() if isinstance(fn_c, nn.Module) else ()):
+            p.grad = None
+
+
+# --- jagged nested tensors with symbolic sizes: total length and sequence lengths vary
+
+def _jagged(lengths, rg=True):
+    torch.manual_seed(sum(lengths))
+    return torch.nested.nested_tensor([torch.randn(n, 4) for n in lengths], layout=torch.jagged, requires_grad=rg)
+
+
+def _pooled(nt):
+    return nt.sin().to_padded_tensor(0.0).sum(dim=1)
+
+
+def test_jagged_capture_with_symbolic_sizes_serves_other_lengths():
+    compiled = aotgrad.capture(_pooled, _jagged((2, 3)), dynamic=True).compile()
+    for lengths in [(2, 3), (3, 5), (6, 2), (4, 4)]:
+        a, b = _jagged(lengths), _jagged(lengths)
+        out_e, out_c = _pooled(a), compiled(b)
+        assert_close(out_e, out_c, f"output for {lengths}", 0, 0)
+        out_e.sum().backward(), out_c.sum().backward()
+        assert_close(a.grad, b.grad, f"gradient for {lengths}", 0, 0)
+        assert b.grad._offsets is b._offsets
+    with pytest.raises(InputMismatchError):      # the batch size is the outer size's, static
+        compiled(_jagged((2, 3, 4)))
+
+
+# --- still refused, naming the subclass and the user's line
+
+def _returns_view(x):
+    return x.t()
+
+
+def _written_under_grad(x, y):
+    return x.mul_(y) * 1
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+@pytest.mark.parametrize("case", ["returned view of an input", "returned view made inside", "written under grad"])
+def test_still_refused_rows(case, entry):
+    compile = (lambda fn, a, k: aotgrad.capture(fn, *a, **k).compile()) if entry == "capture" else \
+        (lambda fn, a, k: aotgrad.jit(fn))
+    make = {"returned view of an input": lambda: (_returns_view, (_input("TwoTensor", 3),), {}),
+            "returned view made inside": lambda: ((lambda x: (x * 2)[0]), (_input("TwoTensor", 3),), {}),
+            "written under grad": lambda: (_written_under_grad, (_input("TwoTensor", 3) * 1, torch.randn(3, 4)),
+                                           {})}[case]
+    e = assert_refused(None, make=make, compile=compile)
+    assert isinstance(e, UnsupportedError) and "TwoTensor" in str(e) and e.user_line, e
+    assert entry == "jit" or "test_subclass_rows.py" in str(e), e      # (jit: the call's line)
