@@ -36,6 +36,7 @@ from ..stages import Captured, Setup
 from .block_graph import FlatCall, SharedGradient, UnseenUsed, inline_blocks
 from .block_groups import repeated
 from .blocks import reusing, unseen_inputs
+from . import stale_views
 from ..partition.blocks import is_call
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc, input_name
 from ..ir.records import HookRecord, layout
@@ -350,6 +351,9 @@ def _traced(thunk):
                 "a traced tensor's storage cannot be read or resized (untyped_storage().resize_(), data_ptr(): "
                 "FSDP-style freeing and re-allocating of storage); the graph holds values, not storages: do it "
                 "outside the captured function", user_line=line) from e
+        stale = stale_views.refusal(e, line)
+        if stale is not None:
+            raise stale from e
         if kind in _UNSUPPORTED or "numpy" in str(e).lower():
             raise errors.UnsupportedError(f"cannot capture this operation: {_first_line(e)}", user_line=line) from e
         raise errors.TraceError(f"tracing failed with {kind}: {_first_line(e)}", user_line=line) from e

@@ -27,6 +27,7 @@ from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed
+from .stale_views import StaleViews
 
 
 @dataclass
@@ -124,6 +125,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         super().__init__()
         self.watched: frozenset = frozenset()
         self.lines: dict = {}
+        self.stale = StaleViews()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
@@ -167,6 +169,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                         "input of the captured function (a global, or a tensor attribute that is not a registered "
                         "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
                         "it as an argument", user_line=caller_line())
+        layout = self.stale.before(func, args, kwargs)
         watch = sys.getprofile()
         if watch is not None and getattr(watch, "between_user_code", False):
             # Another thread's writes are told apart by watching this one (guards.attribution); no
@@ -178,6 +181,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 sys.setprofile(watch)
         else:
             out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.stale.after(func, out, layout)
         if type(out) is FakeTensor and not written:
             out = self._traced_constant_op(func, args, kwargs, out)
         if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:     # traced after it: eager's layout
