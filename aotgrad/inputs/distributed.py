@@ -89,7 +89,8 @@ def refuse_wrapped(fn, frontend: str) -> None:
         if fsdp and isinstance(m, fsdp):
             raise errors.UnsupportedError(
                 f"module {name or type(fn).__name__!r} is FSDP-wrapped: its forward hooks all-gather and reshard "
-                f"parameters on every call, which {_GRAPH[frontend]} cannot hold; use aotgrad.jit on the "
+                f"parameters on every call, which {_GRAPH[frontend]} cannot hold (torch.compile's fullgraph=True "
+                "refuses them too: they are torch._dynamo.disable'd); use aotgrad.jit on the "
                 "fully_shard-ed model (it compiles each innermost FSDP unit between those hooks), "
                 "torch.compile, or compiled autograd", user_line=errors.caller_line())
 
