@@ -418,6 +418,17 @@ class StateGuards:
     def lines(self) -> list:
         return [f"{r.source}: {_rule(r)}" for r in self.reads]
 
+    def per_call(self) -> dict:
+        """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types
+        (both in C++ once built), held hook and parameter dicts, and the other reads one by one."""
+        c = getattr(self.check, "__self__", None)
+        if c is None:
+            return {"reads": len(self.reads)}
+        kinds = {k: len(rs) for k, rs in c.by_kind.items()}
+        return {"reads": len(self.reads), "tags": len(c.dicts), "types": kinds.pop("type", 0),
+                "held dicts": kinds.pop("empty", 0) + kinds.pop("len", 0), "others": sum(kinds.values()),
+                "in C++": c.cpp is not None}
+
 
 def _rule(r: Read) -> str:
     if r.kind == "eq":
@@ -470,20 +481,26 @@ class _Check:
 
     def __init__(self, reads):
         self.reads = reads
-        self.mods = _module_dicts(reads)
-        self.dicts = tuple(self.mods.values())
-        # No tag is expected at first: the first call checks every read of each module (reads resolved
+        self.mods = mods = _module_dicts(reads)
+        # A module's plain children dict (``_modules``) is held by its tag too: which dict the module
+        # holds is covered by the module's tag, its entries (in order) by its own.
+        kids = {i: _get(r.where, r.key) for i, r in enumerate(reads) if r.kind == "dict" and id(r.where) in mods}
+        kids = {i: d for i, d in kids.items() if type(d) is dict}
+        self.dicts = (*mods.values(), *{id(d): d for d in kids.values()}.values())
+        # No tag is expected at first: the first call checks every read of each dict (reads resolved
         # again from the disk cache are not known to hold).
         self.tags = [None] * len(self.dicts)
         self.held = {i: _get(r.where, r.key) for i, r in enumerate(reads)
-                     if r.kind in ("empty", "len") and id(r.where) in self.mods}
+                     if r.kind in ("empty", "len") and id(r.where) in mods}
+        self.held.update(kids)
         self.of = [[] for _ in self.dicts]     # one pass over the reads: a deep model has thousands, and hundreds of dicts
         at = {id(d): k for k, d in enumerate(self.dicts)}
         for i, r in enumerate(reads):
-            k = at.get(id(r.where))
-            if k is not None:
-                self.of[k].append(i)
-        self.rest = tuple(r for r in reads if not (id(r.where) in self.mods and r.kind in _COVERED))
+            for k in (at.get(id(r.where)), at.get(id(kids[i])) if i in kids else None):
+                if k is not None:
+                    self.of[k].append(i)
+        self.rest = tuple(r for i, r in enumerate(reads)
+                          if not (id(r.where) in mods and r.kind in _COVERED or i in kids))
         self.cpp, self.calm, self.builds = None, 0, 0
         self._parts()
 
@@ -510,11 +527,14 @@ class _Check:
             if was == tag:
                 continue
             for i in self.of[j]:
-                r, now = reads[i], current(reads[i])
-                if not holds(r, now):
+                r, value = reads[i], current(reads[i])
+                if not holds(r, value):
                     return False
-                if i in self.held and self.held[i] is not now:
-                    self.held[i], held = now, True
+                if i in self.held and self.held[i] is not value:
+                    if reads[i].kind == "dict":     # a children dict replaced by an equal one: start again
+                        self.__init__(reads)
+                        return self._slow() is None
+                    self.held[i], held = value, True
             self.tags[j] = tag
         self.cpp, self.calm = None, 0      # it holds the old tags
         if held:        # a hook or parameter dict replaced by an equal one: hold the new one

@@ -119,6 +119,11 @@ CHANGES = {
                                                     (lambda m: m.cfg.__setitem__(0, 5.0), True)],
     "child replaced": [(lambda m: setattr(m, "b", nn.ReLU()), True)],
     "child replaced through _modules": [(lambda m: m._modules.__setitem__("b", nn.Sigmoid()), True)],
+    "children dict replaced by an equal one, then written": [
+        (lambda m: setattr(m, "_modules", dict(m._modules)), False),
+        (lambda m: m._modules.__setitem__("b", nn.Sigmoid()), True)],
+    "children dict written then restored": [(lambda m: m._modules.__setitem__("c", m._modules.pop("c")), False)],
+    "children reordered in place": [(lambda m: m._modules.__setitem__("a", m._modules.pop("a")), True)],
     "global changed": [(_set_global(2.0), True)],
     "global changed and restored": [(lambda m: (_set_global(5.0)(m), _set_global(1.0)(m)), False)],
     "global hook registered": [(lambda m: _global_hook(), True)],
