@@ -47,7 +47,7 @@ def aotgrad_guards(model, args) -> dict:
     out = {"modes": _per_call_us(_modes), "state": _per_call_us(state.check),
            "arguments": _per_call_us(lambda: match(args, {})), "total": _per_call_us(all_checks),
            "reads": len(state.reads), "inputs": len(entry.compiled.captured.guards.specs)}
-    out["per call"] = state.per_call()
+    out["per call"] = state.per_call() if hasattr(state, "per_call") else {}
     return out
 
 
