@@ -12,7 +12,6 @@ view's values correctly; only autograd's history is wrong, so only a base that r
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -57,7 +56,7 @@ class StaleViews:
 
     def __init__(self):
         _LAST.stale = None      # a new trace on this thread
-        self.views = weakref.WeakSet()
+        self.views = WeakIdKeyDictionary()      # (a WeakSet compares tensors with ==: an op on a functional one)
         self.stale = WeakIdKeyDictionary()     # view -> (op, user line) of the layout change of its base
 
     def before(self, func, args, kwargs):
@@ -81,7 +80,7 @@ class StaleViews:
                 for v in live:
                     self.stale[v] = _LAST.stale = (_name(func), caller_line())
         elif isinstance(out, torch.Tensor) and _kind(func) == "view":
-            self.views.add(out)
+            self.views[out] = None
 
     def _check(self, func, args, kwargs) -> None:
         for v in pytree.tree_leaves((args, kwargs)):
