@@ -178,3 +178,20 @@ def test_jagged_batches_train_bitwise(entry):
 @pytest.mark.parametrize("entry", ["jit", "dynamo", "step jit"])
 def test_jagged_batches_of_varying_total_length_train_bitwise(entry):
     assert _train(entry, varying=True) == [True] * STEPS
+
+
+@pytest.mark.parametrize("entry", ENTRY_NAMES)
+@pytest.mark.parametrize("program", ["linear relu sum", "input op, nested output"])
+def test_jagged_program_called_under_no_grad_is_eager(program, entry):
+    torch._dynamo.reset()
+    check(None, make=PROGRAMS[program], compile=ENTRIES[entry].compile, call_context=torch.no_grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["inductor", "jit_inductor", "dynamo_inductor", "min_cut"])
+@pytest.mark.parametrize("program", ["linear relu sum", "values and offsets", "made inside, values out",
+                                     "input op, nested output"])
+def test_jagged_program_through_other_backends_is_eager(program, entry):
+    torch._dynamo.reset()
+    e = ENTRIES[entry]
+    check(None, make=PROGRAMS[program], compile=e.compile, rtol=max(e.tol[0], 1.3e-6), atol=max(e.tol[1], 1e-5))
