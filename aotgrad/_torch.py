@@ -690,8 +690,8 @@ def _spell_keyword_overloads() -> None:
 _spell_keyword_overloads()
 
 
-def backend_compiler_failed() -> type:
-    """What Dynamo wraps a backend's exception in (``torch._dynamo.exc.BackendCompilerFailed``; its
-    ``inner_exception`` is the backend's own)."""
+def dynamo_errors() -> tuple:
+    """``(BackendCompilerFailed, TorchDynamoException)``: what Dynamo wraps a backend's exception in
+    (its ``inner_exception`` is the backend's own), and the base of Dynamo's own failures."""
     from torch._dynamo import exc
-    return exc.BackendCompilerFailed
+    return exc.BackendCompilerFailed, exc.TorchDynamoException

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import SET_GRAD_ENABLED, FakeTensor, backend_compiler_failed, detect_fake_mode, dynamo_fallback_errors, pytree
+from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, dynamo_errors, dynamo_fallback_errors, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
@@ -295,12 +295,18 @@ class HandOff:
     graphs: list = field(default_factory=list)     # each piece's Compiled, in the order Dynamo made them
 
     def __call__(self, *args, **kwargs):
+        failed, dynamo_error = dynamo_errors()
         try:
             return self.call(*args, **kwargs)
-        except backend_compiler_failed() as e:     # a piece aotgrad refused: its own typed error
+        except failed as e:     # a piece aotgrad refused: its own typed error
             if isinstance(e.inner_exception, errors.AotgradError):
                 raise e.inner_exception from e
             raise
+        except dynamo_error as e:   # Dynamo itself cannot run it either: the read, refused
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise errors.UnsupportedError(
+                f"{self.why} (aotgrad.jit handed the function to torch.compile, which failed too: "
+                f"{type(e).__name__}: {first[:300]})", user_line=None) from e
 
     def summary(self) -> str:
         return (f"calls no entry fits run under torch.compile(backend=\"aotgrad\") ({len(self.graphs)} graph(s) so "

@@ -253,3 +253,18 @@ def test_hf_bart_encoder_layerdrop_trains_like_eager_under_jit():
     jits = []
     check_usage(make, usage, compile=lambda fn, a, k: jits.append(aotgrad.jit(fn)) or jits[-1], atol=1e-4)
     assert jits[0].handoff is not None and "modeling_bart.py" in jits[0].handoff.why.user_line
+
+
+def test_jit_hand_off_that_dynamo_cannot_run_is_a_typed_refusal():
+    """Dynamo's own fake run fails on a view replayed after its base's t_() (as AOTAutograd's would):
+    the hand-off raises the read's refusal, typed, with Dynamo's failure as its cause."""
+    def f(a):
+        out = a * 3
+        if out.sum().item() > 0:        # the read jit hands off
+            out = out + 1
+        v = out.view(9)
+        out.t_()
+        return v * 2, out
+    e = assert_refused(f, (torch.arange(9.0).reshape(3, 3).requires_grad_(),), compile=_jit)
+    assert isinstance(e, errors.UnsupportedError) and "torch.compile, which failed too" in str(e), str(e)
+    assert "out.sum().item() > 0" in str(e), str(e)
