@@ -16,6 +16,7 @@ rebuilt as that subclass at run time, as eager gives it.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -372,6 +373,42 @@ pytree.register_pytree_node(Inner, lambda v: (list(v.leaves), v.meta),
                             lambda leaves, meta: _Unflatten.apply(meta, None, *leaves))
 
 
+_CALL = threading.local()
+"""Per thread: ``traced``, ``(unwrap, {input index: subclass})`` of the running trace's rebuilt
+subclass inputs; ``inputs``, the caller's flat inputs of the running compiled call."""
+
+
+class SameInput:
+    """A subclass input the function returns as it is: no graph output; at run time the caller's
+    input itself, as eager returns the very tensor (its identity, ``is_leaf`` and history)."""
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def __eq__(self, other) -> bool:     # output structures compare
+        return isinstance(other, SameInput) and self.index == other.index
+
+    def __hash__(self) -> int:
+        return hash(self.index)
+
+    def __repr__(self) -> str:
+        return f"SameInput({self.index})"
+
+
+pytree.register_pytree_node(SameInput, lambda v: ([], v), lambda leaves, v: _CALL.inputs[v.index])
+
+
+def _same_input(v):
+    """:class:`SameInput` where ``v`` is a subclass input of the running trace, else None."""
+    unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
+    i = next((i for i, t in traced.items() if t is v), None)
+    if i is None:
+        return None
+    unwrap.returned.add(i)
+    return SameInput(i)
+
+
 def as_inner(out):
     """``out`` with every subclass leaf as an :class:`Inner` of its leaves (through :class:`_Flatten`,
     so the leaves' gradients reach the subclass); ``out`` itself where it holds none."""
@@ -380,6 +417,10 @@ def as_inner(out):
         return out
     for k, v in enumerate(leaves):
         if traceable_subclass(v):
+            same = _same_input(v)
+            if same is not None:
+                leaves[k] = same
+                continue
             if v._is_view():
                 raise UnsupportedError(
                     f"the function returns a view of a {type(v).__name__} (of an input or of a value made inside): "
@@ -409,6 +450,7 @@ class Unwrap:
     metas: tuple
     names: tuple
     grads: dict = field(default_factory=dict)
+    returned: set = field(default_factory=set)      # inputs returned as they are (SameInput)
 
     @classmethod
     def of(cls, tensors, names) -> "Unwrap | None":
@@ -430,6 +472,8 @@ class Unwrap:
 
     def graph_inputs(self, flat):
         """``(leaves, None)`` at run time, or ``(None, why)`` where a subclass input changed."""
+        if self.returned:
+            _CALL.inputs = flat         # what the outputs' SameInputs are
         out = []
         for i, (t, m) in enumerate(zip(flat, self.metas)):
             if m is None:
@@ -454,7 +498,12 @@ class Unwrap:
             fn.flat = flat
             before = [(t._version, t.grad_fn, t.shape, t.stride()) if isinstance(m, (Meta, Promoted)) else None
                       for t, m in zip(flat, self.metas)]
-            out = flat_fn(*flat)
+            was, _CALL.traced = getattr(_CALL, "traced", None), (self, {
+                i: t for i, (t, m) in enumerate(zip(flat, self.metas)) if isinstance(m, Meta)})
+            try:
+                out = flat_fn(*flat)
+            finally:
+                _CALL.traced = was
             self._refuse_writes(flat, before)
             return out
         fn.__name__, fn.inner = flat_fn.__name__, flat_fn

@@ -12,7 +12,8 @@ from torch import nn
 
 import aotgrad
 from tests.differential.entries import ENTRIES
-from tests.eager_check import check
+from aotgrad.errors import UnsupportedError
+from tests.eager_check import assert_refused, check
 
 ENTRY_NAMES = ["capture", "jit", "dynamo"]
 
@@ -67,7 +68,34 @@ def _made_inside_nested_out(values, offsets):
     return nt * 2, nt.cos().amax(dim=1)
 
 
+def _sharing_offsets():
+    torch.manual_seed(0)
+    v, o = torch.randn(5, 4), torch.tensor([0, 2, 5])
+    a, b = (torch.nested.nested_tensor_from_jagged(v * k, o).requires_grad_() for k in (1, 2))
+    return (lambda a, b: (a * b).sin()), (a, b), {}
+
+
+def _with_lengths():       # offsets with holes: a non-contiguous nested tensor
+    torch.manual_seed(0)
+    nt = torch.nested.nested_tensor_from_jagged(torch.randn(8, 4), torch.tensor([0, 3, 8]), torch.tensor([2, 4]))
+    return (lambda nt: (nt.sin() * 2).values().sum()), (nt,), {}
+
+
+def _written_under_no_grad(nt):
+    with torch.no_grad():
+        nt.values().mul_(2)
+    return nt.values().sum()
+
+
 PROGRAMS = {
+    "returned as is": lambda: (lambda nt: nt, (_jagged(),), {}),
+    "returned beside an op on it": lambda: (lambda nt: (nt, nt.cos()), (_jagged(),), {}),
+    "two inputs sharing offsets": _sharing_offsets,
+    "with lengths": _with_lengths,
+    "values written under no_grad": lambda: (_written_under_no_grad, (_jagged(requires_grad=False),), {}),
+    "unbind": lambda: ((lambda nt: torch.stack([t.sum(0) for t in nt.unbind()])), (_jagged(),), {}),
+    "offsets in arithmetic": lambda: ((lambda nt: nt.values() * nt.offsets().diff().repeat_interleave(
+        nt.offsets().diff()).unsqueeze(1)), (_jagged(),), {}),
     "input op, nested output": lambda: (lambda nt: nt.sin() * 2, (_jagged(),), {}),
     "input not requiring grad": lambda: (_Linear(), (_jagged(requires_grad=False),), {}),
     "linear relu sum": lambda: (_Linear(), (_jagged(),), {}),
@@ -88,6 +116,23 @@ PROGRAMS = {
 def test_jagged_program_is_eager(program, entry):
     torch._dynamo.reset()
     check(None, make=PROGRAMS[program], compile=ENTRIES[entry].compile)
+
+
+def _sdpa(q):
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q).values().sum()
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_jagged_sdpa_on_cpu_is_refused_naming_the_op(entry):
+    """SDPA on a jagged tensor on CPU builds a nested tensor from a list of tensors (the math path),
+    an operation aotgrad's graphs do not hold; torch.compile runs it (test above covers Dynamo's split)."""
+    def make():
+        torch.manual_seed(0)
+        q = torch.nested.nested_tensor([torch.randn(2, 2, 4), torch.randn(3, 2, 4)], layout=torch.jagged,
+                                       requires_grad=True).transpose(1, 2)
+        return _sdpa, (q,), {}
+    e = assert_refused(None, make=make, compile=ENTRIES[entry].compile)
+    assert isinstance(e, UnsupportedError) and "_nested_tensor_from_tensor_list" in str(e) and e.user_line, e
 
 
 def test_jagged_gradient_shares_the_inputs_offsets():

@@ -107,6 +107,19 @@ def test_jagged_capture_with_symbolic_sizes_serves_other_lengths():
         compiled(_jagged((2, 3, 4)))
 
 
+# --- a subclass input returned as it is: the caller's very tensor (identity, is_leaf, history)
+
+@pytest.mark.parametrize("entry", ["capture", "jit", "dynamo"])
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_subclass_input_returned_as_is_is_the_callers_tensor(cls, entry):
+    from tests.differential.entries import ENTRIES
+    from tests.eager_check import check
+    torch._dynamo.reset()
+    run = check(None, make=lambda: ((lambda x, y: (x, x * y)), (_input(cls, 3), torch.randn(3, 4)), {}),
+                compile=ENTRIES[entry].compile)
+    assert run.out[0] is run.args[0]
+
+
 # --- still refused, naming the subclass and the user's line
 
 def _returns_view(x):
