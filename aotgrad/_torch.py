@@ -230,6 +230,43 @@ def fresh_fakes(mode, metas) -> list:
                 for shape, stride, dtype, device in metas]
 
 
+def traced_call(op, tensors: list, consts: tuple, metas) -> list | None:
+    """``op(tensors, *consts)`` recorded straight into the running ``make_fx`` trace: one node
+    reading the tensors' nodes and a ``getitem`` node per output, the outputs fresh fake tensors of
+    ``metas`` (``(shape, stride, dtype, device)``) wrapped as functional tensors, as functionalization,
+    the proxy mode and the fake mode would have made them, without dispatching through the three
+    (their bookkeeping is most of a deep model's trace of a repeated block's calls). For an ``op``
+    that is functional, returns fresh tensors only and has no effects, whose node the caller
+    replaces before anything reads its meta. None where the trace is not one of functional tensors
+    under those modes alone (the caller dispatches the op)."""
+    import operator
+    from torch.fx.experimental.proxy_tensor import _ProxyTensor, get_proxy_slot, set_proxy_slot
+    key = torch._C._TorchDispatchModeKey
+    proxy, functional, fake = (torch._C._get_dispatch_mode(k) for k in (key.PROXY, key.FUNCTIONAL, key.FAKE))
+    if proxy is None or functional is None or fake is None or torch._C._len_torch_dispatch_stack() != 3 \
+            or not all(type(t) is FunctionalTensor for t in tensors):
+        return None
+    tracer = proxy.tracer
+    inner = []
+    for t in tensors:
+        torch._sync(t)      # a pending write to its base is replayed first, as functionalization does
+        inner.append(torch._from_functional_tensor(t.elem))
+    graph = tracer.graph
+    node = graph.create_node("call_function", op, ([get_proxy_slot(x, tracer).proxy.node for x in inner], *consts),
+                             {}, name=graph._target_to_str(op._opname))
+    outs = fresh_fakes(fake, metas)
+    node.meta["val"] = outs
+    wrapped = []
+    with functional:
+        for k, o in enumerate(outs):
+            g = graph.create_node("call_function", operator.getitem, (node, k), {})
+            g.meta["val"] = o
+            set_proxy_slot(o, tracer, _ProxyTensor(torch.fx.Proxy(g, tracer), None))
+            f = FunctionalTensor(torch._to_functional_tensor(o), functional)
+            wrapped.append(f)
+    return wrapped
+
+
 def known_true(b) -> bool:
     """Whether ``b`` (a bool, or a SymBool of a trace with symbolic sizes) is true for every size
     the trace stands for, without adding a guard."""

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces
+from .._torch import (
+    FunctionalTensor, copy_node, detect_fake_mode, fake_cache_off, fresh_fakes, no_stack_traces, traced_call,
+)
 from ..ir.ops import is_random
 from ..partition.blocks import call_backward, call_forward, item, partition_block
 from ..passes import rng_positions
@@ -302,9 +304,7 @@ class BlockFunction(torch.autograd.Function):
             direct.origins[ctx.call] = origin
             if t.random:    # the stamped copies draw here in eager's stream: take their places now
                 direct.rng[ctx.call] = rng_positions.reserve(t.random_devices)
-            # The node is replaced by the template's copies, which have their stack traces.
-            with no_stack_traces(), fake_cache_off():
-                res = torch.ops.aotgrad.block_fw.default(passed, key, ctx.call)
+            res = _call(torch.ops.aotgrad.block_fw.default, passed, key, ctx.call, t.fw_metas)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in t.differentiable))
         ctx.save_for_backward(*passed)
         return tuple(res)
@@ -332,12 +332,25 @@ class BlockFunction(torch.autograd.Function):
         if ctx.direct is not None:
             direct = ctx.direct.at_backward(ctx.slots)
             ctx.direct.record(number, ctx.call, ctx.bound, direct)
-        with no_stack_traces(), fake_cache_off():
-            got = torch.ops.aotgrad.block_bw.default(held + tangents, ctx.key, number)
+        got = _call(torch.ops.aotgrad.block_bw.default, held + tangents, ctx.key, number, _bw_metas(ctx.key, number))
         out: list = [None] * t.n_in
         for i, g in zip((i for i in t.grad_at if not direct[i]), got):
             out[i] = g
         return (None, None, None, None, None, *out)
+
+
+def _call(op, ins: list, key: int, number: int, metas) -> list:
+    """A ``block_fw``/``block_bw`` node of the joint's trace and its outputs (fresh values of ``metas``):
+    recorded straight into the trace (``_torch.traced_call``), or else dispatched as any op. The node
+    is replaced by the template's halves or copies, which have their own stack traces."""
+    res = traced_call(op, ins, (key, number), metas) if DIRECT else None
+    if res is None:
+        with no_stack_traces(), fake_cache_off():
+            res = op(ins, key, number)
+    return res
+
+
+DIRECT = True       # tests turn it off to compare the recorded block nodes with dispatched ones
 
 
 def apply(t: Template, ins: list, origin) -> list:

@@ -120,6 +120,11 @@ class Reuse:
     objects: frozenset | None = None                # ids of every member's modules (_block_objects)
     refused: dict = field(default_factory=dict)     # call -> why it runs flat (block_graph.FlatCall)
     seen: dict = field(default_factory=dict)        # member id -> its calls so far in this trace
+    # (call, template key) -> whether the template's reads are proven the call's (``_proven``); and
+    # the calls whose reads were replayed: each trace runs the same Python, so the first trace's
+    # answers stand for the later ones (a deep model's joint trace would redo both per layer)
+    proofs: dict = field(default_factory=dict)
+    replayed: set = field(default_factory=set)
 
     def call(self, module, args, kwargs):
         m = self.members.get(id(module))
@@ -141,7 +146,7 @@ class Reuse:
             except _Flat as flat:
                 key, why = None, str(flat)
         # _entry may trace the template (user code, watched); its _Flat cases are caught in _trace.
-        e = self._entry(key, module, m, state, call) if key is not None else _Entry((), None, why)
+        e = self._entry(key, module, m, state, call, origin) if key is not None else _Entry((), None, why)
         hit = e.traced
         if hit is not None and origin in self.refused:
             e, hit = _Entry((), None, self.refused[origin]), None
@@ -156,7 +161,8 @@ class Reuse:
         self.calls += 1
         self.whole += not m.inner
         with reads.paused():        # our Function and kernel: no user code runs in them
-            if module is not hit.owner and self.recording is not None:
+            if module is not hit.owner and self.recording is not None and (origin, hit.template.key) not in self.replayed:
+                self.replayed.add((origin, hit.template.key))
                 _replay_reads(self.recording, hit.frames, m.paths)
             ins = [*state, *call.tensors]
             outs = _with_views(block_graph.apply(hit.template, ins, origin), hit.template.views, ins)
@@ -169,13 +175,13 @@ class Reuse:
         self.why.setdefault(type(module).__name__, why)
         return flat_call(module, *args, **kwargs)
 
-    def _entry(self, key, module, m: Member, state, call) -> _Entry:
+    def _entry(self, key, module, m: Member, state, call, origin) -> _Entry:
         """The entry standing for this call, traced first if none does. A block whose values at
         the scalars an earlier template of its group read are its own alone (``layer_idx`` scaling
         the output) runs flat: a template of its own would stand for one call only."""
         entries = self.traced.setdefault(key, [])
         for e in entries:
-            if e.stands_for(m) and self._proven(e, module, m):
+            if e.stands_for(m) and self._proven_once(e, module, m, origin):
                 return e
         read = self.read.get(m.group)
         if not self.may_trace or read is not None and not any(
@@ -219,6 +225,15 @@ class Reuse:
         if e.traced.reads is None:
             return _Entry((), None, "its trace read Python state that cannot be compared between its twins")
         return e
+
+    def _proven_once(self, e: _Entry, module, m: Member, origin) -> bool:
+        """``_proven``, asked once per call and template in a capture (every trace makes the same calls)."""
+        if e.traced is None or module is e.traced.owner:
+            return True
+        k = (origin, e.traced.template.key)
+        if k not in self.proofs:
+            self.proofs[k] = self._proven(e, module, m)
+        return self.proofs[k]
 
     def _proven(self, e: _Entry, module, m: Member) -> bool:
         """Whether every read the template's trace made has the same value for this block now as it

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import OpOverload, copy_node
+from .._torch import OpOverload, append_node, copy_node
 from ..ir.ops import RNG_CALL, RNG_META, RNG_PHASE, aliases_input, has_side_effect, is_random, mutated_args
 from ..runtime.regions import TAG
 from .default import ancestors, extract, is_sym
@@ -176,8 +176,9 @@ def call_backward(graph: fx.Graph, parts: BlockParts, ins: list, saved: list, ta
 
 
 def item(graph: fx.Graph, node: fx.Node, i: int) -> fx.Node:
+    """``node[i]``, right after ``node`` (made as a copied node is: its arguments need no checks)."""
     with graph.inserting_after(node):
-        g = graph.call_function(operator.getitem, (node, i))
+        g = append_node(graph, "call_function", "getitem", operator.getitem, (node, i), {})
     g.meta["val"] = node.meta["val"][i]
     return g
 

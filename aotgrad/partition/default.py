@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .._torch import FakeTensor, copy_node, fake_like, lazy_graph_module
+from .._torch import FakeTensor, append_node, copy_node, fake_like, lazy_graph_module
 
 from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect
 from ..ir.records import JointLayout
@@ -126,9 +126,9 @@ def extract(joint: fx.GraphModule, inputs: list[fx.Node], nodes: set[fx.Node],
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for n in inputs:
-        env[n] = g.placeholder(n.name)
-        env[n].meta = dict(n.meta)
+    for n in inputs:       # (as g.placeholder(n.name) makes them, without its per-argument checks)
+        env[n] = p = append_node(g, "placeholder", n.name, n.name, (), {})
+        p.meta.update(n.meta)
 
     def lookup(a: fx.Node) -> fx.Node:
         if a not in env:            # constants are copied into every graph that reads them

@@ -413,3 +413,38 @@ def test_a_marked_leaf_block_traces_once_and_trains_like_eager():
     assert compiled_and_reused(make) == 0
     aotgrad.block(RawLayer)
     assert compiled_and_reused(make) == 4
+
+
+class _ReadsAWrittenBase(nn.Module):
+    """Each block reads a view of a tensor written in place after the view was taken, and, in the
+    other order, a view taken after the write: its call's input is functionalization's pending
+    update, replayed before the recorded call reads it (``_torch.traced_call``)."""
+
+    def __init__(self, n=3, d=8, late=False):
+        super().__init__()
+        self.inp = nn.Linear(3, 2 * d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.out = nn.Linear(2 * d, 1)
+        self.d, self.late = d, late
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for b in self.blocks:
+            v = h[:, :self.d]
+            h.mul_(1.5)     # the view sees it: eager's value, and autograd's history through the write
+            if self.late:
+                v = h[:, self.d:]
+            h = b(v).repeat(1, 2) * 0.5 + h
+        return F.mse_loss(self.out(h).squeeze(-1), y)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["view_then_write", "write_then_view"])
+@pytest.mark.parametrize("direct", [True, False], ids=["recorded", "dispatched"])
+def test_a_block_reading_a_view_of_a_written_tensor_trains_like_eager(late, direct, monkeypatch):
+    monkeypatch.setattr(block_graph, "DIRECT", direct)
+
+    def make():
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        return _ReadsAWrittenBase(late=late).train(), (torch.randn(6, 3, generator=g), torch.randn(6, generator=g))
+    assert compiled_and_reused(make) == 3

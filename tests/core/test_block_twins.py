@@ -2,10 +2,13 @@
 outputs and gradients bit for bit (reuse stamps the flat trace's graph, or calls the halves of the template's
 joint partitioned once), and reuse where it is
 sound. The differential suite compares the same programs with eager through every entry point."""
+import re
+
 import pytest
 import torch
 
 import aotgrad
+from aotgrad._torch import no_stack_traces
 from aotgrad.capture import block_graph
 from tests.differential.p_blocks import G
 from tests.differential.programs import PROGRAMS
@@ -168,3 +171,38 @@ def test_copies_share_a_compiled_block_only_where_equal(name, monkeypatch):
     fw = aotgrad.capture(fn, *args, **kwargs).compile().forward_graph.graph
     found = [len(regions.repeated(fw)), len(regions.repeated(fw, layouts=True))]
     assert tuple(found) == REGIONS[name]
+
+
+def _dispatched():
+    raise AssertionError("a block call was dispatched, not recorded")
+
+
+def _numbered(code: str) -> str:
+    """``code`` with its templates' keys (a process-wide count) numbered in order of appearance."""
+    keys: dict = {}
+    return re.sub(r"block(\d+)", lambda m: "block%d" % keys.setdefault(m.group(1), len(keys)), code)
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_recorded_block_nodes_are_the_dispatched_ones(name, monkeypatch):
+    """A call of a template is recorded straight into the joint's trace (``_torch.traced_call``):
+    the same joint graph, outputs and gradients as dispatching its ``block_fw``/``block_bw`` op
+    through functionalization, the proxy mode and the fake mode."""
+    seen = []
+    for direct in (True, False):
+        monkeypatch.setattr(block_graph, "DIRECT", direct)
+        # Recorded, every one of them: the dispatch (no_stack_traces around the op) is not reached.
+        monkeypatch.setattr(block_graph, "no_stack_traces", _dispatched if direct else no_stack_traces)
+        torch.manual_seed(0)
+        fn, args, kwargs = PROGRAMS[name].make()
+        captured = aotgrad.capture(fn, *args, **kwargs)
+        torch.manual_seed(1)
+        outs = captured.compile()(*args, **kwargs)
+        outs = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
+        sum(o.float().pow(2).sum() for o in outs).backward()
+        grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]
+        seen.append((_numbered(captured.joint.code), [o.detach() for o in outs], grads))
+    (code, outs, grads), (code_d, outs_d, grads_d) = seen
+    assert code == code_d
+    assert all(torch.equal(a, b) for a, b in zip(outs, outs_d))
+    assert all((a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in zip(grads, grads_d))
