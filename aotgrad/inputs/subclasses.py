@@ -399,6 +399,49 @@ class SameInput:
 pytree.register_pytree_node(SameInput, lambda v: ([], v), lambda leaves, v: _CALL.inputs[v.index])
 
 
+class InputView:
+    """A view of a subclass input the function returns: no graph output; at run time the caller's
+    input viewed with the view's size, stride and offset (``as_strided``, the replay autograd itself
+    uses for a subclass's views), so the output is a view of that input, as eager's is."""
+    __slots__ = ("index", "layout")
+
+    def __init__(self, index, layout):
+        self.index, self.layout = index, layout
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, InputView) and (self.index, self.layout) == (other.index, other.layout)
+
+    def __hash__(self) -> int:
+        return hash(self.index)
+
+    def __repr__(self) -> str:
+        return f"InputView({self.index}, {self.layout})"
+
+
+pytree.register_pytree_node(InputView, lambda v: ([], v),
+                            lambda leaves, v: _CALL.inputs[v.index].as_strided(*v.layout))
+
+
+def _input_view(v):
+    """:class:`InputView` where ``v`` is a view of a subclass input of the running trace with static
+    sizes that ``as_strided`` on that input makes again (its inner tensors laid out as ``v``'s), else None."""
+    unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
+    i = next((i for i, t in traced.items() if t is v._base), None)
+    layout = (tuple(v.size()), tuple(v.stride()), v.storage_offset())
+    if i is None or not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
+        return None
+    try:
+        again = v._base.as_strided(*layout)
+    except Exception:       # the class has no as_strided (DTensor)
+        return None
+    meta, was = Meta.of(v), Meta.of(again)
+    if meta != was or [(x.shape, x.stride(), x.storage_offset()) for x in meta.leaves(v)] != \
+            [(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]:
+        return None
+    unwrap.returned.add(i)
+    return InputView(i, layout)
+
+
 def _same_input(v):
     """:class:`SameInput` where ``v`` is a subclass input of the running trace, else None."""
     unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
@@ -422,10 +465,15 @@ def as_inner(out):
                 leaves[k] = same
                 continue
             if v._is_view():
-                raise UnsupportedError(
-                    f"the function returns a view of a {type(v).__name__} (of an input or of a value made inside): "
-                    "eager's output is a view of that subclass, the graph's inner tensors cannot make one; return "
-                    "a copy (.clone()) or the base", user_line=_user_line())
+                view = _input_view(v)
+                if view is None:
+                    raise UnsupportedError(
+                        f"the function returns a view of a {type(v).__name__} made inside it (or of an input, with "
+                        "symbolic sizes or a class that has no as_strided): eager's output is a view of that "
+                        "subclass, the graph's inner tensors cannot make one; return a copy (.clone()) or the base",
+                        user_line=_user_line())
+                leaves[k] = view
+                continue
             meta = Meta.of(v)
             _dynamic_refused(meta, "an output")
             leaves[k] = Inner(meta, _Flatten.apply(meta, meta, v))
@@ -450,7 +498,7 @@ class Unwrap:
     metas: tuple
     names: tuple
     grads: dict = field(default_factory=dict)
-    returned: set = field(default_factory=set)      # inputs returned as they are (SameInput)
+    returned: set = field(default_factory=set)      # inputs returned as they are or viewed (SameInput, InputView)
 
     @classmethod
     def of(cls, tensors, names) -> "Unwrap | None":

@@ -105,6 +105,10 @@ PROGRAMS = {
     "made inside, returned": lambda: (made_returned, (torch.randn(3), torch.randn(3)), {}),
     "made inside, used": lambda: (made_used, (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)), {}),
     "input viewed": lambda: (viewed, (two(3, 4, rg=True),), {}),
+    # eager returns a view of the input TwoTensor: replayed on the caller's input (InputView)
+    "returned view of the input": lambda: (lambda x: x.t(), (two(3, 4, rg=True),), {}),
+    "returned views of the input beside a value": lambda: (lambda x: (x[1], x.view(-1), x.sin()),
+                                                           (two(3, 4, rg=True),), {}),
     "input viewed, written in place": lambda: (viewed_in_place, (two(2, 3), torch.randn(2, 3)), {}),
     "input written in place": lambda: (written, (two(3), torch.randn(3)), {}),
     "parameter-like input written under no_grad": lambda: (written_no_grad, (two(3, rg=True), torch.randn(3)), {}),
@@ -128,8 +132,9 @@ def test_two_tensor_program_trains_like_eager(program, entry):
 
 
 REFUSED = {
-    # eager returns a view of the TwoTensor; the rebuilt output is not one
-    "returned view": (lambda: (lambda x: x.t(), (two(3, 4, rg=True),), {}), "returns a view of a TwoTensor"),
+    # eager returns a view of a TwoTensor made inside; the rebuilt output is not one
+    "returned view made inside": (lambda: (lambda x: (x * 2).t(), (two(3, 4, rg=True),), {}),
+                                  "returns a view of a TwoTensor made inside"),
     # autograd would record the write on the subclass; the graph writes the inner tensors
     "written under grad": (lambda: (lambda x, y: x.mul_(y) * 1, (two(3, rg=True) * 1, torch.randn(3)), {}),
                            "in-place write to input 0, a TwoTensor that requires grad"),
