@@ -154,8 +154,11 @@ def test_jit_hands_off_only_where_the_trace_reads_a_value_and_says_so():
     j(x)                                    # eval: `self.training and ...` reads nothing: jit's own graph
     assert len(j.entries) == 1 and j.handoff is None
     model.train()
-    for _ in range(3):
-        j(x).backward()
+    with aotgrad.trace() as sink:
+        for _ in range(3):
+            j(x).backward()
+    handed = [e for e in sink.events if e["name"] == "jit hand-off to torch.compile"]
+    assert len(handed) == 1 and READ_LINES["layerdrop"] in handed[0]["args"]["reason"], sink.events
     assert len(j.entries) == 1, j.summary()     # the training call was not compiled as an entry of its own
     assert j.handoff is not None and j.handoff.graphs, j.summary()
     assert READ_LINES["layerdrop"] in j.handoff.why.user_line
