@@ -340,8 +340,9 @@ def _traced(thunk):
         if kind in _DATA_DEPENDENT:
             raise errors.DataDependentError(
                 "cannot capture a Python read of a tensor's value (a branch on it, int()/float()/bool(), .item()) or "
-                "a size that depends on values (nonzero(), a boolean mask): one graph holds one path, and which path "
-                "runs is decided per call (a random draw deciding a branch, LayerDrop's torch.rand([]) < p, also "
+                "a size that depends on values (nonzero(), a boolean mask): a captured graph holds one path (no "
+                "torch.cond-style branch), and which path runs is decided per call (a random draw deciding a "
+                "branch, LayerDrop's torch.rand([]) < p, also "
                 "decides what the ops after it draw)" + _library_reader(e.__traceback__), user_line=line) from e
         if type(e).__module__.startswith("torch._dynamo"):
             raise errors.UnsupportedError(COMPILED_INSIDE.format(why=f"Dynamo raised {kind}: {_first_line(e)}"),
