@@ -378,102 +378,74 @@ _CALL = threading.local()
 subclass inputs; ``inputs``, the caller's flat inputs of the running compiled call."""
 
 
-class SameInput:
-    """A subclass input the function returns as it is: no graph output; at run time the caller's
-    input itself, as eager returns the very tensor (its identity, ``is_leaf`` and history)."""
-    __slots__ = ("index",)
-
-    def __init__(self, index):
-        self.index = index
-
-    def __eq__(self, other) -> bool:     # output structures compare
-        return isinstance(other, SameInput) and self.index == other.index
-
-    def __hash__(self) -> int:
-        return hash(self.index)
-
-    def __repr__(self) -> str:
-        return f"SameInput({self.index})"
-
-
-pytree.register_pytree_node(SameInput, lambda v: ([], v), lambda leaves, v: _CALL.inputs[v.index])
-
-
-class InputView:
-    """A view of a subclass input the function returns: no graph output; at run time the caller's
-    input viewed with the view's size, stride and offset (``as_strided``, the replay autograd itself
-    uses for a subclass's views), so the output is a view of that input, as eager's is."""
+class InputOut:
+    """A subclass input the function returns as it is (``layout`` None) or a view of (``layout``: its
+    static size, stride and offset): no graph output; at run time the caller's input itself, as eager
+    returns the very tensor, or that input viewed by ``as_strided`` (the replay autograd itself uses for
+    a subclass's views), so the output is a view of it, as eager's is."""
     __slots__ = ("index", "layout")
 
-    def __init__(self, index, layout):
+    def __init__(self, index, layout=None):
         self.index, self.layout = index, layout
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, InputView) and (self.index, self.layout) == (other.index, other.layout)
+    def __eq__(self, other) -> bool:     # output structures compare
+        return isinstance(other, InputOut) and (self.index, self.layout) == (other.index, other.layout)
 
     def __hash__(self) -> int:
         return hash(self.index)
 
     def __repr__(self) -> str:
-        return f"InputView({self.index}, {self.layout})"
+        return f"InputOut({self.index}, {self.layout})"
+
+    def value(self):
+        t = _CALL.inputs[self.index]
+        return t if self.layout is None else t.as_strided(*self.layout)
 
 
-pytree.register_pytree_node(InputView, lambda v: ([], v),
-                            lambda leaves, v: _CALL.inputs[v.index].as_strided(*v.layout))
+pytree.register_pytree_node(InputOut, lambda v: ([], v), lambda leaves, v: v.value())
 
 
-def _input_view(v):
-    """:class:`InputView` where ``v`` is a view of a subclass input of the running trace with static
-    sizes that ``as_strided`` on that input makes again (its inner tensors laid out as ``v``'s), else None."""
+def _input_out(v):
+    """:class:`InputOut` where ``v`` is a subclass input of the running trace, or a view of one with a
+    static layout that ``as_strided`` on that input makes again (its inner tensors laid out as ``v``'s);
+    else None."""
     unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
-    i = next((i for i, t in traced.items() if t is v._base), None)
-    layout = (tuple(v.size()), tuple(v.stride()), v.storage_offset())
-    if i is None or not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
+    base = v._base if v._is_view() else v
+    i = next((i for i, t in traced.items() if t is base), None)
+    layout = None if base is v else (tuple(v.size()), tuple(v.stride()), v.storage_offset())
+    if i is None or layout is not None and not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
         return None
-    try:
-        again = v._base.as_strided(*layout)
-    except Exception:       # the class has no as_strided (DTensor)
-        return None
-    meta, was = Meta.of(v), Meta.of(again)
-    if meta != was or [(x.shape, x.stride(), x.storage_offset()) for x in meta.leaves(v)] != \
-            [(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]:
-        return None
+    if layout is not None:
+        try:
+            again = base.as_strided(*layout)
+        except Exception:       # the class has no as_strided (DTensor)
+            return None
+        meta, was = Meta.of(v), Meta.of(again)
+        if meta != was or [(x.shape, x.stride(), x.storage_offset()) for x in meta.leaves(v)] != \
+                [(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]:
+            return None
     unwrap.returned.add(i)
-    return InputView(i, layout)
-
-
-def _same_input(v):
-    """:class:`SameInput` where ``v`` is a subclass input of the running trace, else None."""
-    unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
-    i = next((i for i, t in traced.items() if t is v), None)
-    if i is None:
-        return None
-    unwrap.returned.add(i)
-    return SameInput(i)
+    return InputOut(i, layout)
 
 
 def as_inner(out):
     """``out`` with every subclass leaf as an :class:`Inner` of its leaves (through :class:`_Flatten`,
-    so the leaves' gradients reach the subclass); ``out`` itself where it holds none."""
+    so the leaves' gradients reach the subclass) or an :class:`InputOut`; ``out`` itself where it holds none."""
     leaves, spec = pytree.tree_flatten(out)
     if not any(traceable_subclass(v) for v in leaves):
         return out
     for k, v in enumerate(leaves):
         if traceable_subclass(v):
-            same = _same_input(v)
-            if same is not None:
-                leaves[k] = same
+            given = _input_out(v)
+            if given is not None:
+                leaves[k] = given
                 continue
             if v._is_view():
-                view = _input_view(v)
-                if view is None:
-                    raise UnsupportedError(
-                        f"the function returns a view of a {type(v).__name__} made inside it (or of an input, with "
-                        "symbolic sizes or a class that has no as_strided): eager's output is a view of that "
-                        "subclass, the graph's inner tensors cannot make one; return a copy (.clone()) or the base",
-                        user_line=_user_line())
-                leaves[k] = view
-                continue
+                raise UnsupportedError(
+                    f"the function returns a view of a {type(v).__name__} made inside it (or of an input, with "
+                    "symbolic sizes or a class that has no as_strided): eager's output is a view of that "
+                    "subclass, the graph's inner tensors cannot make one; return a copy (.clone()) or the base",
+                    user_line=_user_line())
             meta = Meta.of(v)
             _dynamic_refused(meta, "an output")
             leaves[k] = Inner(meta, _Flatten.apply(meta, meta, v))
@@ -498,7 +470,7 @@ class Unwrap:
     metas: tuple
     names: tuple
     grads: dict = field(default_factory=dict)
-    returned: set = field(default_factory=set)      # inputs returned as they are or viewed (SameInput, InputView)
+    returned: set = field(default_factory=set)      # inputs returned as they are or viewed (InputOut)
 
     @classmethod
     def of(cls, tensors, names) -> "Unwrap | None":
@@ -521,7 +493,7 @@ class Unwrap:
     def graph_inputs(self, flat):
         """``(leaves, None)`` at run time, or ``(None, why)`` where a subclass input changed."""
         if self.returned:
-            _CALL.inputs = flat         # what the outputs' SameInputs are
+            _CALL.inputs = flat         # what the outputs' InputOuts are
         out = []
         for i, (t, m) in enumerate(zip(flat, self.metas)):
             if m is None:
