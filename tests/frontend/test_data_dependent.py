@@ -271,3 +271,43 @@ def test_jit_hand_off_that_dynamo_cannot_run_is_a_typed_refusal():
     e = assert_refused(f, (torch.arange(9.0).reshape(3, 3).requires_grad_(),), compile=_jit)
     assert isinstance(e, errors.UnsupportedError) and "torch.compile, which failed too" in str(e), str(e)
     assert "out.sum().item() > 0" in str(e), str(e)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_hand_off_across_sizes_grad_modes_and_modes_trains_like_eager(entry):
+    """After the hand-off, calls of other batch sizes, under no_grad and in eval keep eager's numbers,
+    buffers and RNG stream (Dynamo guards and recompiles them)."""
+    def usage(call, model, args, kwargs):
+        g = torch.Generator().manual_seed(9)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        kept = []
+        for n, train, grad in ((4, True, True), (6, True, True), (6, True, False), (3, False, True),
+                               (8, True, True), (4, True, True)):
+            model.train(train)
+            opt.zero_grad()
+            with torch.set_grad_enabled(grad):
+                out = call(torch.randn(n, 4, generator=g))
+            if grad:
+                out.backward()
+                opt.step()
+            kept.append(out.detach())
+        return kept
+    check_usage(lambda: (_Mixed(), (), {}), usage, compile=ENTRIES[entry])
+
+
+class _Mixed(torch.nn.Module):
+    """LayerDrop over layers holding a BatchNorm with momentum=None: two reads per layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None), torch.nn.Dropout(0.3))
+            for _ in range(3))
+
+    def forward(self, x):
+        x = x.requires_grad_() if torch.is_grad_enabled() else x
+        for layer in self.layers:
+            if self.training and torch.rand([]) < 0.4:
+                continue
+            x = layer(x)
+        return x.tanh().sum()
