@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -288,14 +289,16 @@ class HandOff:
     ``float(self.num_batches_tracked)``, ``.item()`` driving a branch), which no one graph holds: the
     function under ``torch.compile`` with this backend. Dynamo splits its graph at each such read and
     runs the read in Python, so every call takes eager's branch and draws eager's numbers; each piece
-    is captured and compiled by aotgrad (``graphs``), and Dynamo guards and recompiles them.
-    ``why``: the refusal jit's own trace raised, with the user's line."""
+    is captured and compiled by aotgrad (``graphs``: those compiled during this hand-off's calls; code
+    Dynamo compiled for another of the same function is reused, as ``torch.compile`` reuses it), and
+    Dynamo guards and recompiles them. ``why``: the refusal jit's own trace raised, with the user's line."""
     why: errors.DataDependentError
     call: object
     graphs: list = field(default_factory=list)     # each piece's Compiled, in the order Dynamo made them
 
     def __call__(self, *args, **kwargs):
         failed, dynamo_error = dynamo_errors()
+        was, _RECORDING.graphs = getattr(_RECORDING, "graphs", None), self.graphs
         try:
             return self.call(*args, **kwargs)
         except failed as e:     # a piece aotgrad refused: its own typed error
@@ -307,22 +310,38 @@ class HandOff:
             raise errors.UnsupportedError(
                 f"{self.why} (aotgrad.jit handed the function to torch.compile, which failed too: "
                 f"{type(e).__name__}: {first[:300]})", user_line=None) from e
+        finally:
+            _RECORDING.graphs = was
 
     def summary(self) -> str:
-        return (f"calls no entry fits run under torch.compile(backend=\"aotgrad\") ({len(self.graphs)} graph(s) so "
-                f"far; Dynamo splits the graph at the read): its trace read a tensor's value in Python at "
-                f"{self.why.user_line or 'a line of torch or a library'}")
+        return (f"calls no entry fits run under torch.compile(backend=\"aotgrad\") ({len(self.graphs)} graph(s) "
+                f"compiled in its calls; Dynamo splits the graph at the read): its trace read a tensor's value in "
+                f"Python at {self.why.user_line or 'a line of torch or a library'}")
+
+
+_RECORDING = threading.local()      # .graphs: the list of the hand-off whose call runs on this thread
+_HANDOFF_BACKENDS: dict = {}        # CompileOptions -> one backend callable (Dynamo's cache keys on it)
+
+
+def _handoff_backend(options: CompileOptions):
+    """One backend callable per options: Dynamo guards a cache entry on its backend's identity, so a new
+    callable per hand-off would compile every jitted copy of a function again, until Dynamo's
+    recompile limit made it run the rest eagerly."""
+    backend = _HANDOFF_BACKENDS.get(options)
+    if backend is None:
+        def backend(gm, example_inputs):
+            call = compile_graph(gm, example_inputs, options=options)
+            graphs = getattr(_RECORDING, "graphs", None)
+            if graphs is not None:
+                graphs.append(call.compiled)
+            return call
+        backend = _HANDOFF_BACKENDS.setdefault(options, backend)
+    return backend
 
 
 def hand_off(fn, why: errors.DataDependentError, options: CompileOptions, dynamic) -> HandOff:
     """``fn`` compiled by Dynamo with this backend (``options``), for ``aotgrad.jit`` to call where its
     own trace read a tensor's value (``why``)."""
-    graphs: list = []
-
-    def backend(gm, example_inputs):
-        call = compile_graph(gm, example_inputs, options=options)
-        graphs.append(call.compiled)
-        return call
     with timed([], "jit hand-off to torch.compile", reason=str(why)):
         log.info("%s: handing it to torch.compile(backend='aotgrad'), which splits its graph there", why)
-        return HandOff(why, torch.compile(fn, backend=backend, dynamic=dynamic), graphs)
+        return HandOff(why, torch.compile(fn, backend=_handoff_backend(options), dynamic=dynamic))

@@ -25,7 +25,10 @@ def explain_jit(j) -> str:
         why = "first call" if e.reason is None else f"recompiled because {e.reason}"
         parts.append(f"\n=== entry {k} ({why}) ===\n" + explain_compiled(e.compiled))
         parts.append(_state(e.state))
-    if not j.entries:
+    handoff = getattr(j, "handoff", None)     # calls handed to torch.compile at a value read
+    for k, c in enumerate(handoff.graphs if handoff is not None else ()):
+        parts.append(f"\n=== torch.compile graph {k} (Dynamo guards it) ===\n" + explain_compiled(c))
+    if not j.entries and handoff is None:
         parts.append("  (not called yet: it compiles on its first call)")
     return "\n".join(parts)
 

@@ -147,6 +147,7 @@ def test_staged_capture_refuses_naming_the_read_and_where_it_runs(name):
 
 
 def test_jit_hands_off_only_where_the_trace_reads_a_value_and_says_so():
+    torch._dynamo.reset()       # (a hand-off records the graphs Dynamo compiles in its calls)
     model = LayerDrop(0.5)
     j = aotgrad.jit(model)
     x = torch.randn(4, 6, requires_grad=True)
@@ -164,7 +165,7 @@ def test_jit_hands_off_only_where_the_trace_reads_a_value_and_says_so():
     assert READ_LINES["layerdrop"] in j.handoff.why.user_line
     assert "torch.compile" in j.summary() and READ_LINES["layerdrop"] in j.summary()
     assert "torch.compile graph 0" in j.program() and "# --- forward" in j.program()
-    assert READ_LINES["layerdrop"] in aotgrad.explain(j)
+    assert READ_LINES["layerdrop"] in aotgrad.explain(j) and "torch.compile graph 0" in aotgrad.explain(j)
     model.eval()
     graphs = len(j.handoff.graphs)
     j(x)                                    # served by the eval entry again, not by Dynamo
@@ -220,12 +221,14 @@ def test_jit_whole_step_hands_the_step_function_to_dynamo(opt):
                 "Adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
                 "RAdam": lambda ps: torch.optim.RAdam(ps, lr=0.01)}[opt]
     handed = []
+    torch._dynamo.reset()
 
     def compile(fn, args, kwargs):
         handed.append(aotgrad.jit(fn))
         return handed[-1]
     check_usage(_whole_step(make_opt, 0.5 if opt != "RAdam" else 0.0), _steps, compile=compile)
     assert handed[0].handoff is not None and handed[0].handoff.graphs
+    assert "not called yet" not in aotgrad.explain(handed[0]) and "torch.compile graph" in handed[0].program()
 
 
 @pytest.mark.slow
@@ -311,3 +314,20 @@ class _Mixed(torch.nn.Module):
                 continue
             x = layer(x)
         return x.tanh().sum()
+
+
+def test_jitted_copies_share_dynamo_s_compiled_code():
+    """Dynamo's cache keys on the backend callable: every hand-off with the same options uses one, so
+    twelve jitted copies of a model (past Dynamo's recompile limit of 8) are still compiled, not run
+    eagerly; another option set is another backend."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, requires_grad=True)
+    copies = [aotgrad.jit(LayerDrop(0.5)) for _ in range(12)]
+    for j in copies:
+        j(x).backward()
+    total = sum(len(j.handoff.graphs) for j in copies)
+    assert 0 < total <= 2, total     # (LayerDrop's loop is no graph: Dynamo compiles each layer's body)
+    other = aotgrad.jit(LayerDrop(0.5), partitioner="min_cut")
+    other(x).backward()
+    assert other.handoff.graphs      # compiled again for its own options
