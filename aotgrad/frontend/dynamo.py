@@ -327,7 +327,12 @@ def _handoff_backend(options: CompileOptions):
     """One backend callable per options: Dynamo guards a cache entry on its backend's identity, so a new
     callable per hand-off would compile every jitted copy of a function again, until Dynamo's
     recompile limit made it run the rest eagerly."""
-    backend = _HANDOFF_BACKENDS.get(options)
+    try:
+        backend = _HANDOFF_BACKENDS.get(options)
+    except TypeError:       # an option Python cannot hash (a compiler object): a backend of its own
+        backend, options_key = None, None
+    else:
+        options_key = options
     if backend is None:
         def backend(gm, example_inputs):
             call = compile_graph(gm, example_inputs, options=options)
@@ -335,7 +340,8 @@ def _handoff_backend(options: CompileOptions):
             if graphs is not None:
                 graphs.append(call.compiled)
             return call
-        backend = _HANDOFF_BACKENDS.setdefault(options, backend)
+        if options_key is not None:
+            backend = _HANDOFF_BACKENDS.setdefault(options_key, backend)
     return backend
 
 
