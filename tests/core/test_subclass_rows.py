@@ -57,9 +57,13 @@ def _grads(fn, x, out):
     return [x.grad, *(p.grad for p in params)]
 
 
+def _rows():     # TwoTensor's elementwise and linear rows in make test, the rest slow
+    return [pytest.param(c, p, marks=() if c == "TwoTensor" and p != "reduced" else pytest.mark.slow)
+            for c in CLASSES for p in PROGRAMS]
+
+
 @pytest.mark.parametrize("entry", list(DYNAMIC))
-@pytest.mark.parametrize("program", list(PROGRAMS))
-@pytest.mark.parametrize("cls", list(CLASSES))
+@pytest.mark.parametrize("cls, program", _rows())
 def test_subclass_input_with_symbolic_sizes_is_eager_at_every_size(cls, program, entry):
     """One compiled function, called at several sizes: the subclass's outer size is its first inner
     tensor's (``Meta.size`` None), symbolic in the trace, read from the inputs at run time."""
