@@ -29,7 +29,7 @@ from .blocks import inline_calls
 from .costs import flops, may_recompute, never_recompute, node_bytes
 from .default import Partition, default_partition, forward_nodes
 from .memory import estimate
-from .min_cut import cut_partition, min_cut_partition
+from .min_cut import cut, generations, min_cut_partition, recomputing
 from ..options import budget_kind, keywords_checked
 
 # Schedules tried per cut: ``None``, one copy of each recomputed value; n, a new copy for a need
@@ -52,12 +52,24 @@ def _levels(n: int, steps: int = 16) -> list[int]:
     return sorted({k for k in (0, 1, 2, 4, *range(0, n, stride), n) if k <= n})
 
 
-def scheduled(joint: fx.GraphModule, lay: JointLayout, policy, extra=frozenset()):
+def scheduled(joint: fx.GraphModule, lay: JointLayout, policy, extra=frozenset(), seen=None):
     """The cut ``(policy, extra)`` names, scheduled for the lowest predicted peak (fewest
-    recompute FLOPs among equal peaks): ``(partition, estimate)``."""
-    best = None
+    recompute FLOPs among equal peaks): ``(partition, estimate)``; None where ``seen`` (the
+    recomputed sets of earlier cuts, added to) holds its cut already: the same partition again.
+    One cut serves every schedule of it."""
+    fw, bw, recomputed = cut(joint, lay, policy, extra)
+    if seen is not None:
+        if frozenset(recomputed) in seen:
+            return None
+        seen.add(frozenset(recomputed))
+    best, made = None, []
+    order = list(joint.graph.nodes)
     for gap in GAPS:
-        part = cut_partition(joint, lay, policy, extra, gap)
+        gens = generations(order, bw, recomputed, gap)
+        if gens in made:
+            continue                # the same copies as a schedule already tried: the same partition
+        made.append(gens)
+        part = recomputing(joint, lay, fw, bw, recomputed, gap)
         est = estimate(part)
         if best is None or (est.peak_bytes, est.recompute_flops) < (best[1].peak_bytes, best[1].recompute_flops):
             best = part, est
@@ -68,16 +80,18 @@ def scheduled(joint: fx.GraphModule, lay: JointLayout, policy, extra=frozenset()
 
 def candidates(joint: fx.GraphModule, lay: JointLayout, policy="cheap"):
     """``(partition, estimate)`` pairs, least recomputation first, none peaking above the
-    unbudgeted min cut (the first); then full recomputation, the policy-free floor."""
+    unbudgeted min cut (the first); then full recomputation, the policy-free floor. A level whose
+    cut recomputes what an earlier one's did is that candidate again (its pick was already made)."""
     order = recompute_order(joint, lay, policy)
     first = min_cut_partition(joint, lay, policy)
     limit = estimate(first).peak_bytes
     yield first, estimate(first)
+    seen: set = set()
     for k in [*_levels(len(order))[1:], None]:
-        part, est = scheduled(joint, lay, "save_nothing") if k is None else \
-            scheduled(joint, lay, policy, frozenset(order[:k]))
-        if est.peak_bytes <= limit:
-            yield part, est
+        got = scheduled(joint, lay, "save_nothing", seen=seen) if k is None else \
+            scheduled(joint, lay, policy, frozenset(order[:k]), seen)
+        if got is not None and got[1].peak_bytes <= limit:
+            yield got
 
 
 def pick(cands, kind: str, target: int, default_saved: int) -> Partition:

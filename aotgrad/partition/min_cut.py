@@ -17,9 +17,10 @@ import operator
 from dataclasses import replace
 
 import networkx as nx
+from networkx.algorithms.flow import boykov_kolmogorov
 import torch.fx as fx
 
-from .._torch import copy_graph, copy_node
+from .._torch import copy_graph, copy_node, lazy_graph_module
 from ..ir.records import JointLayout
 from ..ir.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
@@ -74,7 +75,9 @@ def choose(joint: fx.GraphModule, fw: set, bw: set, recomputable, saveable=lambd
     """The forward nodes to recompute in the backward, by a minimum cut."""
     try:
         graph = flow_graph(joint, fw, bw, recomputable, saveable)
-        _, (src_side, _) = nx.minimum_cut(graph, "source", "sink")
+        # Boykov-Kolmogorov: two to three times networkx's default (preflow-push) on a joint's flow
+        # graph, and a budget asks for a cut per candidate.
+        _, (src_side, _) = nx.minimum_cut(graph, "source", "sink", flow_func=boykov_kolmogorov)
     except nx.NetworkXUnbounded:     # the backward reads a value nothing may save: recompute nothing
         return set()
     recomputed = {n for n in fw if (n, "in") not in src_side and n.op == "call_function"}
@@ -135,7 +138,8 @@ def with_recomputation(joint: fx.GraphModule, bw: set, recomputed: set, gap=None
         for u in n.users:
             if u in bw:
                 env[u].replace_input_with(env[n], copies[n, _serving(anchors, pos[u])])
-    return fx.GraphModule(joint, g, class_name=type(joint).__name__), env, tuple(copies.values())
+    # Lazy: a budget schedules dozens of these; only the partition's own graphs are ever compiled.
+    return lazy_graph_module(joint, g, type(joint).__name__), env, tuple(copies.values())
 
 
 def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
@@ -158,6 +162,12 @@ def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
 def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
                   extra: frozenset = frozenset(), gap=None) -> Partition:
     """The partition the minimum cut names, whatever it saves (see ``min_cut_partition``)."""
+    fw, bw, recomputed = cut(joint, lay, policy, extra)
+    return recomputing(joint, lay, fw, bw, recomputed, gap)
+
+
+def cut(joint: fx.GraphModule, lay: JointLayout, policy="cheap", extra: frozenset = frozenset()) -> tuple:
+    """``(forward nodes, backward nodes, the forward nodes the minimum cut recomputes)``."""
     fw = forward_nodes(joint, lay)
     primals, _, _, grads = split_nodes(joint, lay)
     bw = ancestors([x for x in grads if x is not None], stop=fw) - fw
@@ -170,7 +180,12 @@ def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",
 
     def saveable(n):
         return policy not in STRICT or n in extra or not recomputable(n)
-    recomputed = choose(joint, fw, bw, recomputable, saveable)
+    return fw, bw, choose(joint, fw, bw, recomputable, saveable)
+
+
+def recomputing(joint: fx.GraphModule, lay: JointLayout, fw: set, bw: set, recomputed: set, gap=None) -> Partition:
+    """The partition that recomputes ``recomputed`` in the backward, scheduled by ``gap``
+    (:func:`generations`)."""
     new, env, copies = with_recomputation(joint, bw, recomputed, gap)
     return replace(build(new, lay, {env[n] for n in fw}), recomputed=tuple(c.name for c in copies))
 

@@ -214,3 +214,46 @@ def test_compile_memory_budget_and_memory_report():
     assert half.saved_bytes <= 0.5 * full.saved_bytes
     assert half.peak_bytes <= full.peak_bytes
     assert sum(e.nbytes for e in full.saved) == full.saved_bytes
+
+
+def _exhaustive(joint, lay, policy="cheap"):
+    """The candidates as first written: every level's cut by networkx's default max flow, scheduled
+    every way (``budget.GAPS``), no level skipped as a repeat; what ``candidates`` must equal."""
+    import importlib
+    import networkx as nx
+    b, mc = (importlib.import_module(f"aotgrad.partition.{m}") for m in ("budget", "min_cut"))
+    order = recompute_order(joint, lay, policy)
+    first = min_cut_partition(joint, lay, policy)
+    limit = estimate(first).peak_bytes
+    out = [estimate(first)]
+    slow = functools.partial(nx.minimum_cut, flow_func=nx.algorithms.flow.preflow_push)
+    for k in [*b._levels(len(order))[1:], None]:
+        pol, extra = ("save_nothing", frozenset()) if k is None else (policy, frozenset(order[:k]))
+        best = None
+        for gap in b.GAPS:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(mc.nx, "minimum_cut", slow)
+                est = estimate(cut_partition(joint, lay, pol, extra, gap))
+            if best is None or (est.peak_bytes, est.recompute_flops) < (best.peak_bytes, best.recompute_flops):
+                best = est
+        if best.peak_bytes <= limit:
+            out.append(best)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt"])
+def test_candidates_are_the_exhaustive_walks_picks(name):
+    """One cut per level serving both schedules, a schedule that makes the copies another did
+    skipped, a level whose cut repeats an earlier one's skipped, Boykov-Kolmogorov's max flow: every
+    budget picks what cutting every level by preflow-push and scheduling it every way picks."""
+    c = _captured(name)
+    key = lambda e: (e.saved_bytes, e.peak_bytes, e.recompute_flops)      # noqa: E731
+    fast, slow = [key(e) for e in _facts(name)[2]], [key(e) for e in _exhaustive(c.joint, c.layout)]
+    assert fast == [k for i, k in enumerate(slow) if i <= 1 or k not in slow[1:i]]     # repeats of a level's cut dropped
+    default = _facts(name)[0]
+    for budget in FRACTIONS:
+        target = int(budget * default)
+        first = next((k for k in slow if k[0] <= target), None)
+        got = _outcome(name, budget)
+        assert (first is None) == isinstance(got, BudgetError)
+        assert first is None or key(got) == first
