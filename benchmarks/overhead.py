@@ -7,7 +7,7 @@ forward+backward is dominated by what the system does around the kernels
 AOTAutograd with no-op compilers (``aot_function`` over ``functional_call``, and
 ``aot_module`` as issue #61 names it), the staged ``aotgrad.capture(m, x).compile()``
 and ``aotgrad.jit`` (both with the eager backend); the last column is each one's
-overhead over eager as a fraction of ``aot_module``'s.
+overhead over eager as a fraction of ``aot_module``'s (the median of each round's share).
 
     python -m benchmarks.overhead [--batch 16]
 """
@@ -52,11 +52,16 @@ def run(iters: int = 300, repeats: int = 9, batch: int = 8) -> list[dict]:
             calls[system] = _call(system, batch)
         except Exception as e:  # a broken system is a row in the report, not a crash
             rows[system] = {"system": system, "error": f"{type(e).__name__}: {e}"[:120]}
-    # Interleaved rounds, so drift in machine speed hits every system alike.
+    # Interleaved rounds, so drift in machine speed hits every system alike; the share of the
+    # reference's overhead is the median of each round's own share (a loaded machine's speed drifts
+    # within seconds: one round's systems ran close together).
     samples = {s: [] for s in calls}
-    for _ in range(repeats):
-        for system, call in calls.items():
-            samples[system].append(per_call_us(call, iters=iters, repeats=1))
+    for call in calls.values():
+        per_call_us(call, iters=1, repeats=1)       # warm-up
+    for r in range(repeats):
+        order = list(calls.items())
+        for system, call in order[r % len(order):] + order[:r % len(order)]:
+            samples[system].append(per_call_us(call, iters=iters, repeats=1, warmup=2))
     for system, xs in samples.items():
         rows[system] = {"system": system, "us": statistics.median(xs)}
     base = rows["eager"].get("us")
@@ -64,10 +69,12 @@ def run(iters: int = 300, repeats: int = 9, batch: int = 8) -> list[dict]:
         if "us" in row and base:
             row["over_eager_us"] = row["us"] - base
             row["ratio"] = row["us"] / base
-    ref = rows.get(REFERENCE, {}).get("over_eager_us")
-    for row in rows.values():
-        if "over_eager_us" in row and ref:
-            row["of_reference"] = row["over_eager_us"] / ref
+    if REFERENCE in samples:
+        eager, ref = samples["eager"], samples[REFERENCE]
+        for system, xs in samples.items():
+            shares = [(x - e) / (r - e) for x, e, r in zip(xs, eager, ref) if r > e]
+            if shares:
+                rows[system]["of_reference"] = statistics.median(shares)
     return [rows[s] for s in ROWS]
 
 
@@ -85,8 +92,8 @@ def table(rows: list[dict]) -> str:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=300)
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--iters", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=61)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads; one keeps tiny-kernel timings steady")

@@ -44,9 +44,10 @@ class Net(nn.Module):
         self.c = Branch()
         self.scale = 2.0
         self.cfg = [1.0, 2.0]
+        self.offset = torch.zeros(3)        # a plain tensor attribute: baked, guarded with its version
 
     def forward(self, x):
-        return self.c(self.b(self.a(x))) * self.scale + self.cfg[0] + SHIFT
+        return self.c(self.b(self.a(x))) * self.scale + self.cfg[0] + SHIFT + self.offset
 
 
 def _in_thread(fn):
@@ -117,6 +118,9 @@ CHANGES = {
     "list replaced, same size": [(lambda m: setattr(m, "cfg", [7.0, 2.0]), True)],
     "list replaced by an equal one, then written": [(lambda m: setattr(m, "cfg", [1.0, 2.0]), False),
                                                     (lambda m: m.cfg.__setitem__(0, 5.0), True)],
+    "tensor attribute written in place, its holder untouched": [(lambda m: m.offset.add_(1), True)],
+    "tensor attribute written and written back": [(lambda m: (m.offset.add_(1), m.offset.sub_(1)), True)],
+    "tensor attribute replaced by an equal one": [(lambda m: setattr(m, "offset", torch.zeros(3)), True)],
     "child replaced": [(lambda m: setattr(m, "b", nn.ReLU()), True)],
     "child replaced through _modules": [(lambda m: m._modules.__setitem__("b", nn.Sigmoid()), True)],
     "children dict replaced by an equal one, then written": [
