@@ -88,6 +88,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # graph a second time".
         saved = ctx.saved_tensors if n_saved_tensors or not reruns else ()
         args = [*saved, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
+        del saved       # held here, every saved activation would outlive its last use in the boxed backward
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
         ctx.maybe_clear_saved_tensors()
