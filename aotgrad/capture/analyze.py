@@ -15,7 +15,7 @@ from .._torch import (
 )
 from ..errors import MutationError, UnsupportedError
 from ..guards import reads
-from ..ir.records import Analysis, InputInfo, OutputInfo, ViewMeta
+from ..ir.records import Analysis, InputInfo, OutputInfo, ViewMeta, symbolic
 from ..runtime.call import Rebound
 from ..runtime.hooks import custom_view
 from .session import Session, from_functional, functional_mode, to_functional
@@ -32,15 +32,20 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
             f_ins = [to_functional(t) for t in fake_inputs]
         grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
         mode.watched = frozenset(map(id, f_ins))
+        mode.owners = [f for f in f_ins if isinstance(f, FunctionalTensor)]    # (a set_() lands in one's storage)
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
         names = names or [f"input {i}" for i in range(len(f_ins))]
         shared = shared or {}
         inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), {str(names[j]): fake_inputs[j]
-                                                                            for j in shared.get(i, ()) if j != i})
+                                                                            for j in shared.get(i, ()) if j != i},
+                                   _swap(i, f_ins, fake_inputs, str(n), mode, shared))
                        for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
         _refuse_meta_in_written_group(inputs, shared, names, [mode.lines.get(id(f)) for f in f_ins])
-        outputs, bases = _output_infos(f_outs, f_ins)
+        swapped = {i for i, info in enumerate(inputs) if info.new_storage}
+        outputs, bases = _output_infos(f_outs, f_ins, swapped)
+        if swapped:
+            outputs = _views_of_swapped(f_outs, f_ins, swapped, outputs)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
         # A write autograd did not see, traced under no_grad: the joint's copy of that input (cloned
@@ -52,23 +57,37 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _input_info(f, t, grad_fn_before, name: str, line, others=None) -> InputInfo:
+def _input_info(f, t, grad_fn_before, name: str, line, others=None, swap=None) -> InputInfo:
     """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
     recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
     not, and is replayed without autograd. ``line``: where its layout or storage changed; ``others``:
-    the inputs sharing its storage, by name (their fakes)."""
+    the inputs sharing its storage, by name (their fakes); ``swap``: its storage swapped (``_swap``)."""
     if not isinstance(t, torch.Tensor):
         return InputInfo(False, False, False, False, None)
+    if swap is not None:
+        others = others or {}
+        if any(o is t for o in others.values()):
+            raise MutationError(f"set_() on {name}, which is passed again as "
+                                f"{', '.join(n for n, o in others.items() if o is t)}: eager's other argument is "
+                                "that very tensor and holds the new storage too; the graph takes them as separate "
+                                "inputs: return the new tensor instead", user_line=line)
+        # Its new value is the graph's (a forward value) unless it lies in another input's storage.
+        return InputInfo(False, swap.kind == "plain", True, swap.kind == "plain", swap.view, new_storage=swap)
     sync(f)
-    if _storage_changed(f.elem):
-        raise MutationError(f"set_() (or another storage swap) on {name} replaces its storage; the compiled "
-                            "graph cannot rebind the caller's tensor: return the new tensor instead", user_line=line)
     data = functionalize_has_data_mutation(f.elem)
     seen = f.grad_fn is not grad_fn_before
-    if f.requires_grad != t.requires_grad and not (data and seen and f.requires_grad):
-        what = "detach_()" if t.requires_grad else "requires_grad_()"
-        raise MutationError(f"{what} on {name} inside the captured function cannot be replayed on the "
-                            f"caller's tensor; call {what} on it before calling", user_line=line)
+    # requires_grad_() on an input that did not require grad (a leaf: it had no history to need): the graph
+    # differentiates it as traced, and each call sets the flag on the caller's tensor before the graph runs,
+    # so its outputs' history reaches it as eager's does (``runtime.call.make_call``).
+    flagged = f.requires_grad and not t.requires_grad and f.grad_fn is None
+    if f.requires_grad != t.requires_grad and not (data and seen and f.requires_grad) and not flagged:
+        raise MutationError(f"detach_() on {name} inside the captured function cannot be replayed on the "
+                            "caller's tensor; call detach_() on it before calling", user_line=line)
+    if flagged and any(o is t for o in (others or {}).values()):
+        raise MutationError(f"requires_grad_() on {name}, which is passed again as "
+                            f"{', '.join(n for n, o in others.items() if o is t)}: eager's other argument is that "
+                            "very tensor and requires grad too; the graph takes them as separate inputs: call "
+                            "requires_grad_() before calling", user_line=line)
     meta = (f.shape != t.shape or f.stride() != t.stride()
             or f.storage_offset() != t.storage_offset())
     if meta and t.requires_grad and not seen:
@@ -87,8 +106,9 @@ def _input_info(f, t, grad_fn_before, name: str, line, others=None) -> InputInfo
                             "and has its metadata changed in place (t_(), unsqueeze_(), as_strided_()...); "
                             "the graph takes them as separate inputs: use the out-of-place op and return the "
                             "result", user_line=line)
-    return InputInfo(t.requires_grad, data, meta, data and not seen, ViewMeta.relative(f, t) if meta else None,
-                     meta and seen and t.requires_grad)
+    return InputInfo(t.requires_grad or flagged, data, meta, data and not seen,
+                     ViewMeta.relative(f, t) if meta else None, meta and seen and t.requires_grad,
+                     sets_requires_grad=flagged)
 
 
 def _refuse_meta_in_written_group(inputs, shared, names, lines) -> None:
@@ -103,6 +123,83 @@ def _refuse_meta_in_written_group(inputs, shared, names, lines) -> None:
                 f"storage with {', '.join(str(names[j]) for j in written)}, which the function writes; that cannot "
                 "be replayed through their shared base: use the out-of-place op and return the result",
                 user_line=lines[i])
+
+
+def _views_of_swapped(f_outs, f_ins, swapped, infos) -> tuple:
+    """An output that is a view of a swapped input (``x.set_(y[1:]); return x.view(-1)``) is a view of
+    the caller's ``x`` as eager's is, taken after the epilogue's ``set_()``: at its place relative to
+    ``x``'s new layout (both as the functional wrappers hold them; the Python tensor's metadata is the
+    old one)."""
+    ids = {id(f_ins[i]): i for i in swapped}
+    infos = list(infos)
+    for j, o in enumerate(f_outs):
+        if isinstance(o, FunctionalTensor) and o._is_view() and id(o._base) in ids and not custom_view(o):
+            i = ids[id(o._base)]
+            sync(o)
+            now, base = ViewMeta.of(o.elem), f_ins[i].elem
+            infos[j] = OutputInfo("input_view", i, ViewMeta(now.size, now.stride, now.offset - symbolic(
+                base.storage_offset())), o.requires_grad, is_leaf=o.grad_fn is None)
+    return tuple(infos)
+
+
+def _storages(f_ins, anchors) -> dict:
+    """Each input's storage as the first ``set_()`` found it -> (the first input holding it, an alias of
+    that whole input then): the functional wrapper's own (``f.elem``; a ``set_()`` leaves the Python
+    tensor's metadata and storage as they were). Read only after the function ran: a storage's Python
+    object held while it runs makes functionalization take the tensor for a view (no ``resize_``)."""
+    found: dict = {}
+    for i, f in enumerate(f_ins):
+        alias = anchors.get(id(f))
+        if alias is not None:
+            found.setdefault(StorageWeakRef(alias.elem.untyped_storage()), (i, alias))
+    return found
+
+
+def _swap(i, f_ins, fake_inputs, name, mode, shared) -> OutputInfo | None:
+    """Where input ``i`` lies after a ``set_()`` swapped its storage (None: it was not swapped): in the
+    storage input ``index`` had on entry (``input_view``, at ``view`` relative to that input as called:
+    the epilogue regenerates it with ``as_strided`` of the caller's tensor, so the caller's ``x`` shares
+    ``y``'s storage afterwards, as eager's), or in storage the function made (``plain``: the graph
+    returns that value and the epilogue sets the caller's tensor to it). Refused where eager's result
+    has history or a gradient the graph's cannot give, or the write before the swap would be lost."""
+    f, t = f_ins[i], fake_inputs[i]
+    if not isinstance(t, torch.Tensor):
+        return None
+    sync(f)
+    if not _storage_changed(f.elem):
+        return None
+    line = mode.lines.get(id(f))
+    if t.requires_grad or f.requires_grad:
+        what = name if t.requires_grad else f"{name}, onto a tensor that requires grad with grad enabled,"
+        raise MutationError(
+            f"set_() on {what}: eager's set_ has no derivative (a backward through it raises) and its gradient "
+            "would take the new storage's layout; detach it, or call set_() under torch.no_grad() on a tensor "
+            "that does not require grad", user_line=line)
+    if id(f) in mode.written_before_swap:
+        raise MutationError(
+            f"{name} is written in place and then set_() to another storage: the caller's old storage must "
+            "keep the write, which the graph (holding values, not storages) cannot give it; write the tensor "
+            "set_() gives it, or return the written one", user_line=mode.written_before_swap[id(f)])
+    if shared.get(i):
+        raise MutationError(f"set_() on {name}, which shares storage with other inputs: the graph takes them "
+                            "through one base; pass separate tensors", user_line=line)
+    now = f.elem
+    # Offsets in a functional storage count from its base value, which a write replaces (at offset 0):
+    # an alias of the whole input, taken at the first set_() (``session``) and regenerated from the base
+    # now, says where the input lies in it, whatever became of the input itself.
+    j, alias = _storages(f_ins, mode.anchors).get(StorageWeakRef(now.untyped_storage()), (None, None))
+    if j == i and functionalize_has_data_mutation(now):
+        raise MutationError(f"{name} is set_() to a view of its own storage and that storage is written: the graph "
+                            "replays the write on the caller's tensor only where it holds its old storage; use the "
+                            "view itself (v = x[1:]) and return it", user_line=line)
+    if j is not None and isinstance(fake_inputs[j], torch.Tensor) and _same_elements(now, fake_inputs[j]):
+        at = ViewMeta.of(now)
+        sync(alias)
+        return OutputInfo("input_view", j, ViewMeta(at.size, at.stride, at.offset - symbolic(alias.elem.storage_offset())))
+    if j is not None:
+        raise MutationError(f"set_() on {name} onto input {j}'s storage seen as another dtype; pass the tensor "
+                            "itself", user_line=line)
+    return OutputInfo("plain", view=ViewMeta.of(now))
 
 
 def _storage_changed(elem) -> bool:
@@ -201,11 +298,22 @@ def _shape_env_of(t):
     return None
 
 
-def _output_infos(f_outs, f_ins):
+def _storage(t) -> StorageWeakRef:
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _wrapped_storage(t) -> StorageWeakRef:
+    return StorageWeakRef((t.elem if isinstance(t, FunctionalTensor) else t).untyped_storage())
+
+
+def _output_infos(f_outs, f_ins, swapped=()):
+    """``swapped``: inputs ``set_()`` gave another storage (an output in it is a view of its owner;
+    storages are then the functional wrappers' own: a view of a swapped input holds its stale one)."""
+    storage_of = _wrapped_storage if swapped else _storage
     in_storages = {}
     for i, f in enumerate(f_ins):
-        if isinstance(f, torch.Tensor):
-            in_storages.setdefault(StorageWeakRef(f.untyped_storage()), i)
+        if isinstance(f, torch.Tensor) and i not in swapped:
+            in_storages.setdefault(storage_of(f), i)
     infos, bases, seen = [], [], {}
     plain_ids = {id(o): j for j, o in reversed(list(enumerate(f_outs)))
                  if isinstance(o, torch.Tensor) and not o._is_view()}
@@ -219,7 +327,7 @@ def _output_infos(f_outs, f_ins):
         rg, leaf = o.requires_grad, o.grad_fn is None
         custom = custom_view(o)     # regenerating it as a view would skip a custom backward
         same_in = next((i for i, f in enumerate(f_ins) if o is f), None)
-        storage = StorageWeakRef(o.untyped_storage())
+        storage = storage_of(o)
         base = f_ins[in_storages[storage]] if storage in in_storages else (view_base(o) if o._is_view() else None)
         replay = replay_of(o, base) if base is not None and not _reshaped_in_place(base) and (
             not o._is_view() or not traceable_subclass(o._base)) else None     # (its view ops start at the subclass)

@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._torch import (
-    anomaly_nan_check,
+    anomaly_nan_check, functionalize_has_data_mutation, functionalize_was_storage_changed,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
     constant_nested_ints, has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
@@ -119,12 +119,16 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
 
     ``lines`` maps ``id`` of a watched tensor (the inputs, when ``analyze`` sets ``watched``) whose
     metadata or storage an op changed in place (``t_()``, ``set_()``) to the user's line of the first
-    such op: an input's refusal names it."""
+    such op: an input's refusal names it. ``written_before_swap``: the same for a watched tensor written
+    in place before a ``set_()`` swapped its storage (the caller's old storage must keep that write)."""
 
     def __init__(self):
         super().__init__()
         self.watched: frozenset = frozenset()
         self.lines: dict = {}
+        self.written_before_swap: dict = {}
+        self.owners: list = []       # the tensors whose storages a set_() may land in (analyze: the inputs)
+        self.anchors: dict = {}      # id of each -> an alias of it, taken at the first set_()
         self.stale = StaleViews()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -162,6 +166,13 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 if id(t) in self.watched and id(t) not in self.lines and _changes_layout(func):
                     from ..errors import caller_line
                     self.lines[id(t)] = caller_line()
+                if id(t) in self.watched and func.__name__.startswith("set_"):
+                    if _written_unswapped(t):
+                        from ..errors import caller_line
+                        self.written_before_swap.setdefault(id(t), caller_line())
+                    if not self.anchors:    # (not made before: an alias of an input stops its resize_)
+                        self.anchors = {id(o): self.__torch_dispatch__(_ALIAS, (FunctionalTensor,), (o,), {})
+                                        for o in self.owners}
                 if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
                     from ..errors import UnsupportedError, caller_line
                     raise UnsupportedError(
@@ -223,6 +234,7 @@ def _traced(t) -> bool:
 
 _DEVICE = torch.ops.prim.device.default
 _CLONE = torch.ops.aten.clone.default
+_ALIAS = torch.ops.aten.alias.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 
 
@@ -274,6 +286,12 @@ def _written(func) -> tuple:
             if schema is not None else ()
         _WRITTEN[func] = names
     return names
+
+
+def _written_unswapped(t) -> bool:
+    """Whether functional tensor ``t`` was written in place in the storage it was entered with."""
+    sync(t)
+    return functionalize_has_data_mutation(t.elem) and not functionalize_was_storage_changed(t.elem)
 
 
 def _changes_layout(func) -> bool:

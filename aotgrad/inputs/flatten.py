@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import pytree, subclass_kind, traceable_subclass
+from .._torch import FakeTensor, pytree, subclass_kind, traceable_subclass
 from ..runtime.call import rebound, tensor_attributes
 from ..runtime.modes import left_as_found
 from ..guards.reads import thread_watch
@@ -336,4 +336,7 @@ def real_base(members: list, group: AliasGroup) -> torch.Tensor:
         raise MutationError("inputs share storage without a common base tensor and require grad; "
                             "pass views of one base tensor instead")
     storage = first.untyped_storage()
-    return torch.empty(0, dtype=first.dtype, device=first.device).set_(storage)
+    # Dynamo's example inputs are fake (a set_() it ran before the graph left two sharing one storage):
+    # their storage is a meta one, which only the fake mode sets on a tensor.
+    with first.fake_mode if isinstance(first, FakeTensor) else contextlib.nullcontext():
+        return torch.empty(0, dtype=first.dtype, device=first.device).set_(storage)

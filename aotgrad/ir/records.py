@@ -57,6 +57,13 @@ class InputInfo:
     new_meta: ViewMeta | None    # metadata after a metadata mutation
     meta_seen: bool = False      # autograd recorded the metadata mutation (``t_()`` of an input that requires
                                  # grad, with grad enabled): replayed with ``as_strided_`` under grad, as eager's
+    sets_requires_grad: bool = False    # ``requires_grad_()`` inside on an input that did not require grad:
+                                        # set on the caller's tensor before the graph runs (``requires_grad``
+                                        # is then True: the graph differentiates it)
+    new_storage: Any = None      # ``set_()`` swapped its storage: an ``OutputInfo`` of where it lies after the call,
+                                 # in another input's storage (``input_view``) or in the forward value the graph
+                                 # computes for it (``plain``; the input counts as data-mutated); replayed by
+                                 # ``set_()`` on the caller's tensor (``new_meta`` is its layout)
 
     @property
     def mutation_needs_autograd(self) -> bool:

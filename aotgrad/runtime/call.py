@@ -95,6 +95,9 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
         i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
     quiet = analysis.quiet_writes
+    flagged = tuple(i for i, info in enumerate(analysis.inputs) if info.sets_requires_grad)
+    if flagged:
+        run_graph = _flagging(run_graph, flagged)
     return CallPath(match=_generated_match(captured), graph=run_graph,
                     epilogue=None if simple else epilogue(analysis, setup.session.grad_enabled),
                     unflatten=_unflattener(captured.out_spec, setup.fn),
@@ -102,6 +105,18 @@ def make_call(captured, run_graph, after=None) -> CallPath:
                     quiet=tuple(quiet),
                     written=tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet),
                     after=after)
+
+
+def _flagging(run_graph, flagged: tuple):
+    """``run_graph`` after ``requires_grad_()`` on the inputs the program sets it on (``flagged``), as its
+    eager run does: the graph was traced with them differentiable, and autograd links the graph's outputs
+    to them only if they require grad when it runs. A call before any write of its own, after the
+    prologue's checks (a refused call changes nothing)."""
+    def run(flat):
+        for i in flagged:
+            flat[i].requires_grad_()
+        return run_graph(flat)
+    return run
 
 
 # Tensors a compiled program writes without a version bump (eager's batch norm statistics), by id. A
@@ -296,7 +311,7 @@ def alias_check(setup, analysis):
     where it was: the graph regenerates them from their base at the captured places)."""
     rb = setup.rebase
     changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data]
-    relaid = [i for i, info in enumerate(analysis.inputs) if info.mutates_metadata]
+    relaid = [i for i, info in enumerate(analysis.inputs) if info.mutates_metadata or info.sets_requires_grad]
     if not changed:
         return _same_object_check(relaid) if relaid else None
     groups = [g.members for g in rb.groups] if rb else []
@@ -336,12 +351,14 @@ def alias_check(setup, analysis):
 
 
 def _same_object_check(relaid):
-    """A check that no input whose layout the graph changes in place (``t_()``) is passed again as
-    another input: eager's second one would see the change, the graph's does not."""
+    """A check that no input whose layout, storage or ``requires_grad`` the graph changes in place
+    (``t_()``, ``set_()``, ``requires_grad_()``) is passed again as another input: eager's second one
+    would see the change, the graph's does not."""
     def check(flat):
         for i in relaid:
             if any(t is flat[i] for j, t in enumerate(flat) if j != i):
-                return f"flat input {i} has its layout changed in place and is passed again as another input"
+                return (f"flat input {i} is changed in place (layout, storage or requires_grad) and is passed "
+                        "again as another input")
         return None
     return check
 
@@ -399,9 +416,14 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     ``traced_with_grad``: grad mode was enabled when the function was traced."""
     lines, scope = ["def epilogue(flat, values, symbols):"], {"_with_grad": traced_with_grad,
         "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
-        "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map}
+        "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map, "_swap": _swap_storage,
+        "_laid_out": _laid_out}
+    lines += _swap_lines(analysis, scope)
     k = 0
     for i, info in enumerate(analysis.inputs):
+        if info.new_storage is not None:    # (swapped above)
+            k += info.mutates_data
+            continue
         if info.mutates_metadata:
             scope[f"m{i}"] = info.new_meta
             lines.append(f"    _meta(flat[{i}], m{i}, symbols, {bool(info.meta_seen)})")
@@ -411,6 +433,46 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     lines += _output_lines(analysis, scope)
     exec(compile_source("\n".join(lines), "epilogue"), scope)
     return scope["epilogue"]
+
+
+def _swap_lines(analysis: Analysis, scope: dict) -> list:
+    """``set_()`` on inputs, first (another input it now shares storage with is taken as the caller
+    gave it, before any swap or layout change the epilogue replays): the caller's tensor set to the
+    storage eager's holds, a view of the other input's or the value the graph computed."""
+    views, swaps, k = [], [], 0
+    for i, info in enumerate(analysis.inputs):
+        swap = info.new_storage
+        if swap is not None:
+            scope[f"s{i}"] = swap
+            if swap.kind == "plain":
+                swaps.append(f"    _swap(flat[{i}], _laid_out(values[{k}], s{i}.view, symbols))")
+            else:
+                views.append(f"    n{i} = as_view(flat[{swap.index}], s{i}, symbols)")
+                swaps.append(f"    _swap(flat[{i}], n{i})")
+        k += info.mutates_data
+    return views + swaps
+
+
+def _laid_out(value: torch.Tensor, meta: ViewMeta, symbols) -> torch.Tensor:
+    """``value`` at the strides and storage offset the trace gave it (eager's: a view of a value made
+    inside, ``(y * 3)[1:]``), where the backend returned it laid out otherwise (Inductor's compact copy)."""
+    if symbols is None and not meta.is_static:
+        return value
+    size, stride, offset = view_args(meta, symbols, value.new_empty(0))
+    if (tuple(value.shape), value.stride(), value.storage_offset()) == (tuple(size), tuple(stride), offset):
+        return value
+    extent = offset + 1 + sum((s - 1) * st for s, st in zip(size, stride)) if value.numel() else offset
+    out = value.new_empty(max(extent, 0)).as_strided(size, stride, offset)
+    with torch.no_grad():
+        out.copy_(value)
+    return out
+
+
+def _swap_storage(x: torch.Tensor, value: torch.Tensor) -> None:
+    """``x.set_(value)`` as eager's ran it (under ``no_grad``, or on tensors that do not require grad:
+    others were refused): ``x`` shares ``value``'s storage at its place."""
+    with torch.no_grad():
+        x.set_(value)
 
 
 def _output_lines(analysis: Analysis, scope: dict) -> list:

@@ -32,15 +32,6 @@ KNOWN = {
         "before any backend runs: aotgrad's typed refusal (the layout change of a view next to a written view "
         "sharing its storage) leaves it changed"
         for op in ("t_", "unsqueeze_", "as_strided_") for rg in ("", "_rg") for e in ("dynamo", "dynamo_inductor")},
-    ("aot_input_mutation_and_output_view", "export"):
-        "found by export's 3 training steps, not export's own: a second call of any compiled step (capture too) on "
-        "the non-leaf input it mutated and returned a view of raises 'Trying to backward through the graph a "
-        "second time' in the second backward (its history passes through the first call's compiled node, whose "
-        "saved state was released); eager trains because add_ and view save nothing. Letting a node that saved "
-        "nothing run again fixes this one but makes mul_(2) (eager saves the wrapped scalar and raises) succeed "
-        "where eager raises (aotd_input_mutation_is_output, _multiple, _noncontiguous, aotd_view_detach)",
-    ("aotd_input_mutation_and_output_view", "export"):
-        "as aot_input_mutation_and_output_view: the second step's backward reaches the first call's freed graph",
     **{(p, e): "Dynamo itself runs or drops a bare use_deterministic_algorithms / set_default_dtype / "
        "autocast.__enter__ outside its graph and does not leave it set (torch.compile with aot_eager does the "
        "same); the backend never sees it. Grad mode, which Dynamo puts in the graph, is left set like eager's"
@@ -53,12 +44,33 @@ KNOWN = {
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
+    # set_() on an input under Dynamo: Dynamo itself runs the swap on the real input while it traces and hands
+    # the backend its result (x sharing y's storage), so a refusal of that aliasing leaves x swapped
+    **{(f"set__{t}_{g}_write", e):
+       "Dynamo itself runs x.set_(y) on the real input while it traces; the backend gets x and y sharing a "
+       "storage, x written: a synthetic base aotgrad refuses (y requires grad and is no view of a common base; "
+       "or, at the stride call, Dynamo's dynamic shapes give the group symbolic strides), after x was swapped"
+       for t in ("input", "input_view", "input_t") for g in ("none", "other_no_grad", "other")
+       for e in ("dynamo", "dynamo_inductor", "dynamo_warm") if not (g == "none" and e == "dynamo_warm")},
+    **{("set__other_input_written_too", e): "as set__input_none_write: Dynamo ran x.set_(y) itself"
+       for e in ("dynamo", "dynamo_inductor")},
+    **{(f"set__{t}_other_{then}", e):
+       "Dynamo itself runs x.set_(y) with y requiring grad (x gets set_'s history, whose backward raises) and "
+       "hands x to the backend as an input that requires grad; the compiled call's autograd node has an edge to "
+       "it, and the engine runs x's history with a zero gradient where eager's never reaches it (the program "
+       "reads x.detach()): 'derivative for set_ is not implemented'"
+       for t in ("input", "input_view", "input_t", "fresh", "fresh_view", "twice") for then in ("none", "write")
+       if then == "none" or t in ("fresh", "fresh_view", "twice")
+       for e in ("dynamo", "dynamo_inductor", "dynamo_warm")},
 }
 
 # A warm entry is its cold one served from the disk cache: the same programs fail the same way.
 KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
 del KNOWN["index_add_scatter_", "dynamo_warm"]      # seen at the stride call, which dynamo_warm does not make
 del KNOWN["anomaly_mode_left_on", "dynamo_warm"]   # served from the disk cache: nothing is traced under anomaly mode
+for _t in ("input", "input_view", "input_t"):       # seen at the stride call, which dynamo_warm does not make
+    del KNOWN[f"set__{_t}_none_write", "dynamo_warm"]
+del KNOWN["set__other_input_written_too", "dynamo_warm"]
 for _op in ("t_", "unsqueeze_", "as_strided_"):   # seen at the size call, which dynamo_warm does not make
     for _rg in ("", "_rg"):
         del KNOWN[f"meta_{_op}_aliased_other_written{_rg}", "dynamo_warm"]

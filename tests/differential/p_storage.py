@@ -1,0 +1,137 @@
+"""Storage swaps of inputs (``set_()``), as PyTorch's AOTAutograd replays them (its epilogue's
+``inpt_old.set_(inpt_new)``): each target x aliasing x requires_grad x what follows.
+
+Targets: another input (``x.set_(y)``), a view of one (``y[1:]``, ``y.t()``), a view of the input's own
+storage (``x[1:]``), a value the function makes (``y * 3``, a view of one), two swaps in a row, and
+``x.data.set_(y)`` (eager changes a detached alias, not ``x``; a write to ``x`` after it is refused:
+functionalization froze ``x``'s storage, as in PyTorch's AOTAutograd). After the call the caller's ``x`` holds
+the storage eager's holds, at its place: the epilogue regenerates the view of the other input, or sets
+``x`` to the value the graph returned. Requires grad: nothing, the other input under ``no_grad`` (the
+swap is eager's detached alias), the swapped input itself (a leaf: eager raises, and so does the
+compiled program, typed), the other input with grad on (refused: eager's backward through ``x`` raises). What
+follows: nothing, a write through ``x`` (into the other input's storage, or the new one), ``x`` returned
+with a view of it (a view of the caller's ``x``, as eager's). Also refused, naming the line: a write to ``x`` before the swap (the caller's old
+storage must keep it), a swap of an input passed twice.
+"""
+import torch
+
+from .programs import fn, program, r
+
+D = "aotdispatch"
+S = "storage"
+
+# target name -> (the swap on (x, y), y's shape for size n, whether the swap lands in y's storage)
+TARGETS = {
+    "input": (lambda x, y: x.set_(y), lambda n: (2, n)),
+    "input_view": (lambda x, y: x.set_(y[1:]), lambda n: (n, 3)),
+    "input_t": (lambda x, y: x.set_(y.t()), lambda n: (n, 2)),
+    "own_view": (lambda x, y: x.set_(x[1:]), lambda n: (2, 3)),
+    "fresh": (lambda x, y: x.set_(y * 3), lambda n: (2, n)),
+    "fresh_view": (lambda x, y: x.set_((y * 3)[1:]), lambda n: (n, 3)),
+    "twice": (lambda x, y: (x.set_(y), x.set_(y[:1] + 1)), lambda n: (n, 3)),
+    "through_data": (lambda x, y: x.data.set_(y), lambda n: (2, n)),
+}
+GRADS = ("none", "other_no_grad", "self", "other")
+THENS = ("none", "write", "return")
+
+
+def _body(swap, grad, then):
+    def f(x, y):
+        if grad == "other_no_grad":
+            with torch.no_grad():
+                swap(x, y)
+        else:
+            swap(x, y)
+        if then == "write":
+            x.mul_(2)
+        # (onto a tensor that requires grad: eager's x has a history whose backward raises; not read by it)
+        out = (x.detach() if grad == "other" else x) * 2 + y.sum()
+        if then == "return":
+            return out, x, x[:1]
+        return out
+    return f
+
+
+def _register(target, grad, then):
+    swap, y_shape = TARGETS[target]
+    # A leaf that requires grad swapped (or, after x.data.set_, written) with grad on: eager raises.
+    raises = grad == "self" and (target != "through_data" or then == "write")
+    # A swap onto a tensor that requires grad, grad on: eager's x gets a history whose backward raises
+    # (set_ has no derivative): refused. After x.data.set_ eager writes x in place where functionalization
+    # froze x's storage (torch's AOTAutograd fails the same way): refused. A write through a view of x's
+    # own storage after the swap: refused (the graph replays writes on storages the caller holds).
+    refused = grad == "other" and target != "through_data" or then == "write" and target in ("through_data",
+                                                                                             "own_view")
+
+    @program(f"set__{target}_{grad}_{then}", S, D, eager_raises=raises, must_match=not raises and not refused)
+    def _(n=3):
+        return fn(_body(swap, grad, then), r(n, 4, rg=grad == "self"),
+                  r(*y_shape(n), rg=grad in ("other", "other_no_grad")))
+
+
+for _t in TARGETS:
+    for _g in GRADS:
+        for _then in THENS:
+            if not (_g == "other" and _then == "return"):      # (returned, its backward raises in eager)
+                _register(_t, _g, _then)
+
+
+@program("set__written_before", S, D)
+def _(n=3):
+    def f(x, y):
+        x.mul_(2)           # the caller's x keeps its old storage's write in eager
+        x.set_(y)
+        return x + 1
+    return fn(f, r(n, 4), r(2, n))
+
+
+@program("set__same_tensor_twice", S, D)
+def _(n=3):
+    def f(a, b, y):
+        a.set_(y)
+        return a + 1, b * 2         # b is a: eager's b holds y's storage too
+    x = r(n, 4)
+    return fn(f, x, x, r(2, n))
+
+
+@program("set__leaf_requires_grad_under_no_grad", S, D)
+def _(n=3):
+    def f(w, y):
+        with torch.no_grad():
+            w.set_(y)       # eager: w stays a leaf requiring grad, its gradient of y's shape
+        return w * 2
+    return fn(f, r(n, 4, rg=True), r(2, n))
+
+
+@program("set__module_buffer", S, D, must_match=True)
+def _(n=3):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(n, 4))
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.b.set_(x.detach()[:, :4] * 2)     # a buffer re-pointed at a value made inside
+            return (x[:, :4] * self.w).sum() + self.b.sum()
+    return fn(M(), r(n, 5, rg=True))
+
+
+@program("set__other_input_written_too", S, D, must_match=True)
+def _(n=3):
+    def f(x, y):
+        x.set_(y)
+        y.add_(1)           # the swapped x sees it: one storage
+        return x * 2
+    return fn(f, r(n, 4), r(2, n))
+
+
+@program("set__swap_into_each_other", S, D, must_match=True)
+def _(n=3):
+    def f(x, y):
+        t = x.detach()      # x's storage, kept
+        x.set_(y)
+        y.set_(t)           # the two swap storages: the epilogue reads both before either is swapped
+        return x + 1, y * 2
+    return fn(f, r(n, 4), r(2, n))
