@@ -12,6 +12,7 @@ view's values correctly; only autograd's history is wrong, so only a base that r
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -56,7 +57,9 @@ class StaleViews:
 
     def __init__(self):
         _LAST.stale = None      # a new trace on this thread
-        self.views = WeakIdKeyDictionary()      # (a WeakSet compares tensors with ==: an op on a functional one)
+        # weak references, dropped dead at the next layout change (a WeakSet would compare colliding
+        # tensors with ==, an op on a functional tensor outside its mode)
+        self.views: list = []
         self.stale = WeakIdKeyDictionary()     # view -> (op, user line) of the layout change of its base
 
     def before(self, func, args, kwargs):
@@ -69,7 +72,8 @@ class StaleViews:
         x = args[0]
         if not (x.requires_grad and torch.is_grad_enabled() and x._base is None):
             return None     # a view's layout change: the other views' base keeps its layout
-        live = [v for v in self.views if v is not x and v._base is x]
+        self.views = [r for r in self.views if r() is not None]
+        live = [v for v in (r() for r in self.views) if v is not None and v is not x and v._base is x]
         return (x, _layout(x), live) if live else None
 
     def after(self, func, out, token) -> None:
@@ -80,7 +84,7 @@ class StaleViews:
                 for v in live:
                     self.stale[v] = _LAST.stale = (_name(func), caller_line())
         elif isinstance(out, torch.Tensor) and _kind(func) == "view":
-            self.views[out] = None
+            self.views.append(weakref.ref(out))
 
     def _check(self, func, args, kwargs) -> None:
         for v in pytree.tree_leaves((args, kwargs)):
