@@ -92,4 +92,4 @@ def views_of(base_shape, rg, *views):
     return [v(x) for v in views]
 
 
-from . import p_alias, p_mutation, p_modes, p_functions, p_misc, p_aotdispatch, p_dtype_views, p_call_modes, p_blocks, p_input_writes, p_layouts, p_ops, p_meta_mutation, p_data_dependent, p_hook_state, p_storage, p_input_flags  # noqa: E402,F401  (fill PROGRAMS)
+from . import p_alias, p_mutation, p_modes, p_functions, p_misc, p_aotdispatch, p_dtype_views, p_call_modes, p_blocks, p_input_writes, p_layouts, p_ops, p_meta_mutation, p_data_dependent, p_hook_state, p_storage, p_input_flags, p_backward_writes  # noqa: E402,F401  (fill PROGRAMS)
