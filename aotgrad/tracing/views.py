@@ -17,10 +17,6 @@ from __future__ import annotations
 import contextlib
 import threading
 
-HOLDING: dict = {}
-"""Thread id -> how many :func:`holding` contexts that thread is in (modules holding its traced
-values in place of their parameters). A thread in none reads every module's real entries."""
-
 _INSTALLING = threading.Lock()      # a view stands in, gets a layer, loses one, is put back: one at a time
 
 
@@ -108,7 +104,6 @@ def holding(homes, state):
     for md, kind, attr, i in homes:
         grouped.setdefault((id(md), kind), (md, kind, {}))[2][attr] = state[i]
     tid, held = threading.get_ident(), []
-    HOLDING[tid] = HOLDING.get(tid, 0) + 1
     try:
         with _INSTALLING:
             for md, kind, values in grouped.values():
@@ -126,7 +121,3 @@ def holding(homes, state):
                     del view.layers[tid]
                     if not view.layers:
                         _put_back(md, kind, view)
-        if HOLDING[tid] == 1:
-            del HOLDING[tid]
-        else:
-            HOLDING[tid] -= 1
