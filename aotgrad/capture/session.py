@@ -138,6 +138,16 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 return device
         if anomaly_nan_check(func):
             return False        # no values to check: the compiled backward's outputs are checked when it runs
+        if func is _RESIZE and _symbolic_shrink(args):
+            # Fake tensors with symbolic sizes cannot resize (their sizes are the shape environment's): a
+            # contiguous tensor resized to no more elements keeps its storage and offset and takes the new
+            # size's contiguous strides, which is as_strided_ (replayed on the caller's tensor like t_()).
+            t, size = args[0], list(args[1])
+            stride = [1] * len(size)
+            for d in range(len(size) - 2, -1, -1):
+                stride[d] = stride[d + 1] * size[d + 1]
+            return self.__torch_dispatch__(_AS_STRIDED_, (FunctionalTensor,), (t, size, stride, t.storage_offset()),
+                                           {})
         if func is _RESIZE_STORAGE:
             from ..errors import UnsupportedError, caller_line
             raise UnsupportedError(
@@ -235,7 +245,20 @@ def _traced(t) -> bool:
 _DEVICE = torch.ops.prim.device.default
 _CLONE = torch.ops.aten.clone.default
 _ALIAS = torch.ops.aten.alias.default
+_RESIZE = torch.ops.aten.resize_.default
+_AS_STRIDED_ = torch.ops.aten.as_strided_.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
+
+
+def _symbolic_shrink(args) -> bool:
+    """``resize_(t, size)`` of a traced contiguous tensor with symbolic sizes to no more elements."""
+    t, size = args[0], args[1]
+    if not isinstance(t, FunctionalTensor) or not any(isinstance(v, torch.SymInt) for v in (*t.shape, *size)):
+        return False
+    numel = 1
+    for v in size:
+        numel = numel * v
+    return bool(t.is_contiguous()) and bool(numel <= t.numel())
 
 
 def _device(t):

@@ -135,3 +135,32 @@ def _(n=3):
         y.set_(t)           # the two swap storages: the epilogue reads both before either is swapped
         return x + 1, y * 2
     return fn(f, r(n, 4), r(2, n))
+
+
+# --- resize_() of an input (no grad: eager refuses resizing a tensor that requires grad) ----------------
+# Under dynamic shapes a contiguous input resized to no more elements is traced as as_strided_ with the new
+# size's contiguous strides (fake tensors with symbolic sizes cannot resize); a bigger or non-contiguous
+# one is refused there (torch.compile graph-breaks on resize_ of an input), exact with static shapes.
+
+RESIZES = {
+    "smaller": (lambda n: (n, 4), lambda x: x.resize_(2, 3)),
+    "flat": (lambda n: (n, 4), lambda x: x.resize_(x.shape[0] * 2)),
+    "same_numel": (lambda n: (n, 4), lambda x: x.resize_(4, x.shape[0])),
+    "bigger": (lambda n: (n,), lambda x: x.resize_(2 * x.shape[0])),
+}
+def _resized(resize, then, grows):
+    def f(x, w):
+        resize(x)
+        if then == "write" or grows:    # (a grown tensor's new elements hold whatever the storage held)
+            x.fill_(0.5)
+        out = x.sum() * w
+        return (out, x, x.view(-1)[:2]) if then == "return" else out
+    return f
+
+
+for _name, (_shape, _resize) in RESIZES.items():
+    for _then in ("none", "write", "return"):
+        @program(f"resize__{_name}_{_then}", S, D, *(("isolate",) if _name == "bigger" else ()),
+                 must_match=_name != "bigger")
+        def _(n=3, f=_resized(_resize, _then, _name == "bigger"), shape=_shape):
+            return fn(f, r(*shape(n)), r(3, rg=True))
