@@ -130,7 +130,9 @@ class Reuse:
         m = self.members.get(id(module))
         if m is None or self.off:
             return flat_call(module, *args, **kwargs)
-        if hooked(m):
+        with reads.paused():        # our own look at its hook dicts: no user code runs in it
+            hook = hooked(m)
+        if hook:
             return self._flat(module, "a hook was registered on it while the program ran", args, kwargs)
         origin = (id(module), self.seen.get(id(module), 0))    # the same call in every trace of the program
         self.seen[id(module)] = origin[1] + 1
