@@ -16,6 +16,7 @@ from .partition.blocks import inline_calls
 from .partition.default import distinct_examples
 from .passes.compact_saved import compact_saved
 from .passes.input_writes import writes_in_graph
+from .passes.views import fold_views
 from .options import CompileOptions
 from .runtime.call import eager_layout, make_call
 from .runtime.modes import without_autocast
@@ -104,7 +105,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
     else:
         partitioner = partition.get(options.resolved_partitioner(), options.memory_budget)
         with timed(history, "stored partition" if isinstance(partitioner, partition.Partition) else "partition") as info:
-            joint = captured.joint
+            joint = fold_views(captured.joint, lay.n_fw)   # t(t(w)) -> w, across the cut too
             if options.compiles_with("inductor"):
                 joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
             part = partitioner(joint, lay)
