@@ -71,6 +71,7 @@ del KNOWN["anomaly_mode_left_on", "dynamo_warm"]   # served from the disk cache:
 for _t in ("input", "input_view", "input_t"):       # seen at the stride call, which dynamo_warm does not make
     del KNOWN[f"set__{_t}_none_write", "dynamo_warm"]
 del KNOWN["set__other_input_written_too", "dynamo_warm"]
+del KNOWN["aotd_dispatch_input_metadata_mutation", "dynamo_warm"]   # its base call runs like eager since symbolic-size subclass inputs (9182e23); the refusal is at a later call, which dynamo_warm does not make
 for _op in ("t_", "unsqueeze_", "as_strided_"):   # seen at the size call, which dynamo_warm does not make
     for _rg in ("", "_rg"):
         del KNOWN[f"meta_{_op}_aliased_other_written{_rg}", "dynamo_warm"]
