@@ -29,8 +29,8 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._ops import OpOverload
 
+from .._torch import OpOverload
 from ..ir.ops import aliases_input, mutated_args
 from .cleanup import _drop_dead, copy_module
 
