@@ -111,12 +111,14 @@ def _same_as(n: fx.Node) -> fx.Node | None:
 
 
 def _layout(t: torch.Tensor) -> tuple:
-    """What decides which memory a view reads; a symbolic size as its expression (comparing
-    two SymInts with ``==`` would add a guard)."""
+    """What decides which memory a view reads and how (the conjugate and negative bits); a symbolic
+    size as its expression (comparing two SymInts with ``==`` would add a guard)."""
     def exact(v):
         return v.node.expr if isinstance(v, torch.SymInt) else int(v)
+    if t.layout != torch.strided:
+        return (object(),)      # sparse or another layout: equal to nothing else
     return (t.dtype, t.device, tuple(map(exact, t.shape)), tuple(map(exact, t.stride())),
-            exact(t.storage_offset()))
+            exact(t.storage_offset()), t.is_conj(), t.is_neg())    # conj() is a view of the same layout
 
 
 def _reads_only(user: fx.Node) -> bool:

@@ -64,6 +64,11 @@ def _shared(a, b, c):
     return ((a.t().t() + b.t().t()) * c).sum()
 
 
+def _complex(z, w):
+    # conj() is a view laid out as its input: only its conjugate bit tells them apart
+    return (z * w).abs().sum(), z.conj().t().t() * 2, z.conj().conj().t().t().real
+
+
 def _dynamic(x, w):
     return (x.view(x.shape[0], -1).t().t() @ w).tanh().sum()
 
@@ -83,6 +88,7 @@ PROGRAMS = {
     "channels_last": (_channels_last, lambda: (_rand(2, 3, 4, 5).to(memory_format=torch.channels_last),
                                                _rand(1, 3, 1, 1))),
     "shared_gradient": (_shared, lambda: (_rand(3, 4), _rand(3, 4), _rand(3, 4))),
+    "complex": (_complex, lambda: (_rand(4, 3, dtype=torch.complex64), _rand(4, 3, dtype=torch.complex64))),
     "dynamic": (_dynamic, lambda: (_rand(4, 3), _rand(3, 2))),
 }
 DYNAMIC = {"dynamic"}
