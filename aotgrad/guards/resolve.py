@@ -121,15 +121,29 @@ class Resolver:
         self._unfollowed()
         self._switches()
         frames = list(self.rec.frames.values())
+        looked: dict = {}       # id(frame) -> the paths its self and arguments had when it was resolved
         for _ in range(3):      # a self or argument reached later gets its path on the next round
             known = len(self.paths)
             for f in frames + self.cached:
+                now = self._looked(f)
+                if now is not None and looked.get(id(f)) == now:
+                    continue    # the same calls as its last round made: all no-ops
+                looked[id(f)] = now
                 self._frame(f)
             for v in getattr(self.rec, "returned", ()):
                 self._value(v, None, v.__name__)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
         return list(self.reads.values())
+
+    def _looked(self, f):
+        """What ``_frame`` looks up in ``paths`` for ``f``: the paths of its ``self`` and of its arguments
+        (every other lookup it makes is of state only a first call changes); None for code that reads
+        reflectively, whose objects' paths are looked up wherever it reaches."""
+        if f.kind == USER and _reflects(f, chains(f.code)[0]):
+            return None
+        get = self.paths.get
+        return get(id(f.self_obj)) if f.self_obj is not None else None, tuple(get(id(v)) for v in f.args.values())
 
     def _unfollowed(self):
         """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
