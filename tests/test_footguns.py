@@ -639,7 +639,7 @@ def _seed_then_draw(x):
 
 
 @pytest.mark.parametrize("fn,x,words", [
-    (_swap_storage, torch.randn(3), ("set_()", "input 0")),
+    (_swap_storage, torch.randn(3, requires_grad=True), ("set_()", "input 0")),  # set_ has no derivative
     (_transpose_in_place, torch.randn(2, 3, requires_grad=True), ("metadata change of input 0",)),
     (_seed_then_draw, torch.randn(3), ("manual_seed(3)",)),
 ], ids=["set_", "t_", "manual_seed"])

@@ -353,12 +353,12 @@ def test_metadata_mutation_of_input_requiring_grad():
     check(f, make=lambda: ((torch.randn(2, 3, requires_grad=True) * 1,), {}))
 
 
-def test_requires_grad_flip_is_refused():
+def test_requires_grad_flip_on_an_input_is_replayed():
+    """Eager: the caller's tensor requires grad afterwards and the output's graph reaches it."""
     def f(x):
         x.requires_grad_()
         return x * 2
-    with pytest.raises(errors.MutationError, match="requires_grad_"):
-        aotgrad.capture(f, torch.randn(3))
+    check(f, make=lambda: ((torch.randn(3),), {}))
 
 
 def test_double_backward_matches_eager():
