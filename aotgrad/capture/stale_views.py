@@ -19,6 +19,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._torch import pytree
 from ..errors import MutationError, caller_line
+from ..ir.ops import mutated_args
 
 _LAST = threading.local()    # .stale: the latest layout change that made a view stale, on this thread
 _KIND: dict = {}    # operator -> "view" (returns an alias, writes nothing), "layout" (t_, unsqueeze_...) or ""
@@ -28,8 +29,7 @@ def _kind(func) -> str:
     kind = _KIND.get(func)
     if kind is None:
         schema = getattr(func, "_schema", None)
-        writes = schema is not None and any(a.alias_info is not None and a.alias_info.is_write
-                                            for a in schema.arguments)
+        writes = schema is not None and bool(mutated_args(func))
         if torch.Tag.inplace_view in getattr(func, "tags", ()):
             kind = "layout"
         elif schema is not None and not writes and schema.returns and schema.returns[0].alias_info is not None:
