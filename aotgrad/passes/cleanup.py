@@ -39,7 +39,7 @@ def _drop_detach(g: fx.Graph) -> None:
                 g.erase_node(n)
 
 
-def _drop_dead(g: fx.Graph) -> None:
+def drop_dead(g: fx.Graph) -> None:
     g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output") or has_side_effect(n))
 
 
@@ -53,7 +53,7 @@ def _pure(*edits):
     return run
 
 
-eliminate_dead_code = _pure(_drop_dead)
+eliminate_dead_code = _pure(drop_dead)
 eliminate_dead_code.__name__ = "eliminate_dead_code"
 eliminate_dead_code.__doc__ = """Drop nodes nothing uses, keeping random ops so the RNG advances as in eager.
 
@@ -68,7 +68,7 @@ remove_detach.__doc__ = """Replace ``detach(x)`` (and an ``alias(x)`` not return
     ``d = detach(r); y = threshold_backward(g, d)``  ->  ``y = threshold_backward(g, r)``
     """
 
-simplify = _pure(_drop_detach, _drop_dead)
+simplify = _pure(_drop_detach, drop_dead)
 simplify.__name__ = "simplify"
 simplify.__doc__ = "``remove_detach`` then ``eliminate_dead_code``, on one copy."
 
@@ -78,6 +78,6 @@ def simplify_owned(gm: fx.GraphModule) -> fx.GraphModule:
     no one (capture's fresh joint): copying and regenerating code twice cost more
     than the edits on a large graph."""
     _drop_detach(gm.graph)
-    _drop_dead(gm.graph)
+    drop_dead(gm.graph)
     gm.recompile()
     return gm

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from ..ir.ops import RNG_CALL, RNG_META, SHAPE_ONLY, is_random
 from ..errors import UnsupportedError
-from .cleanup import _drop_dead, copy_module
+from .cleanup import drop_dead, copy_module
 from .rng_layout import draw_in_memory_order, needs_memory_order
 from .rng_positions import ENDS, PHASE
 from .rng_rewind import restore_after
@@ -91,7 +91,7 @@ def share_recomputed_randomness(gm: fx.GraphModule) -> fx.GraphModule:
     first = _share_replays(gm.graph)
     _leave_stream_as_eager(gm.graph, first, gm.meta.get(ENDS, {}))
     draw_in_memory_order(gm)
-    _drop_dead(gm.graph)
+    drop_dead(gm.graph)
     gm.recompile()
     return gm
 

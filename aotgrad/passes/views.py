@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from .._torch import OpOverload
 from ..ir.ops import aliases_input, mutated_args
-from .cleanup import _drop_dead, copy_module
+from .cleanup import drop_dead, copy_module
 
 
 def fold_views(joint: fx.GraphModule, n_fw: int) -> fx.GraphModule:
@@ -48,7 +48,7 @@ def fold_views(joint: fx.GraphModule, n_fw: int) -> fx.GraphModule:
         new, to = env[node], env[base]
         new.replace_all_uses_with(to, delete_user_cb=lambda u: u is not out and _reads_only(u)
                                   or u is out and fold_output)
-    _drop_dead(gm.graph)
+    drop_dead(gm.graph)
     gm.recompile()
     return gm
 
