@@ -19,29 +19,10 @@ import torch.nn as nn
 
 import aotgrad
 from aotgrad import errors
+from tests.differential.p_step import MomentumSGD   # an optimizer the user wrote: its own step(), state made on its first step
 
 
 # ---------------------------------------------------------------- optimizers users write
-
-class MomentumSGD(torch.optim.Optimizer):
-    """A subclass with its own ``step()``: Python over tensors, state created on the first step."""
-
-    def __init__(self, params, lr=0.1, momentum=0.9):
-        super().__init__(params, dict(lr=lr, momentum=momentum))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if "buf" not in st:
-                    st["buf"] = p.grad.clone()
-                else:
-                    st["buf"].mul_(group["momentum"]).add_(p.grad)
-                p.add_(st["buf"], alpha=-group["lr"])
-
 
 class CountingSGD(torch.optim.Optimizer):
     """State holding a Python ``int`` step count (guarded by value: each step is another graph)."""
