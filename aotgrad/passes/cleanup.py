@@ -9,16 +9,19 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._torch import copy_graph
+from .._torch import copy_graph, lazy_graph_module
 from ..ir.ops import has_side_effect
 
 
 def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A new graph module to edit; node metadata (fake values) is shared, not deep-copied."""
+    """A new graph module to edit; node metadata (fake values) is shared, not deep-copied. Its
+    Python code is written when first read or run (``lazy_graph_module``): a pass edits the copy and
+    calls ``recompile()``, and most copies (the joint a partitioner reads) are never run at all, so
+    writing the code on copying and again per edit was a deep model's largest compile cost."""
     g = fx.Graph()
     out = copy_graph(g, gm.graph, {})
     g.output(out)
-    new = fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    new = lazy_graph_module(gm, g, type(gm).__name__)
     new.meta.update(getattr(gm, "meta", {}))
     return new
 
