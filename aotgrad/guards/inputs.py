@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .._torch import PythonPrinter, backed_symbols, int_oo
+from .._torch import PythonPrinter, TensorGuards, backed_symbols, int_oo, tensors_check
 from ..runtime.codegen import compile_source
 
 
@@ -24,6 +24,7 @@ class TensorSpec:
     size: tuple            # ints, or sympy expressions of the shape environment's symbols
     requires_grad: bool
     layout: tuple = ()     # strides then storage offset, the same way
+    nbytes: int | None = None   # its storage's size in bytes, where the function resizes it (capture.analyze)
 
 
 def _expr(s):
@@ -97,8 +98,7 @@ def build(specs, descs, conditions, numbers=()) -> InputGuards:
         rest, _, _ = _source("check_rest", [None] * k + list(specs[k:]), conditions)
         offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
                           if not descs[i].is_state())
-        head = "flat" if k == len(specs) else f"flat[:{k}]"     # all static (the usual case): no slice copy
-        check = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(*{head}){offsets}:\n"
+        check = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(flat){offsets}:\n"
                  "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest)
         src = check + "\n\n" + slow
         env["fast"] = fast
@@ -122,25 +122,30 @@ def _compiled_on_first_call(src: str, env: dict):
 
 def _static_prefix(specs, descs):
     """``(k, checker)``: the first ``k`` tensors (parameters and buffers come first) have static
-    sizes and strides, and one C++ call checks their dtype, device, requires_grad, dispatch keys,
-    sizes and strides (``TensorGuards``, a PyTorch primitive); ``check_all`` still says which failed.
-    Storage offsets of parameters and buffers are not checked there: a module's own state does not
-    move within its storage between calls, and the graph reads values, not offsets."""
-    try:
-        from .._torch import TensorGuards
-    except ImportError:
-        return 0, None
+    sizes and strides, and one C++ call ``checker(flat)`` checks their Python type, dispatch keys,
+    dtype, device, requires_grad, sizes and strides (a guard manager's ``TENSOR_MATCH`` leaves, else
+    ``TensorGuards``: PyTorch primitives); ``check_all`` still says which failed. Storage offsets of
+    parameters and buffers are not checked there: a module's own state does not move within its
+    storage between calls, and the graph reads values, not offsets."""
     k = 0
-    while k < len(specs) and specs[k] is not None and all(isinstance(v, int) for v in (*specs[k].size, *specs[k].layout)):
+    while k < len(specs) and specs[k] is not None and specs[k].nbytes is None and \
+            all(isinstance(v, int) for v in (*specs[k].size, *specs[k].layout)):
         k += 1
     if k == 0:
         return 0, None
     exemplars = [_exemplar(s, d.is_param()) for s, d in zip(specs[:k], descs[:k])]
+    sizes, strides = [list(s.size) for s in specs[:k]], [list(s.layout[:-1]) for s in specs[:k]]
+    check = tensors_check(exemplars, sizes, strides) if _MANAGER else None
+    if check is not None:
+        return k, check
     try:
-        return k, TensorGuards(*exemplars, dynamic_dims_sizes=[list(s.size) for s in specs[:k]],
-                               dynamic_dims_strides=[list(s.layout[:-1]) for s in specs[:k]]).check
+        guards = TensorGuards(*exemplars, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
     except Exception:   # a layout this torch's checker cannot express: the Python check does it all
         return 0, None
+    return k, lambda flat: len(flat) >= k and guards.check(*flat[:k])
+
+
+_MANAGER = True     # False: ``TensorGuards`` (what a torch without ``tensors_check``'s manager runs; tests)
 
 
 def _exemplar(spec: TensorSpec, is_param: bool) -> torch.Tensor:
@@ -169,6 +174,8 @@ def _source(name: str, specs, conditions, numbers=()):
                 bind_lines.append(f"        {str(s)!r}: flat[{i}].shape[{d}],")
             elif not isinstance(s, int):
                 exact.append(f"t.shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))})")
+        if spec.nbytes is not None:
+            exact.append(f"t.untyped_storage().nbytes() != {spec.nbytes}")
         if exact:
             lines.append(f"    if {' or '.join(exact)}: return {i}")
     for i, spec in enumerate(specs):     # symbols seen only in strides or offsets (views of a base)
