@@ -19,7 +19,7 @@ from .._torch import (
 from ..ir.records import Analysis, JointLayout, forward_values
 from ..runtime.modes import autocast_off
 from ..inputs.flatten import module_state
-from ..inputs.subclasses import Meta, Promoted, SubclassGradient
+from ..inputs.subclasses import Promoted, SubclassGradient
 from ..errors import UnsupportedError, caller_line
 from ..scoped import FX_TRACING
 from ..passes.rng_positions import backward_begins
@@ -89,7 +89,7 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                             [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
                             [to_functional(t) for t in tangents], allow_unused=True)
                     joint.engine_sums = (sums.names, sums.counts) if engine_sums else None
-                    _subclass_grads(got, lay)
+                    _subclass_grads(got, lay, f_ins)
                     for k, (i, g) in enumerate(zip(lay.grad_of, got)):
                         if i in unseen and g is not None:   # a gradient the block did not write itself
                             direct.missed = True        # (unseen inputs come with a Direct)
@@ -103,23 +103,17 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
     return joint
 
 
-def _subclass_grads(grads, lay) -> None:
+def _subclass_grads(grads, lay, ins) -> None:
     """A subclass input's gradient is flattened by its own unflatten's backward (``inputs.subclasses``):
     what reaches a graph input here is a plain tensor's gradient. Where that is a subclass (the input
     met one in an op, so eager's ``.grad`` is one), the capture traces again with the input promoted
-    (``SubclassGradient``; a gradient of symbolic sizes is refused)."""
+    (``SubclassGradient``; ``Promoted.of`` refuses inner sizes it cannot give the carriers)."""
     found, why = {}, None
     for i, g in zip(lay.grad_of, grads):
         if traceable_subclass(g):
-            meta = Meta.of(g)
-            leaves = meta.leaves(g)
-            found[i] = Promoted(meta, tuple((tuple(x.shape), x.dtype, x.device) for x in leaves))
+            found[i] = Promoted.of(g, ins[i])
             why = why or (f"the gradient of flat input {i}, a plain tensor, is a {type(g).__name__} (it met a "
                           f"{type(g).__name__} in an op, so eager's .grad would be one)")
-            if not all(type(v) is int for x in leaves for v in x.shape):
-                raise UnsupportedError(why + " with symbolic sizes: aotgrad gives it the subclass's structure "
-                                       "only for static shapes; capture with dynamic=False, make the input itself "
-                                       "that subclass, or detach it", user_line=caller_line())
     if found:
         raise SubclassGradient(why + ": its graph inputs were rebased (aliased inputs written), so aotgrad cannot "
                                "add inputs carrying that gradient's leaves; make the input itself that subclass, "

@@ -202,16 +202,18 @@ class Promoted:
     subclass). Its graph leaves are the input itself and one *carrier* per leaf of the gradient's
     structure ``grad`` (a zero of that leaf's shape, expanded, never read): the traced function takes
     the input through :class:`_Unflatten`, whose backward hands the subclass gradient's leaves to the
-    carriers, and at run time :class:`_Flatten` builds the subclass from the carriers' gradients."""
+    carriers, and at run time :class:`_Flatten` builds the subclass from the carriers' gradients.
+    A leaf's shape in ``like`` is None where it is the input's own (symbolic in a trace with symbolic
+    sizes: the carrier gets the input's symbols, and its size at run time)."""
     grad: Meta
-    like: tuple         # (shape, dtype, device) of each leaf of the gradient
+    like: tuple         # (shape or None, dtype, device) of each leaf of the gradient
 
     @property
     def n(self) -> int:
         return 1 + len(self.like)
 
     def leaves(self, t) -> list:
-        return [t, *(torch.zeros((), dtype=d, device=v).expand(s) for s, d, v in self.like)]
+        return [t, *(torch.zeros((), dtype=d, device=v).expand(t.shape if s is None else s) for s, d, v in self.like)]
 
     def build(self, leaves):
         value = next(leaves)
@@ -225,20 +227,43 @@ class Promoted:
     def examples(self, t, rg: bool) -> list:
         return [t, *(c.requires_grad_(rg) for c in self.leaves(t)[1:])]
 
+    def fakes(self, f, fake_mode) -> list:
+        """The carriers' fakes beside the input's fake ``f`` (its symbols where a shape is the input's)."""
+        with fake_mode:
+            return [torch.empty_strided(f.shape if s is None else s, (0,) * len(f.shape if s is None else s),
+                                        dtype=d, device=v).requires_grad_() for s, d, v in self.like]
+
     def descs(self, d) -> list:
         return [d, *(InputDesc(n) for n in self.grad.names(f"{d.name}.grad"))]
 
     def why(self, t, name: str) -> str | None:
         return f"{name} was a plain tensor when captured, now a {type(t).__name__}" if traceable_subclass(t) else None
 
-    def carried(self, grad) -> list:
-        """The leaves of ``grad``, which must have the structure the trace gave it."""
+    def carried(self, grad, like) -> list:
+        """The leaves of ``grad``, which must have the structure the trace gave it and the carriers'
+        shapes and dtypes (``like``)."""
         leaves = Meta.of(grad).leaves(grad) if traceable_subclass(grad) and Meta.of(grad) == self.grad else None
-        if leaves is None or [(x.shape, x.dtype) for x in leaves] != [(s, d) for s, d, _ in self.like]:
+        if leaves is None or [(x.shape, x.dtype) for x in leaves] != list(like):
             raise UnsupportedError(f"the gradient of a plain input was a {self.grad} when traced, now a "
                                    f"{type(grad).__name__}: aotgrad fixed its structure at the trace",
                                    user_line=_user_line())
         return leaves
+
+    @classmethod
+    def of(cls, grad, x) -> "Promoted":
+        """The promotion of plain input ``x`` (a fake) whose gradient in the trace is ``grad``."""
+        meta = Meta.of(grad)
+        _dynamic_refused(meta, "the gradient of a plain input")
+        like = []
+        for leaf in meta.leaves(grad):
+            own = str(tuple(leaf.shape)) == str(tuple(x.shape))
+            if not own and not all(type(v) is int for v in leaf.shape):
+                raise UnsupportedError(f"the gradient of a plain input is a {meta.cls.__name__} whose inner tensors have "
+                                       f"symbolic sizes {tuple(leaf.shape)} other than the input's: aotgrad cannot "
+                                       "size the inputs that carry them; capture with dynamic=False",
+                                       user_line=_user_line())
+            like.append((None if own else tuple(leaf.shape), leaf.dtype, leaf.device))
+        return cls(meta, tuple(like))
 
 
 class SubclassGradient(UnsupportedError):
@@ -269,9 +294,8 @@ def promoted(setup, e: SubclassGradient):
     new = replace(unwrap, metas=tuple(metas), grads={})
     real, fakes, descs = [], [], []
     for i, (t, f, d) in enumerate(zip(setup.real_inputs, setup.fake_inputs, setup.input_descs)):
-        extra = e.found[i].examples(t, True)[1:] if i in e.found else []
-        faked = [setup.session.fake_mode.from_tensor(c) for c in extra]
-        real += [t, *(faked if t is f else extra)]      # Dynamo's inputs are its fakes
+        faked = e.found[i].fakes(f, setup.session.fake_mode) if i in e.found else []
+        real += [t, *(faked if t is f else e.found[i].examples(t, True)[1:] if i in e.found else [])]
         fakes += [f, *faked]
         descs += e.found[i].descs(d) if i in e.found else [d]
     flat_fn = new.wrap(getattr(old, "inner", old))
@@ -344,7 +368,7 @@ class _Unflatten(torch.autograd.Function):
         if grad is None:
             return (None, None) + (None,) * len(ctx.like)
         if isinstance(ctx.meta, Promoted):
-            return (None, None, None, *ctx.meta.carried(grad))
+            return (None, None, None, *ctx.meta.carried(grad, ctx.like[1:]))
         gm = Meta.of(grad) if traceable_subclass(grad) else None
         leaves = gm.leaves(grad) if gm is not None else None
         if leaves is None or len(leaves) != len(ctx.like) or any(

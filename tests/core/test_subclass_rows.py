@@ -40,13 +40,11 @@ class _Weighted(nn.Module):
 
 
 PROGRAMS = {"elementwise": lambda: _elementwise, "reduced": lambda: _reduced, "linear": _Weighted}
-# the weight's eager .grad is a subclass (it met one): with symbolic sizes aotgrad refuses to promote it
-REFUSED = {("linear", "capture"), ("linear", "jit")}
 
 DYNAMIC = {
-    "capture": lambda fn, x: aotgrad.capture(fn, x, dynamic=True).compile(),
-    "jit": lambda fn, x: aotgrad.jit(fn, dynamic=True),
-    "dynamo": lambda fn, x: torch.compile(fn, backend="aotgrad", dynamic=True),
+    "capture": lambda fn, *xs: aotgrad.capture(fn, *xs, dynamic=True).compile(),
+    "jit": lambda fn, *xs: aotgrad.jit(fn, dynamic=True),
+    "dynamo": lambda fn, *xs: torch.compile(fn, backend="aotgrad", dynamic=True),
 }
 
 
@@ -69,11 +67,6 @@ def test_subclass_input_with_symbolic_sizes_is_eager_at_every_size(cls, program,
     tensor's (``Meta.size`` None), symbolic in the trace, read from the inputs at run time."""
     torch._dynamo.reset()
     fn_e, fn_c = PROGRAMS[program](), PROGRAMS[program]()
-    if (program, entry) in REFUSED:
-        with pytest.raises(UnsupportedError, match="symbolic sizes"):
-            DYNAMIC[entry](fn_c, _input(cls, SIZES[0]))(_input(cls, SIZES[0]))
-        assert all(p.grad is None for p in fn_c.parameters())
-        return
     compiled = DYNAMIC[entry](fn_c, _input(cls, SIZES[0]))
     for n in SIZES:
         x_e, x_c = _input(cls, n), _input(cls, n)
@@ -85,6 +78,58 @@ def test_subclass_input_with_symbolic_sizes_is_eager_at_every_size(cls, program,
             p.grad = None
         for p in (fn_c.parameters() if isinstance(fn_c, nn.Module) else ()):
             p.grad = None
+
+
+# --- a plain input whose gradient is a subclass, with symbolic sizes: its carriers take the input's
+# symbols in the trace and its size at run time (Promoted.like None)
+
+def _plain(n, rg=True, cols=4):
+    torch.manual_seed(100 + n)
+    return torch.randn(n, cols).requires_grad_(rg) if n else torch.randn(cols).requires_grad_(rg)
+
+
+PROMOTED = {     # (function, inputs at size n): the plain inputs' eager .grad is a subclass
+    "beside": (lambda x, y: (x * y).sin(), lambda c, n: (_input(c, n), _plain(n))),
+    "also used plainly": (lambda x, y: (x * y).sin() + y.exp(), lambda c, n: (_input(c, n), _plain(n))),
+    "broadcast bias": (lambda x, b: (x + b).tanh(), lambda c, n: (_input(c, n), _plain(0))),
+    "subclass without grad": (lambda x, y: (x * y).cos(), lambda c, n: (_input(c, n, rg=False), _plain(n))),
+    "nested subclass": (lambda x, y: (x * y).cos(),
+                        lambda c, n: (TwoTensor(_input(c, n, False), _input(c, n, False)).requires_grad_(), _plain(n))),
+    "two promoted": (lambda x, y, z: x * y + z * x, lambda c, n: (_input(c, n, rg=False), _plain(n), _plain(n))),
+}
+FAST = ("beside", "broadcast bias", "two promoted")     # in make test; the rest slow
+
+
+@pytest.mark.parametrize("entry", list(DYNAMIC))
+@pytest.mark.parametrize("cls, case", [pytest.param(c, p, marks=() if c == "TwoTensor" and p in FAST else pytest.mark.slow)
+                                       for c in CLASSES for p in PROMOTED])
+def test_plain_input_with_subclass_grad_and_symbolic_sizes_is_eager_at_every_size(cls, case, entry):
+    if case == "nested subclass" and cls != "TwoTensor":
+        pytest.skip("a TwoTensor of the class")
+    torch._dynamo.reset()
+    fn, inputs = PROMOTED[case]
+    compiled = DYNAMIC[entry](fn, *inputs(cls, SIZES[0]))
+    for n in SIZES:
+        ins_e, ins_c = inputs(cls, n), inputs(cls, n)
+        out_e, out_c = fn(*ins_e), compiled(*ins_c)
+        assert_close(out_e, out_c, f"output at size {n}", 0, 0)
+        w = torch.randn(out_e.shape, generator=torch.Generator().manual_seed(n))
+        (out_e * w).sum().backward(), (out_c * w).sum().backward()
+        for k, (a, b) in enumerate(zip(ins_e, ins_c)):
+            assert type(a.grad) is type(b.grad), f"gradient {k} at size {n}: {type(a.grad)} vs {type(b.grad)}"
+            assert_close(a.grad, b.grad, f"gradient {k} at size {n}", 0, 0)
+
+
+def test_promoted_input_with_symbolic_sizes_checks_the_gradient_it_carries():
+    """A later call's subclass gradient is checked against the trace's structure and the carriers' sizes
+    (``Promoted.carried``, the subclass input's unflatten): another class is refused as the backward runs."""
+    fn = PROMOTED["beside"][0]
+    compiled = aotgrad.capture(fn, _input("TwoTensor", 3), _plain(3), dynamic=True).compile()
+    x, y = _input("TwoTensor", 5), _plain(5)
+    out = compiled(x, y)
+    with pytest.raises(UnsupportedError, match="is a WrapperSubclass"):
+        out.backward(WrapperSubclass(torch.ones(5, 4)))
+    assert y.grad is None
 
 
 # --- jagged nested tensors with symbolic sizes: total length and sequence lengths vary
