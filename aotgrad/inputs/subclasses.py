@@ -404,13 +404,15 @@ subclass inputs; ``inputs``, the caller's flat inputs of the running compiled ca
 
 class InputOut:
     """A subclass input the function returns as it is (``layout`` None) or a view of (``layout``: its
-    static size, stride and offset): no graph output; at run time the caller's input itself, as eager
+    size, stride and offset): no graph output; at run time the caller's input itself, as eager
     returns the very tensor, or that input viewed by ``as_strided`` (the replay autograd itself uses for
-    a subclass's views), so the output is a view of it, as eager's is."""
-    __slots__ = ("index", "layout")
+    a subclass's views), so the output is a view of it, as eager's is. A symbolic layout holds sympy
+    expressions over the symbols of the input's own size and stride (``binds``: symbol -> position in
+    the input's ``(*size, *stride, offset)``), evaluated on the caller's input."""
+    __slots__ = ("index", "layout", "binds")
 
-    def __init__(self, index, layout=None):
-        self.index, self.layout = index, layout
+    def __init__(self, index, layout=None, binds=()):
+        self.index, self.layout, self.binds = index, layout, binds
 
     def __eq__(self, other) -> bool:     # output structures compare
         return isinstance(other, InputOut) and (self.index, self.layout) == (other.index, other.layout)
@@ -423,33 +425,67 @@ class InputOut:
 
     def value(self):
         t = _CALL.inputs[self.index]
-        return t if self.layout is None else t.as_strided(*self.layout)
+        if self.layout is None:
+            return t
+        if not self.binds:
+            return t.as_strided(*self.layout)
+        at = (*t.size(), *t.stride(), t.storage_offset())
+        env = {sym: at[k] for sym, k in self.binds}
+        size, stride, offset = (tuple(int(v.xreplace(env)) if not isinstance(v, int) else v for v in part)
+                                for part in (self.layout[0], self.layout[1], (self.layout[2],)))
+        return t.as_strided(size, stride, offset[0])
 
 
 pytree.register_pytree_node(InputOut, lambda v: ([], v), lambda leaves, v: v.value())
 
 
+def _expr(v):
+    """An int as it is, a SymInt as its sympy expression."""
+    return v if type(v) is int else v.node.expr
+
+
+def _symbolic_layout(base, layout):
+    """``(layout, binds)`` with each symbolic value of ``layout`` a sympy expression over the symbols
+    of ``base``'s own size, stride and offset; None where it holds another symbol."""
+    binds = {}
+    for k, v in enumerate((*base.size(), *base.stride(), base.storage_offset())):
+        e = _expr(v)
+        if type(v) is not int and e.is_Symbol:
+            binds.setdefault(e, k)
+    size, stride, offset = tuple(map(_expr, layout[0])), tuple(map(_expr, layout[1])), _expr(layout[2])
+    free = set().union(*(getattr(e, "free_symbols", set()) for e in (*size, *stride, offset)))
+    if not free <= binds.keys():
+        return None
+    return (size, stride, offset), tuple((sym, binds[sym]) for sym in sorted(free, key=str))
+
+
 def _input_out(v):
-    """:class:`InputOut` where ``v`` is a subclass input of the running trace, or a view of one with a
-    static layout that ``as_strided`` on that input makes again (its inner tensors laid out as ``v``'s);
-    else None."""
+    """:class:`InputOut` where ``v`` is a subclass input of the running trace, or a view of one that
+    ``as_strided`` on that input makes again (its inner tensors laid out as ``v``'s; a symbolic layout
+    in terms of the input's own sizes); else None."""
     unwrap, traced = getattr(_CALL, "traced", None) or (None, {})
     base = v._base if v._is_view() else v
     i = next((i for i, t in traced.items() if t is base), None)
     layout = None if base is v else (tuple(v.size()), tuple(v.stride()), v.storage_offset())
-    if i is None or layout is not None and not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
+    if i is None:
         return None
+    binds = ()
     if layout is not None:
         try:
             again = base.as_strided(*layout)
         except Exception:       # the class has no as_strided (DTensor)
             return None
         meta, was = Meta.of(v), Meta.of(again)
-        if meta != was or [(x.shape, x.stride(), x.storage_offset()) for x in meta.leaves(v)] != \
-                [(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]:
+        if meta != was or str([(x.shape, x.stride(), x.storage_offset()) for x in meta.leaves(v)]) != \
+                str([(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]):
             return None
+        if not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
+            found = _symbolic_layout(base, layout)
+            if found is None:
+                return None
+            layout, binds = found
     unwrap.returned.add(i)
-    return InputOut(i, layout)
+    return InputOut(i, layout, binds)
 
 
 def as_inner(out):
@@ -467,7 +503,7 @@ def as_inner(out):
             if v._is_view():
                 raise UnsupportedError(
                     f"the function returns a view of a {type(v).__name__} made inside it (or of an input, with "
-                    "symbolic sizes or a class that has no as_strided): eager's output is a view of that "
+                    "symbolic sizes not its own or a class that has no as_strided): eager's output is a view of that "
                     "subclass, the graph's inner tensors cannot make one; return a copy (.clone()) or the base",
                     user_line=_user_line())
             meta = Meta.of(v)

@@ -4,6 +4,7 @@ inner tensors, and gradients), through every entry point; and what stays refused
 """
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.testing._internal.subclasses import WrapperSubclass
 from torch.testing._internal.two_tensor import TwoTensor
@@ -169,10 +170,43 @@ def test_subclass_input_returned_as_is_is_the_callers_tensor(cls, entry):
     assert run.out[0] is run.args[0]
 
 
+# --- a returned view of a subclass input with symbolic sizes: its layout as expressions over the input's
+# own size and stride, evaluated on the caller's input (InputOut.binds)
+
+VIEWS = {
+    "same shape": lambda x, y: (x.view(x.shape), x * y),
+    "transposed beside the input": lambda x, y: (x.t(), x),
+    "half": lambda x, y: x[: x.shape[0] // 2],      # a floor division of the symbol
+    "narrowed, transposed": lambda x, y: x.narrow(0, 1, x.shape[0] - 1).t(),
+    "flattened beside a value": lambda x, y: (x.view(-1), x.sin()),   # (two gradients: their sum is exact)
+    "row of a view": lambda x, y: x.t()[1],
+}
+
+
+@pytest.mark.parametrize("entry", list(DYNAMIC))
+@pytest.mark.parametrize("case", list(VIEWS))
+def test_returned_view_of_subclass_input_with_symbolic_sizes_is_eager_at_every_size(case, entry):
+    torch._dynamo.reset()
+    fn = VIEWS[case]
+    compiled = DYNAMIC[entry](fn, _input("TwoTensor", 5), _plain(5, rg=False))
+    for n in (5, 7, 9):
+        x_e, x_c, y = _input("TwoTensor", n), _input("TwoTensor", n), _plain(n, rg=False)
+        out_e, out_c = fn(x_e, y), compiled(x_c, y)
+        for k, (a, b) in enumerate(zip(pytree.tree_leaves(out_e), pytree.tree_leaves(out_c))):
+            assert_close(a, b, f"output {k} at size {n}", 0, 0)
+            assert (a.stride(), a.storage_offset(), a._base is x_e, a is x_e) == \
+                (b.stride(), b.storage_offset(), b._base is x_c, b is x_c), f"output {k} at size {n}"
+        weights = [CLASSES["TwoTensor"](torch.randn(a.shape, generator=torch.Generator().manual_seed(k)))
+                   for k, a in enumerate(pytree.tree_leaves(out_e))]
+        sum((a * w).sum() for a, w in zip(pytree.tree_leaves(out_e), weights)).backward()
+        sum((b * w).sum() for b, w in zip(pytree.tree_leaves(out_c), weights)).backward()
+        assert_close(x_e.grad, x_c.grad, f"gradient at size {n}", 0, 0)
+
+
 # --- still refused, naming the subclass and the user's line
 
-def _returns_view(x):
-    return x.t()
+def _returns_view(x, y):
+    return x[: y.shape[0]]
 
 
 def _written_under_grad(x, y):
@@ -180,14 +214,16 @@ def _written_under_grad(x, y):
 
 
 @pytest.mark.parametrize("entry", ["capture", "jit"])
-@pytest.mark.parametrize("case", ["returned view made inside", "returned view with symbolic sizes", "written under grad"])
+@pytest.mark.parametrize("case", ["returned view made inside", "returned view with symbolic sizes not its own",
+                                  "written under grad"])
 def test_still_refused_rows(case, entry):
     compile = (lambda fn, a, k: aotgrad.capture(fn, *a, **k).compile()) if entry == "capture" else \
         (lambda fn, a, k: aotgrad.jit(fn))
-    if case == "returned view with symbolic sizes":      # the replayed layout would be the trace's symbols
+    if case == "returned view with symbolic sizes not its own":      # another input's size: no expression of its own
         compile = (lambda fn, a, k: aotgrad.capture(fn, *a, dynamic=True, **k).compile()) if entry == "capture" \
             else (lambda fn, a, k: aotgrad.jit(fn, dynamic=True))
-    make = {"returned view with symbolic sizes": lambda: (_returns_view, (_input("TwoTensor", 3),), {}),
+    make = {"returned view with symbolic sizes not its own": lambda: (_returns_view, (_input("TwoTensor", 5),
+                                                                                       torch.randn(3)), {}),
             "returned view made inside": lambda: ((lambda x: (x * 2)[0]), (_input("TwoTensor", 3),), {}),
             "written under grad": lambda: (_written_under_grad, (_input("TwoTensor", 3) * 1, torch.randn(3, 4)),
                                            {})}[case]
