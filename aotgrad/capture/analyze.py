@@ -6,6 +6,8 @@ and storages tell which outputs alias inputs or intermediates.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -33,14 +35,18 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
         grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
         mode.watched = frozenset(map(id, f_ins))
         mode.owners = [f for f in f_ins if isinstance(f, FunctionalTensor)]    # (a set_() lands in one's storage)
+        mode.storages.enter(f_ins)
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
+        resized = mode.storages.finish()
         names = names or [f"input {i}" for i in range(len(f_ins))]
         shared = shared or {}
         inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), {str(names[j]): fake_inputs[j]
                                                                             for j in shared.get(i, ()) if j != i},
                                    _swap(i, f_ins, fake_inputs, str(n), mode, shared))
                        for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
+        inputs = tuple(_resized(info, resized.get(id(f)), str(n), shared.get(i, ()))
+                       for i, (info, f, n) in enumerate(zip(inputs, f_ins, names)))
         _refuse_meta_in_written_group(inputs, shared, names, [mode.lines.get(id(f)) for f in f_ins])
         swapped = {i for i, info in enumerate(inputs) if info.new_storage}
         outputs, bases = _output_infos(f_outs, f_ins, swapped)
@@ -55,6 +61,20 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
         rg = tuple(v.requires_grad and not (k < len(hidden) and hidden[k]) for k, v in enumerate(fw))
         fake_outs = tuple(from_functional(v) for v in fw)
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
+
+
+def _resized(info: InputInfo, nbytes, name: str, shared) -> InputInfo:
+    """``info`` with the storage sizes ``(start, final)`` of an input whose storage the function resized
+    (``capture.session.Storages``), replayed by the epilogue before its data write."""
+    if nbytes is None:
+        return info
+    if info.new_storage is not None or info.mutates_metadata or len(shared) > 1:
+        what = "set_()" if info.new_storage is not None else "a layout change" if info.mutates_metadata else \
+            "another input sharing its storage"
+        raise MutationError(f"{name}'s storage is resized and it has {what}: the epilogue replays a resize only on an "
+                            "input that holds its storage alone and keeps its layout (PyTorch's AOTAutograd bans "
+                            "resize_() with set_() too); resize it outside the function")
+    return replace(info, storage_nbytes=nbytes)
 
 
 def _input_info(f, t, grad_fn_before, name: str, line, others=None, swap=None) -> InputInfo:

@@ -178,7 +178,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
-        guards = _input_guards(setup)
+        guards = _input_guards(setup, analysis)
     seeds = tracing.current().seeds
     if seeds and any(is_random(n) for n in joint.graph.nodes):
         raise errors.UnsupportedError(
@@ -399,9 +399,13 @@ def _first_line(e) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-def _input_guards(setup: Setup):
+def _input_guards(setup: Setup, analysis):
+    """The input guards; an input whose storage the function resizes has its storage size on entry
+    checked too (the trace decided which of its uses read values by it)."""
     specs = [input_guards.tensor_spec(f, t) if isinstance(t, torch.Tensor) else None
              for f, t in zip(setup.fake_inputs, setup.real_inputs)]
+    specs = [replace(s, nbytes=info.storage_nbytes[0]) if info.storage_nbytes is not None else s
+             for s, info in zip(specs, analysis.inputs)] + specs[len(analysis.inputs):]
     conds = input_guards.shape_conditions(setup.session.shape_env)
     numbers = [(i, f.node.expr) for i, f in enumerate(setup.fake_inputs)
                if isinstance(f, torch.SymInt) and isinstance(f.node.expr, sympy.Symbol)]

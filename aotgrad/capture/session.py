@@ -130,6 +130,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         self.owners: list = []       # the tensors whose storages a set_() may land in (analyze: the inputs)
         self.anchors: dict = {}      # id of each -> an alias of it, taken at the first set_()
         self.stale = StaleViews()
+        self.storages = Storages()   # inputs' storage sizes as resize_storage_bytes_ changes them
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
@@ -149,11 +150,9 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             return self.__torch_dispatch__(_AS_STRIDED_, (FunctionalTensor,), (t, size, stride, t.storage_offset()),
                                            {})
         if func is _RESIZE_STORAGE:
-            from ..errors import UnsupportedError, caller_line
-            raise UnsupportedError(
-                "resizing a traced tensor's storage (untyped_storage().resize_(), resize_storage_bytes_: "
-                "FSDP-style freeing and re-allocating) cannot be captured: the graph holds values, not storages; "
-                "do it outside the captured function", user_line=caller_line())
+            return self.storages.resize(args[0], args[1], self.watched)
+        if self.storages.unreadable:
+            self.storages.check(func, args, kwargs or {})
         for cls in types:
             if has_own_dispatch(cls):
                 if traceable_class(cls):   # its own dispatch runs now, on its inner tensors
@@ -221,6 +220,86 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         return FunctionalTensor(to_functional_tensor(out), self)
 
 
+class Storages:
+    """The traced storage size of each input whose storage the function resizes (FSDP's free and
+    re-allocate: ``untyped_storage().resize_(n)``, ``resize_storage_bytes_``), as PyTorch's
+    functionalization tracks it. The graph holds values, not storages: the resize is no node, the
+    epilogue replays the final size on the caller's tensor (``runtime.call``). While an input's storage
+    does not hold its elements (freed on entry or by a resize, or grown and not yet filled) only a
+    whole ``copy_`` into it may touch it: any other use would read memory eager never wrote.
+    ``sizes``: id of the input's functional tensor -> ``(start, now, line of the first resize)``."""
+
+    def __init__(self):
+        self.entry: dict = {}           # id -> bytes on entry, of every input
+        self.sizes: dict = {}           # id -> bytes now, of each input the function resized
+        self.unreadable: dict = {}      # id -> the functional tensor, while its storage is unreadable
+
+    def enter(self, inputs) -> None:
+        """Note each input's storage size on entry (one freed by the caller holds no values)."""
+        for f in inputs:
+            if isinstance(f, FunctionalTensor):
+                self.entry[id(f)] = from_functional_tensor(f.elem).untyped_storage().nbytes()
+                if self.entry[id(f)] < _extent(f):
+                    self.unreadable[id(f)] = f
+
+    def resize(self, t, nbytes, inputs) -> None:
+        from ..errors import UnsupportedError, caller_line
+        line = caller_line()
+        if id(t) not in self.entry:
+            if not inputs:      # the joint trace: the analysis accepted this resize
+                return None
+            raise UnsupportedError(
+                "resizing the storage of a tensor that is not an input of the captured function (an intermediate, "
+                "or a view of an input) cannot be captured: the graph holds values, not storages; resize the "
+                "input itself", user_line=line)
+        if isinstance(nbytes, torch.SymInt):
+            raise UnsupportedError("resizing an input's storage to a symbolic number of bytes cannot be captured: "
+                                   "the caller's storage is resized to a size the trace fixes; capture with static "
+                                   "shapes (dynamic=False)", user_line=line)
+        start = self.entry[id(t)]
+        now = self.sizes.get(id(t), start)
+        if nbytes < _extent(t) and t.requires_grad and torch.is_grad_enabled() and not _written_unswapped(t):
+            raise UnsupportedError(
+                "freeing the storage of an input that requires grad and still holds the caller's values: autograd "
+                "may have saved it for the backward, which would read the freed storage; write its values "
+                "(copy_ under no_grad) before freeing, or free it after the backward", user_line=line)
+        if nbytes and start and nbytes != start:
+            raise UnsupportedError(
+                f"resizing an input's storage from {start} to {nbytes} bytes: only a storage that starts or ends "
+                "empty (FSDP's free and re-allocate) can be captured, as in PyTorch's AOTAutograd", user_line=line)
+        self.sizes[id(t)] = int(nbytes)
+        if nbytes != now:       # (re-allocated storage holds no values yet; a freed one none at all)
+            self.unreadable[id(t)] = t
+        return None
+
+    def finish(self) -> dict:
+        """``id -> (start, final)`` bytes of each input whose storage the function resized; stops the checks."""
+        self.unreadable = {}
+        return {i: (self.entry[i], n) for i, n in self.sizes.items()}
+
+    def check(self, func, args, kwargs) -> None:
+        """Refuse a use of an input whose storage does not hold its elements, but a whole copy_ into one
+        whose storage can hold them (which fills it)."""
+        for a in pytree.tree_leaves((args, kwargs)):
+            if not isinstance(a, torch.Tensor) or id(a) not in self.unreadable:
+                continue
+            if func is _COPY_ and a is args[0] and self.sizes.get(id(a), self.entry[id(a)]) >= _extent(a):
+                del self.unreadable[id(a)]
+                continue
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                f"{func.__name__} uses an input whose storage does not hold its values (freed, or re-allocated with "
+                "untyped_storage().resize_() and not yet filled): eager would read memory nothing wrote; fill it "
+                "with a whole copy_() first", user_line=caller_line())
+
+
+def _extent(t) -> int:
+    """Bytes ``t``'s elements reach in its storage."""
+    if not t.numel():
+        return 0
+    return (t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _refuse_constant_requiring_grad(func, args, kwargs) -> None:
     """A subclass value that requires grad but holds no traced tensor (a parameter reached through a
     closure or a global): its dispatch would bake its inner tensors in and its gradient would be lost."""
@@ -248,6 +327,7 @@ _ALIAS = torch.ops.aten.alias.default
 _RESIZE = torch.ops.aten.resize_.default
 _AS_STRIDED_ = torch.ops.aten.as_strided_.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
+_COPY_ = torch.ops.aten.copy_.default
 
 
 def _symbolic_shrink(args) -> bool:

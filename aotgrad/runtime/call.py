@@ -93,7 +93,8 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     """``after(flat, values)``, where given, runs once the call has written its inputs back."""
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
-        i.mutates_data or i.mutates_metadata for i in analysis.inputs) and _grads_as_traced(captured)
+        i.mutates_data or i.mutates_metadata or i.storage_nbytes for i in analysis.inputs) and \
+        _grads_as_traced(captured)
     quiet = analysis.quiet_writes
     flagged = tuple(i for i, info in enumerate(analysis.inputs) if info.sets_requires_grad)
     if flagged:
@@ -171,7 +172,11 @@ def _generated_match(captured):
             lines.append(f"    s{n} = m{n}[{key[1]!r}]")
         gather.append(f"s{stores[key]}[{s.attr!r}]")
     gather += [f"leaves[{p}]" for p in sig.tensor_pos]
-    lines.append(f"    flat = [{', '.join(gather)}]")
+    # A parameter or buffer gone from its dict (another added in its place: the count its state guard
+    # checks is the same) is a mismatch, as any other; a try costs nothing until it raises.
+    env["gone_why"] = _gone_why
+    lines += ["    try:", f"        flat = [{', '.join(gather)}]", "    except KeyError as e:",
+              "        return None, gone_why(e)"]
     for j, (name, s, i) in enumerate(sig.ties):
         env[f"t{j}"], env["held"] = s.module.__dict__, _held
         lines += [f"    if held(t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
@@ -214,6 +219,10 @@ def _held(d, attr):
         return d[attr]
     except KeyError:
         return None
+
+
+def _gone_why(e: KeyError) -> str:
+    return f"the module's parameter or buffer {e.args[0]!r} the graph takes as an input is gone"
 
 
 def _untied_why(name, first) -> str:
@@ -417,7 +426,7 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     lines, scope = ["def epilogue(flat, values, symbols):"], {"_with_grad": traced_with_grad,
         "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
         "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map, "_swap": _swap_storage,
-        "_laid_out": _laid_out}
+        "_laid_out": _laid_out, "_resize": _resize_storage}
     lines += _swap_lines(analysis, scope)
     k = 0
     for i, info in enumerate(analysis.inputs):
@@ -427,7 +436,12 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
         if info.mutates_metadata:
             scope[f"m{i}"] = info.new_meta
             lines.append(f"    _meta(flat[{i}], m{i}, symbols, {bool(info.meta_seen)})")
-        if info.mutates_data:
+        if info.storage_nbytes is not None:     # (resized first: the data lands in the new storage)
+            value = f"values[{k}]" if info.mutates_data else "None"
+            lines.append(f"    _resize(flat[{i}], {info.storage_nbytes[1]}, {value}, "
+                         f"{bool(info.mutation_needs_autograd)})")
+            k += info.mutates_data
+        elif info.mutates_data:
             lines.append(f"    _data(flat[{i}], values[{k}], {bool(info.mutation_needs_autograd)})")
             k += 1
     lines += _output_lines(analysis, scope)
@@ -528,6 +542,22 @@ def _write_data(x: torch.Tensor, value: torch.Tensor, needs_autograd: bool) -> N
     else:
         with torch.no_grad():
             x.copy_(value)
+
+
+def _resize_storage(x: torch.Tensor, nbytes: int, value, needs_autograd: bool) -> None:
+    """The caller's storage resized as the function left it (eager's ``untyped_storage().resize_()``,
+    FSDP's free and re-allocate), then the function's writes into it (``value``), unless it ended
+    without room for them (freed: eager's writes bumped the version before the free)."""
+    storage = x.untyped_storage()
+    if storage.nbytes() != nbytes:
+        storage.resize_(nbytes)
+    if value is None:
+        return
+    extent = x.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) if x.numel() else 0
+    if nbytes >= extent * x.element_size():
+        _write_data(x, value, needs_autograd)
+    else:
+        _set_version(x, x._version + 1)
 
 
 def _set_version(t: torch.Tensor, version: int) -> None:

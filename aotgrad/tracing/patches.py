@@ -26,7 +26,8 @@ patch                  what it replaces                                         
 ``RNG_STATE``          ``torch[.random|.cuda].get_rng_state``/``set_rng_state``;   ``rng``
                        ``torch.utils.checkpoint``'s ``_is_compiling``
 ``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad``, ``.is_leaf`` and     ``backward``
-                       ``.grad_fn`` of a FunctionalTensor
+                       ``.grad_fn`` of a FunctionalTensor; its ``untyped_storage()``
+                       (``resize_`` is ``resize_storage_bytes_``)
 ``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
 _OFF                   ``autograd.grad`` is traced, not compiled)
 ``TENSOR_DATA``        ``torch.Tensor.data``'s setter (``p.data = new`` in a step)   ``data``
@@ -312,11 +313,28 @@ def _forward_only():
     torch.autograd.backward = checked_backward
     FunctionalTensor.grad = property(grad, grad)
     FunctionalTensor.is_leaf, FunctionalTensor.grad_fn = history("is_leaf"), history("grad_fn")
+    FunctionalTensor.untyped_storage = lambda self: _TracedStorage(self)
 
     def restore():
         torch.autograd.backward = backward
-        del FunctionalTensor.grad, FunctionalTensor.is_leaf, FunctionalTensor.grad_fn
+        del FunctionalTensor.grad, FunctionalTensor.is_leaf, FunctionalTensor.grad_fn, FunctionalTensor.untyped_storage
     return restore
+
+
+class _TracedStorage:
+    """A traced tensor's storage as the user's forward sees it: ``resize_(n)`` is
+    ``resize_storage_bytes_`` of the tensor (as Dynamo rewrites it), which the capture's functional
+    mode tracks (``capture.session.Storages``); the rest is the functional wrapper's storage's."""
+
+    def __init__(self, t):
+        self._t, self._storage = t, torch.Tensor.untyped_storage(t)
+
+    def resize_(self, nbytes):
+        torch.ops.inductor.resize_storage_bytes_(self._t, nbytes)
+        return self
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
 
 
 def _tensor_data():

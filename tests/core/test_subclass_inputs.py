@@ -99,7 +99,7 @@ def test_parameter_subclasses_and_plain_tensors_are_not_refused():
 def test_resizing_a_traced_storage_is_refused_at_its_line():
     def f(a):
         out = a.sin()
-        a.untyped_storage().resize_(0)
+        out.untyped_storage().resize_(0)    # an intermediate's (an input's is replayed: p_storage.py)
         return out
     e = assert_refused(f, (torch.randn(8),))
     assert "storage" in str(e) and "resize_(0)" in e.user_line

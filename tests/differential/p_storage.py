@@ -164,3 +164,104 @@ for _name, (_shape, _resize) in RESIZES.items():
                  must_match=_name != "bigger")
         def _(n=3, f=_resized(_resize, _then, _name == "bigger"), shape=_shape):
             return fn(f, r(*shape(n)), r(3, rg=True))
+
+
+# --- storage resize of an input (FSDP's free and re-allocate), as PyTorch's AOTAutograd replays it -------------
+# The graph holds values: the resize is replayed on the caller's storage after the call, before the data written
+# into it (none when it ends freed). Start sizes are guarded (a call with another size recompiles under jit). A
+# use of an input whose storage does not hold its values, a resize of anything but an input, a resize between two
+# non-zero sizes, and a resized input that shares its storage with another input are refused naming the line
+# (tests/differential/test_storage_resize.py). Isolated: a wrong replay reads freed memory.
+
+def _freed(*shape, rg=False):
+    t = r(*shape)
+    t.untyped_storage().resize_(0)
+    return t.requires_grad_(rg)
+
+
+def _grow(a, how):
+    if how == "op":
+        torch.ops.inductor.resize_storage_bytes_(a, a.numel() * a.element_size())
+    else:
+        a.untyped_storage().resize_(a.numel() * a.element_size())
+
+
+def _free(a, how):
+    if how == "op":
+        torch.ops.inductor.resize_storage_bytes_(a, 0)
+    else:
+        a.untyped_storage().resize_(0)
+
+
+# name -> (body(a, src, x, how), whether a starts freed, whether a requires grad)
+RESIZE_STORAGE = {
+    # grown, filled, read: the caller's storage ends full, holding the copy
+    "up_fill_read": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), a * x)[-1], True, False),
+    # grown and filled, the read before a second write: the caller's holds the last one
+    "up_fill_twice": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), a * x + _fill(a, s * 2).sum())[-1],
+                      True, False),
+    # read, then freed: the caller's storage ends freed, the output keeps the read
+    "read_down": (lambda a, s, x, how: (a.sin() * x, _free(a, how))[0], False, False),
+    # grown, filled, read, freed: nothing written back (the storage ends freed)
+    "up_down": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), (a * x).sum(), _free(a, how))[2],
+                True, False),
+    # FSDP's unsharded parameter: requires grad, freed on entry, filled under no_grad, used, freed again
+    "fsdp_param": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), x.sin() + a, _free(a, how))[2],
+                   True, True),
+    # FSDP's parameter filled and left allocated: its gradient and its new values are eager's
+    "fsdp_param_up": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), x.sin() * 2 + a)[-1], True, True),
+    # written after the free is undone by a second grow: the last fill is what the caller holds
+    "down_up": (lambda a, s, x, how: (_free(a, how), _grow(a, how), _fill(a, s + 1), a + x)[-1], False, False),
+    # returned as it is, grown and filled: the caller's very tensor comes back
+    "up_return": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), (a, a * x))[-1], True, False),
+}
+
+
+def _fill(a, src):
+    with torch.no_grad():
+        a.copy_(src)
+    return a
+
+
+def _resize_storage_program(name, body, freed, rg, how):
+    # (a caller's freed storage is never deep-copied or read outside a child process)
+    @program(f"resize_storage_{name}_{how}", S, D, *(("isolate",) if freed else ()), must_match=True)
+    def _(n=4):
+        def f(a, src, x):
+            return body(a, src, x, how)
+        a = _freed(n, 3, rg=rg) if freed else r(n, 3, rg=rg)
+        return fn(f, a, r(n, 3), r(n, 3, rg=True))
+
+
+for _name, (_body, _freed_on_entry, _rg) in RESIZE_STORAGE.items():
+    for _how in ("storage", "op"):
+        _resize_storage_program(_name, _body, _freed_on_entry, _rg, _how)
+
+
+@program("resize_storage_module_param", S, D, "isolate", must_match=True)
+def _(n=4):
+    class Unsharded(torch.nn.Module):      # FSDP's pattern: the parameter's storage lives only during forward
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(n))
+            self.register_buffer("shard", torch.randn(n))
+            self.w.untyped_storage().resize_(0)
+
+        def forward(self, x):
+            self.w.untyped_storage().resize_(n * 4)
+            with torch.no_grad():
+                self.w.copy_(self.shard)
+            out = (x * 2 + self.w).sum(0)
+            self.w.untyped_storage().resize_(0)
+            return out
+    return fn(Unsharded(), r(3, n, rg=True))
+
+
+@program("resize_storage_aliased_view_passed", S, D)
+def _(n=4):
+    def f(a, v):        # v views a's storage: the freed storage would lose v's values; refused
+        out = v * 2 + a.sum()
+        a.untyped_storage().resize_(0)
+        return out
+    a = r(n, 3)
+    return fn(f, a, a[1:])

@@ -1,0 +1,151 @@
+"""Storage resizes of inputs (FSDP's free and re-allocate): what is refused, naming the line, before anything
+runs; the start size guarded; versions as eager's. The programs that run (compared with eager through every
+entry point) are the ``resize_storage_*`` family of ``p_storage.py``."""
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.errors import InputMismatchError, MutationError, UnsupportedError
+from tests.eager_check import assert_refused, check
+
+
+def _freed(n=4):
+    t = torch.randn(n, 3)
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def _grow(a):
+    a.untyped_storage().resize_(a.numel() * 4)
+
+
+def _read_freed(a, s):
+    return a.sin()                                      # line: never written, freed by the caller
+
+
+def _read_grown(a, s):
+    _grow(a)
+    return a + s                                        # line: grown, holds nothing yet
+
+
+def _partial_fill(a, s):
+    _grow(a)
+    with torch.no_grad():
+        a[:2].copy_(s[:2])                              # line: the rest would hold nothing
+    return a + s
+
+
+def _write_freed(a, s):
+    with torch.no_grad():
+        a.copy_(s)                                      # line: no storage to write into
+    return s * 2
+
+
+def _read_after_free(a, s):
+    _grow(a)
+    with torch.no_grad():
+        a.copy_(s)
+    a.untyped_storage().resize_(0)
+    return a * 2                                        # line: freed again
+
+
+REFUSED_USES = [_read_freed, _read_grown, _partial_fill, _write_freed, _read_after_free]
+
+
+@pytest.mark.parametrize("body", REFUSED_USES, ids=lambda b: b.__name__)
+def test_a_use_of_an_input_whose_storage_holds_no_values_is_refused_at_its_line(body):
+    e = assert_refused(None, make=lambda: (body, (_freed(), torch.randn(4, 3)), {}))     # (deepcopy reads storage)
+    assert isinstance(e, UnsupportedError) and "does not hold its values" in str(e), e
+    assert e.user_line and "# line:" in e.user_line, e.user_line
+
+
+def _resize_intermediate(a, s):
+    b = a * 2
+    b.untyped_storage().resize_(0)                      # line
+    return b
+
+
+def _resize_view(a, s):
+    a[1:].untyped_storage().resize_(0)                  # line: a view's storage is the base's
+    return s * 2
+
+
+def _grow_beyond(a, s):
+    a.untyped_storage().resize_(a.numel() * 8)          # line: neither size is zero
+    return s * 2
+
+
+def _free_rg_unwritten(a, s):
+    out = a.sin()
+    a.untyped_storage().resize_(0)                      # line: autograd saved a for sin's backward
+    return out
+
+
+def _symbolic_bytes(a, s):
+    a.untyped_storage().resize_(a.numel() * 4)          # line: a symbolic size under dynamic=True
+    with torch.no_grad():
+        a.copy_(s)
+    return a + s
+
+
+@pytest.mark.parametrize("body,rg,dynamic", [(_resize_intermediate, False, False), (_resize_view, False, False),
+                                             (_grow_beyond, False, False), (_free_rg_unwritten, True, False),
+                                             (_symbolic_bytes, False, True)], ids=lambda v: getattr(v, "__name__", ""))
+def test_a_resize_torch_cannot_replay_is_refused_at_its_line(body, rg, dynamic):
+    def make():
+        return body, (torch.randn(4, 3, requires_grad=rg) if body is not _symbolic_bytes else _freed(),
+                      torch.randn(4, 3)), {}
+    e = assert_refused(None, make=make, dynamic=dynamic)
+    assert isinstance(e, UnsupportedError) and "storage" in str(e), e
+    assert e.user_line and "# line" in e.user_line, e.user_line
+
+
+def test_a_resized_input_sharing_its_storage_is_refused():
+    def f(a, v):
+        out = v * 2
+        a.untyped_storage().resize_(0)
+        return out
+    a = torch.randn(4, 3)
+    e = assert_refused(f, (a, a[1:]))
+    assert isinstance(e, MutationError) and "sharing its storage" in str(e), e
+
+
+def _fsdp(a, s):
+    _grow(a)
+    with torch.no_grad():
+        a.copy_(s)
+    out = a * 3
+    a.untyped_storage().resize_(0)
+    return out
+
+
+def test_the_start_size_is_guarded():
+    compiled = aotgrad.capture(_fsdp, _freed(), torch.randn(4, 3)).compile()
+    full = torch.randn(4, 3)
+    with pytest.raises(InputMismatchError, match="input"):
+        compiled(full, torch.randn(4, 3))
+    assert full.untyped_storage().nbytes() == 48        # refused before anything ran
+
+
+def test_jit_compiles_again_for_another_start_size():
+    def make(freed):
+        return lambda: (_fsdp, (_freed() if freed else torch.randn(4, 3), torch.randn(4, 3)), {})
+    jitted = aotgrad.jit(_fsdp)
+    for freed in (True, False, True):
+        check(None, make=make(freed), compile=lambda f, a, k: jitted, backward=False)
+
+
+@pytest.mark.parametrize("free", [False, True])
+def test_versions_are_eagers(free):
+    def f(a, s):
+        _grow(a)
+        with torch.no_grad():
+            a.copy_(s)
+        out = a * 2
+        if free:
+            a.untyped_storage().resize_(0)
+        return out
+    a, b, s = _freed(), _freed(), torch.randn(4, 3)
+    f(a, s)
+    aotgrad.capture(f, b, s).compile()(b, s)
+    assert (b._version, b.untyped_storage().nbytes()) == (a._version, a.untyped_storage().nbytes())
