@@ -400,11 +400,12 @@ def _first_line(e) -> str:
 
 
 def _input_guards(setup: Setup, analysis):
-    """The input guards; an input whose storage the function resizes has its storage size on entry
-    checked too (the trace decided which of its uses read values by it)."""
+    """The input guards; an input whose storage the function resizes and held its values on entry must
+    hold them on every call (the trace may have read them; one freed on entry may come with any storage:
+    the trace read none of it)."""
     specs = [input_guards.tensor_spec(f, t) if isinstance(t, torch.Tensor) else None
              for f, t in zip(setup.fake_inputs, setup.real_inputs)]
-    specs = [replace(s, nbytes=info.storage_nbytes[0]) if info.storage_nbytes is not None else s
+    specs = [replace(s, filled=True) if info.storage_resize and info.storage_resize[0] else s
              for s, info in zip(specs, analysis.inputs)] + specs[len(analysis.inputs):]
     conds = input_guards.shape_conditions(setup.session.shape_env)
     numbers = [(i, f.node.expr) for i, f in enumerate(setup.fake_inputs)

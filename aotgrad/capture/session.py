@@ -233,6 +233,7 @@ class Storages:
         self.entry: dict = {}           # id -> bytes on entry, of every input
         self.sizes: dict = {}           # id -> bytes now, of each input the function resized
         self.unreadable: dict = {}      # id -> the functional tensor, while its storage is unreadable
+        self.freed: set = set()         # the ids unreadable on entry
 
     def enter(self, inputs) -> None:
         """Note each input's storage size on entry (one freed by the caller holds no values)."""
@@ -241,6 +242,7 @@ class Storages:
                 self.entry[id(f)] = from_functional_tensor(f.elem).untyped_storage().nbytes()
                 if self.entry[id(f)] < _extent(f):
                     self.unreadable[id(f)] = f
+        self.freed = set(self.unreadable)
 
     def resize(self, t, nbytes, inputs) -> None:
         from ..errors import UnsupportedError, caller_line
@@ -273,9 +275,10 @@ class Storages:
         return None
 
     def finish(self) -> dict:
-        """``id -> (start, final)`` bytes of each input whose storage the function resized; stops the checks."""
+        """``id -> (held, final)`` of each input whose storage the function resized: whether its storage held
+        its values on entry (the trace may have read them), its final size in bytes. Stops the checks."""
         self.unreadable = {}
-        return {i: (self.entry[i], n) for i, n in self.sizes.items()}
+        return {i: (i not in self.freed, n) for i, n in self.sizes.items()}
 
     def check(self, func, args, kwargs) -> None:
         """Refuse a use of an input whose storage does not hold its elements, but a whole copy_ into one

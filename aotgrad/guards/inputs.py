@@ -24,7 +24,7 @@ class TensorSpec:
     size: tuple            # ints, or sympy expressions of the shape environment's symbols
     requires_grad: bool
     layout: tuple = ()     # strides then storage offset, the same way
-    nbytes: int | None = None   # its storage's size in bytes, where the function resizes it (capture.analyze)
+    filled: bool = False   # its storage must hold its elements (the function resizes it after reading it)
 
 
 def _expr(s):
@@ -80,6 +80,9 @@ class InputGuards:
         for d, (was, now) in enumerate(zip(spec.size, t.shape)):
             if isinstance(was, int) and was != now:
                 return f"{name}: size({d}) was {was} when captured, now {now}"
+        if spec.filled and t.untyped_storage().nbytes() < t.numel() * t.element_size():
+            return (f"{name}: its storage held its values when captured, now {t.untyped_storage().nbytes()} bytes "
+                    "(freed): the graph reads them")
         if all(isinstance(s, int) for s in spec.size):
             return (f"{name}: strides {t.stride()} and storage offset {t.storage_offset()} differ from the "
                     f"captured layout {spec.layout[:-1]} and offset {spec.layout[-1]}")
@@ -128,7 +131,7 @@ def _static_prefix(specs, descs):
     parameters and buffers are not checked there: a module's own state does not move within its
     storage between calls, and the graph reads values, not offsets."""
     k = 0
-    while k < len(specs) and specs[k] is not None and specs[k].nbytes is None and \
+    while k < len(specs) and specs[k] is not None and not specs[k].filled and \
             all(isinstance(v, int) for v in (*specs[k].size, *specs[k].layout)):
         k += 1
     if k == 0:
@@ -174,8 +177,9 @@ def _source(name: str, specs, conditions, numbers=()):
                 bind_lines.append(f"        {str(s)!r}: flat[{i}].shape[{d}],")
             elif not isinstance(s, int):
                 exact.append(f"t.shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))})")
-        if spec.nbytes is not None:
-            exact.append(f"t.untyped_storage().nbytes() != {spec.nbytes}")
+        if spec.filled:
+            exact.append("t.untyped_storage().nbytes() < (t.storage_offset() + 1 + sum((n - 1) * s for n, s in "
+                         "zip(t.shape, t.stride()))) * t.element_size()")
         if exact:
             lines.append(f"    if {' or '.join(exact)}: return {i}")
     for i, spec in enumerate(specs):     # symbols seen only in strides or offsets (views of a base)

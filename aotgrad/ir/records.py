@@ -64,9 +64,10 @@ class InputInfo:
                                  # in another input's storage (``input_view``) or in the forward value the graph
                                  # computes for it (``plain``; the input counts as data-mutated); replayed by
                                  # ``set_()`` on the caller's tensor (``new_meta`` is its layout)
-    storage_nbytes: tuple | None = None     # ``(start, final)`` bytes of its storage where the function resized it
-                                            # (``untyped_storage().resize_()``, FSDP): guarded at start, and the
-                                            # caller's resized to final before any data write (none when freed)
+    storage_resize: tuple | None = None     # ``(held, final)`` where the function resized its storage
+                                            # (``untyped_storage().resize_()``, FSDP): whether it held the values on
+                                            # entry (then guarded to), and the bytes the caller's is resized to
+                                            # before any data write (none when it ends without room)
 
     @property
     def mutation_needs_autograd(self) -> bool:

@@ -37,7 +37,7 @@ def writes_in_graph(gm: fx.GraphModule, analysis, early: bool = False) -> fx.Gra
     those inputs in place of the new values (``gm`` itself when it writes none); ``early``: each
     write as soon as it can run (module docstring)."""
     written = [(k, i) for k, i in enumerate(i for i, info in enumerate(analysis.inputs) if info.mutates_data)
-               if not analysis.inputs[i].mutates_metadata and analysis.inputs[i].storage_nbytes is None]
+               if not analysis.inputs[i].mutates_metadata and analysis.inputs[i].storage_resize is None]
     if not written:
         return gm
     new = copy_module(gm)

@@ -93,7 +93,7 @@ def make_call(captured, run_graph, after=None) -> CallPath:
     """``after(flat, values)``, where given, runs once the call has written its inputs back."""
     setup, analysis, guards = captured.setup, captured.analysis, captured.guards
     simple = all(o.kind == "plain" for o in analysis.outputs) and not any(
-        i.mutates_data or i.mutates_metadata or i.storage_nbytes for i in analysis.inputs) and \
+        i.mutates_data or i.mutates_metadata or i.storage_resize for i in analysis.inputs) and \
         _grads_as_traced(captured)
     quiet = analysis.quiet_writes
     flagged = tuple(i for i, info in enumerate(analysis.inputs) if info.sets_requires_grad)
@@ -436,9 +436,9 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
         if info.mutates_metadata:
             scope[f"m{i}"] = info.new_meta
             lines.append(f"    _meta(flat[{i}], m{i}, symbols, {bool(info.meta_seen)})")
-        if info.storage_nbytes is not None:     # (resized first: the data lands in the new storage)
+        if info.storage_resize is not None:     # (resized first: the data lands in the new storage)
             value = f"values[{k}]" if info.mutates_data else "None"
-            lines.append(f"    _resize(flat[{i}], {info.storage_nbytes[1]}, {value}, "
+            lines.append(f"    _resize(flat[{i}], {info.storage_resize[1]}, {value}, "
                          f"{bool(info.mutation_needs_autograd)})")
             k += info.mutates_data
         elif info.mutates_data:
