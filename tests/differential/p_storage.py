@@ -224,8 +224,10 @@ def _fill(a, src):
 
 
 def _resize_storage_program(name, body, freed, rg, how):
-    # (a caller's freed storage is never deep-copied or read outside a child process)
-    @program(f"resize_storage_{name}_{how}", S, D, *(("isolate",) if freed else ()), must_match=True)
+    # A caller's freed storage is never deep-copied or read outside a child process; nor one a call frees
+    # before a read (a second call, the export entry's second step, would read it in eager).
+    isolate = freed or name == "read_down"
+    @program(f"resize_storage_{name}_{how}", S, D, *(("isolate",) if isolate else ()), must_match=True)
     def _(n=4):
         def f(a, src, x):
             return body(a, src, x, how)
