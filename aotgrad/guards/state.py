@@ -419,15 +419,19 @@ class StateGuards:
         return [f"{r.source}: {_rule(r)}" for r in self.reads]
 
     def per_call(self) -> dict:
-        """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types
-        (both in C++ once built), held hook and parameter dicts, and the other reads one by one."""
+        """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types and
+        the held dicts' lengths (in C++ once built), the held empty hook and parameter dicts (one C pass),
+        and the other reads; ``checks``: how many in all."""
         c = getattr(self.check, "__self__", None)
         if c is None:
             return {"reads": len(self.reads)}
         kinds = {k: len(rs) for k, rs in c.by_kind.items()}
-        return {"reads": len(self.reads), "tags": len(c.dicts), "types": kinds.pop("type", 0),
-                "held dicts": kinds.pop("empty", 0) + kinds.pop("len", 0), "others": sum(kinds.values()),
-                "in C++": c.cpp is not None}
+        out = {"reads": len(self.reads), "tags": len(c.dicts), "types": kinds.pop("type", 0),
+               "empty": kinds.pop("empty", 0), "lengths": kinds.pop("len", 0), "others": sum(kinds.values()),
+               "in C++": c.cpp is not None}
+        out["held dicts"] = out["empty"] + out["lengths"]
+        out["checks"] = out["tags"] + out["types"] + out["held dicts"] + out["others"]
+        return out
 
 
 def _rule(r: Read) -> str:

@@ -1,0 +1,239 @@
+"""The per-call fast paths of issue #61 part 2, against the full check: held parameter and buffer dicts'
+lengths checked in C++ with the module tags and types (``_torch.tags_and_types_check``), and parameters'
+and buffers' metadata checked by a guard manager's ``TENSOR_MATCH`` leaves over the flat inputs
+(``_torch.tensors_check``), with ``TensorGuards`` and the generated Python check as the fallbacks.
+
+Each is changed in the ways that would fool a shortcut (same count after a pop and an add, a write then
+its undo, metadata changed on the same tensor object: ``p.data =``, ``set_``, ``resize_``,
+``requires_grad_``), before the C++ check is built and after, and on each fallback path forced. After
+each change: ``aotgrad.jit`` gives eager's result, recompiling exactly where the change is real; a
+staged step raises ``InputMismatchError`` exactly there; and the fast state check agrees with the
+per-read loop."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import aotgrad
+from aotgrad.errors import InputMismatchError
+from aotgrad.guards import inputs as input_guards
+from aotgrad.guards import state as state_guards
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.u = nn.Parameter(torch.randn(1))          # unused by forward: a graph input all the same
+        self.register_buffer("s", torch.ones(3))
+        self.register_buffer("b", torch.zeros(1))      # unused too
+
+    def forward(self, x):
+        return x * self.w + self.s
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.sc = Scale()
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.sc(self.lin(x)))
+
+
+def _no_grad(fn):
+    def run(m):
+        with torch.no_grad():
+            fn(m)
+    return run
+
+
+def _in_thread(fn):
+    def run(m):
+        t = threading.Thread(target=fn, args=(m,))
+        t.start()
+        t.join()
+    return run
+
+
+def _swap_param(m):         # the same count: one popped, another added
+    m.sc._parameters.pop("u")
+    m.sc._parameters["v"] = nn.Parameter(torch.randn(1))
+
+
+def _swap_buffer(m):
+    m.sc._buffers.pop("b")
+    m.sc._buffers["c"] = torch.zeros(1)
+
+
+# name: steps, each (change, whether it is real: a recompile under jit, a mismatch for a staged step)
+CHANGES = {
+    "parameter data, another size": [(lambda m: setattr(m.sc.w, "data", torch.randn(2, 3)), True)],
+    "parameter data, another layout": [(lambda m: setattr(m.lin.weight, "data", torch.randn(3, 3).t()), True)],
+    "parameter data, another dtype": [(lambda m: setattr(m.sc.w, "data", torch.randn(3, dtype=torch.float64)), True)],
+    "parameter data, same metadata": [(lambda m: setattr(m.lin.weight, "data", torch.randn(3, 3)), False)],
+    "parameter data from another thread": [(_in_thread(lambda m: setattr(m.sc.w, "data", torch.randn(2, 3))), True)],
+    "parameter requires_grad_(False)": [(lambda m: m.sc.w.requires_grad_(False), True)],
+    "parameter requires_grad off and on": [(lambda m: m.sc.w.requires_grad_(False).requires_grad_(True), False),
+                                           (lambda m: m.lin.bias.requires_grad_(False), True)],
+    "parameter set_ to another size": [(_no_grad(lambda m: m.sc.w.set_(torch.randn(1, 3))), True)],
+    "parameter set_ to the same metadata": [(_no_grad(lambda m: m.sc.w.set_(torch.randn(3))), False)],
+    "buffer resized in place": [(lambda m: m.sc.s.resize_(1, 3), True)],
+    "buffer resized and back": [(lambda m: m.sc.s.resize_(1, 3).resize_(3), False),
+                                (lambda m: m.sc.s.resize_(1, 3), True)],
+    "buffer set_ to a strided view": [(lambda m: m.sc.s.set_(torch.ones(6)[::2]), True)],
+    "parameter registered": [(lambda m: m.sc.register_parameter("extra", nn.Parameter(torch.zeros(1))), True)],
+    "parameter popped and another added": [(_swap_param, True)],
+    "parameter popped and put back": [(lambda m: m.sc._parameters.__setitem__("u", m.sc._parameters.pop("u")), False)],
+    "parameter dict written from another thread": [
+        (_in_thread(lambda m: m.sc.register_parameter("extra", nn.Parameter(torch.zeros(1)))), True)],
+    "buffer registered": [(lambda m: m.sc.register_buffer("extra", torch.zeros(1)), True)],
+    "buffer popped and another added": [(_swap_buffer, True)],
+    "buffer dict replaced by an equal one, then written": [
+        (lambda m: setattr(m.sc, "_buffers", dict(m.sc._buffers)), False),
+        (lambda m: m.sc._buffers.__setitem__("extra", torch.zeros(1)), True)],
+    "hooks of a parameterless module, same count": [
+        (lambda m: m.act._forward_hooks.__setitem__(1, lambda mod, i, o: o), True)],
+}
+
+
+def _agree(guards):
+    """The fast check and the per-read loop say the same."""
+    fast = guards.check()
+    slow = guards.check.__self__._slow()
+    assert (fast is None) == (slow is None), (fast, slow)
+
+
+PATHS = {
+    "python, before the C++ check": (1, {}),
+    "C++ check built": (6, {}),
+    "no guard manager (older torch)": (6, {"manager": False}),
+    "no C++ tensor check at all": (6, {"manager": False, "tensor_guards": False}),
+}
+
+
+def _force(monkeypatch, manager=True, tensor_guards=True):
+    """The fallbacks a torch without these guard-manager methods takes, forced on this one."""
+    if not manager:
+        monkeypatch.setattr(state_guards, "tags_and_types_check", lambda *a, **k: None)
+        monkeypatch.setattr(input_guards, "_MANAGER", False)
+    if not tensor_guards:
+        def missing(*a, **k):
+            raise TypeError("no TensorGuards here")
+        monkeypatch.setattr(input_guards, "TensorGuards", missing)
+
+
+def _setup(monkeypatch, path):
+    warm, forced = PATHS[path]
+    _force(monkeypatch, **forced)
+    torch.manual_seed(0)
+    return Net(), torch.randn(2, 3), warm
+
+
+def _tensor_check(entry):
+    """Which check the entry's input guards run on the static tensors."""
+    fast = entry.compiled.captured.guards.check.__globals__.get("fast")
+    if fast is None:
+        return None
+    return "TensorGuards" if fast.__name__ == "<lambda>" else "guard manager"
+
+
+def _same(out, expected):
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeypatch):
+    model, x, warm = _setup(monkeypatch, path)
+    step = aotgrad.jit(model)
+    for _ in range(warm):
+        _same(step(x), model(x))
+    first = step.entries[0].state
+    assert (first.check.__self__.cpp is not None) == (path == "C++ check built")
+    assert _tensor_check(step.entries[0]) == {"no guard manager (older torch)": "TensorGuards",
+                                              "no C++ tensor check at all": None}.get(path, "guard manager")
+    expected = 1
+    for do, real in CHANGES[change]:
+        do(model)
+        _agree(first)
+        expected += real
+        _same(step(x), model(x))
+        assert len(step.entries) == expected, [e.reason for e in step.entries]
+        _same(step(x), model(x))        # a second call: the refreshed check
+        assert len(step.entries) == expected
+
+
+@pytest.mark.parametrize("path", ["python, before the C++ check", "C++ check built", "no C++ tensor check at all"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, path, monkeypatch):
+    model, x, warm = _setup(monkeypatch, path)
+    step = aotgrad.capture(model, x).compile()
+    for _ in range(warm):
+        _same(step(x), model(x))
+    for do, real in CHANGES[change]:
+        do(model)
+        _agree(step.captured.state)
+        if real:
+            with pytest.raises(InputMismatchError):
+                step(x)
+            return
+        out = step(x)
+        _same(out, model(x))
+
+
+@pytest.mark.parametrize("manager", [True, False], ids=["guard manager", "TensorGuards"])
+def test_the_tensor_check_fails_at_each_metadata_change(manager, monkeypatch):
+    """The static-prefix check alone (``fast``): each field of a parameter's and a buffer's metadata,
+    changed on the same tensor object, fails it; the tensors' values do not."""
+    monkeypatch.setattr(input_guards, "_MANAGER", manager)
+    spec = lambda t: input_guards.TensorSpec(t.dtype, t.device, tuple(t.shape), t.requires_grad,  # noqa: E731
+                                             (*t.stride(), t.storage_offset()))
+
+    class Desc:
+        def __init__(self, param):
+            self.param = param
+
+        def is_param(self):
+            return self.param
+
+        def is_state(self):
+            return True
+
+    def fresh():
+        p, b = nn.Parameter(torch.randn(2, 3)), torch.zeros(4)
+        return [p, b]
+    flat = fresh()
+    k, fast = input_guards._static_prefix([spec(t) for t in flat], [Desc(True), Desc(False)])
+    assert k == 2 and fast(flat) and fast(fresh()) and not fast(flat[:1])
+    for change in (lambda f: setattr(f[0], "data", torch.randn(3, 2)),
+                   lambda f: setattr(f[0], "data", torch.randn(3, 2).t()),
+                   lambda f: setattr(f[0], "data", torch.randn(2, 3, dtype=torch.float64)),
+                   lambda f: f[0].requires_grad_(False),
+                   lambda f: f[1].resize_(2, 2),
+                   lambda f: f[1].requires_grad_(),
+                   lambda f: f.__setitem__(0, f[0].detach().clone()),     # a plain tensor for the parameter
+                   lambda f: f.__setitem__(1, f[1].to(torch.int64))):
+        flat = fresh()
+        assert fast(flat)
+        with torch.no_grad():
+            change(flat)
+        assert not fast(flat)
+
+
+def test_per_call_counts_each_check():
+    """``per_call`` says what a call checks; the C++ part holds the tags, the types and the lengths."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    for _ in range(6):
+        step(x)
+    counts = step.entries[0].state.per_call()
+    assert counts["in C++"] is (state_guards.tags_and_types_check([{}], [0], [int], [{}], [0]) is not None)
+    assert counts["tags"] >= 4 and counts["types"] == 4 and counts["held dicts"] >= 8
+    assert counts["checks"] == counts["tags"] + counts["types"] + counts["held dicts"] + counts["others"]
