@@ -427,16 +427,25 @@ class InputOut:
         t = _CALL.inputs[self.index]
         if self.layout is None:
             return t
-        if not self.binds:
-            return t.as_strided(*self.layout)
-        at = (*t.size(), *t.stride(), t.storage_offset())
-        env = {sym: at[k] for sym, k in self.binds}
-        size, stride, offset = (tuple(int(v.xreplace(env)) if not isinstance(v, int) else v for v in part)
-                                for part in (self.layout[0], self.layout[1], (self.layout[2],)))
-        return t.as_strided(size, stride, offset[0])
+        return t.as_strided(*_concrete(self.layout, self.binds, t))
 
 
 pytree.register_pytree_node(InputOut, lambda v: ([], v), lambda leaves, v: v.value())
+
+
+def _at(t) -> tuple:
+    return (*t.size(), *t.stride(), t.storage_offset())
+
+
+def _concrete(layout, binds, t) -> tuple:
+    """``layout`` (size, stride, offset) with its expressions evaluated on ``t``'s own ``binds``."""
+    if not binds:
+        return layout
+    at = _at(t)
+    env = {sym: at[k] for sym, k in binds}
+    size, stride, offset = (tuple(v if type(v) is int else int(v.xreplace(env)) for v in part)
+                            for part in (layout[0], layout[1], (layout[2],)))
+    return size, stride, offset[0]
 
 
 def _expr(v):
@@ -444,11 +453,11 @@ def _expr(v):
     return v if type(v) is int else v.node.expr
 
 
-def _symbolic_layout(base, layout):
+def _symbolic_layout(at, layout):
     """``(layout, binds)`` with each symbolic value of ``layout`` a sympy expression over the symbols
-    of ``base``'s own size, stride and offset; None where it holds another symbol."""
+    of ``at``, an input's own ``(*size, *stride, offset)``; None where it holds another symbol."""
     binds = {}
-    for k, v in enumerate((*base.size(), *base.stride(), base.storage_offset())):
+    for k, v in enumerate(at):
         e = _expr(v)
         if type(v) is not int and e.is_Symbol:
             binds.setdefault(e, k)
@@ -480,7 +489,7 @@ def _input_out(v):
                 str([(x.shape, x.stride(), x.storage_offset()) for x in was.leaves(again)]):
             return None
         if not all(type(n) is int for n in (*layout[0], *layout[1], layout[2])):
-            found = _symbolic_layout(base, layout)
+            found = _symbolic_layout(_at(base), layout)
             if found is None:
                 return None
             layout, binds = found
@@ -506,9 +515,7 @@ def as_inner(out):
                     "symbolic sizes not its own or a class that has no as_strided): eager's output is a view of that "
                     "subclass, the graph's inner tensors cannot make one; return a copy (.clone()) or the base",
                     user_line=_user_line())
-            meta = Meta.of(v)
-            _dynamic_refused(meta, "an output")
-            leaves[k] = Inner(meta, _Flatten.apply(meta, meta, v))
+            leaves[k] = _as_output(v, "an output")
     return pytree.tree_unflatten(leaves, spec)
 
 
@@ -576,16 +583,15 @@ class Unwrap:
                 flat.append(next(it) if m is None else m.value if isinstance(m, RaggedSize) else _Unflatten.apply(
                     m, self._recorder(i), *(next(it) for _ in range(m.n))))
             fn.flat = flat
-            before = [(t._version, t.grad_fn, t.shape, t.stride()) if isinstance(m, (Meta, Promoted)) else None
-                      for t, m in zip(flat, self.metas)]
+            before = [(t._version, t.grad_fn, tuple(t.shape), t.stride(), t.storage_offset())
+                      if isinstance(m, (Meta, Promoted)) else None for t, m in zip(flat, self.metas)]
             was, _CALL.traced = getattr(_CALL, "traced", None), (self, {
                 i: t for i, (t, m) in enumerate(zip(flat, self.metas)) if isinstance(m, Meta)})
             try:
                 out = flat_fn(*flat)
             finally:
                 _CALL.traced = was
-            self._refuse_writes(flat, before)
-            return out
+            return self._put_back(flat, before, out)
         fn.__name__, fn.inner = flat_fn.__name__, flat_fn
         state = getattr(flat_fn, "module_state", None)
         if state is not None:
@@ -595,17 +601,84 @@ class Unwrap:
     def _recorder(self, i):
         return lambda meta: self.grads.__setitem__(i, meta)
 
-    def _refuse_writes(self, flat, before) -> None:
+    def _put_back(self, flat, before, out):
+        """``out`` with what the function did in place to subclass inputs (and promoted plain ones, which
+        the graph takes detached too) that eager's autograd records or that changed their layout: a :class:`PutBack` of the new values (clones, as graph outputs)
+        and layouts, done to the caller's inputs after the graph ran."""
+        puts, values = [], []
         for i, (t, was) in enumerate(zip(flat, before)):
             if was is None or t._version == was[0]:
                 continue
-            cls = type(t).__name__
-            if (t.shape, t.stride()) != was[2:]:
+            cls, relaid = type(t).__name__, str((tuple(t.shape), t.stride(), t.storage_offset())) != str(was[2:])
+            recorded = t.grad_fn is not was[1]      # autograd recorded it (under no_grad it does not)
+            layout = _put_layout(t, was[2:]) if relaid else None
+            if relaid and layout is None:
                 raise UnsupportedError(f"an in-place change of the size or stride of {self.names[i]}, a {cls} "
-                                       "(t_(), unsqueeze_(), resize_()), cannot be replayed on the caller's "
-                                       "subclass: use the out-of-place op", user_line=_user_line())
-            if t.grad_fn is not was[1]:     # autograd recorded the write (under no_grad it does not)
-                raise UnsupportedError(f"an in-place write to {self.names[i]}, a {cls} that requires grad, under "
-                                       "grad mode: autograd would record it on the subclass, the graph writes its "
-                                       "inner tensors; write it under torch.no_grad() or use the out-of-place op",
-                                       user_line=_user_line())
+                                       "(t_(), unsqueeze_(), resize_()), cannot be replayed on the caller's subclass "
+                                       "(inner tensors laid out otherwise, or symbolic sizes not its own): use the "
+                                       "out-of-place op", user_line=_user_line())
+            if relaid or recorded:
+                self.returned.add(i)
+                puts.append(_Put(i, layout, recorded))
+                if recorded:
+                    values.append(_as_output(t.clone(), f"{self.names[i]} written in place"))
+        if not puts:
+            return out
+        leaves, specs = zip(*(pytree.tree_flatten(v) for v in values)) if values else ((), ())
+        put = type(out)([*out, *(x for part in leaves for x in part)])
+        put.spec = pytree.TreeSpec(PutBack, tuple(puts), [out.spec, *specs])
+        put.replaced = getattr(out, "replaced", ())
+        return put
+
+
+@dataclass(frozen=True)
+class _Put:
+    """One subclass input changed in place: ``layout`` ``(layout, binds)`` or None, and whether autograd
+    recorded a write to it (its new value is then among the :class:`PutBack`'s values)."""
+    index: int
+    layout: tuple | None
+    recorded: bool
+
+
+class PutBack:
+    """A traced function's output with what it did in place to subclass inputs: at run time each
+    input gets its new layout (``as_strided_``, which the subclass's dispatch applies to its inner
+    tensors) and, where eager's autograd records the write, ``copy_`` of its new value under grad mode,
+    so the caller's subclass has the history eager gives it (the inner tensors' data the epilogue
+    already wrote)."""
+
+
+def _put_back(children, puts):
+    values = iter(children[1:])
+    for p in puts:
+        t = _CALL.inputs[p.index]
+        with torch.set_grad_enabled(p.recorded and torch.is_grad_enabled()):
+            if p.layout is not None:
+                t.as_strided_(*_concrete(*p.layout, t))
+            if p.recorded:
+                t.copy_(next(values))
+    return children[0]
+
+
+pytree.register_pytree_node(PutBack, lambda v: ([], ()), _put_back)
+
+
+def _as_output(v, what: str):
+    """``v`` as graph outputs: a subclass as an :class:`Inner` of its leaves, a plain tensor as it is."""
+    if not traceable_subclass(v):
+        return v
+    meta = Meta.of(v)
+    _dynamic_refused(meta, what)
+    return Inner(meta, _Flatten.apply(meta, meta, v))
+
+
+def _put_layout(t, old):
+    """``(layout, binds)`` of ``t``'s new layout in terms of its old one (``old``: size, stride, offset),
+    where ``as_strided_`` replays it: each inner tensor laid out as ``t``; else None."""
+    new = (tuple(t.size()), tuple(t.stride()), t.storage_offset())
+    leaves = Meta.of(t).leaves(t) if traceable_subclass(t) else []     # (a promoted plain input: none)
+    if any(str((tuple(x.shape), x.stride(), x.storage_offset())) != str(new) for x in leaves):
+        return None
+    if all(type(v) is int for v in (*new[0], *new[1], new[2])):
+        return new, ()
+    return _symbolic_layout((*old[0], *old[1], old[2]), new)

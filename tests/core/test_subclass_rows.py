@@ -203,19 +203,43 @@ def test_returned_view_of_subclass_input_with_symbolic_sizes_is_eager_at_every_s
         assert_close(x_e.grad, x_c.grad, f"gradient at size {n}", 0, 0)
 
 
+# --- a subclass input changed in place with symbolic sizes: its new layout as expressions over its old
+# one, replayed by as_strided_; a write autograd records put back by copy_ under grad (PutBack)
+
+IN_PLACE = {
+    "written under grad": lambda x, y: x.mul_(y).sin(),
+    "transposed": lambda x, y: x.t_() * 2,
+    "unsqueezed, then written": lambda x, y: x.unsqueeze_(0).add_(y).cos(),
+    "row written": lambda x, y: x[1].mul_(3).sum() + x.sum(),
+}
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, marks=() if e == "capture" else pytest.mark.slow) for e in DYNAMIC])
+@pytest.mark.parametrize("case", list(IN_PLACE))
+def test_subclass_input_changed_in_place_with_symbolic_sizes_is_eager_at_every_size(case, entry):
+    torch._dynamo.reset()
+    fn = IN_PLACE[case]
+    compiled = DYNAMIC[entry](fn, _input("TwoTensor", 5) * 1, _plain(5, rg=False))
+    for n in (5, 7, 9):
+        leaf_e, leaf_c, y = _input("TwoTensor", n), _input("TwoTensor", n), _plain(n, rg=False)
+        x_e, x_c = leaf_e * 1, leaf_c * 1
+        out_e, out_c = fn(x_e, y), compiled(x_c, y)
+        assert_close(out_e, out_c, f"output at size {n}", 0, 0)
+        assert_close(x_e, x_c, f"input after the call at size {n}", 0, 0)
+        assert (x_e.shape, x_e.stride(), x_e.requires_grad) == (x_c.shape, x_c.stride(), x_c.requires_grad)
+        w = torch.randn(out_e.shape, generator=torch.Generator().manual_seed(n))
+        ((out_e * w).sum() + x_e.sum()).backward(), ((out_c * w).sum() + x_c.sum()).backward()
+        assert_close(leaf_e.grad, leaf_c.grad, f"gradient at size {n}", 0, 0)
+
+
 # --- still refused, naming the subclass and the user's line
 
 def _returns_view(x, y):
     return x[: y.shape[0]]
 
 
-def _written_under_grad(x, y):
-    return x.mul_(y) * 1
-
-
 @pytest.mark.parametrize("entry", ["capture", "jit"])
-@pytest.mark.parametrize("case", ["returned view made inside", "returned view with symbolic sizes not its own",
-                                  "written under grad"])
+@pytest.mark.parametrize("case", ["returned view made inside", "returned view with symbolic sizes not its own"])
 def test_still_refused_rows(case, entry):
     compile = (lambda fn, a, k: aotgrad.capture(fn, *a, **k).compile()) if entry == "capture" else \
         (lambda fn, a, k: aotgrad.jit(fn))
@@ -225,8 +249,7 @@ def test_still_refused_rows(case, entry):
     make = {"returned view with symbolic sizes not its own": lambda: (_returns_view, (_input("TwoTensor", 5),
                                                                                        torch.randn(3)), {}),
             "returned view made inside": lambda: ((lambda x: (x * 2)[0]), (_input("TwoTensor", 3),), {}),
-            "written under grad": lambda: (_written_under_grad, (_input("TwoTensor", 3) * 1, torch.randn(3, 4)),
-                                           {})}[case]
+            }[case]
     e = assert_refused(None, make=make, compile=compile)
     assert isinstance(e, UnsupportedError) and "TwoTensor" in str(e) and e.user_line, e
     assert entry == "jit" or "test_subclass_rows.py" in str(e), e      # (jit: the call's line)

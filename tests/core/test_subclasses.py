@@ -121,6 +121,20 @@ PROGRAMS = {
                                                                                    plain(3)), {}),
     "plain bias beside a subclass weight": lambda: (TwoLinearBias(), (torch.randn(2, 3),), {}),
     "plain input meets a subclass made inside": lambda: (made_meets, (plain(3), torch.randn(3)), {}),
+    # what eager's autograd records on a subclass input, or a layout change of one: put back on the
+    # caller's input after the graph ran (PutBack: as_strided_, copy_ under grad)
+    "written under grad": lambda: (lambda x, y: x.mul_(y) * 1, (two(3, rg=True) * 1, torch.randn(3)), {}),
+    "written under grad, returned": lambda: (lambda x: x.mul_(2), (two(3, rg=True) * 1,), {}),
+    "row written under grad": lambda: (lambda x: x[0].mul_(2).sum() + x.sum(), (two(2, 3, rg=True) * 1,), {}),
+    "nested, written under grad": lambda: (lambda x: x.mul_(2).sin(),
+                                           (TwoTensor(two(3), two(3)).requires_grad_() * 1,), {}),
+    "transposed in place": lambda: (lambda x: x.t_().sin(), (two(2, 3),), {}),
+    "transposed in place under grad": lambda: (lambda x: x.t_() * 2, (two(2, 3, rg=True) * 1,), {}),
+    "unsqueezed, then written": lambda: (lambda x, y: x.unsqueeze_(0).mul_(y).cos(), (two(3, rg=True) * 1,
+                                                                                     plain(3)), {}),
+    "promoted plain input written under grad": lambda: (lambda a, b: a.mul_(2) + b, (plain(3) * 1, two(3, rg=True)),
+                                                        {}),
+    "promoted plain input transposed": lambda: (lambda a, b: a.t_() + b, (plain(2, 2) * 1, two(2, 2)), {}),
 }
 
 
@@ -135,9 +149,6 @@ REFUSED = {
     # eager returns a view of a TwoTensor made inside; the rebuilt output is not one
     "returned view made inside": (lambda: (lambda x: (x * 2).t(), (two(3, 4, rg=True),), {}),
                                   "returns a view of a TwoTensor made inside"),
-    # autograd would record the write on the subclass; the graph writes the inner tensors
-    "written under grad": (lambda: (lambda x, y: x.mul_(y) * 1, (two(3, rg=True) * 1, torch.randn(3)), {}),
-                           "in-place write to input 0, a TwoTensor that requires grad"),
 }
 
 
