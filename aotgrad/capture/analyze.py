@@ -74,7 +74,7 @@ def _resized(info: InputInfo, nbytes, name: str, shared) -> InputInfo:
         raise MutationError(f"{name}'s storage is resized and it has {what}: the epilogue replays a resize only on an "
                             "input that holds its storage alone and keeps its layout (PyTorch's AOTAutograd bans "
                             "resize_() with set_() too); resize it outside the function")
-    return replace(info, storage_resize=nbytes)
+    return replace(info, storage_resize=(nbytes[0], symbolic(nbytes[1])))     # (a size expression, per call)
 
 
 def _input_info(f, t, grad_fn_before, name: str, line, others=None, swap=None) -> InputInfo:

@@ -254,10 +254,6 @@ class Storages:
                 "resizing the storage of a tensor that is not an input of the captured function (an intermediate, "
                 "or a view of an input) cannot be captured: the graph holds values, not storages; resize the "
                 "input itself", user_line=line)
-        if isinstance(nbytes, torch.SymInt):
-            raise UnsupportedError("resizing an input's storage to a symbolic number of bytes cannot be captured: "
-                                   "the caller's storage is resized to a size the trace fixes; capture with static "
-                                   "shapes (dynamic=False)", user_line=line)
         start = self.entry[id(t)]
         now = self.sizes.get(id(t), start)
         if nbytes < _extent(t) and t.requires_grad and torch.is_grad_enabled() and not _written_unswapped(t):
@@ -269,7 +265,7 @@ class Storages:
             raise UnsupportedError(
                 f"resizing an input's storage from {start} to {nbytes} bytes: only a storage that starts or ends "
                 "empty (FSDP's free and re-allocate) can be captured, as in PyTorch's AOTAutograd", user_line=line)
-        self.sizes[id(t)] = int(nbytes)
+        self.sizes[id(t)] = nbytes
         if nbytes != now:       # (re-allocated storage holds no values yet; a freed one none at all)
             self.unreadable[id(t)] = t
         return None

@@ -385,7 +385,8 @@ def _grads_as_traced(captured) -> bool:
 def _needs_symbols(analysis) -> bool:
     metas = [o.view for o in analysis.outputs if o.view is not None]
     metas += [i.new_meta for i in analysis.inputs if i.new_meta is not None]
-    return any(not m.is_static for m in metas) or any(o.kind == "symbolic" for o in analysis.outputs)
+    return any(not m.is_static for m in metas) or any(o.kind == "symbolic" for o in analysis.outputs) or any(
+        i.storage_resize is not None and not isinstance(i.storage_resize[1], int) for i in analysis.inputs)
 
 
 def _symbol_map(symbols) -> dict:
@@ -426,7 +427,7 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     lines, scope = ["def epilogue(flat, values, symbols):"], {"_with_grad": traced_with_grad,
         "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
         "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map, "_swap": _swap_storage,
-        "_laid_out": _laid_out, "_resize": _resize_storage}
+        "_laid_out": _laid_out, "_resize": _resize_storage, "_concrete": _concrete}
     lines += _swap_lines(analysis, scope)
     k = 0
     for i, info in enumerate(analysis.inputs):
@@ -438,7 +439,8 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
             lines.append(f"    _meta(flat[{i}], m{i}, symbols, {bool(info.meta_seen)})")
         if info.storage_resize is not None:     # (resized first: the data lands in the new storage)
             value = f"values[{k}]" if info.mutates_data else "None"
-            lines.append(f"    _resize(flat[{i}], {info.storage_resize[1]}, {value}, "
+            scope[f"r{i}"] = info.storage_resize[1]
+            lines.append(f"    _resize(flat[{i}], _concrete(r{i}, symbols), {value}, "
                          f"{bool(info.mutation_needs_autograd)})")
             k += info.mutates_data
         elif info.mutates_data:

@@ -83,7 +83,7 @@ SCHEMAS = {
     InputInfo: {"requires_grad": _bool, "mutates_data": _bool, "mutates_metadata": _bool, "meta_seen": _bool,
                 "mutation_hidden": _bool, "new_meta": _optional(ViewMeta), "new_storage": _optional(OutputInfo),
                 "sets_requires_grad": _bool,
-                "storage_resize": lambda v: v is None or type(v) is tuple and len(v) == 2 and _bool(v[0]) and _int(v[1])},
+                "storage_resize": lambda v: v is None or type(v) is tuple and len(v) == 2 and _bool(v[0]) and _size(v[1])},
     OutputInfo: {"kind": lambda v: v in _OUTPUT_KINDS, "index": _int, "view": _optional(ViewMeta),
                  "requires_grad": _bool, "value": _constant, "is_leaf": _bool, "is_view": _bool,
                  "replay": lambda v: v is None},

@@ -81,23 +81,28 @@ def _free_rg_unwritten(a, s):
     return out
 
 
+@pytest.mark.parametrize("body,rg", [(_resize_intermediate, False), (_resize_view, False), (_grow_beyond, False),
+                                     (_free_rg_unwritten, True)], ids=lambda v: getattr(v, "__name__", ""))
+def test_a_resize_torch_cannot_replay_is_refused_at_its_line(body, rg):
+    e = assert_refused(None, make=lambda: (body, (torch.randn(4, 3, requires_grad=rg), torch.randn(4, 3)), {}))
+    assert isinstance(e, UnsupportedError) and "storage" in str(e), e
+    assert e.user_line and "# line" in e.user_line, e.user_line
+
+
 def _symbolic_bytes(a, s):
-    a.untyped_storage().resize_(a.numel() * 4)          # line: a symbolic size under dynamic=True
+    a.untyped_storage().resize_(a.numel() * 4)          # a symbolic size under dynamic=True: evaluated per call
     with torch.no_grad():
         a.copy_(s)
     return a + s
 
 
-@pytest.mark.parametrize("body,rg,dynamic", [(_resize_intermediate, False, False), (_resize_view, False, False),
-                                             (_grow_beyond, False, False), (_free_rg_unwritten, True, False),
-                                             (_symbolic_bytes, False, True)], ids=lambda v: getattr(v, "__name__", ""))
-def test_a_resize_torch_cannot_replay_is_refused_at_its_line(body, rg, dynamic):
-    def make():
-        return body, (torch.randn(4, 3, requires_grad=rg) if body is not _symbolic_bytes else _freed(),
-                      torch.randn(4, 3)), {}
-    e = assert_refused(None, make=make, dynamic=dynamic)
-    assert isinstance(e, UnsupportedError) and "storage" in str(e), e
-    assert e.user_line and "# line" in e.user_line, e.user_line
+def test_a_symbolic_size_is_evaluated_per_call():
+    compiled = aotgrad.capture(_symbolic_bytes, _freed(4), torch.randn(4, 3), dynamic=True).compile()
+    for n in (4, 6):
+        a, b, s = _freed(n), _freed(n), torch.randn(n, 3)
+        torch.testing.assert_close(compiled(b, s), _symbolic_bytes(a, s))
+        assert b.untyped_storage().nbytes() == a.untyped_storage().nbytes() == n * 12
+        torch.testing.assert_close(b, a)
 
 
 def test_a_resized_input_sharing_its_storage_is_refused():
