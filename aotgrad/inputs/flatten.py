@@ -21,13 +21,14 @@ from typing import Callable
 
 import torch
 
-from .._torch import FakeTensor, pytree, subclass_kind, traceable_subclass
+from .._torch import FakeTensor, pytree, subclass_kind, tagging_class, traceable_subclass
 from ..runtime.call import rebound, tensor_attributes
 from ..runtime.modes import left_as_found
-from ..guards.reads import thread_watch
+from ..guards.reads import paused, thread_watch
 from ..ir.descriptors import BaseDesc, BufferDesc, InputDesc, ParamDesc, input_name
 from ..ir.records import ViewMeta
 from .. import tracing
+from ..tracing import tree
 from ..tracing.views import holding
 from ..errors import MutationError
 from ..tracing.patches import FORWARD_ONLY
@@ -54,23 +55,34 @@ class Signature:
     unwrap: Unwrap | None = None     # subclass inputs as their inner tensors (inputs.subclasses)
 
 
-def _slots(module: torch.nn.Module):
-    named, owners = [], None
-    for kind, items in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
-        for name, t in items:
-            owner, _, attr = name.rpartition(".")
-            if owners is None:      # one walk, not a get_submodule walk from the root per tensor
-                owners = dict(module.named_modules(remove_duplicate=False))
-            sub = owners.get(owner) or module.get_submodule(owner)
-            named.append((name, t, Slot(sub, attr, kind == "param")))
-    return named
+def _slots(module: torch.nn.Module, *walked):
+    """``(name, tensor, Slot)`` of each parameter, then each buffer, as ``named_parameters()`` and
+    ``named_buffers()`` list them; ``walked``: :func:`_places`, when the caller has it."""
+    where = walked[0] if walked else _places(module)
+    return [(name, t, Slot(owner, attr, store == "_parameters"))
+            for store in ("_parameters", "_buffers") for name, t, owner, attr in _members(module, where, store)]
+
+
+def _places(module):
+    """The module tree's places, walked once (:mod:`..tracing.tree`); None where a class walks its own way."""
+    with paused():      # torch's own walk, no user code: not worth a profile event per step
+        return tree.places(module)
+
+
+def _members(module, where, store: str, remove_duplicate: bool = True) -> list:
+    """``[(name, tensor, owner, attr)]``: :func:`..tracing.tree.members`, else the classes' own walks
+    (user code: watched)."""
+    with paused():
+        found = tree.members(module, where, store, remove_duplicate)
+    return found if found is not None else tree.own_members(module, store, remove_duplicate)
 
 
 def signature(fn, args: tuple, kwargs: dict):
     """The call's signature, its flat tensors and a descriptor for each."""
     with_path, in_spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
     leaves, tensor_pos, tensors, descs = [], [], [], []
-    state = _slots(fn) if isinstance(fn, torch.nn.Module) else []
+    where = _places(fn) if isinstance(fn, torch.nn.Module) else None     # the tree, walked once
+    state = _slots(fn, where) if isinstance(fn, torch.nn.Module) else []
     for name, t, slot in state:
         if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
             from ..errors import UnsupportedError, caller_line
@@ -96,25 +108,21 @@ def signature(fn, args: tuple, kwargs: dict):
             refuse_tensor(str(d), t)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),
                     tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
-                    _ties(fn, state) if state else (), unwrap)
+                    _ties(fn, state, where) if state else (), unwrap)
     return sig, tensors, descs
 
 
-def _ties(module, state) -> tuple:
+def _ties(module, state, where) -> tuple:
     """``(name, Slot, flat index)`` of every place that holds a lifted tensor under a second name (a
     tied weight: ``head.weight`` is ``emb.weight``). The graph takes the tensor once, so a call whose
     places no longer hold one tensor (the weight untied since) must not run it."""
     own = {(id(s.module), s.is_param, s.attr) for _, _, s in state}
     first = {id(t): i for i, (_, t, _) in reversed(list(enumerate(state)))}
-    owners = dict(module.named_modules(remove_duplicate=False))
     out = []
-    for is_param, items in ((True, module.named_parameters(remove_duplicate=False)),
-                            (False, module.named_buffers(remove_duplicate=False))):
-        for name, t in items:
-            owner, _, attr = name.rpartition(".")
-            sub = owners.get(owner) or module.get_submodule(owner)
-            if (id(sub), is_param, attr) not in own and id(t) in first:
-                out.append((name, Slot(sub, attr, is_param), first[id(t)]))
+    for is_param, store in ((True, "_parameters"), (False, "_buffers")):
+        for name, t, owner, attr in _members(module, where, store, remove_duplicate=False):
+            if (id(owner), is_param, attr) not in own and id(t) in first:
+                out.append((name, Slot(owner, attr, is_param), first[id(t)]))
     return tuple(out)
 
 
@@ -157,7 +165,7 @@ def refuse_tensor(name: str, t: torch.Tensor) -> None:
         what = f"a nested tensor ({type(t).__name__}, layout {t.layout})" if t.is_nested else f"of layout {t.layout}"
         raise UnsupportedError(f"{name} is {what}; only strided (dense) tensors and traceable wrapper subclasses "
                                "can be captured", user_line=caller_line())
-    if why is not None and not traceable_subclass(t):
+    if why is not None and not traceable_subclass(t) and not tagging_class(type(t)):
         raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why} but no "
                                "__tensor_flatten__/__tensor_unflatten__; aotgrad traces plain tensors and traceable "
                                "wrapper subclasses (the graph would not run the subclass's code): pass plain "
