@@ -245,15 +245,30 @@ class Reuse:
         t = e.traced
         if t is None or module is t.owner:
             return True
-        with reads.paused():
+        with reads.paused():    # the resolver's walk and comparisons of plain values: no user code runs
             now = _reads_in(module, t.proof, m.paths)
-        if now is None or len(now) != len(t.reads):
-            return False
-        for (source, kind, was), (source2, _, value) in zip(t.reads, now):
-            if source != source2 or source not in t.watched and not _same_read(kind, was, value):
-                self.why.setdefault(type(module).__name__, f"`{source}`, which its template's trace read, differs")
+            if now is None or len(now) != len(t.reads):
                 return False
-        return True
+            same, at = self._same_reads(t, module, now, 0, plain=True)
+        # From the first read of children or hooks on: compared by identity, else by ``==`` (a module
+        # class's own ``__eq__`` is user code: watched, as everywhere).
+        return same if same is not None else self._same_reads(t, module, now, at, plain=False)[0]
+
+    def _same_reads(self, t: Traced, module, now, start: int, plain: bool):
+        """``(verdict, index)``: whether the reads from ``start`` on are the template's; None (and the
+        index) at a read of children or hooks where ``plain``."""
+        for i in range(start, len(now)):
+            (source, kind, was), (source2, _, value) = t.reads[i], now[i]
+            if source != source2:
+                return False, i
+            if source in t.watched:
+                continue
+            if plain and kind == "dict":
+                return None, i
+            if not _same_read(kind, was, value):
+                self.why.setdefault(type(module).__name__, f"`{source}`, which its template's trace read, differs")
+                return False, i
+        return True, len(now)
 
     def _trace_with(self, module, m: Member, state, call, stands: dict, log: list, asked=()) -> _Entry | None:
         """The call's entry, its template traced with ``stands`` read for the block's varying
