@@ -144,6 +144,9 @@ def _llama(n_layer: int, use_cache: bool = True):
                    num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=16, use_cache=use_cache)
 
 
+CLOCK = time.perf_counter     # --cpu: time.process_time (this process's CPU time: steadier on a shared machine)
+
+
 def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
     """Seconds from a built GPT of ``n_layer`` blocks to its first training step done (``sdpa``:
     attention through ``F.scaled_dot_product_attention``, the benchmarks' GPT; ``"llama"``: HF
@@ -157,7 +160,7 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
         model, args = _llama(n_layer, use_cache=sdpa == "llama")
     else:
         model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     if system == "aot_eager":
         import torch
 
@@ -170,7 +173,7 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
     else:
         step = SYSTEMS[system](model, args)
     train_once(step, args)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS, sdpa: bool = False) -> dict:
@@ -277,6 +280,7 @@ def main():
                    help="the depth table for HF Llama (default config: a KV cache each layer updates)")
     p.add_argument("--no-cache", action="store_true", help="with --llama: use_cache=False")
     p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
+    p.add_argument("--cpu", action="store_true", help="depth table: this process's CPU time, not wall time")
     p.add_argument("--inductor", action="store_true",
                    help="first training step under Inductor at 2/6/12 layers (a fresh process and cache each)")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
@@ -297,9 +301,12 @@ def main():
         print(inductor_table(run_inductor(a.repeats, a.threads)))
         return
     if a.depth:
+        global CLOCK
+        CLOCK = time.process_time if a.cpu else CLOCK
         llama = "llama_nocache" if a.no_cache else "llama"
         model = f"HF Llama (d=64, use_cache={not a.no_cache})" if a.llama else f"GPT (d=64{', SDPA' if a.sdpa else ''})"
-        print(f"{model} capture + compile + first step, {a.threads} thread(s), median of {a.repeats}")
+        print(f"{model} capture + compile + first step, {a.threads} thread(s), median of {a.repeats}"
+              + (", CPU time" if a.cpu else ""))
         print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")),
                                      sdpa=llama if a.llama else a.sdpa)))
         return
