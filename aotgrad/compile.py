@@ -117,7 +117,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)) as step:
             bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)), step)
         retained = retained_outputs(captured)
-        saved_views = saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors)
+        relaid = {i for i, info in enumerate(captured.analysis.inputs) if info.mutates_metadata or info.new_storage}
+        saved_views = saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors, relaid)
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",

@@ -179,17 +179,19 @@ def fast_apply(fn_class):
     return apply
 
 
-def saved_input_views(fw_gm, n_fw: int, n_saved: int) -> tuple:
+def saved_input_views(fw_gm, n_fw: int, n_saved: int, relaid=frozenset()) -> tuple:
     """``(k, i)`` for each saved tensor ``k`` the forward graph makes by view ops from its input
     ``i`` (a weight's ``t()``). A backend may hand it back as a tensor of its own over the input's
-    memory (Inductor's ``reinterpret_tensor``), without the input's version counter."""
+    memory (Inductor's ``reinterpret_tensor``), without the input's version counter. An input in
+    ``relaid`` (the epilogue changes its layout or storage: ``t_()``, ``set_()``) counts when it is
+    saved itself too: the backward reads it as the graph had it, an alias taken before the epilogue."""
     phs = {p: i for i, p in enumerate(fw_gm.graph.find_nodes(op="placeholder"))}
     found = []
     for k, node in enumerate(fw_gm.graph.find_nodes(op="output")[0].args[0][n_fw:n_fw + n_saved]):
         view = node
         while getattr(view, "op", None) == "call_function" and _is_view_op(view):
             view = view.args[0]
-        if view is not node and view in phs:
+        if view in phs and (view is not node or phs[view] in relaid):
             found.append((k, phs[view]))
     return tuple(found)
 
