@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import FakeTensor, pytree, subclass_kind, tagging_class, traceable_subclass
+from .._torch import FakeTensor, pytree, subclass_kind, traceable_subclass
 from ..runtime.call import rebound, tensor_attributes
 from ..runtime.modes import left_as_found
 from ..guards.reads import paused, thread_watch
@@ -165,7 +165,7 @@ def refuse_tensor(name: str, t: torch.Tensor) -> None:
         what = f"a nested tensor ({type(t).__name__}, layout {t.layout})" if t.is_nested else f"of layout {t.layout}"
         raise UnsupportedError(f"{name} is {what}; only strided (dense) tensors and traceable wrapper subclasses "
                                "can be captured", user_line=caller_line())
-    if why is not None and not traceable_subclass(t) and not tagging_class(type(t)):
+    if why is not None and not traceable_subclass(t):
         raise UnsupportedError(f"{name} is a {type(t).__name__}, a tensor subclass that {why} but no "
                                "__tensor_flatten__/__tensor_unflatten__; aotgrad traces plain tensors and traceable "
                                "wrapper subclasses (the graph would not run the subclass's code): pass plain "
