@@ -127,7 +127,7 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
                                      saved_views=saved_views, reruns=captured.analysis.eager_reruns)
-        run = fast_apply(fn_class)
+        run = _without_edges(fast_apply(fn_class), ungraded_inputs(captured, lay))
         own = {i for _, i in saved_views}       # saved as the caller's tensor: autograd checks its version
         after = version_checks(fn_class, tuple(i for i in captured.analysis.eager_saved if i not in own))
         if retained:
@@ -135,6 +135,30 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
     return part, fw_gm, bw_gm, make_call(captured, run, after), tuple(history)
+
+
+def ungraded_inputs(captured, lay) -> tuple:
+    """Inputs that require grad but whose gradient the joint graph never computes (read only through
+    ``.detach()``, ``.data`` or under ``no_grad``): eager's backward never reaches their history, so the
+    compiled node takes no edge to them (PyTorch's AOTAutograd marks such gradients None). An input the
+    program hooks keeps its edge (its hooks are registered on the tensor the node receives)."""
+    if input_hooks(captured):
+        return ()
+    grads = captured.joint.graph.output_node().args[0][lay.n_fw:]
+    return tuple(i for i, g in zip(lay.grad_of, grads) if g is None)
+
+
+def _without_edges(run, ungraded: tuple):
+    """``run`` called with the ``ungraded`` inputs detached (the epilogue writes the caller's tensors)."""
+    if not ungraded:
+        return run
+
+    def call(flat):
+        flat = list(flat)
+        for i in ungraded:
+            flat[i] = flat[i].detach()
+        return run(flat)
+    return call
 
 
 def second_order(captured) -> tuple:
