@@ -83,15 +83,16 @@ def signature(fn, args: tuple, kwargs: dict):
     leaves, tensor_pos, tensors, descs = [], [], [], []
     where = _places(fn) if isinstance(fn, torch.nn.Module) else None     # the tree, walked once
     state = _slots(fn, where) if isinstance(fn, torch.nn.Module) else []
-    for name, t, slot in state:
-        if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
-            from ..errors import UnsupportedError, caller_line
-            raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
-                                   "as LazyLinear); call the module once eagerly before capturing it",
-                                   user_line=caller_line())
-        refuse_tensor(f"'{name}' of {type(fn).__name__}", t)
-        tensors.append(t)
-        descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
+    with _unwatched({type(t) for _, t, _ in state}):
+        for name, t, slot in state:
+            if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+                from ..errors import UnsupportedError, caller_line
+                raise UnsupportedError(f"'{name}' of {type(fn).__name__} is not initialized yet (a lazy module such "
+                                       "as LazyLinear); call the module once eagerly before capturing it",
+                                       user_line=caller_line())
+            refuse_tensor(f"'{name}' of {type(fn).__name__}", t)
+            tensors.append(t)
+            descs.append((ParamDesc if slot.is_param else BufferDesc)(name))
     for i, (path, leaf) in enumerate(with_path):
         _refuse_argument(input_name(path), leaf)
         if isinstance(leaf, torch.Tensor):
@@ -101,7 +102,8 @@ def signature(fn, args: tuple, kwargs: dict):
             descs.append(InputDesc(input_name(path)))
         else:
             leaves.append(leaf)
-    unwrap = Unwrap.of(tensors, descs)
+    with _unwatched({type(t) for t in tensors}):
+        unwrap = Unwrap.of(tensors, descs)
     if unwrap is not None:      # the graph takes each subclass's inner tensors
         tensors, descs = unwrap.examples(tensors), unwrap.descs(descs)
         for d, t in zip(descs, tensors):
@@ -110,6 +112,16 @@ def signature(fn, args: tuple, kwargs: dict):
                     tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
                     _ties(fn, state, where) if state else (), unwrap)
     return sig, tensors, descs
+
+
+_TORCH_CLASSES = frozenset((torch.Tensor, torch.nn.Parameter))
+
+
+def _unwatched(classes: set):
+    """The recording paused where every tensor checked is of torch's own classes: no user code runs
+    in checking them (a profile event per call and C call of the checks, per parameter, otherwise).
+    A subclass's methods are user code: watched."""
+    return paused() if classes <= _TORCH_CLASSES else contextlib.nullcontext()
 
 
 def _ties(module, state, where) -> tuple:

@@ -150,3 +150,21 @@ def test_signature_lifts_what_torch_walks_list(name):
     assert list(sig.ties) == ties
     if name == "gpt-like tied":
         assert [n for n, _, _ in sig.ties] == ["head.weight"]
+
+
+class _OwnParameter(nn.Parameter):
+    """A parameter class of the user's: its methods are user code the recording must see."""
+
+
+def test_signature_pauses_the_recording_only_over_torch_classes():
+    from aotgrad.guards import reads
+    seen = []
+
+    def probe(classes):
+        with flatten._unwatched(classes):
+            seen.append(reads.watching() is None)
+    with reads.record():
+        probe({torch.Tensor, nn.Parameter})
+        probe({torch.Tensor, _OwnParameter})
+        probe(set())
+    assert seen == [True, False, True]
