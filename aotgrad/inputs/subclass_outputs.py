@@ -143,11 +143,12 @@ def put_back(unwrap, flat, before, out):
         cls, relaid = type(t).__name__, str((tuple(t.shape), t.stride(), t.storage_offset())) != str(was[2:])
         recorded = t.grad_fn is not was[1]      # autograd recorded it (under no_grad it does not)
         layout = _put_layout(t, was[2:]) if relaid else None
-        if relaid and layout is None:
+        # (unrecorded, the trace's subclass, no leaf, would get gradients of the old layout)
+        if relaid and (layout is None or not recorded and t.requires_grad):
             raise UnsupportedError(f"an in-place change of the size or stride of {unwrap.names[i]}, a {cls} "
                                    "(t_(), unsqueeze_(), resize_()), cannot be replayed on the caller's subclass "
-                                   "(inner tensors laid out otherwise, or symbolic sizes not its own): use the "
-                                   "out-of-place op", user_line=_user_line())
+                                   "(inner tensors laid out otherwise, symbolic sizes not its own, or under no_grad "
+                                   "while it requires grad): use the out-of-place op", user_line=_user_line())
         if relaid or recorded:
             unwrap.returned.add(i)
             puts.append(_Put(i, layout, recorded))
