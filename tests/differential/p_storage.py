@@ -198,7 +198,7 @@ RESIZE_STORAGE = {
     # grown, filled, read: the caller's storage ends full, holding the copy
     "up_fill_read": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), a * x)[-1], True, False),
     # grown and filled, the read before a second write: the caller's holds the last one
-    "up_fill_twice": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), a * x + _fill(a, s * 2).sum())[-1],
+    "up_fill_twice": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), a + x + _fill(a, s * 2).sum())[-1],
                       True, False),
     # read, then freed: the caller's storage ends freed, the output keeps the read
     "read_down": (lambda a, s, x, how: (a.sin() * x, _free(a, how))[0], False, False),

@@ -96,6 +96,7 @@ def _symbolic_bytes(a, s):
     return a + s
 
 
+@pytest.mark.slow
 def test_a_symbolic_size_is_evaluated_per_call():
     compiled = aotgrad.capture(_symbolic_bytes, _freed(4), torch.randn(4, 3), dynamic=True).compile()
     for n in (4, 6):
