@@ -170,6 +170,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
     if setup.session.grad_enabled or not lay.is_inference:
         _refuse_grad_constants(joint)
     _refuse_used_inner_leaves(joint, analysis)
+    _unread_freed_inputs(joint, analysis)
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
     name_placeholders(joint, in_descs)      # before simplify, whose recompile writes the names in
     with timed(history, "simplify") as info:
@@ -397,6 +398,30 @@ def _library_reader(tb) -> str:
 def _first_line(e) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else type(e).__name__
+
+
+_CLONE, _COPY, _EMPTY_LIKE = torch.ops.aten.clone.default, torch.ops.aten.copy.default, torch.ops.aten.empty_like.default
+
+
+def _unread_freed_inputs(joint, analysis) -> None:
+    """An input freed on entry that the function re-allocates (FSDP's unsharded parameter) holds no
+    values: the trace refused every read of them but a whole ``copy_()`` (``copy``, whose kernel reads
+    a storage-less ``self``'s layout alone). The joint's own copy of a written input that requires grad
+    (a ``clone``, so autograd sees the write) would read them: it is an ``empty_like``, which the
+    ``copy`` then fills. Any other use would read freed memory at run time."""
+    freed = [i for i, info in enumerate(analysis.inputs) if info.storage_resize and not info.storage_resize[0]]
+    if not freed:
+        return
+    placeholders = joint.graph.find_nodes(op="placeholder")
+    for i in freed:
+        for n in list(placeholders[i].users):
+            if n.target is _CLONE and all(u.target is _COPY and u.args[0] is n for u in n.users):
+                n.target, n.kwargs = _EMPTY_LIKE, {k: v for k, v in n.kwargs.items() if k == "memory_format"}
+            elif not (n.target is _COPY and n.args[0] is placeholders[i] and n.args[1] is not placeholders[i]):
+                raise errors.UnsupportedError(
+                    f"input {i}, freed on entry and re-allocated by the function, is read by {n.target} in the "
+                    "captured graph: it holds no values to read; fill it with a whole copy_() first")
+    joint.recompile()
 
 
 def _input_guards(setup: Setup, analysis):

@@ -170,3 +170,24 @@ def test_versions_are_eagers(free):
     f(a, s)
     aotgrad.capture(f, b, s).compile()(b, s)
     assert (b._version, b.untyped_storage().nbytes()) == (a._version, a.untyped_storage().nbytes())
+
+
+def test_fsdp_parameter_trains_like_eager():
+    """Freed on entry, requires grad, filled under no_grad, used, freed: the joint's copy of the written input
+    is made without reading it (a clone would read the freed storage: a segfault), its gradient is eager's."""
+    def f(a, s, x):
+        _grow(a)
+        with torch.no_grad():
+            a.copy_(s)
+        out = x.sin() * 2 + a
+        a.untyped_storage().resize_(0)
+        return out
+
+    def make():
+        torch.manual_seed(0)
+        return f, (_freed().requires_grad_(True), torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)), {}
+    fn, args, _ = make()
+    captured = aotgrad.capture(fn, *args)
+    first = next(iter(captured.joint.graph.find_nodes(op="placeholder")))
+    assert [n.target for n in first.users] == [torch.ops.aten.empty_like.default], captured.joint.code
+    check(None, make=make)
