@@ -94,13 +94,12 @@ TensorGuards = C_dynamo.guards.TensorGuards
 dict_version = getattr(C_dynamo.guards, "dict_version", None)
 
 
-def tags_and_types_check(dicts, objects, types, sized=(), lengths=()):
-    """``check(values) -> bool`` for ``values = (*dicts, *objects, *sized)``: each dict still has the version
-    tag it has now (``dict_version``'s), each object is of the type at its place in ``types`` and each dict
-    of ``sized`` has the length at its place in ``lengths``, run in C++ by the guard manager Dynamo's guards
-    use (``RootGuardManager``: one tuple item and one leaf guard per value, a few nanoseconds each where
-    ``map(dict_version, ...)`` costs a Python call each). None where this torch has no such manager or its
-    methods take other arguments (``GUARD_MANAGER_FAILS``)."""
+def tags_and_types_check(dicts, objects, types):
+    """``check(values) -> bool`` for ``values = (*dicts, *objects)``: each dict still has the version tag it
+    has now (``dict_version``'s) and each object is of the type at its place in ``types``, run in C++ by
+    the guard manager Dynamo's guards use (``RootGuardManager``: one tuple item and one leaf guard per
+    value, a few nanoseconds each where ``map(dict_version, ...)`` costs a Python call each). None where
+    this torch has no such manager or its methods take other arguments (``GUARD_MANAGER_FAILS``)."""
     try:
         from torch._dynamo.guards import GuardManagerType
         root, kind = C_dynamo.guards.RootGuardManager(), GuardManagerType.GUARD_MANAGER
@@ -108,8 +107,6 @@ def tags_and_types_check(dicts, objects, types, sized=(), lengths=()):
             root.tuple_getitem_manager(i, f"dicts[{i}]", d, kind).add_dict_version_guard(d, [f"tag of dicts[{i}]"], None)
         for i, (o, t) in enumerate(zip(objects, types), len(dicts)):
             root.tuple_getitem_manager(i, f"objects[{i}]", o, kind).add_type_match_guard(id(t), [f"type of {i}"], None)
-        for i, (d, n) in enumerate(zip(sized, lengths), len(dicts) + len(objects)):
-            root.tuple_getitem_manager(i, f"sized[{i}]", d, kind).add_dict_length_check_guard(n, [f"len of {i}"], None)
         return root.check
     except GUARD_MANAGER_FAILS:       # another torch's signatures: the caller checks in Python
         return None

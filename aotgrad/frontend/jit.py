@@ -55,6 +55,19 @@ class Entry:
     reason: str | None          # why it was compiled: None for the first entry
     loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
     disk: str | None = None     # why the disk cache did not serve it (None: loaded, or no key)
+    gathered: tuple = ()        # (C++ state check, parameters and buffers its passes prove unchanged)
+
+    def match(self, args, kwargs):
+        """The prologue, given the parameters and buffers a previous call gathered where the state check
+        just passed in C++ proves their dicts unchanged since (``StateGuards.vouched``)."""
+        path = self.compiled.path
+        proof = self.state.vouched(path.held) if path.held else None
+        if proof is not None and self.gathered and self.gathered[0] is proof:
+            return path.match(args, kwargs, self.gathered[1])
+        flat, why = path.match(args, kwargs)
+        if proof is not None and why is None:
+            self.gathered = (proof, tuple(flat[:len(path.held)]))
+        return flat, why
 
     def __repr__(self) -> str:
         why = "first call" if self.reason is None else f"recompiled because {self.reason}"
@@ -132,12 +145,12 @@ class Jit:
         no later call), then each in order. Any entry whose checks all pass runs the call exactly."""
         last = self._last
         if last is not None and last.modes == modes and last.state.check() is None:
-            flat, why = last.compiled.path.match(args, kwargs)
+            flat, why = last.match(args, kwargs)
             if why is None:
                 return last.compiled, flat
         for e in self.entries:
             if e is not last and e.modes == modes and e.state.check() is None:
-                flat, why = e.compiled.path.match(args, kwargs)
+                flat, why = e.match(args, kwargs)
                 if why is None:
                     self._last = e
                     return e.compiled, flat

@@ -418,6 +418,12 @@ class StateGuards:
     def lines(self) -> list:
         return [f"{r.source}: {_rule(r)}" for r in self.reads]
 
+    def vouched(self, slots):
+        """Right after ``check()`` passed: a token (the C++ check) whose passes prove each of ``slots``
+        (``runtime.call.held_slots``) the object it was when the token was built, or None."""
+        c = getattr(self.check, "__self__", None)
+        return None if c is None else c.vouched(slots)
+
     def per_call(self) -> dict:
         """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types and
         the held dicts' lengths (in C++ once built), the held empty hook and parameter dicts (one C pass),
@@ -474,8 +480,9 @@ class _Check:
     changes the tag). Their contents, the modules' types and every other read are checked each call, by
     kind (``_fast_check``); a hook or parameter dict of another holder (the global hooks) is read
     through it. All of it is one generated expression (``_fuse``); once the tags have held for a few
-    calls, the tags and the types are checked in C++ (``_torch.tags_and_types_check``, built over the
-    tags just verified). When it fails, the parts are checked one by one: a changed tag (a write to the
+    calls, the tags, the held parameter and buffer dicts' tags and the types are checked in C++
+    (``_torch.tags_and_types_check``, built over the tags just verified; its passes are what ``vouched``
+    offers the prologue). When it fails, the parts are checked one by one: a changed tag (a write to the
     module, ``model.step = i``) checks that module's reads, and where they hold its new tag is the
     expected one (dicts it now holds are held in place of the old ones, and the C++ check, which holds
     the old tags, is dropped); a part that fails with every read holding (an equal value in a new
@@ -511,7 +518,7 @@ class _Check:
                     self.of[k].append(i)
         self.rest = tuple(r for i, r in enumerate(reads)
                           if not (id(r.where) in mods and r.kind in _COVERED or i in kids))
-        self.cpp, self.calm, self.builds = None, 0, 0
+        self.cpp, self.calm, self.builds, self.covers = None, 0, 0, {}
         self._parts()
 
     def _parts(self):
@@ -560,15 +567,39 @@ class _Check:
             return
         self.builds += 1
         typed, sized = self.by_kind.get("type", ()), self.by_kind.get("len", ())
-        check = tags_and_types_check(self.dicts, [r.where for r in typed], [r.value for r in typed],
-                                     [real(_get(r.where, r.key)) for r in sized], [r.value for r in sized])
+        held = [real(_get(r.where, r.key)) for r in sized]
+        # The held parameter and buffer dicts by their tags too: an unchanged tag proves the length, and
+        # that each entry is the object it was at the build (what ``vouched`` offers the prologue).
+        check = tags_and_types_check((*self.dicts, *held), [r.where for r in typed], [r.value for r in typed])
         if check is None:
             self.builds = self.BUILDS
         # Built over each dict's tag as it is now: only where that is still the verified one (a write
-        # from another thread since this call's check gives a new tag, never an old one back).
-        elif list(map(dict_version, self.dicts)) == self.tags:
+        # from another thread since this call's check gives a new tag, never an old one back) and the
+        # held dicts still have their lengths (tags taken after this call's check of them).
+        elif list(map(dict_version, self.dicts)) == self.tags and list(map(len, held)) == [r.value for r in sized]:
             self.cpp = check
             self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, check)
+
+    def _drop(self):
+        """The C++ check failed with every read holding (a held parameter dict written: a parameter
+        replaced by another): checked in Python until it is built again over the new tags."""
+        self.cpp, self.calm = None, 0
+        self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, None)
+
+    def vouched(self, slots):
+        """The C++ check, where it is built and its last pass proves ``slots`` unchanged since the build:
+        each ``(module __dict__, "_parameters" or "_buffers", name)`` of a module whose tag it holds, the
+        dict there now one of the held dicts it holds by tag (not a capture's per-thread view). Else None."""
+        cpp = self.cpp
+        if cpp is None:
+            return None
+        known = self.covers.get(id(slots))
+        if known is None or known[0] is not cpp:
+            tagged = {id(d) for d in self.dicts}
+            held = {id(real(_get(r.where, r.key))) for r in self.by_kind.get("len", ())}
+            ok = all(id(m) in tagged and id(m.get(k)) in held for m, k, _ in slots)
+            self.covers[id(slots)] = known = (cpp, ok, slots)
+        return cpp if known[1] else None
 
     def check(self):
         try:
@@ -587,6 +618,8 @@ class _Check:
                     if failed is None and hasattr(ok, "refresh"):
                         ok.refresh()
                     return failed
+            if self.cpp is not None:
+                self._drop()
         except (KeyError, AttributeError, ValueError, TypeError, RuntimeError):     # RuntimeError: dict_version
             return self._slow()
         return None
@@ -594,7 +627,7 @@ class _Check:
 
 def _fuse(dicts, tags, by_kind, parts, cpp=None):
     """The whole check as one generated expression: the tags (or ``cpp``, the C++ check of the tags, the
-    types and the held dicts' lengths), the held hook and parameter dicts' emptiness and lengths and the
+    held parameter and buffer dicts' tags and the types), the held hook and parameter dicts' emptiness and lengths and the
     modules' types as C passes in line, each other part called. Emptiness stays a C pass of ``any`` even
     with ``cpp``: about 3 ns a dict, where a guard manager's leaf costs 8."""
     env = {"dv": dict_version, "D": dicts, "T": tags, "any": any, "len": len, "list": list, "map": map, "type": type}
@@ -615,7 +648,7 @@ def _fuse(dicts, tags, by_kind, parts, cpp=None):
             env[f"p{n}"] = parts[n]
             terms.append(f"p{n}()")
     if cpp is not None:
-        env["C"], env["DY"] = cpp, (*dicts, *env.get("Y", ()), *env.get("L", ()))
+        env["C"], env["DY"] = cpp, (*dicts, *env.get("L", ()), *env.get("Y", ()))
     src = "def make():\n    def check():\n        return " + (" and ".join(terms) or "True") + "\n    return check\n"
     exec(compile_source(src, "state guards"), env)
     return env["make"]()

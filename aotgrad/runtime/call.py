@@ -38,6 +38,7 @@ class CallPath:
     quiet: tuple        # inputs the graph writes without a version bump (batch norm statistics)
     written: tuple      # inputs it writes otherwise
     after: Callable | None = None     # (flat, values) once the call has written its inputs back
+    held: tuple = ()    # where ``match`` gathers what a caller may pass as ``gathered`` (``held_slots``)
 
     def run(self, flat):
         quiet = self.quiet
@@ -105,7 +106,7 @@ def make_call(captured, run_graph, after=None) -> CallPath:
                     symbols=guards.bind if not simple and _needs_symbols(analysis) else None,
                     quiet=tuple(quiet),
                     written=tuple(i for i, info in enumerate(analysis.inputs) if info.mutates_data and i not in quiet),
-                    after=after)
+                    after=after, held=held_slots(captured))
 
 
 def _flagging(run_graph, flagged: tuple):
@@ -145,7 +146,7 @@ def _generated_match(captured):
     env = {"tree_flatten": pytree.tree_flatten, "tree_difference": tree_difference, "in_spec": sig.in_spec,
            "same_value": same_value, "const_why": _const_why, "check": guards.check, "explain": guards.explain,
            "is_grad_enabled": torch.is_grad_enabled}
-    lines = ["def match(args, kwargs):"]
+    lines = ["def match(args, kwargs, gathered=None):"]
     if sig.in_spec == pytree.tree_structure(((0,) * n_leaves, {})):
         lines += [f"    if not kwargs and len(args) == {n_leaves}:",
                   "        leaves = args   # flat positional: a wrong nesting fails the checks below", "    else:"]
@@ -160,23 +161,7 @@ def _generated_match(captured):
         env[f"c{i}"] = v    # type-exact and bit-exact: 2, 2.0, True and -0.0 differ; other objects: the same one
         test = f"x is not c{i} and not same_value(x, c{i})" if type(v) in VALUE_TYPES else f"x is not c{i}"
         lines += [f"    x = leaves[{i}]", f"    if {test}:", f"        return None, const_why({paths[i]!r}, c{i}, x)"]
-    gather, stores = [], {}
-    for s in sig.slots:
-        # Each module's parameter (or buffer) dict read once per call from its ``__dict__``, then each
-        # entry by a dict subscript (a capture in another thread may stand a per-thread view in for the
-        # dict: its ``__getitem__`` gives each thread its own values, tracing.views.View).
-        key = (id(s.module), "_parameters" if s.is_param else "_buffers")
-        if key not in stores:
-            stores[key] = n = len(stores)
-            env[f"m{n}"] = s.module.__dict__
-            lines.append(f"    s{n} = m{n}[{key[1]!r}]")
-        gather.append(f"s{stores[key]}[{s.attr!r}]")
-    gather += [f"leaves[{p}]" for p in sig.tensor_pos]
-    # A parameter or buffer gone from its dict (another added in its place: the count its state guard
-    # checks is the same) is a mismatch, as any other; a try costs nothing until it raises.
-    env["gone_why"] = _gone_why
-    lines += ["    try:", f"        flat = [{', '.join(gather)}]", "    except KeyError as e:",
-              "        return None, gone_why(e)"]
+    lines += _gather_lines(sig, env)
     for j, (name, s, i) in enumerate(sig.ties):
         env[f"t{j}"], env["held"] = s.module.__dict__, _held
         lines += [f"    if held(t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
@@ -203,6 +188,40 @@ def _generated_match(captured):
               f"        return None, {_grad_why(grad)!r}", "    return flat, None"]
     exec(compile_source("\n".join(lines) + "\n", "prologue"), env)
     return env["match"]
+
+
+def _gather_lines(sig, env) -> list:
+    """``flat``: the parameters and buffers, then the tensor arguments. Each module's parameter (or buffer)
+    dict read once per call from its ``__dict__``, then each entry by a dict subscript (a capture in
+    another thread may stand a per-thread view in for the dict: its ``__getitem__`` gives each thread its
+    own values, tracing.views.View); or ``gathered``, the ones a previous call gathered, where the
+    caller's state check proves them unchanged (``held_slots``). A parameter or buffer gone from its dict (another
+    added in its place: the count its state guard checks is the same) is a mismatch, as any other."""
+    gather, stores, lines = [], {}, []
+    for s in sig.slots:
+        key = (id(s.module), "_parameters" if s.is_param else "_buffers")
+        if key not in stores:
+            stores[key] = n = len(stores)
+            env[f"m{n}"] = s.module.__dict__
+            lines.append(f"            s{n} = m{n}[{key[1]!r}]")
+        gather.append(f"s{stores[key]}[{s.attr!r}]")
+    args = [f"leaves[{p}]" for p in sig.tensor_pos]
+    env["gone_why"] = _gone_why
+    if not gather:
+        return [f"    flat = [{', '.join(args)}]"]
+    return (["    if gathered is None:", "        try:", *lines, f"            flat = [{', '.join(gather + args)}]",
+             "        except KeyError as e:", "            return None, gone_why(e)",
+             "    else:", f"        flat = [{', '.join(['*gathered'] + args)}]"])
+
+
+def held_slots(captured) -> tuple:
+    """``(module __dict__, dict name, name)`` per parameter and buffer ``match`` gathers, in its order, where
+    a caller may pass them as ``gathered``; () where ``flat`` is rebuilt after the gather (subclass inputs,
+    synthetic bases)."""
+    sig = captured.setup.signature
+    if sig.unwrap is not None or captured.setup.rebase is not None:
+        return ()
+    return tuple((s.module.__dict__, "_parameters" if s.is_param else "_buffers", s.attr) for s in sig.slots)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.nn.Parameter))
