@@ -202,8 +202,9 @@ RESIZE_STORAGE = {
                       True, False),
     # read, then freed: the caller's storage ends freed, the output keeps the read
     "read_down": (lambda a, s, x, how: (a.sin() * x, _free(a, how))[0], False, False),
-    # grown, filled, read, freed: nothing written back (the storage ends freed)
-    "up_down": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), (a * x).sum(), _free(a, how))[2],
+    # grown, filled, read, freed: nothing written back (the storage ends freed; an add: eager's mul would save
+    # a for its backward, which would then read the freed storage)
+    "up_down": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), (a + x).sum(), _free(a, how))[2],
                 True, False),
     # FSDP's unsharded parameter: requires grad, freed on entry, filled under no_grad, used, freed again
     "fsdp_param": (lambda a, s, x, how: (_grow(a, how), _fill(a, s), x.sin() + a, _free(a, how))[2],
