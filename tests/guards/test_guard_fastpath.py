@@ -289,3 +289,22 @@ def test_no_proof_for_slots_the_state_check_does_not_hold():
     vars(model.sc)["_parameters"] = stand_in         # changes the tag: the check fails first
     assert state.check() is None
     assert state.vouched(slots) is None
+
+
+def test_nothing_is_checked_twice():
+    """Each place is read by one state guard, and no state guard watches a tensor the input guards check
+    (parameters and buffers are the prologue's: their metadata there, their dicts here)."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    step = aotgrad.jit(model)
+    for _ in range(6):
+        step(x)
+    entry = step.entries[0]
+    reads = entry.state.reads
+    places = [(id(r.where), r.key, r.kind == "type") for r in reads]
+    assert len(places) == len(set(places))
+    flat, why = entry.match((x,), {})
+    assert why is None and len(flat) == 7
+    inputs = {id(t) for t in flat}
+    watched = [r.source for r in reads if id(r.value) in inputs or id(getattr(r.value, "obj", None)) in inputs]
+    assert watched == []
