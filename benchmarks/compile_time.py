@@ -14,6 +14,7 @@ The *compile* column subtracts a steady-state step (median of a few) from it.
     python -m benchmarks.compile_time
     python -m benchmarks.compile_time --depth     # the GPT depth table
     python -m benchmarks.compile_time --depth --sdpa --systems aotgrad,torch_aot
+    python -m benchmarks.compile_time --depth --sdpa --cpu   # in CPU time: steadier on a loaded machine
     python -m benchmarks.compile_time --depth --llama     # the same for HF Llama
     python -m benchmarks.compile_time --inductor          # Inductor: regional vs whole vs torch.compile
 
