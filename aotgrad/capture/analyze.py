@@ -45,7 +45,7 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
                                                                             for j in shared.get(i, ()) if j != i},
                                    _swap(i, f_ins, fake_inputs, str(n), mode, shared))
                        for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
-        inputs = tuple(_resized(info, resized.get(id(f)), str(n), shared.get(i, ()))
+        inputs = tuple(_resized(info, resized.get(id(f)), str(n), shared.get(i, ()), mode.storages.lines.get(id(f)))
                        for i, (info, f, n) in enumerate(zip(inputs, f_ins, names)))
         _refuse_meta_in_written_group(inputs, shared, names, [mode.lines.get(id(f)) for f in f_ins])
         swapped = {i for i, info in enumerate(inputs) if info.new_storage}
@@ -63,7 +63,7 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _resized(info: InputInfo, nbytes, name: str, shared) -> InputInfo:
+def _resized(info: InputInfo, nbytes, name: str, shared, line=None) -> InputInfo:
     """``info`` with the storage sizes ``(start, final)`` of an input whose storage the function resized
     (``capture.session.Storages``), replayed by the epilogue before its data write."""
     if nbytes is None:
@@ -73,7 +73,7 @@ def _resized(info: InputInfo, nbytes, name: str, shared) -> InputInfo:
             "another input sharing its storage"
         raise MutationError(f"{name}'s storage is resized and it has {what}: the epilogue replays a resize only on an "
                             "input that holds its storage alone and keeps its layout (PyTorch's AOTAutograd bans "
-                            "resize_() with set_() too); resize it outside the function")
+                            "resize_() with set_() too); resize it outside the function", user_line=line)
     return replace(info, storage_resize=(nbytes[0], symbolic(nbytes[1])))     # (a size expression, per call)
 
 

@@ -234,6 +234,7 @@ class Storages:
         self.sizes: dict = {}           # id -> bytes now, of each input the function resized
         self.unreadable: dict = {}      # id -> the functional tensor, while its storage is unreadable
         self.freed: set = set()         # the ids unreadable on entry
+        self.lines: dict = {}           # id -> the user's line of its first resize
 
     def enter(self, inputs) -> None:
         """Note each input's storage size on entry (one freed by the caller holds no values)."""
@@ -266,6 +267,7 @@ class Storages:
                 f"resizing an input's storage from {start} to {nbytes} bytes: only a storage that starts or ends "
                 "empty (FSDP's free and re-allocate) can be captured, as in PyTorch's AOTAutograd", user_line=line)
         self.sizes[id(t)] = nbytes
+        self.lines.setdefault(id(t), line)
         if nbytes != now:       # (re-allocated storage holds no values yet; a freed one none at all)
             self.unreadable[id(t)] = t
         return None
