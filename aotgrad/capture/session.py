@@ -280,7 +280,9 @@ class Storages:
 
     def check(self, func, args, kwargs) -> None:
         """Refuse a use of an input whose storage does not hold its elements, but a whole copy_ into one
-        whose storage can hold them (which fills it)."""
+        whose storage can hold them (which fills it). Reads of sizes and strides read no values."""
+        if func in FunctionalTensor.metadata_fns:
+            return
         for a in pytree.tree_leaves((args, kwargs)):
             if not isinstance(a, torch.Tensor) or id(a) not in self.unreadable:
                 continue
