@@ -150,7 +150,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             return self.__torch_dispatch__(_AS_STRIDED_, (FunctionalTensor,), (t, size, stride, t.storage_offset()),
                                            {})
         if func is _RESIZE_STORAGE:
-            return self.storages.resize(args[0], args[1], self.watched)
+            return self.storages.resize(args[0], args[1])
         if self.storages.unreadable:
             self.storages.check(func, args, kwargs or {})
         for cls in types:
@@ -226,8 +226,9 @@ class Storages:
     functionalization tracks it. The graph holds values, not storages: the resize is no node, the
     epilogue replays the final size on the caller's tensor (``runtime.call``). While an input's storage
     does not hold its elements (freed on entry or by a resize, or grown and not yet filled) only a
-    whole ``copy_`` into it may touch it: any other use would read memory eager never wrote.
-    ``sizes``: id of the input's functional tensor -> ``(start, now, line of the first resize)``."""
+    whole ``copy_`` into it may touch it: any other use would read memory eager never wrote. Tensors
+    are keyed by ``id`` of the inputs' functional tensors. Only the analysis follows sizes (``enter``):
+    the joint trace, which runs the function again, has them from it."""
 
     def __init__(self):
         self.entry: dict = {}           # id -> bytes on entry, of every input
@@ -235,6 +236,7 @@ class Storages:
         self.unreadable: dict = {}      # id -> the functional tensor, while its storage is unreadable
         self.freed: set = set()         # the ids unreadable on entry
         self.lines: dict = {}           # id -> the user's line of its first resize
+        self.active = False             # entered: the analysis (the joint trace's resizes are no-ops)
 
     def enter(self, inputs) -> None:
         """Note each input's storage size on entry (one freed by the caller holds no values)."""
@@ -244,13 +246,14 @@ class Storages:
                 if self.entry[id(f)] < _extent(f):
                     self.unreadable[id(f)] = f
         self.freed = set(self.unreadable)
+        self.active = True
 
-    def resize(self, t, nbytes, inputs) -> None:
+    def resize(self, t, nbytes) -> None:
+        if not self.active:     # the joint trace: the analysis accepted this resize
+            return None
         from ..errors import UnsupportedError, caller_line
         line = caller_line()
         if id(t) not in self.entry:
-            if not inputs:      # the joint trace: the analysis accepted this resize
-                return None
             raise UnsupportedError(
                 "resizing the storage of a tensor that is not an input of the captured function (an intermediate, "
                 "or a view of an input) cannot be captured: the graph holds values, not storages; resize the "
@@ -275,7 +278,7 @@ class Storages:
     def finish(self) -> dict:
         """``id -> (held, final)`` of each input whose storage the function resized: whether its storage held
         its values on entry (the trace may have read them), its final size in bytes. Stops the checks."""
-        self.unreadable = {}
+        self.unreadable, self.active = {}, False
         return {i: (i not in self.freed, n) for i, n in self.sizes.items()}
 
     def check(self, func, args, kwargs) -> None:

@@ -191,3 +191,12 @@ def test_fsdp_parameter_trains_like_eager():
     first = next(iter(captured.joint.graph.find_nodes(op="placeholder")))
     assert [n.target for n in first.users] == [torch.ops.aten.empty_like.default], captured.joint.code
     check(None, make=make)
+
+
+def test_a_function_without_inputs_resizing_an_intermediate_is_refused():
+    def f():
+        b = torch.ones(3) * 2
+        b.untyped_storage().resize_(0)                  # line
+        return b
+    e = assert_refused(f, ())
+    assert isinstance(e, UnsupportedError) and "not an input" in str(e) and "# line" in e.user_line, e
