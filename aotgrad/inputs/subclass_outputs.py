@@ -201,7 +201,7 @@ def _as_output(v, what: str):
         return v
     meta = Meta.of(v)
     _dynamic_refused(meta, what)
-    return Inner(meta, _Flatten.apply(meta, meta, v))
+    return Inner(meta, _Flatten.apply(meta, meta, v), (v.requires_grad, v.is_leaf))
 
 
 def _put_layout(t, old):

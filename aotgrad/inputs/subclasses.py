@@ -386,15 +386,24 @@ class _Unflatten(torch.autograd.Function):
 
 class Inner:
     """A subclass output as its leaves: a pytree node whose structure (its context) is the
-    subclass's :class:`Meta`, so unflattening the output structure rebuilds the subclass."""
-    __slots__ = ("meta", "leaves")
+    subclass's :class:`Meta` and its ``requires_grad`` and ``is_leaf`` in the trace, so unflattening
+    the output structure rebuilds the subclass. One made inside from tensors that require grad is a
+    leaf that requires grad (its wrapper's flag; its dispatch differentiates nothing): rebuilt, it
+    gets the flag where its leaves do not carry it, as the runtime gives a plain output its own."""
+    __slots__ = ("meta", "leaves", "traced")
 
-    def __init__(self, meta, leaves):
-        self.meta, self.leaves = meta, leaves
+    def __init__(self, meta, leaves, traced=(False, True)):
+        self.meta, self.leaves, self.traced = meta, leaves, traced
 
 
-pytree.register_pytree_node(Inner, lambda v: (list(v.leaves), v.meta),
-                            lambda leaves, meta: _Unflatten.apply(meta, None, *leaves))
+def _rebuilt(leaves, context):
+    (meta, (rg, leaf)), v = context, _Unflatten.apply(context[0], None, *leaves)
+    if not rg or v.requires_grad or not torch.is_grad_enabled():
+        return v
+    return v.detach().requires_grad_() if leaf else v.detach().requires_grad_().clone()
+
+
+pytree.register_pytree_node(Inner, lambda v: (list(v.leaves), (v.meta, v.traced)), _rebuilt)
 
 
 _CALL = threading.local()

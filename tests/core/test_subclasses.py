@@ -109,6 +109,9 @@ PROGRAMS = {
     "parameter": lambda: (Linear(), (torch.randn(2, 3),), {}),
     "buffer written in place": lambda: (CountingBuffer(), (torch.randn(3, requires_grad=True),), {}),
     "made inside, returned": lambda: (made_returned, (torch.randn(3), torch.randn(3)), {}),
+    # its wrapper is a leaf requiring grad (its flag from x), x and y get no gradient: the output requires
+    # grad only through that leaf (Inner's traced flag), not through the graph's inputs
+    "made inside from inputs requiring grad, returned": lambda: (made_returned, (plain(3), plain(3)), {}),
     "made inside, used": lambda: (made_used, (torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)), {}),
     "input viewed": lambda: (viewed, (two(3, 4, rg=True),), {}),
     # eager returns a view of the input TwoTensor: replayed on the caller's input (InputView)
