@@ -139,6 +139,12 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 return device
         if anomaly_nan_check(func):
             return False        # no values to check: the compiled backward's outputs are checked when it runs
+        if func is _RESIZE and _symbolic(args) and not _symbolic_shrink(args):
+            from ..errors import UnsupportedError, caller_line
+            raise UnsupportedError(
+                "resize_() of a tensor with symbolic sizes to more elements, or of a non-contiguous one, cannot be "
+                "captured (fake tensors with symbolic sizes cannot resize; torch.compile breaks its graph there): "
+                "capture with static shapes (dynamic=False)", user_line=caller_line())
         if func is _RESIZE and _symbolic_shrink(args):
             # Fake tensors with symbolic sizes cannot resize (their sizes are the shape environment's): a
             # contiguous tensor resized to no more elements keeps its storage and offset and takes the new
@@ -334,6 +340,12 @@ _RESIZE = torch.ops.aten.resize_.default
 _AS_STRIDED_ = torch.ops.aten.as_strided_.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 _COPY_ = torch.ops.aten.copy_.default
+
+
+def _symbolic(args) -> bool:
+    """``resize_(t, size)`` of a traced tensor where its sizes or the new ones are symbolic."""
+    t, size = args[0], args[1]
+    return isinstance(t, FunctionalTensor) and any(isinstance(v, torch.SymInt) for v in (*t.shape, *size))
 
 
 def _symbolic_shrink(args) -> bool:

@@ -200,3 +200,19 @@ def test_a_function_without_inputs_resizing_an_intermediate_is_refused():
         return b
     e = assert_refused(f, ())
     assert isinstance(e, UnsupportedError) and "not an input" in str(e) and "# line" in e.user_line, e
+
+
+def _resize_bigger(x):
+    x.resize_(3 * x.shape[0], 2)                        # line: more elements
+    return x * 3
+
+
+def _resize_non_contiguous(x):
+    x.t().resize_(x.shape[1], 2)                        # line: a transposed view
+    return x * 3
+
+
+@pytest.mark.parametrize("body", [_resize_bigger, _resize_non_contiguous], ids=lambda b: b.__name__)
+def test_a_symbolic_resize_it_cannot_trace_is_refused_at_its_line(body):
+    e = assert_refused(body, (torch.randn(4, 2),), dynamic=True)
+    assert isinstance(e, UnsupportedError) and "symbolic sizes" in str(e) and "# line" in e.user_line, e
