@@ -401,6 +401,7 @@ def _first_line(e) -> str:
 
 
 _CLONE, _COPY, _EMPTY_LIKE = torch.ops.aten.clone.default, torch.ops.aten.copy.default, torch.ops.aten.empty_like.default
+_SIZES = {torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel, torch.ops.aten.sym_storage_offset}
 
 
 def _unread_freed_inputs(joint, analysis) -> None:
@@ -408,7 +409,7 @@ def _unread_freed_inputs(joint, analysis) -> None:
     values: the trace refused every read of them but a whole ``copy_()`` (``copy``, whose kernel reads
     a storage-less ``self``'s layout alone). The joint's own copy of a written input that requires grad
     (a ``clone``, so autograd sees the write) would read them: it is an ``empty_like``, which the
-    ``copy`` then fills. Any other use would read freed memory at run time."""
+    ``copy`` then fills. Any other use but a read of its sizes would read freed memory at run time."""
     freed = [i for i, info in enumerate(analysis.inputs) if info.storage_resize and not info.storage_resize[0]]
     if not freed:
         return
@@ -417,7 +418,8 @@ def _unread_freed_inputs(joint, analysis) -> None:
         for n in list(placeholders[i].users):
             if n.target is _CLONE and all(u.target is _COPY and u.args[0] is n for u in n.users):
                 n.target, n.kwargs = _EMPTY_LIKE, {k: v for k, v in n.kwargs.items() if k == "memory_format"}
-            elif not (n.target is _COPY and n.args[0] is placeholders[i] and n.args[1] is not placeholders[i]):
+            elif not (n.target is _COPY and n.args[0] is placeholders[i] and n.args[1] is not placeholders[i]
+                      or getattr(n.target, "_overloadpacket", None) in _SIZES):
                 raise errors.UnsupportedError(
                     f"input {i}, freed on entry and re-allocated by the function, is read by {n.target} in the "
                     "captured graph: it holds no values to read; fill it with a whole copy_() first")
