@@ -98,7 +98,7 @@ PROMOTED = {     # (function, inputs at size n): the plain inputs' eager .grad i
                         lambda c, n: (TwoTensor(_input(c, n, False), _input(c, n, False)).requires_grad_(), _plain(n))),
     "two promoted": (lambda x, y, z: x * y + z * x, lambda c, n: (_input(c, n, rg=False), _plain(n), _plain(n))),
 }
-FAST = ("beside", "broadcast bias", "two promoted")     # in make test; the rest slow
+FAST = ("beside",)     # in make test (~1.3 s each: three sizes); the rest slow
 
 
 @pytest.mark.parametrize("entry", list(DYNAMIC))
@@ -214,8 +214,12 @@ IN_PLACE = {
 }
 
 
-@pytest.mark.parametrize("entry", [pytest.param(e, marks=() if e == "capture" else pytest.mark.slow) for e in DYNAMIC])
-@pytest.mark.parametrize("case", list(IN_PLACE))
+def _in_place_rows():     # the written and transposed rows under capture in make test, the rest slow
+    return [pytest.param(c, e, marks=() if e == "capture" and c in ("written under grad", "transposed") else
+                         pytest.mark.slow) for c in IN_PLACE for e in DYNAMIC]
+
+
+@pytest.mark.parametrize("case, entry", _in_place_rows())
 def test_subclass_input_changed_in_place_with_symbolic_sizes_is_eager_at_every_size(case, entry):
     torch._dynamo.reset()
     fn = IN_PLACE[case]
