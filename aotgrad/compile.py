@@ -141,11 +141,14 @@ def ungraded_inputs(captured, lay) -> tuple:
     """Inputs that require grad but whose gradient the joint graph never computes (read only through
     ``.detach()``, ``.data`` or under ``no_grad``): eager's backward never reaches their history, so the
     compiled node takes no edge to them (PyTorch's AOTAutograd marks such gradients None). An input the
-    program hooks keeps its edge (its hooks are registered on the tensor the node receives)."""
+    program hooks keeps its edge (its hooks are registered on the tensor the node receives). Where no
+    edge would be left while an output requires grad (through a leaf made inside: a subclass wrapper built
+    from tensors that require grad), every edge stays, so the outputs require grad as eager's do."""
     if input_hooks(captured):
         return ()
     grads = captured.joint.graph.output_node().args[0][lay.n_fw:]
-    return tuple(i for i, g in zip(lay.grad_of, grads) if g is None)
+    ungraded = tuple(i for i, g in zip(lay.grad_of, grads) if g is None)
+    return () if len(ungraded) == len(lay.grad_of) and lay.tangent_of else ungraded
 
 
 def _without_edges(run, ungraded: tuple):
