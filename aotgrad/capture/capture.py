@@ -180,6 +180,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         info["nodes"] = len(joint.graph.nodes)
     with timed(history, "input guards"):
         guards = _input_guards(setup, analysis)
+        _refuse_unbound_resizes(analysis, guards)
     seeds = tracing.current().seeds
     if seeds and any(is_random(n) for n in joint.graph.nodes):
         raise errors.UnsupportedError(
@@ -424,6 +425,20 @@ def _unread_freed_inputs(joint, analysis) -> None:
                     f"input {i}, freed on entry and re-allocated by the function, is read by {n.target} in the "
                     "captured graph: it holds no values to read; fill it with a whole copy_() first")
     joint.recompile()
+
+
+def _refuse_unbound_resizes(analysis, guards) -> None:
+    """A storage resized to a symbolic size is resized per call to that size over the symbols the input
+    guards bind; one over a symbol they do not (a stride Dynamo made symbolic) cannot be evaluated."""
+    names = {str(v) for spec in guards.specs if spec is not None for v in (*spec.size, *spec.layout)
+             if isinstance(v, sympy.Symbol)} | {str(sym) for _, sym in guards.numbers}
+    for info in analysis.inputs:
+        size = info.storage_resize[1] if info.storage_resize else 0
+        if not isinstance(size, int) and not {str(s) for s in size.free_symbols} <= names:
+            raise errors.UnsupportedError(
+                f"an input's storage is resized to {size} bytes, over sizes or strides no input guard binds (a "
+                "layout Dynamo made symbolic): mark the input static (torch._dynamo.mark_static) or resize it to a "
+                "size that depends on its shape alone")
 
 
 def _input_guards(setup: Setup, analysis):

@@ -180,10 +180,12 @@ def _freed(*shape, rg=False):
 
 
 def _grow(a, how):
+    # to the bytes its elements reach (the offset and stride variants lay it out wider than numel)
+    nbytes = (a.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))) * a.element_size()
     if how == "op":
-        torch.ops.inductor.resize_storage_bytes_(a, a.numel() * a.element_size())
+        torch.ops.inductor.resize_storage_bytes_(a, nbytes)
     else:
-        a.untyped_storage().resize_(a.numel() * a.element_size())
+        a.untyped_storage().resize_(nbytes)
 
 
 def _free(a, how):
