@@ -94,19 +94,28 @@ TensorGuards = C_dynamo.guards.TensorGuards
 dict_version = getattr(C_dynamo.guards, "dict_version", None)
 
 
-def tags_and_types_check(dicts, objects, types):
-    """``check(values) -> bool`` for ``values = (*dicts, *objects)``: each dict still has the version tag it
-    has now (``dict_version``'s) and each object is of the type at its place in ``types``, run in C++ by
-    the guard manager Dynamo's guards use (``RootGuardManager``: one tuple item and one leaf guard per
-    value, a few nanoseconds each where ``map(dict_version, ...)`` costs a Python call each). None where
+def tags_and_types_check(dicts, objects, types, owners=()):
+    """``check(values) -> bool`` for ``values = (*owners, *dicts[len(owners):], *objects)``: each dict still
+    has the version tag it has now (``dict_version``'s), the first ones read as their ``owners``' ``__dict__``
+    (another dict there has another tag), and each object is of the type at its place in ``types``, run in
+    C++ by the guard manager Dynamo's guards use (``RootGuardManager``: one tuple item and one leaf guard
+    per value, a few nanoseconds each where ``map(dict_version, ...)`` costs a Python call each). None where
     this torch has no such manager or its methods take other arguments (``GUARD_MANAGER_FAILS``)."""
     try:
         from torch._dynamo.guards import GuardManagerType
         root, kind = C_dynamo.guards.RootGuardManager(), GuardManagerType.GUARD_MANAGER
+        held = {}       # id of an owner -> its item: an object that is one has its type checked there
         for i, d in enumerate(dicts):
-            root.tuple_getitem_manager(i, f"dicts[{i}]", d, kind).add_dict_version_guard(d, [f"tag of dicts[{i}]"], None)
+            where = f"dicts[{i}]"
+            if i < len(owners):
+                held[id(owners[i])] = item = root.tuple_getitem_manager(i, f"owners[{i}]", owners[i], kind)
+                item.get_generic_dict_manager(f"owners[{i}].__dict__", d, kind).add_dict_version_guard(
+                    d, [f"tag of {where}"], None)
+            else:
+                root.tuple_getitem_manager(i, where, d, kind).add_dict_version_guard(d, [f"tag of {where}"], None)
         for i, (o, t) in enumerate(zip(objects, types), len(dicts)):
-            root.tuple_getitem_manager(i, f"objects[{i}]", o, kind).add_type_match_guard(id(t), [f"type of {i}"], None)
+            item = held.get(id(o)) or root.tuple_getitem_manager(i, f"objects[{i}]", o, kind)
+            item.add_type_match_guard(id(t), [f"type of {i}"], None)
         return root.check
     except GUARD_MANAGER_FAILS:       # another torch's signatures: the caller checks in Python
         return None

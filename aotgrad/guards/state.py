@@ -455,19 +455,33 @@ def _rule(r: Read) -> str:
 
 
 def build(reads) -> StateGuards:
-    reads = tuple(sorted(reads, key=lambda r: (_group(r), _access_order(r))))
+    reads = tuple(sorted((*reads, *_dict_reads(reads)), key=lambda r: (_group(r), _access_order(r))))
     return StateGuards(reads, _Check(reads).check if reads else (lambda: None))
 
 
 _COVERED = ("id", "eq", "absent")     # kinds a holder's unchanged version tag proves by itself
 
 
+def _dict_reads(reads) -> list:
+    """For each module the reads watch (its ``type`` read's object): that its ``__dict__`` is the dict it
+    was, which the reads of its attributes hold (``model.fc.__dict__ = {...}``, or ``object.__setattr__``
+    of it, rebinds every attribute at once and writes no dict)."""
+    return [Read(f"{r.source.removeprefix('type(').removesuffix(')')}.__dict__",
+                 (*r.path[:-1], ("attr", "__dict__")) if r.path else None, r.where, "__dict__", vars(r.where), "id")
+            for r in reads if r.kind == "type" and isinstance(r.where, torch.nn.Module)]
+
+
+def _is_dict_read(r: Read, mods) -> bool:
+    """A ``_dict_reads`` read of a module whose tag the check takes through it (which covers it)."""
+    return r.key == "__dict__" and r.kind == "id" and id(r.value) in mods and mods[id(r.value)][0] is r.where
+
+
 def _module_dicts(reads) -> dict:
-    """``{id: dict}``: the ``__dict__`` of each module the reads watch (its ``type`` read's object)."""
+    """``{id: (module, dict)}``: each module the reads watch and the ``__dict__`` it had (``_dict_reads``)."""
     if dict_version is None:
         return {}
-    return {id(vars(r.where)): vars(r.where) for r in reads
-            if r.kind == "type" and isinstance(r.where, torch.nn.Module) and type(vars(r.where)) is dict}
+    return {id(r.value): (r.where, r.value) for r in reads
+            if r.kind == "id" and r.key == "__dict__" and isinstance(r.where, torch.nn.Module) and type(r.value) is dict}
 
 
 class _Check:
@@ -503,7 +517,8 @@ class _Check:
         # holds is covered by the module's tag, its entries (in order) by its own.
         kids = {i: _get(r.where, r.key) for i, r in enumerate(reads) if r.kind == "dict" and id(r.where) in mods}
         kids = {i: d for i, d in kids.items() if type(d) is dict}
-        self.dicts = (*mods.values(), *{id(d): d for d in kids.values()}.values())
+        self.owners = tuple(m for m, _ in mods.values())     # the first dicts are theirs: read through them
+        self.dicts = (*(d for _, d in mods.values()), *{id(d): d for d in kids.values()}.values())
         # No tag is expected at first: the first call checks every read of each dict (reads resolved
         # again from the disk cache are not known to hold).
         self.tags = [None] * len(self.dicts)
@@ -517,7 +532,7 @@ class _Check:
                 if k is not None:
                     self.of[k].append(i)
         self.rest = tuple(r for i, r in enumerate(reads)
-                          if not (id(r.where) in mods and r.kind in _COVERED or i in kids))
+                          if not (id(r.where) in mods and r.kind in _COVERED or i in kids or _is_dict_read(r, mods)))
         self.cpp, self.calm, self.builds, self.covers = None, 0, 0, {}
         self._parts()
 
@@ -529,7 +544,11 @@ class _Check:
                                []).append(r)
         self.by_kind = by_kind
         self.parts = tuple(_fast_check(k, rs) for k, rs in by_kind.items())
-        self.fused = _fuse(self.dicts, self.tags, by_kind, self.parts, self.cpp)
+        self.fused = _fuse(self.owners, self.dicts, self.tags, by_kind, self.parts, self.cpp)
+
+    def _dicts_now(self):
+        """The modules' ``__dict__`` as they hold them now, then the held children dicts."""
+        return (*map(vars, self.owners), *self.dicts[len(self.owners):])
 
     def _slow(self):
         for i, r in enumerate(self.reads):
@@ -543,6 +562,8 @@ class _Check:
         for j, (was, tag) in enumerate(zip(self.tags, now)):
             if was == tag:
                 continue
+            if j < len(self.owners) and vars(self.owners[j]) is not self.dicts[j]:
+                return False        # another ``__dict__``: its ``_dict_reads`` read fails
             for i in self.of[j]:
                 r, value = reads[i], current(reads[i])
                 if not holds(r, value):
@@ -557,7 +578,7 @@ class _Check:
         if held:        # a hook or parameter dict replaced by an equal one: hold the new one
             self._parts()
         else:
-            self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, None)
+            self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, None)
         return True
 
     def _calm(self):
@@ -570,21 +591,23 @@ class _Check:
         held = [real(_get(r.where, r.key)) for r in sized]
         # The held parameter and buffer dicts by their tags too: an unchanged tag proves the length, and
         # that each entry is the object it was at the build (what ``vouched`` offers the prologue).
-        check = tags_and_types_check((*self.dicts, *held), [r.where for r in typed], [r.value for r in typed])
+        check = tags_and_types_check((*self.dicts, *held), [r.where for r in typed], [r.value for r in typed],
+                                     self.owners)
         if check is None:
             self.builds = self.BUILDS
         # Built over each dict's tag as it is now: only where that is still the verified one (a write
         # from another thread since this call's check gives a new tag, never an old one back) and the
         # held dicts still have their lengths (tags taken after this call's check of them).
-        elif list(map(dict_version, self.dicts)) == self.tags and list(map(len, held)) == [r.value for r in sized]:
+        elif list(map(dict_version, self._dicts_now())) == self.tags and \
+                list(map(len, held)) == [r.value for r in sized]:
             self.cpp = check
-            self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, check)
+            self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, check)
 
     def _drop(self):
         """The C++ check failed with every read holding (a held parameter dict written: a parameter
         replaced by another): checked in Python until it is built again over the new tags."""
         self.cpp, self.calm = None, 0
-        self.fused = _fuse(self.dicts, self.tags, self.by_kind, self.parts, None)
+        self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, None)
 
     def vouched(self, slots):
         """The C++ check, where it is built and its last pass proves ``slots`` unchanged since the build:
@@ -609,7 +632,7 @@ class _Check:
                 return None
             self.calm = 0
             if self.dicts:
-                now = list(map(dict_version, self.dicts))
+                now = list(map(dict_version, self._dicts_now()))
                 if now != self.tags and not self._retag(now):
                     return self._slow()
             for ok in self.parts:
@@ -625,13 +648,14 @@ class _Check:
         return None
 
 
-def _fuse(dicts, tags, by_kind, parts, cpp=None):
+def _fuse(owners, dicts, tags, by_kind, parts, cpp=None):
     """The whole check as one generated expression: the tags (or ``cpp``, the C++ check of the tags, the
     held parameter and buffer dicts' tags and the types), the held hook and parameter dicts' emptiness and lengths and the
     modules' types as C passes in line, each other part called. Emptiness stays a C pass of ``any`` even
     with ``cpp``: about 3 ns a dict, where a guard manager's leaf costs 8."""
-    env = {"dv": dict_version, "D": dicts, "T": tags, "any": any, "len": len, "list": list, "map": map, "type": type}
-    terms = [] if not dicts else ["list(map(dv, D)) == T"] if cpp is None else ["C(DY)"]
+    env = {"dv": dict_version, "O": owners, "D": dicts[len(owners):], "T": tags, "any": any, "len": len,
+           "list": list, "map": map, "type": type, "vars": vars}
+    terms = [] if not dicts else ["list(map(dv, (*map(vars, O), *D))) == T"] if cpp is None else ["C(DY)"]
     for n, (kind, rs) in enumerate(by_kind.items()):
         if kind == "empty":
             env["E"] = tuple(real(_get(r.where, r.key)) for r in rs)
@@ -648,7 +672,7 @@ def _fuse(dicts, tags, by_kind, parts, cpp=None):
             env[f"p{n}"] = parts[n]
             terms.append(f"p{n}()")
     if cpp is not None:
-        env["C"], env["DY"] = cpp, (*dicts, *env.get("L", ()), *env.get("Y", ()))
+        env["C"], env["DY"] = cpp, (*owners, *dicts[len(owners):], *env.get("L", ()), *env.get("Y", ()))
     src = "def make():\n    def check():\n        return " + (" and ".join(terms) or "True") + "\n    return check\n"
     exec(compile_source(src, "state guards"), env)
     return env["make"]()

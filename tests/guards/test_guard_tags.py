@@ -131,7 +131,24 @@ CHANGES = {
     "global changed": [(_set_global(2.0), True)],
     "global changed and restored": [(lambda m: (_set_global(5.0)(m), _set_global(1.0)(m)), False)],
     "global hook registered": [(lambda m: _global_hook(), True)],
+    # A module's whole __dict__ rebound: every attribute at once, no dict written (a new graph even when equal)
+    "module __dict__ rebound, a new weight": [
+        (lambda m: _rebind(m.a, _parameters={**m.a._parameters, "weight": nn.Parameter(torch.ones(3, 3))}), True)],
+    "module __dict__ rebound, a hook": [
+        (lambda m: _rebind(m.a, _forward_hooks=collections.OrderedDict([(0, _hook)])), True)],
+    "module __dict__ rebound, training": [(lambda m: _rebind(m.c, training=False), True)],
+    "root __dict__ rebound, an attribute": [(lambda m: _rebind(m, scale=5.0), True)],
+    "module __dict__ rebound by object.__setattr__": [
+        (lambda m: object.__setattr__(m.b, "__dict__", {**vars(m.b), "_forward_hooks": collections.OrderedDict([(0, _hook)])}),
+         True)],
+    "module __dict__ rebound to an equal one, then written": [
+        (lambda m: _rebind(m.c), True), (lambda m: m.c.__dict__.__setitem__("training", False), True)],
+    "module __dict__ rebound from another thread": [(_in_thread(lambda m: _rebind(m, scale=6.0)), True)],
 }
+
+
+def _rebind(module, **entries):
+    module.__dict__ = {**vars(module), **entries}
 
 
 _HANDLES = []
