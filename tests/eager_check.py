@@ -219,7 +219,7 @@ def _wrapper_subclass(t) -> bool:
 
 def _assert_same_subclass(a, b, what, rtol, atol):
     assert type(a) is type(b), f"{what}: {type(a).__name__} vs {type(b).__name__}"
-    assert (a.shape, a.dtype, a.device, a.stride()) == (b.shape, b.dtype, b.device, b.stride()), \
+    assert (a.shape, a.dtype, a.device, _strides(a)) == (b.shape, b.dtype, b.device, _strides(b)), \
         f"{what}: (shape, dtype, device, stride) {(a.shape, a.dtype, a.device, a.stride())} vs " \
         f"{(b.shape, b.dtype, b.device, b.stride())}"
     (keys_a, ctx_a), (keys_b, ctx_b) = a.__tensor_flatten__(), b.__tensor_flatten__()

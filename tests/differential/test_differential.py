@@ -23,10 +23,6 @@ KNOWN = {
     ("checkpoint_deterministic", "compiled_autograd"):
         "an eager forward's checkpoint under compiled autograd needs saved-tensor hooks, refused with a typed "
         "error; compiling the forward works",
-    **{("aotd_dispatch_input_metadata_mutation", e):
-        "Dynamo itself applies t_()/unsqueeze_() to the real inputs while it traces, before any backend runs: "
-        "aotgrad's typed refusal of the TwoTensor input (a backend that only raises does the same) leaves "
-        "them changed" for e in ("dynamo", "dynamo_inductor")},
     **{(f"meta_{op}_aliased_other_written{rg}", e):
         "Dynamo itself applies the input's t_()/unsqueeze_()/as_strided_() to the real input while it traces, "
         "before any backend runs: aotgrad's typed refusal (the layout change of a view next to a written view "
@@ -71,7 +67,6 @@ del KNOWN["anomaly_mode_left_on", "dynamo_warm"]   # served from the disk cache:
 for _t in ("input", "input_view", "input_t"):       # seen at the stride call, which dynamo_warm does not make
     del KNOWN[f"set__{_t}_none_write", "dynamo_warm"]
 del KNOWN["set__other_input_written_too", "dynamo_warm"]
-del KNOWN["aotd_dispatch_input_metadata_mutation", "dynamo_warm"]   # its base call runs like eager since symbolic-size subclass inputs (9182e23); the refusal is at a later call, which dynamo_warm does not make
 for _op in ("t_", "unsqueeze_", "as_strided_"):   # seen at the size call, which dynamo_warm does not make
     for _rg in ("", "_rg"):
         del KNOWN[f"meta_{_op}_aliased_other_written{_rg}", "dynamo_warm"]
