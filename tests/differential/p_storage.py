@@ -238,9 +238,9 @@ def _resize_storage_program(name, body, freed, rg, how):
         return fn(f, a, r(n, 3), r(n, 3, rg=True))
 
 
-for _name, (_body, _freed_on_entry, _rg) in RESIZE_STORAGE.items():
+for _name, (_resize_body, _freed_on_entry, _rg) in RESIZE_STORAGE.items():
     for _how in ("storage", "op"):
-        _resize_storage_program(_name, _body, _freed_on_entry, _rg, _how)
+        _resize_storage_program(_name, _resize_body, _freed_on_entry, _rg, _how)
 
 
 @program("resize_storage_module_param", S, D, "isolate", must_match=True)
