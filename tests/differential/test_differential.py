@@ -33,10 +33,6 @@ KNOWN = {
        "same); the backend never sees it. Grad mode, which Dynamo puts in the graph, is left set like eager's"
        for p in ("deterministic_algorithms_left_on", "default_dtype_left_float64", "autocast_entered_never_exited")
        for e in ("dynamo", "dynamo_inductor")},
-    **{("anomaly_mode_left_on", e): "Dynamo runs the bare set_anomaly_enabled(True) itself (outside its graph), "
-       "then hands the rest to the backend, whose joint trace under anomaly mode is refused as data-dependent (the "
-       "engine's NaN check on fake gradients): the refusal finds anomaly mode on, set by the user's code, not aotgrad"
-       for e in ("dynamo", "dynamo_inductor")},
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
@@ -63,7 +59,6 @@ KNOWN = {
 # A warm entry is its cold one served from the disk cache: the same programs fail the same way.
 KNOWN.update({(p, f"{e}_warm"): why for (p, e), why in list(KNOWN.items()) if e in ("jit", "dynamo")})
 del KNOWN["index_add_scatter_", "dynamo_warm"]      # seen at the stride call, which dynamo_warm does not make
-del KNOWN["anomaly_mode_left_on", "dynamo_warm"]   # served from the disk cache: nothing is traced under anomaly mode
 for _t in ("input", "input_view", "input_t"):       # seen at the stride call, which dynamo_warm does not make
     del KNOWN[f"set__{_t}_none_write", "dynamo_warm"]
 del KNOWN["set__other_input_written_too", "dynamo_warm"]
