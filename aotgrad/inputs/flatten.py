@@ -69,6 +69,19 @@ def _places(module):
         return tree.places(module)
 
 
+def _tensor_attributes(module) -> list:
+    """:func:`..runtime.call.tensor_attributes` of ``module``, over :func:`_places` with the recording paused
+    (aotgrad's own bookkeeping, every trace: no user code runs in it); the classes' own walk, watched,
+    where one walks its own way."""
+    where = _places(module)
+    if where is None:
+        return tensor_attributes(module)
+    seen = set()
+    with paused():
+        return [(path, m, k, v) for path, m in where if not (id(m) in seen or seen.add(id(m)))
+                for k, v in vars(m).items() if isinstance(v, torch.Tensor)]
+
+
 def _members(module, where, store: str, remove_duplicate: bool = True) -> list:
     """``[(name, tensor, owner, attr)]``: :func:`..tracing.tree.members`, else the classes' own walks
     (user code: watched)."""
@@ -214,7 +227,7 @@ def flat_function(fn, sig: Signature) -> Callable:
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t
         args, kwargs = pytree.tree_unflatten(leaves, sig.in_spec)
-        attrs = tensor_attributes(fn) if homes is not None else ()
+        attrs = _tensor_attributes(fn) if homes is not None else ()
         with forward_only(), left_as_found(thread_watch()):
             if homes is not None:
                 out = call_with_state(fn, homes, flat[:n_state], args, kwargs)
