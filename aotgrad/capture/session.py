@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._torch import (
-    anomaly_nan_check, functionalize_has_data_mutation, functionalize_was_storage_changed,
+    anomaly_nan_check, known_true, functionalize_has_data_mutation, functionalize_was_storage_changed,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
     constant_nested_ints, has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
@@ -249,7 +249,9 @@ class Storages:
         for f in inputs:
             if isinstance(f, FunctionalTensor):
                 self.entry[id(f)] = from_functional_tensor(f.elem).untyped_storage().nbytes()
-                if self.entry[id(f)] < _extent(f):
+                # Without a guard (every input of every capture; under Dynamo a guard on a stride it made
+                # symbolic may have no source): freed where that holds for every size the trace stands for.
+                if known_true(self.entry[id(f)] < _extent(f)):
                     self.unreadable[id(f)] = f
         self.freed = set(self.unreadable)
         self.active = True
@@ -307,7 +309,7 @@ class Storages:
 
 def _extent(t) -> int:
     """Bytes ``t``'s elements reach in its storage."""
-    if not t.numel():
+    if known_true(t.numel() == 0):
         return 0
     return (t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
