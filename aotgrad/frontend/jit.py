@@ -31,7 +31,6 @@ from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
 from ..guards import cache, resolve
 from ..store import disk
-from ..guards.reads import watch_again
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
 from ..inputs.step import Root, step_root
@@ -84,6 +83,7 @@ class Jit:
     dynamic_dims: dict = field(default_factory=dict)
     fallbacks: int = 0
     handoff: object = None      # dynamo.HandOff: where a trace read a tensor's value, calls no entry fits
+    static_because: str | None = None   # the refusal of automatic dynamic's symbolic recompile: static from then on
     name: str | None = None     # what messages call a jitted module: the caller's variable name
     around: object = None       # ``around(call, args, kwargs)``: a DDP's or FSDP's eager bookkeeping around ``fn``
     options: CompileOptions = field(init=False, repr=False)    # ``compile_options`` checked, as one object
@@ -171,7 +171,7 @@ class Jit:
         try:
             with timed([], "jit compile" if reason is None else "jit recompile", fn=_name(self.fn),
                        entry=len(self.entries), reason=reason) as info:
-                compiled, state, loaded, disk = self._compile(modes, args, kwargs)
+                compiled, state, loaded, disk = self._compile_or_static(modes, args, kwargs, info)
                 info["from disk cache"] = loaded
         except errors.DataDependentError as e:     # a Python read of a tensor's value: Dynamo splits there
             whole = isinstance(self.fn, Root)       # a whole step: the user's step function, not its Root
@@ -185,6 +185,22 @@ class Jit:
         flat, why = compiled.path.match(args, kwargs)
         assert why is None, f"a fresh compile rejected its own inputs: {why}"
         return lambda: compiled.path.run(flat)
+
+    def _compile_or_static(self, modes, args, kwargs, info):
+        """``_compile``; where automatic dynamic's symbolic sizes are refused (a typed error other than a
+        read of a value, which goes to Dynamo), static sizes for this call and every later one, as Dynamo
+        marks such a frame static. A refusal of the static capture too is the call's."""
+        try:
+            return self._compile(modes, args, kwargs)
+        except errors.DataDependentError:
+            raise
+        except errors.AotgradError as e:
+            if self.dynamic is not None or not self.dynamic_dims:
+                raise
+            self.static_because = info["static because"] = f"{type(e).__name__}: {e}"
+            log.info("%s is refused with symbolic sizes (%s); capturing static sizes from now on", self.name, e)
+            self.dynamic_dims = {}
+            return self._compile(modes, args, kwargs)
 
     def _compile(self, modes, args, kwargs):
         """``(compiled, state guards, loaded, why not loaded)``: from the disk cache when it has this
@@ -215,16 +231,8 @@ class Jit:
         return recorded(self.fn, lambda: self._trace(args, kwargs), leaves, self.name, leaf_names(args, kwargs))
 
     def _trace(self, args, kwargs):
-        """Capture with the dimensions automatic dynamic made symbolic; where PyTorch cannot trace
-        some op symbolically, this entry is captured for the call's static sizes instead."""
-        try:
-            return capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
-        except errors.TraceError as e:
-            if self.dynamic is not None or not self.dynamic_dims:
-                raise
-            log.info("%s does not trace with symbolic sizes (%s); capturing static sizes", self.name, e)
-            watch_again()       # the failed trace stopped the read recording where it failed
-            return capture_call(self.fn, args, kwargs, dynamic=False)
+        """Capture with the dimensions automatic dynamic made symbolic."""
+        return capture_call(self.fn, args, kwargs, dynamic=self.dynamic, dynamic_dims=self.dynamic_dims)
 
     def _key(self, modes, args, kwargs) -> cache.JitKey | None:
         opts = self.options
@@ -272,7 +280,7 @@ class Jit:
         if failed is not None:
             return last.state.explain(failed)
         _, why = last.compiled.path.match(args, kwargs)
-        if self.dynamic is None:
+        if self.dynamic is None and self.static_because is None:
             self._widen(last.compiled, args, kwargs)
         return why
 
@@ -314,6 +322,8 @@ class Jit:
         """One line per entry: why it was compiled, its sizes, assumptions and how much state it reads."""
         lines = [f"aotgrad.jit({_name(self.fn)}): {len(self.entries)} compiled entr{'y' if len(self.entries) == 1 else 'ies'}"
                  + (f", {self.fallbacks} eager fallback call(s) past the recompile limit" if self.fallbacks else "")]
+        if self.static_because is not None:
+            lines.append(f"  static sizes: automatic dynamic's symbolic recompile was refused ({self.static_because})")
         for k, e in enumerate(self.entries):
             g = e.compiled.captured.guards
             sizes = ", ".join(f"{d}: {tuple(str(s) for s in spec.size)}" for d, spec in zip(g.descs, g.specs))

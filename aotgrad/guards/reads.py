@@ -304,15 +304,6 @@ def thread_watch():
     return rec.watch if rec is not None else None
 
 
-def watch_again():
-    """The recording of this thread's block, stopped when the traced function returned, watches its
-    next call too: a trace retried (symbolic sizes failed, static ones next) runs its Python again,
-    maybe further than the failed one got."""
-    rec = getattr(_ACTIVE, "rec", None)
-    if rec is not None:
-        rec.restart()
-
-
 @contextlib.contextmanager
 def user_code():
     """The block runs the user's code again after the read recording stopped (the joint trace): where
