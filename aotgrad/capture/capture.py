@@ -178,6 +178,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
             joint = share_recomputed_randomness(joint)      # nothing to share or rewind otherwise
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
+    analysis = _settled_resizes(analysis, setup.session.shape_env)
     with timed(history, "input guards"):
         guards = _input_guards(setup, analysis)
         _refuse_unbound_resizes(analysis, guards)
@@ -425,6 +426,24 @@ def _unread_freed_inputs(joint, analysis) -> None:
                     f"input {i}, freed on entry and re-allocated by the function, is read by {n.target} in the "
                     "captured graph: it holds no values to read; fill it with a whole copy_() first")
     joint.recompile()
+
+
+def _settled_resizes(analysis, shape_env):
+    """``analysis`` with each storage resize's size over the symbols the trace settled after it was recorded
+    (a number Dynamo passed as a symbol that a later guard made equal to another or to a constant)."""
+    if shape_env is None or not any(i.storage_resize and not isinstance(i.storage_resize[1], int)
+                                    for i in analysis.inputs):
+        return analysis
+    inputs = []
+    for info in analysis.inputs:
+        size = info.storage_resize[1] if info.storage_resize else 0
+        for _ in range(8):      # replacements may name symbols replaced in turn
+            if isinstance(size, int) or not size.free_symbols & shape_env.replacements.keys():
+                break
+            size = sympy.expand(size.xreplace(shape_env.replacements))
+            size = int(size) if size.is_number else size
+        inputs.append(info if not info.storage_resize else replace(info, storage_resize=(info.storage_resize[0], size)))
+    return replace(analysis, inputs=tuple(inputs))
 
 
 def _refuse_unbound_resizes(analysis, guards) -> None:

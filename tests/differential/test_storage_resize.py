@@ -216,3 +216,43 @@ def _resize_non_contiguous(x):
 def test_a_symbolic_resize_it_cannot_trace_is_refused_at_its_line(body):
     e = assert_refused(body, (torch.randn(4, 2),), dynamic=True)
     assert isinstance(e, UnsupportedError) and "symbolic sizes" in str(e) and "# line" in e.user_line, e
+
+
+def _extent(shape, stride, offset):
+    return offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def _grow_to_reach(a):
+    nbytes = (a.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))) * a.element_size()
+    a.untyped_storage().resize_(nbytes)
+
+
+def _down_up(a, s, x):
+    a.untyped_storage().resize_(0)
+    _grow_to_reach(a)
+    with torch.no_grad():
+        a.copy_(s + 1)
+    return a + x
+
+
+def _at(t, stride, offset):
+    out = torch.zeros(_extent(t.shape, stride, offset)).as_strided(t.shape, stride, offset)
+    with torch.no_grad():
+        out.copy_(t)
+    return out.detach().requires_grad_(t.requires_grad)
+
+
+@pytest.mark.parametrize("offset", [3, 5])
+def test_dynamo_recompiling_for_another_offset_resizes_like_eager(offset):
+    """Dynamo splits at each resize and, recompiling for another storage offset, passes the grow's size
+    over symbols of which the trace fixes one (at offset 3, a stride equal to it): the size is kept over the
+    settled symbols, each bound per call, rather than refused after Dynamo's free already ran."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_down_up, backend="aotgrad")
+    base = (torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3, requires_grad=True))
+    for stride, at in (((3, 1), 0), ((1, 4), 0), ((3, 1), offset), ((3, 1), offset + 1)):
+        def make():
+            return _down_up, tuple(_at(t, stride, at) for t in base), {}
+        run = check(None, make=make, compile=lambda f, a, k: compiled)
+        assert run.args[0].untyped_storage().nbytes() == (at + 12) * 4
+    torch._dynamo.reset()
