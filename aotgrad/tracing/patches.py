@@ -324,7 +324,10 @@ def _forward_only():
 class _TracedStorage:
     """A traced tensor's storage as the user's forward sees it: ``resize_(n)`` is
     ``resize_storage_bytes_`` of the tensor (as Dynamo rewrites it), which the capture's functional
-    mode tracks (``capture.session.Storages``); the rest is the functional wrapper's storage's."""
+    mode tracks (``capture.session.Storages``); the rest is the functional wrapper's storage's. The user's
+    code may not read its size (``nbytes()``, ``size()``, ``len()``): no guard checks a storage's size (a
+    tensor laid out the same may sit in a larger one), and the trace's wrapper keeps its size on entry,
+    so a branch on it after a resize would take the other path than eager's."""
 
     def __init__(self, t):
         self._t, self._storage = t, torch.Tensor.untyped_storage(t)
@@ -334,7 +337,22 @@ class _TracedStorage:
         return self
 
     def __getattr__(self, name):
+        if name in ("nbytes", "size") and not errors.in_packages(sys._getframe(1).f_code.co_filename):
+            _refuse_storage_size()
         return getattr(self._storage, name)
+
+    def __len__(self):
+        if not errors.in_packages(sys._getframe(1).f_code.co_filename):
+            _refuse_storage_size()
+        return len(self._storage)
+
+
+def _refuse_storage_size():
+    raise errors.UnsupportedError(
+        "reading the size of a traced tensor's storage (untyped_storage().nbytes(), .size(), len()) inside the "
+        "captured function: the graph holds values, not storages, and no guard checks a storage's size (a tensor "
+        "laid out the same may sit in a larger one; a resize inside the function is replayed after the graph "
+        "runs); read it outside, or keep the decision in a Python flag", user_line=errors.caller_line())
 
 
 def _tensor_data():

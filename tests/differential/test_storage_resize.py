@@ -256,3 +256,45 @@ def test_dynamo_recompiling_for_another_offset_resizes_like_eager(offset):
         run = check(None, make=make, compile=lambda f, a, k: compiled)
         assert run.args[0].untyped_storage().nbytes() == (at + 12) * 4
     torch._dynamo.reset()
+
+
+# --- the size of a traced storage: no guard checks it, and the trace's wrapper keeps its size on entry ------------
+
+def _size_after_free(a, s):
+    a.untyped_storage().resize_(0)
+    return s * (2 if a.untyped_storage().size() == 0 else 3)        # line: eager takes the first branch
+
+
+def _nbytes_after_grow(a, s):
+    _grow(a)
+    with torch.no_grad():
+        a.copy_(s)
+    return a + s * a.untyped_storage().nbytes()                     # line
+
+
+def _len_on_entry(a, s):
+    return s * len(a.untyped_storage())                             # line: a larger storage would pass the guards
+
+
+def _nbytes_of_a_view(a, s):
+    return s + a[1:].untyped_storage().nbytes()                     # line: the base's storage
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+@pytest.mark.parametrize("body,freed", [(_size_after_free, False), (_nbytes_after_grow, True), (_len_on_entry, False),
+                                        (_nbytes_of_a_view, False)], ids=lambda v: getattr(v, "__name__", ""))
+def test_a_read_of_a_storage_size_is_refused_at_its_line(body, freed, entry):
+    compile = {"capture": None, "jit": lambda fn, args, kwargs, **o: aotgrad.jit(fn)}[entry]
+    e = assert_refused(None, make=lambda: (body, (_freed() if freed else torch.randn(4, 3), torch.randn(4, 3)), {}),
+                       **({"compile": compile} if compile else {}))
+    assert isinstance(e, UnsupportedError) and "size of a traced tensor's storage" in str(e), e
+    assert e.user_line and "# line" in e.user_line, e.user_line
+
+
+def test_a_storage_size_read_outside_decides_per_call():
+    """The same decision taken outside the captured function: each call's own branch, like eager."""
+    step = aotgrad.jit(lambda a, s, freed: s * (2 if freed else 3))
+    for freed in (True, False, True):
+        a = _freed() if freed else torch.randn(4, 3)
+        s = torch.randn(4, 3)
+        torch.testing.assert_close(step(a, s, a.untyped_storage().size() == 0), s * (2 if freed else 3))
