@@ -73,7 +73,8 @@ def train(fn, args, kwargs, prog) -> list[dict]:
             rec["grads"] = {n: _record(t.grad) for n, t in leaves.items()}
             with torch.no_grad():
                 for t in leaves.values():
-                    t.sub_(LR * t.grad)
+                    if not unreadable(t):       # a parameter freed by the step (FSDP's unsharded one): no update
+                        t.sub_(LR * t.grad)
                     t.grad = None
             rec["state"] = {n: _record(t) for n, t in named.items()}
         except Exception as e:      # noqa: BLE001  compared with the other side's error

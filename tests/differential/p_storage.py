@@ -230,7 +230,9 @@ def _resize_storage_program(name, body, freed, rg, how):
     # A caller's freed storage is never deep-copied or read outside a child process; nor one a call frees
     # before a read (a second call, the export entry's second step, would read it in eager).
     isolate = freed or name == "read_down"
-    @program(f"resize_storage_{name}_{how}", S, D, *(("isolate",) if isolate else ()), must_match=True)
+    # A CUDA graph's static inputs cannot take a freed storage: that entry refuses, typed (its documented limit).
+    @program(f"resize_storage_{name}_{how}", S, D, *(("isolate",) if isolate else ()), must_match=True,
+             may_refuse=("capture_cudagraphs",) if freed else ())
     def _(n=4):
         def f(a, src, x):
             return body(a, src, x, how)

@@ -6,7 +6,7 @@ copies (one for eager, one compiled). A ``make`` that takes ``n`` can be rebuilt
 another size (``jit`` calls it with ``n + 2`` to test a size change).
 
 Options: ``tags`` (the class of behaviour it stands for), ``must_match`` (plain supported
-behaviour: a typed refusal counts as a failure), ``calls`` (calls per comparison, for
+behaviour: a typed refusal counts as a failure, except by an entry in ``may_refuse``), ``calls`` (calls per comparison, for
 state carried between calls), ``backward`` (whether to run a backward), ``outer`` (a
 context the entry point calls the program under: ``no_grad``, an outer autocast),
 ``eager_raises`` (eager raises: the compiled program must raise too), ``double_backward``
@@ -32,6 +32,7 @@ class Program:
     make: Callable
     tags: frozenset = field(default_factory=frozenset)
     must_match: bool = False
+    may_refuse: tuple = ()      # entries whose typed refusal of a must_match program is their documented limit
     calls: int = 1
     backward: bool = True
     outer: Callable = contextlib.nullcontext
