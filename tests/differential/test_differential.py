@@ -67,8 +67,19 @@ for _op in ("t_", "unsqueeze_", "as_strided_"):   # seen at the size call, which
         del KNOWN[f"meta_{_op}_aliased_other_written{_rg}", "dynamo_warm"]
 
 
+# Cases that fail in some runs only: xfail without strict, each with what is known of its cause.
+FLAKY = {
+    ("aotd_dispatch_input_metadata_mutation", e):
+        "about one run in four, at the size call: building the guards of the TwoTensor input's symbolic sizes asserts "
+        "'sources must not be empty for symbol s20' (which programs ran before in the process decides it; cause not "
+        "pinned down: Dynamo's shape environment or a symbol aotgrad's subclass replay makes)"
+    for e in ("dynamo", "dynamo_inductor")}
+
+
 def known(program, entry, device):
     """``(reason, strict)`` of a known failure of this case, or None."""
+    if (program, entry) in FLAKY:
+        return FLAKY[program, entry], False
     if (program, entry, device) in KNOWN:
         return KNOWN[program, entry, device], True
     if (program, entry) in KNOWN:
