@@ -29,6 +29,11 @@ from .rng_positions import ENDS, PHASE
 from .rng_rewind import restore_after
 
 
+aten = torch.ops.aten
+# Ops whose result holds their first argument's values, whatever else they change.
+SAME_VALUE = {aten.detach.default, aten.alias.default, aten.clone.default}
+
+
 class _Values:
     """Numbers naming what a node computes: equal numbers, equal values (hash-consing),
     computed on demand for the nodes a replay check reaches."""
@@ -51,6 +56,9 @@ class _Values:
                 stack.extend(deps)
                 continue
             stack.pop()
+            if n.target in SAME_VALUE:          # a checkpoint's saved value comes back detached
+                self.of[n] = self.of[n.args[0]]
+                continue
             self.of[n] = self.ids.setdefault(self._key(n, shape_only), len(self.ids))
         return self.of[root]
 

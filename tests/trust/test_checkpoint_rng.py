@@ -45,6 +45,12 @@ def block(x, w):
     return F.dropout((x @ w).tanh(), 0.5, True)
 
 
+def fused_block(x, w):
+    """``block`` with CUDA's dropout kernel (``native_dropout``: the mask is drawn from the input's
+    own node, not from an ``empty_like``), which the CPU runs when called by name."""
+    return torch.native_dropout((x @ w).tanh(), 0.5, True)[0]
+
+
 def _save_mm(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -92,6 +98,11 @@ PROGRAMS = {
     "selective, op list": lambda x, w1, w2: checkpoint(
         block, checkpoint(block, x, w1, use_reentrant=False, context_fn=SAC_LIST), w2,
         use_reentrant=False, context_fn=SAC_LIST).sum(),
+    # The recomputed input is tanh(detach(mm)): SAC hands the saved mm back detached.
+    "selective, fused dropout": lambda x, w1, w2: (
+        checkpoint(fused_block, x, w1, use_reentrant=False, context_fn=SAC_POLICY) @ w2).sum(),
+    "two regions, fused dropout": lambda x, w1, w2: checkpoint(
+        fused_block, checkpoint(fused_block, x, w1, use_reentrant=False), w2, use_reentrant=False).sum(),
     "custom backward draws": lambda x, w1, w2: (RandomBackward.apply(F.dropout(x @ w1, 0.5)) @ w2).sum(),
     "fork_rng, then redrawn": lambda x, w1, w2: forked_then_redrawn(x, w1).sum() * w2.sum(),
     "fork_rng only": lambda x, w1, w2: forked_only(x, w1).sum() * w2.sum(),
