@@ -24,6 +24,7 @@ from .._torch import (
 )
 from .. import tracing
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
+from ..runtime import modes
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed
@@ -131,6 +132,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         self.anchors: dict = {}      # id of each -> an alias of it, taken at the first set_()
         self.stale = StaleViews()
         self.storages = Storages()   # inputs' storage sizes as resize_storage_bytes_ changes them
+        self.numerics = modes.numerics()    # the caller's: what the compiled graph's CUDA kernels run under
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
@@ -159,6 +161,7 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             return self.storages.resize(args[0], args[1])
         if self.storages.unreadable:
             self.storages.check(func, args, kwargs or {})
+        _refuse_other_numerics(func, args, self.numerics)
         for cls in types:
             if has_own_dispatch(cls):
                 if traceable_class(cls):   # its own dispatch runs now, on its inner tensors
@@ -415,6 +418,30 @@ def _written_unswapped(t) -> bool:
     """Whether functional tensor ``t`` was written in place in the storage it was entered with."""
     sync(t)
     return functionalize_has_data_mutation(t.elem) and not functionalize_was_storage_changed(t.elem)
+
+
+def _refuse_other_numerics(func, args, at_entry) -> None:
+    """A CUDA op traced while the function has TF32, cuDNN's algorithm switches or deterministic
+    algorithms set otherwise than its caller (set and put back inside it) would run, compiled, under
+    the caller's: other numbers than eager's (a matmul in bf16 under "medium" precision, say)."""
+    if not any(a.is_cuda for a in _tensor_args(args)):
+        return
+    changed = modes.numerics_now(at_entry)
+    if changed is None:
+        return
+    from ..errors import UnsupportedError, caller_line
+    raise UnsupportedError(
+        f"{func.__name__} runs on CUDA while the captured function has changed torch's numerics settings "
+        f"({changed}); the compiled graph's kernels run under the caller's settings: set them around the "
+        "call instead", user_line=caller_line())
+
+
+def _tensor_args(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
 def _changes_layout(func) -> bool:

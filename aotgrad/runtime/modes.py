@@ -88,6 +88,28 @@ def global_state() -> tuple:
             *(get() for get in cudnn_flags), get_mkldnn_enabled(), _autocast_nesting())
 
 
+def numerics() -> tuple:
+    """The settings a CUDA kernel reads when it runs, not when it is traced (``NUMERICS_NAMES``): an op
+    traced while the function had them changed runs, compiled, under the caller's. Read unseen by the
+    read recording (not the traced code's read)."""
+    return _unwatched(_numerics)
+
+
+def _numerics() -> tuple:
+    return (torch.get_float32_matmul_precision(), torch._C._get_cudnn_allow_tf32(),
+            *(get() for get in cudnn_flags[1:]), torch.are_deterministic_algorithms_enabled())
+
+
+NUMERICS_NAMES = ("float32 matmul precision", "cuDNN TF32", "cuDNN benchmark", "cuDNN deterministic",
+                  "deterministic algorithms")
+
+
+def numerics_now(at_entry: tuple) -> str | None:
+    """Which of :func:`numerics` differ from ``at_entry`` now (read unseen by the read recording)."""
+    now = numerics()
+    return None if now == at_entry else describe(NUMERICS_NAMES, at_entry, now)
+
+
 def _autocast_nesting() -> int:
     """How many autocast regions are open (an entered, never exited one keeps casts cached)."""
     torch.autocast_increment_nesting()

@@ -253,3 +253,48 @@ def test_anomaly_mode_nan_gradient_raises_as_in_eager(entry):
         w.grad = None
         compiled(x, w).backward()
         assert w.grad.isnan().any()     # without it, the NaN gradient is eager's too
+
+
+def _precision_changed_inside(x, w):
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        y = x @ w.t()
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    return y.tanh()
+
+
+def test_numerics_set_and_put_back_inside_match_eager_on_cpu():
+    """CPU kernels read none of these settings: the captured function is eager's."""
+    from tests.eager_check import check
+    check(_precision_changed_inside, (torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)))
+
+
+@pytest.mark.parametrize("change", ["precision", "cudnn_tf32", "deterministic"])
+def test_a_cuda_op_traced_under_numerics_the_caller_does_not_have_is_refused(change):
+    """The compiled graph's CUDA kernels run under the caller's TF32 / cuDNN / determinism settings:
+    an op traced while the function had them otherwise would give other numbers than eager's.
+    (A fake CUDA tensor stands for one: the check runs on the traced op, before any kernel.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from aotgrad.capture.session import _refuse_other_numerics
+    from aotgrad.runtime import modes
+    at_entry = modes.numerics()
+    setters = {"precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, "medium"),
+               "cudnn_tf32": (torch._C._get_cudnn_allow_tf32, torch._C._set_cudnn_allow_tf32,
+                              not torch._C._get_cudnn_allow_tf32()),
+               "deterministic": (torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms,
+                                 not torch.are_deterministic_algorithms_enabled())}
+    get, put, other = setters[change]
+    with FakeTensorMode():
+        cuda, cpu = torch.empty(2, 2, device="cuda"), torch.empty(2, 2)
+    before = get()
+    _refuse_other_numerics(torch.ops.aten.mm.default, (cuda, cuda), at_entry)     # settings unchanged
+    put(other)
+    try:
+        _refuse_other_numerics(torch.ops.aten.mm.default, (cpu, cpu), at_entry)   # a CPU op reads none
+        with pytest.raises(errors.UnsupportedError, match="numerics settings") as e:
+            _refuse_other_numerics(torch.ops.aten.mm.default, ([cuda], cuda), at_entry)
+        assert "the caller's settings" in str(e.value)
+    finally:
+        put(before)

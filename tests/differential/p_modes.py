@@ -206,7 +206,9 @@ for _name, _change in _LEFT_CHANGED.items():
     program(_name, G)(lambda n=4, change=_change: fn(_left(change), r(n, 3), r(n, 3, rg=True)))
 
 
-@program("settings_changed_and_put_back_inside", G, must_match=True)
+# On CPU these settings change no kernel it runs: eager's numbers. On CUDA the matmul ran in bf16 under
+# "medium" in eager, and the compiled graph would run it under the caller's precision: refused there.
+@program("settings_changed_and_put_back_inside", G)
 def _(n=4):
     def f(x, w):
         torch.use_deterministic_algorithms(True)
