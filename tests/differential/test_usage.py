@@ -47,7 +47,13 @@ COMPILERS = {"cudagraphs": (ENTRIES["capture_cudagraphs"].compile, False), "cuda
 # Not the cudagraphs backend's: aotgrad's own, seen on every backend (the eager one included).
 KNOWN = {("aliases_input", "autograd_grad_kept_across_steps"):
          "the input's gradient, summed from x.view(-1), x.t() and x * w, comes back with x.t()'s strides "
-         "(1, 4) where eager's is contiguous (3, 1); values are eager's"}
+         "(1, 4) where eager's is contiguous (3, 1); values are eager's",
+         **{(k, "autograd_grad_kept_across_steps"):
+            "nn.Linear's weight gradient, eager's t(t(mm(...))) (a view), comes back as the mm itself: "
+            "passes/views.py folds view chains that end where they began; values, strides and storage "
+            "sharing are eager's, _is_view() is not"
+            for k in ("saved_exp", "saved_sigmoid", "saved_tanh", "saved_softmax", "saved_relu",
+                      "saved_exp_float64", "buffers_updated_in_place")}}
 
 
 # A capture()d step runs only under the grad mode it was captured in (a call under no_grad raises

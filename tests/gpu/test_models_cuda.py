@@ -15,6 +15,23 @@ CUDA_ENTRIES = {**ENTRIES, "inductor": dict(compile=default_compile, fw_compiler
 TOL = {"inductor": 1e-3}
 
 
+# Captured, HF transformers takes its compile path (is_compiling() is True, docs/semantics.md): it keeps
+# the all-ones causal mask eager drops, and SDPA runs the memory-efficient kernel where eager runs GQA on
+# the math one: other dropout numbers (H200, torch 2.11, transformers 5.17). The eager forward of
+# compiled_autograd is eager's.
+OTHER_KERNEL = "transformers' compile path: another SDPA kernel than eager's draws other attention dropout"
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_cudnn():
+    """cuDNN's default convolution algorithms differ run to run (eager against eager: 4e-3 in a
+    ResNet-18 weight gradient after three steps); deterministic ones make eager a reference."""
+    before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+
+
 def _on_cuda(make, batches):
     def made():
         model, args = make()
@@ -22,8 +39,14 @@ def _on_cuda(make, batches):
     return made, lambda step: tuple(a.cuda() for a in batches(step))
 
 
-@pytest.mark.parametrize("entry", sorted(CUDA_ENTRIES))
-@pytest.mark.parametrize("model", ["gpt2", "resnet18"])
+def _cases():
+    for model in ("gpt2", "llama", "resnet18"):
+        for entry in sorted(CUDA_ENTRIES):
+            other = model == "llama" and entry != "compiled_autograd"
+            yield pytest.param(model, entry, marks=[pytest.mark.xfail(reason=OTHER_KERNEL)] if other else [])
+
+
+@pytest.mark.parametrize("model,entry", list(_cases()))
 def test_trains_like_eager_on_cuda(model, entry):
     make, batches = _on_cuda(*zoo.MODELS[model])
     tol = TOL.get(entry, 1e-4)
