@@ -42,14 +42,14 @@ def locate(obj, kind, key):
         return (obj, key) if isinstance(obj, (dict, types.MappingProxyType)) and key in obj else None
     if isinstance(obj, type) and key in ("__dict__", "__mro__", "__bases__", "__base__"):
         return None if is_library(obj) else (obj, key)      # a user class's own dict, its bases
-    if key in ("__class__", "__dict__"):    # ``type(self).x``, ``vars(self)["x"]``: the object's class, its dict
-        return None if isinstance(obj, type) or key == "__dict__" and not isinstance(
-            getattr(obj, "__dict__", None), dict) else (obj, key)
-    if kind == "cell":
+    if kind == "cell":      # (3.12's ``super()`` loads the cell ``__class__`` by name)
         code = getattr(obj, "__code__", None)
         if code is None or key not in code.co_freevars:
             return None
         return obj.__closure__[code.co_freevars.index(key)], None
+    if key in ("__class__", "__dict__"):    # ``type(self).x``, ``vars(self)["x"]``: the object's class, its dict
+        return None if isinstance(obj, type) or key == "__dict__" and not isinstance(
+            getattr(obj, "__dict__", None), dict) else (obj, key)
     if isinstance(obj, types.FunctionType):
         return (obj, key) if key in ("__defaults__", "__kwdefaults__", "__code__") else None
     if isinstance(obj, functools.partial):

@@ -414,11 +414,13 @@ def _position(it):
 def _undo_iterator(s, _):
     if _position(s.obj) == s.before:
         return []
-    before = s.before
-    if isinstance(before, tuple) and len(before) > 2 and hasattr(s.obj, "__setstate__"):
+    before, lost = s.before, ""
+    if isinstance(before, tuple) and len(before) > 2 and before[2] is not None and hasattr(s.obj, "__setstate__"):
         s.obj.__setstate__(before[2])       # a list or range iterator goes back where it was
+    else:       # Python 3.12's range iterator keeps its position in its range: it only moves forward
+        lost = " (its position cannot be put back: the items the trace took are gone, as in an eager call)"
     return [(f"advances the iterator `{s.owner}` (a {type(s.obj).__name__}), which outlives the call: the "
-             "compiled graph would use the items this trace took on every call", s.owner)]
+             f"compiled graph would use the items this trace took on every call{lost}", s.owner)]
 
 
 _STATE = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}

@@ -153,7 +153,10 @@ def test_write_to_lasting_state_is_refused_and_undone(kind, where, entry):
     x = torch.randn(3)
     with pytest.raises(errors.UnsupportedError, match=KINDS[kind][2]) as info:
         aotgrad.jit(m)(x) if entry == "jit" else aotgrad.capture(m, x)
-    assert state(ns, m) == before, "the refused capture left the state changed"
+    if "cannot be put back" not in str(info.value):     # (Python 3.12+: a range iterator cannot rewind)
+        assert state(ns, m) == before, "the refused capture left the state changed"
+    else:
+        assert kind == "next of an iterator" and sys.version_info >= (3, 12), str(info.value)
     assert f"_write_table_" in str(info.value), "the message names the user's line"
     m(x)
     assert state(ns, m) != before, "the write must be real"
