@@ -94,6 +94,26 @@ TensorGuards = C_dynamo.guards.TensorGuards
 dict_version = getattr(C_dynamo.guards, "dict_version", None)
 
 
+def _tags_follow_writes() -> bool:
+    """Whether every way Python code writes an object's attribute or a dict's item changes the dict's
+    version tag. Python 3.13 keeps an instance's attributes in the object's inline values, and
+    ``obj.k = v`` there leaves its ``__dict__``'s tag as it was: a guard by tag would miss the write."""
+    class Probe:
+        pass
+    p, m = Probe(), torch.nn.Module()
+    p.k = m.k = 0
+    tags = [dict_version(p.__dict__), dict_version(m.__dict__)]
+    p.k, m.k = 1, 1
+    setattr(p, "j", 0)
+    p.__dict__["k"] = 2
+    tags += [dict_version(p.__dict__), dict_version(m.__dict__)]
+    return tags[0] != tags[2] and tags[1] != tags[3] and len(set(tags)) == 4
+
+
+if dict_version is not None and not _tags_follow_writes():
+    dict_version = None     # every check reads the dicts' entries instead
+
+
 def tags_and_types_check(dicts, objects, types, owners=()):
     """``check(values) -> bool`` for ``values = (*owners, *dicts[len(owners):], *objects)``: each dict still
     has the version tag it has now (``dict_version``'s), the first ones read as their ``owners``' ``__dict__``

@@ -25,6 +25,7 @@ import importlib.metadata
 import inspect
 import logging
 import sys
+import tokenize
 import types
 from pathlib import Path
 
@@ -585,7 +586,8 @@ def _class_fp(cls, seen):
 def _source(v) -> str:
     try:
         return hashlib.sha256(inspect.getsource(v).encode()).hexdigest()
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, IndexError, tokenize.TokenError):    # (3.13: a class made by exec
+        # of source compiled under another file's name is looked up at its line in that file)
         raise Uncacheable(f"cannot fingerprint {v!r}") from None
 
 
