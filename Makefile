@@ -1,7 +1,7 @@
 # Every target sets up what it needs: a .venv with torch (TORCH_SPEC) and the package.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
