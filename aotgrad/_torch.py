@@ -612,6 +612,7 @@ VF = torch._VF      # the RNN ops' module (``_VF.lstm``): tracing.patches dispat
 get_mkldnn_enabled = torch._C._get_mkldnn_enabled
 set_mkldnn_enabled = torch._C._set_mkldnn_enabled
 # cuDNN's switches (enabled, benchmark, deterministic), read and set as torch.backends.cudnn does.
+get_cudnn_allow_tf32 = torch._C._get_cudnn_allow_tf32
 cudnn_flags = (torch._C._get_cudnn_enabled, torch._C._get_cudnn_benchmark, torch._C._get_cudnn_deterministic)
 set_cudnn_flags = (torch._C._set_cudnn_enabled, torch._C._set_cudnn_benchmark, torch._C._set_cudnn_deterministic)
 is_any_autocast_enabled = torch._C._is_any_autocast_enabled

@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from .._torch import cudnn_flags, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags, set_mkldnn_enabled
+from .._torch import (cudnn_flags, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags,
+                      set_mkldnn_enabled)
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -96,7 +97,7 @@ def numerics() -> tuple:
 
 
 def _numerics() -> tuple:
-    return (torch.get_float32_matmul_precision(), torch._C._get_cudnn_allow_tf32(),
+    return (torch.get_float32_matmul_precision(), get_cudnn_allow_tf32(),
             *(get() for get in cudnn_flags[1:]), torch.are_deterministic_algorithms_enabled())
 
 
