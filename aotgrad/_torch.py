@@ -120,7 +120,10 @@ def tags_and_types_check(dicts, objects, types, owners=()):
     (another dict there has another tag), and each object is of the type at its place in ``types``, run in
     C++ by the guard manager Dynamo's guards use (``RootGuardManager``: one tuple item and one leaf guard
     per value, a few nanoseconds each where ``map(dict_version, ...)`` costs a Python call each). None where
-    this torch has no such manager or its methods take other arguments (``GUARD_MANAGER_FAILS``)."""
+    this torch has no such manager or its methods take other arguments (``GUARD_MANAGER_FAILS``), and
+    where tags do not follow every write (no ``dict_version``: the manager reads the same tags)."""
+    if dict_version is None:
+        return None
     try:
         from torch._dynamo.guards import GuardManagerType
         root, kind = C_dynamo.guards.RootGuardManager(), GuardManagerType.GUARD_MANAGER

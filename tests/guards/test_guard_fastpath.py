@@ -163,7 +163,8 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeyp
     for _ in range(warm):
         _same(step(x), model(x))
     first = step.entries[0].state
-    assert (first.check.__self__.cpp is not None) == (path == "C++ check built")
+    from aotgrad._torch import dict_version     # (None where tags miss writes, Python 3.13: no C++ check)
+    assert (first.check.__self__.cpp is not None) == (path == "C++ check built" and dict_version is not None)
     assert _tensor_check(step.entries[0]) == {"no guard manager (older torch)": "TensorGuards",
                                               "no C++ tensor check at all": None}.get(path, "guard manager")
     expected = 1
@@ -243,7 +244,9 @@ def test_per_call_counts_each_check():
         step(x)
     counts = step.entries[0].state.per_call()
     assert counts["in C++"] is (state_guards.tags_and_types_check([{}], [0], [int]) is not None)
-    assert counts["tags"] >= 4 and counts["types"] == 4 and counts["held dicts"] >= 8
+    tagged = state_guards.dict_version is not None      # (Python 3.13: tags miss writes, none are checked)
+    assert (counts["tags"] >= 4 if tagged else counts["tags"] == 0) and counts["types"] == 4
+    assert counts["held dicts"] >= (8 if tagged else 0)
     assert counts["checks"] == counts["tags"] + counts["types"] + counts["held dicts"] + counts["others"]
 
 
