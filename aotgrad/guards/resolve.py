@@ -363,6 +363,7 @@ class Resolver:
             where, k = loc
             if k == "__dict__" and kind == "attr":
                 whole = (obj, path, source)
+            self._own_dict(obj, where, path, source)
             path = path + ((kind, key),) if path is not None else None
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
             if id(where) in self.skip or k == "__dict__" or isinstance(where, tuple):
@@ -375,6 +376,16 @@ class Resolver:
             self._whole(*whole)
         if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
             self._environment(None)
+
+    def _own_dict(self, obj, d, path, source):
+        """A plain object's attribute read from its own ``__dict__`` ``d``: that ``obj.__dict__`` is still
+        ``d``, which the read holds (``cfg.__dict__ = {...}`` rebinds every attribute and writes no entry).
+        It holds the object too: CPython 3.13 may collect an object referenced only through its own
+        ``__dict__`` and clear the dict. (A module's: ``state._dict_reads``, through its tag.)"""
+        if type(d) is dict and not isinstance(obj, (torch.nn.Module, type, types.ModuleType)) \
+                and getattr(obj, "__dict__", None) is d:
+            self._add(Read(f"{source}.__dict__", path + (("attr", "__dict__"),) if path else None, obj, "__dict__",
+                           d, "id"))
 
     def _whole(self, obj, path, source):
         """An object's ``__dict__`` read whole (``vars(x).items()``, iterated, handed on): its plain
@@ -408,6 +419,7 @@ class Resolver:
         d = getattr(obj, "__dict__", None)
         if not isinstance(d, dict) or isinstance(obj, (type, types.ModuleType, *_CALLABLES)):
             return
+        self._own_dict(obj, d, path, source)
         for key, value in list(d.items()):
             if isinstance(key, str) and guard_kind(value) == "eq":
                 self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, value, "eq"))
@@ -435,6 +447,7 @@ class Resolver:
         if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, threading.local,
                                                                          *_CALLABLES)) \
                 and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
+            self._own_dict(obj, d, path, source)
             self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
             for i, c in _user_classes(obj):
                 self._add(Read(f"{source}.{key}", _class_item(path, i, key), vars(c), key, None, "absent"))

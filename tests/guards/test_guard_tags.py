@@ -36,6 +36,13 @@ class Branch(nn.Module):
         return x * 2 if self.training else x * 3
 
 
+class Opts:
+    """A plain config object (HF's ``PretrainedConfig`` is one): its attributes live in its ``__dict__``."""
+
+    def __init__(self):
+        self.gain = 1.0
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -45,9 +52,10 @@ class Net(nn.Module):
         self.scale = 2.0
         self.cfg = [1.0, 2.0]
         self.offset = torch.zeros(3)        # a plain tensor attribute: baked, guarded with its version
+        self.opts = Opts()
 
     def forward(self, x):
-        return self.c(self.b(self.a(x))) * self.scale + self.cfg[0] + SHIFT + self.offset
+        return self.c(self.b(self.a(x))) * self.scale * self.opts.gain + self.cfg[0] + SHIFT + self.offset
 
 
 def _in_thread(fn):
@@ -144,6 +152,16 @@ CHANGES = {
     "module __dict__ rebound to an equal one, then written": [
         (lambda m: _rebind(m.c), True), (lambda m: m.c.__dict__.__setitem__("training", False), True)],
     "module __dict__ rebound from another thread": [(_in_thread(lambda m: _rebind(m, scale=6.0)), True)],
+    # A plain object's: the same, without a version tag of the module kind (held by identity)
+    "config attribute changed": [(lambda m: setattr(m.opts, "gain", 3.0), True)],
+    "config __dict__ rebound": [(lambda m: setattr(m.opts, "__dict__", {"gain": 3.0}), True)],
+    "config __dict__ rebound to an equal one, then written": [
+        (lambda m: setattr(m.opts, "__dict__", dict(vars(m.opts))), True),
+        (lambda m: vars(m.opts).__setitem__("gain", 4.0), True)],
+    "config __dict__ rebound by object.__setattr__": [
+        (lambda m: object.__setattr__(m.opts, "__dict__", {"gain": -1.0}), True)],
+    "config __dict__ rebound from another thread": [
+        (_in_thread(lambda m: setattr(m.opts, "__dict__", {"gain": 2.5})), True)],
 }
 
 
