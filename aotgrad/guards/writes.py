@@ -539,9 +539,11 @@ def _outlives(snap, snaps, built=frozenset()) -> bool:
     extra = _refs(snap) - ours - _BASE
     if extra <= 0:
         return False
-    built_held = 0      # references from the __dict__ of an object the call built
+    built_held = 0      # references from the attributes of an object the call built
     for d in gc.get_referrers(snap.obj):
-        if type(d) is dict and any(id(o) in built and _own_dict(o) is d for o in gc.get_referrers(d)):
+        if id(d) in built and type(_own_dict(d)) is dict:      # (3.13: held in the object's inline values)
+            built_held += sum(1 for v in _own_dict(d).values() if v is snap.obj)
+        elif type(d) is dict and any(id(o) in built and _own_dict(o) is d for o in gc.get_referrers(d)):
             built_held += sum(1 for v in d.values() if v is snap.obj)
     return extra > built_held
 
