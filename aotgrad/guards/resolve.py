@@ -364,6 +364,8 @@ class Resolver:
             if k == "__dict__" and kind == "attr":
                 whole = (obj, path, source)
             self._own_dict(obj, where, path, source)
+            if kind == "attr" and isinstance(where, types.MappingProxyType) and not isinstance(obj, type):
+                self._from_class(obj, key, path, source)
             path = path + ((kind, key),) if path is not None else None
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
             if id(where) in self.skip or k == "__dict__" or isinstance(where, tuple):
@@ -386,6 +388,17 @@ class Resolver:
                 and getattr(obj, "__dict__", None) is d:
             self._add(Read(f"{source}.__dict__", path + (("attr", "__dict__"),) if path else None, obj, "__dict__",
                            d, "id"))
+
+    def _from_class(self, obj, key, path, source):
+        """``obj.key`` found in ``obj``'s class: that the object still has that class (``cfg.__class__ =
+        Other``) and no ``key`` of its own (an instance attribute set later shadows a class attribute or
+        method: ``cfg.get = ...``). A module's ``forward``: ``_called``."""
+        d = getattr(obj, "__dict__", None)
+        if type(d) is dict and key not in d:
+            self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
+            self._own_dict(obj, d, path, source)
+        self._add(Read(f"type({source})", path + (("attr", "__class__"),) if path else None, obj, "__class__",
+                       type(obj), "type"))
 
     def _whole(self, obj, path, source):
         """An object's ``__dict__`` read whole (``vars(x).items()``, iterated, handed on): its plain
