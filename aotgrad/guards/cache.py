@@ -175,7 +175,7 @@ def _value_fp(v):
         return ("method", _value_fp(v.__func__), type(v.__self__).__qualname__)
     if isinstance(v, types.CodeType):
         return ("code", code_fp(v))
-    if type(v) is functools.partial:     # called by C code no read sees: what it calls, and with what
+    if isinstance(v, functools.partial):     # called by C code no read sees: what it calls, and with what
         return ("partial", _value_fp(v.func), _value_fp(v.args), _value_fp(v.keywords), _value_fp(vars(v)))
     if isinstance(v, (tuple, list, frozenset, set, dict, collections.deque)) and not isinstance(v, enum.Enum):
         items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v

@@ -541,8 +541,9 @@ def _outlives(snap, snaps, built=frozenset()) -> bool:
         return False
     built_held = 0      # references from the attributes of an object the call built
     for d in gc.get_referrers(snap.obj):
-        if id(d) in built and type(_own_dict(d)) is dict:      # (3.13: held in the object's inline values)
-            built_held += sum(1 for v in _own_dict(d).values() if v is snap.obj)
+        own = _own_dict(d) if id(d) in built else None
+        if type(own) is dict:       # (3.13: the object refers to it from its inline values)
+            built_held += sum(1 for v in own.values() if v is snap.obj)
         elif type(d) is dict and any(id(o) in built and _own_dict(o) is d for o in gc.get_referrers(d)):
             built_held += sum(1 for v in d.values() if v is snap.obj)
     return extra > built_held

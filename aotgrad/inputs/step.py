@@ -63,10 +63,10 @@ def step_reads(fn, found: list) -> list:
     for r in found:
         if id(r.where) in held or id(r.where) in attrs and r.key in _HELD:
             continue
-        v = _held_at(r.where, r.key)
         if r.kind == "id" and r.key == "__dict__":      # which dict an object holds; its entries are read apart
             kept.append(r)
             continue
+        v = _held_at(r.where, r.key)
         over = flat and [t for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)
                          and t.untyped_storage().data_ptr() in flat]
         if over:
