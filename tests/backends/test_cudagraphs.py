@@ -161,6 +161,59 @@ def test_inputs_at_a_stable_address_are_used_in_place_until_they_move():
     torch.testing.assert_close(g(x)[0], torch.full((3,), 6.))
 
 
+def test_inputs_that_settle_after_recording_are_read_in_place_once():
+    """A backward's saved tensors move once (the forward's warm-up ran eagerly, its recording hands out
+    recorded memory) and then stay: after ``SETTLED`` replays at one address the shape is recorded once
+    more reading them in place. A later move records again copying in, and never promotes again."""
+    from aotgrad.backends.cudagraphs.recording import Recording
+    fn = Counting(lambda x, t: (x * 2 + t,))
+    g = _graphed(fn, warmup=1)
+    x, t = torch.ones(3), torch.zeros(3)
+    kept = [torch.full((3,), 7.), torch.zeros(3)]
+    g(*kept)                                    # warm-up at other addresses: nothing is stable
+    (rec,) = g.recordings.values()
+    for k in range(Recording.SETTLED + 3):
+        x.fill_(k)
+        t = torch.full((3,), float(k))          # a new tensor every call (a backward's tangent)
+        torch.testing.assert_close(g(x, t)[0], torch.full((3,), 3. * k))
+    assert rec.promoted and rec.inputs[0].data_ptr() == x.data_ptr() and rec.inputs[1].data_ptr() != t.data_ptr()
+    y = torch.full((3,), 4.)                    # moved: recorded again, copying in
+    torch.testing.assert_close(g(y, t)[0], torch.full((3,), 8. + t[0].item()))
+    for k in range(Recording.SETTLED + 3):      # settled again: no second promotion
+        torch.testing.assert_close(g(x, t)[0], 2 * x + t)
+    assert rec.inputs[0].data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("make", ["mlp", "cnn", "gpt_tiny"])
+def test_training_past_the_promotion_matches_eager(make):
+    made = {"mlp": (models.make_mlp, lambda s: None),
+            "cnn": (lambda: models.make_cnn(batch=4), lambda s: models.cnn_batch(batch=4, seed=100 + s)),
+            "gpt_tiny": (lambda: models.make_gpt_tiny(batch=2, dropout=0.1),
+                         lambda s: models.gpt_batch(models.GPT_TINY, batch=2, seed=100 + s))}[make]
+    backend = cg.configure(warmup=1)
+    check_training(made[0], steps=7, fw_compiler=backend, batches=None if make == "mlp" else made[1],
+                   optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    assert any(r.promoted for r in backend.last_compiled().recordings.values())
+
+
+def test_two_forwards_after_the_promotion_move_the_saved_tensors_read_in_place():
+    m, args = models.make_mlp()
+    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=1))
+    for _ in range(6):                          # warm-up, record, replays, the backward's promotion
+        compiled(*args).backward()
+    m.zero_grad()
+    xs = [torch.randn_like(args[0]) for _ in range(3)]
+    outs = [compiled(x, args[1]) for x in xs]   # each later forward moves the earlier ones' saved tensors
+    for o in reversed(outs):
+        o.backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    for x in xs:
+        m(x, args[1]).backward()
+    for got, want in zip(grads, [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(got, want)
+
+
 def test_one_recording_per_shape_bounded_and_warned_once():
     fn = Counting(lambda x: (x + 1,))
     g = _graphed(fn, warmup=0, max_recordings=2)

@@ -62,11 +62,18 @@ class Recording:
     that input copied in.
     """
 
+    # Replays in a row at which every copied-in input came at the address of the replay before it, after
+    # which the shape is recorded once more with them read in place: a backward's saved tensors move
+    # once, from the forward's warm-up (eager memory) to its recording's memory, and stay there.
+    SETTLED = 2
+
     def __init__(self, owner, name: str):
         self.owner, self.name = owner, name
         self.calls, self.replays, self.recorded = 0, 0, False
         self.runner = owner.make_runner()
         self.seen: dict[int, int] | None = None     # input index -> address on every call so far
+        self.promoted = False
+        self.last: dict[int, tuple] = {}    # copied-in input index -> (its address, replays in a row there)
 
     def __call__(self, args):
         o = self.owner
@@ -76,6 +83,10 @@ class Recording:
             return tuple(self.runner.warmup(o.fn, args))
         if self.recorded and any(args[i].data_ptr() != p for i, p in self.stable.items()):
             self.seen, self.recorded, self.runner = {}, False, o.make_runner()
+        elif self.recorded and not self.promoted and self._settled(args):
+            settled = {i: ptr for i, (ptr, n) in self.last.items() if n >= self.SETTLED}
+            self.seen, self.recorded, self.runner = {**self.stable, **settled}, False, o.make_runner()
+            self.promoted = True        # once: a later move records again with these copied in
         if not self.recorded:
             self._record(args)
         else:
@@ -92,6 +103,17 @@ class Recording:
             self.seen = ptrs if self.owner.config.warmup > 0 else {}
         else:
             self.seen = {i: p for i, p in self.seen.items() if ptrs.get(i) == p}
+
+    def _settled(self, args) -> bool:
+        """Whether some input copied in has come at one address for ``SETTLED`` replays in a row (those
+        are added to ``self.last``, the others left out)."""
+        streak = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and i not in self.owner.in_place and i not in self.stable:
+                ptr, n = self.last.get(i, (None, 0))
+                streak[i] = (ptr, n + 1) if ptr == a.data_ptr() else (a.data_ptr(), 0)
+        self.last = streak
+        return any(n >= self.SETTLED for _, n in streak.values())
 
     def _record(self, args):
         o = self.owner
