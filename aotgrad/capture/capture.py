@@ -543,7 +543,9 @@ def _recorded_once(fn, trace, leaves, names):
             captured = trace()
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []
-        if written:     # the write is the cause (a buffer registered in the first trace broke the next)
+        # The write is the cause (a buffer registered in the first trace broke the next), except where a
+        # value read stopped the trace: Dynamo, which jit hands that to, repeats the write eagerly.
+        if written and not isinstance(e, errors.DataDependentError):
             raise _refused(written, rec) from e
         raise
     finally:

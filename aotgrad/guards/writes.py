@@ -49,7 +49,8 @@ class Snap:
     kind: str           # "attrs" (an instance's or module's dict), "class", "items" (a container), "argument"
                         # (a container the traced function was called with), "cell", "hooks" (a module's hook
                         # dict), "state" (a module's parameter, buffer or child dict), "iterator" (one the
-                        # code advances: ``next(ITER)``, ``for v in self.it``)
+                        # code advances: ``next(ITER)``, ``for v in self.it``), "leaks" (a library object's
+                        # dict, or one it holds: only entries that took a tensor of the trace are put back)
 
 
 class Writes:
@@ -137,7 +138,20 @@ class Writes:
         if isinstance(v, torch.nn.Module) or not self.is_library(type(v)):
             self.attrs(v)
             return True
+        self._library_object(v)
         return False
+
+    def _library_object(self, v):
+        """A library object's own entries and the dicts it holds (GradScaler's lazily made ``_scale``, its
+        per-optimizer ``found_inf``): not followed further, and only a tensor the trace left there is
+        taken out (its other state is its own: an Event another thread waits on, a logger's counters)."""
+        d = _own_dict(v)
+        if d is None or id(d) in self.snaps or id(v) in self.built:
+            return
+        self.snaps[id(d)] = Snap(d, dict(d), v, "leaks")
+        for x in list(d.values()):
+            if type(x) in (dict, collections.defaultdict) and id(x) not in self.snaps and len(x) <= 4096:
+                self.snaps[id(x)] = Snap(x, _entries(x), v, "leaks")
 
     def _held(self, container, source, depth):
         """Copy what a container a chain reached holds: a loop over it (``for k, v in d.items()``, a
@@ -372,17 +386,19 @@ def _owner_text(owner) -> str:
 
 def _undo_attrs(s, is_library):
     d, before = s.obj, s.before
-    # A library object's private attributes are its caches (nn.LSTM's _flat_weight_refs): put back, not refused.
+    # A library object's private attributes are its caches (nn.LSTM's _flat_weights): put back, not refused,
+    # unless the trace made one that held no tensor (GradScaler's lazily made _scale), which eager makes real.
     caches = not isinstance(s.owner, str) and is_library(type(s.owner))
     done = []
     for key in changed_keys(d, before):
         if key not in before and _cached_once(s.owner, key, d[key]):
             continue        # eager's first call caches it too, and no later call writes it again
+        made = key in d and _made_in_trace(d[key], before.get(key))
         if key in before:
             d[key] = before[key]
         else:
             del d[key]
-        if not (caches and str(key).startswith("_")):
+        if not (caches and str(key).startswith("_")) or made:
             done.append((f"assigns `{key}` of {_owner_text(s.owner)}", key))
     return done
 
@@ -554,6 +570,37 @@ def _count(before, obj) -> int:
     return sum(1 for v in values if v is obj)
 
 
+def _undo_leaks(s, _):
+    """Entries of a dict a library object holds that now hold a tensor of the trace (a dict the library's
+    code fills on its first call, with its own values below it): taken out, and named."""
+    done = []
+    for key in changed_keys(s.obj, s.before):
+        if key in s.obj and _made_in_trace(s.obj[key], s.before.get(key)):
+            if key in s.before:
+                s.obj[key] = s.before[key]
+            else:
+                del s.obj[key]
+            done.append((f"assigns `{key}` of {_owner_text(s.owner)}" if s.obj is _own_dict(s.owner) else
+                         f"stores a tensor computed while tracing in a dict {_owner_text(s.owner)} holds", key))
+    return done
+
+
+def _made_in_trace(now, before) -> bool:
+    """State the trace made: a tensor of the trace where no tensor was (a lazily made tensor, which
+    eager's first call makes real and every later call updates), not a cache the library refreshes from
+    its parameters on every call (nn.LSTM's ``_flat_weights``: the trace's stand-ins, put back)."""
+    return _holds_traced(now) and not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(before))
+
+
+def _holds_traced(v, depth: int = 0) -> bool:
+    """A tensor of the trace in ``v``, or in the dicts and lists below it (three levels)."""
+    if traced(v):
+        return True
+    if depth < 3 and isinstance(v, (dict, list, tuple)):
+        return any(_holds_traced(x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,
-         "cell": _undo_cell, "hooks": _undo_hooks, "iterator": _undo_iterator, "state": _undo_state}
+         "leaks": _undo_leaks, "cell": _undo_cell, "hooks": _undo_hooks, "iterator": _undo_iterator, "state": _undo_state}
 

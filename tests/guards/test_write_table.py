@@ -386,3 +386,60 @@ def test_write_refusals_and_input_guards_name_an_argument_alike():
     assert [str(d) for d in descs] == [n for n, v in zip(names, [*args[:1], *args[1], args[2]["k"], kwargs["mask"]])
                                        if isinstance(v, torch.Tensor)]
     assert names == ["input 0", "input 1[0]", "input 1[1]", "input 2['k']", "input['mask']"]
+
+
+def _scaled_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+
+    def step(x):
+        scaler.scale(model(x).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return model, scaler, step
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_library_objects_lazily_made_tensors_never_keep_a_traced_one(entry):
+    """GradScaler makes its ``_scale`` on its first call and fills a dict it holds per optimizer: a refused
+    (or handed-off) trace leaves neither a tensor of the trace there nor anything else."""
+    model, scaler, step = _scaled_step()
+    x = torch.randn(3, 4)
+    if entry == "capture":
+        with pytest.raises(errors.DataDependentError, match="grad_scaler.py"):     # found_inf.item()
+            aotgrad.capture(step, x)
+        assert scaler._scale is None and not scaler._per_optimizer_states
+        return
+    e_model, e_scaler, e_step = _scaled_step()
+    jitted = aotgrad.jit(step)      # hands the step to Dynamo at the .item()
+    for _ in range(3):
+        e_step(x)
+        jitted(x)
+    assert scaler.get_scale() == e_scaler.get_scale() and type(scaler._scale) is torch.Tensor
+    for a, b in zip(model.parameters(), e_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)   # Dynamo's optimizer path rounds its own way
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.scaler = torch.nn.Linear(4, 1), torch.amp.GradScaler("cpu", init_scale=4.0)
+
+    def forward(self, x):
+        return self.scaler.scale(self.lin(x).sum())
+
+
+def test_a_library_tensor_made_inside_a_trace_that_succeeds_is_refused_until_made_eagerly():
+    m, x = _Scaled(), torch.randn(3, 4)
+    with pytest.raises(errors.UnsupportedError, match="`_(scale|growth_tracker)` of GradScaler"):
+        aotgrad.capture(m, x)
+    assert m.scaler._scale is None
+
+    def made_eagerly():     # (a copy would not do: GradScaler's pickling drops its tensors)
+        m = _Scaled()
+        m.scaler.scale(torch.ones(()))      # now a tensor the trace reads
+        return m, (x,), {}
+    check(None, make=made_eagerly)
