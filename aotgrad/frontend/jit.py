@@ -360,7 +360,12 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     check_options(compile_options)
     if fn is None:
         return lambda f: jit(f, dynamic=dynamic, recompile_limit=recompile_limit, **compile_options)
-    root = step_root(fn)
+    try:
+        root = step_root(fn)
+    except errors.DataDependentError as e:      # a whole step whose optimizer reads a step input as a number
+        handed = Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))
+        handed.handoff = hand_off(fn, e, handed.options, dynamic)
+        return handed
     if root is not None:        # a whole training step (inputs/step.py)
         return Jit(root, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1),
                    around=root.around)
