@@ -3,7 +3,8 @@
 ``Graphed`` wraps one capturable callable. Each distinct input key (shapes,
 strides, dtypes, scalar values and the addresses of in-place inputs) gets
 its own :class:`Recording`, which runs eagerly for ``warmup`` calls, then
-records, then replays. Recordings are kept in least-recently-used order and
+records, then replays (and records once more where inputs it copies in settle
+at one address: ``Recording.SETTLED``). Recordings are kept in least-recently-used order and
 bounded: past ``max_recordings`` a new key either runs eagerly (``"eager"``,
 the default) or evicts the least recently used recording (``"evict"``), and a
 warning says so once.
