@@ -218,7 +218,7 @@ class Recording:
         for c in found:
             v = g.get(c.name, _GONE) if c.root == "global" else f_locals.get(c.name, _GONE)
             if v is not _GONE:
-                w.chain(v, c.steps, c.name)
+                w.chain(v, c.steps, c.name, argument=c.root == "fast")
         assigned = [s.target for s in stores if s.target in code.co_freevars]
         outer = [n for n in assigned if not _defined_in_trace(frame, n)]
         if outer:

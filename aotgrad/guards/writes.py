@@ -112,8 +112,10 @@ class Writes:
         if id(g) not in self.snaps:
             self.snaps[id(g)] = Snap(g, dict(g), g.get("__name__"), "attrs")
 
-    def value(self, v, source):
-        """Copy what a write could change in ``v``; True where loads from it are followed further."""
+    def value(self, v, source, made_before: bool = True):
+        """Copy what a write could change in ``v``; True where loads from it are followed further.
+        ``made_before=False``: ``v`` is a frame's argument, which the call may have made (an autograd
+        Function's ``ctx``): a library object there is not copied."""
         if isinstance(v, functools._lru_cache_wrapper):
             fn = getattr(v, "__wrapped__", None)
             if isinstance(fn, types.FunctionType):      # its misses are watched (see memoizes)
@@ -138,7 +140,8 @@ class Writes:
         if isinstance(v, torch.nn.Module) or not self.is_library(type(v)):
             self.attrs(v)
             return True
-        self._library_object(v)
+        if made_before:
+            self._library_object(v)
         return False
 
     def _library_object(self, v):
@@ -198,14 +201,15 @@ class Writes:
     def known(self, obj) -> bool:
         return id(obj) in self.snaps or id(_own_dict(obj)) in self.snaps
 
-    def chain(self, root, steps, source):
-        """Copy every object a load chain reaches from ``root`` (a value from before the call)."""
+    def chain(self, root, steps, source, argument: bool = False):
+        """Copy every object a load chain reaches from ``root`` (a global, a free variable or, with
+        ``argument``, an argument of the running frame)."""
         obj = root
         if steps and steps[-1][0] in ("next", "iter"):      # consumed: where an iterator is, its position
             steps, consumed = steps[:-1], True
         else:
             consumed = False
-        if not self.value(obj, source) and not (consumed and not steps):
+        if not self.value(obj, source, made_before=not argument) and not (consumed and not steps):
             return
         for kind, key in steps:
             obj = peek(obj, kind, key, self.is_library)

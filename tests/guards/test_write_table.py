@@ -443,3 +443,18 @@ def test_a_library_tensor_made_inside_a_trace_that_succeeds_is_refused_until_mad
         m.scaler.scale(torch.ones(()))      # now a tensor the trace reads
         return m, (x,), {}
     check(None, make=made_eagerly)
+
+
+def _entropy_of(d):
+    return (d.probs * d.logits).sum()      # lazy properties: the distribution caches `probs` in its dict
+
+
+def _made_inside(logits):
+    return _entropy_of(torch.distributions.Categorical(logits=logits * 2, validate_args=False))
+
+
+def test_a_library_object_the_call_makes_is_its_own_state():
+    """A library object made inside the call and handed to a user function (a distribution whose lazy
+    ``probs`` the trace fills, an autograd.Function's ``ctx``: tests/trust/test_functions_hooks.py) holds
+    no state from before: its attributes are not refused."""
+    check(_made_inside, (torch.randn(3, 5, requires_grad=True),))
