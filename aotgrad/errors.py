@@ -28,7 +28,13 @@ class UnsupportedError(AotgradError):
     """A construct or operator that cannot be captured."""
 
 
-class DataDependentError(UnsupportedError):
+class GraphBreakError(UnsupportedError):
+    """A construct one graph cannot hold where Dynamo breaks the graph and runs it eagerly: ``aotgrad.jit``
+    hands the function to ``torch.compile(backend="aotgrad")`` (``frontend.dynamo.hand_off``); the staged
+    ``capture`` refuses it."""
+
+
+class DataDependentError(GraphBreakError):
     """Python control flow or a shape that depends on tensor values."""
 
 

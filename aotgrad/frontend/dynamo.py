@@ -292,7 +292,7 @@ class HandOff:
     is captured and compiled by aotgrad (``graphs``: those compiled during this hand-off's calls; code
     Dynamo compiled for another of the same function is reused, as ``torch.compile`` reuses it), and
     Dynamo guards and recompiles them. ``why``: the refusal jit's own trace raised, with the user's line."""
-    why: errors.DataDependentError
+    why: errors.GraphBreakError
     call: object
     graphs: list = field(default_factory=list)     # each piece's Compiled, in the order Dynamo made them
 
@@ -345,7 +345,7 @@ def _handoff_backend(options: CompileOptions):
     return backend
 
 
-def hand_off(fn, why: errors.DataDependentError, options: CompileOptions, dynamic) -> HandOff:
+def hand_off(fn, why: errors.GraphBreakError, options: CompileOptions, dynamic) -> HandOff:
     """``fn`` compiled by Dynamo with this backend (``options``), for ``aotgrad.jit`` to call where its
     own trace read a tensor's value (``why``)."""
     with timed([], "jit hand-off to torch.compile", reason=str(why)):

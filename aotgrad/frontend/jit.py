@@ -173,7 +173,7 @@ class Jit:
                        entry=len(self.entries), reason=reason) as info:
                 compiled, state, loaded, disk = self._compile_or_static(modes, args, kwargs, info)
                 info["from disk cache"] = loaded
-        except errors.DataDependentError as e:     # a Python read of a tensor's value: Dynamo splits there
+        except errors.GraphBreakError as e:     # a Python read of a tensor's value: Dynamo splits there
             whole = isinstance(self.fn, Root)       # a whole step: the user's step function, not its Root
             self.handoff = hand_off(self.fn.step_fn if whole else self.fn, e, self.options, self.dynamic)
             if whole:
@@ -192,7 +192,7 @@ class Jit:
         marks such a frame static. A refusal of the static capture too is the call's."""
         try:
             return self._compile(modes, args, kwargs)
-        except errors.DataDependentError:
+        except errors.GraphBreakError:
             raise
         except errors.AotgradError as e:
             if self.dynamic is not None or not self.dynamic_dims:
@@ -360,13 +360,13 @@ def jit(fn=None, *, dynamic: bool | None = None, recompile_limit: int = 8, **com
     check_options(compile_options)
     if fn is None:
         return lambda f: jit(f, dynamic=dynamic, recompile_limit=recompile_limit, **compile_options)
+    name = root_name(fn, depth=1)
     try:
         root = step_root(fn)
-    except errors.DataDependentError as e:      # a whole step whose optimizer reads a step input as a number
-        handed = Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))
+        if root is not None:        # a whole training step (inputs/step.py)
+            return Jit(root, dynamic, compile_options, recompile_limit, name=name, around=root.around)
+    except errors.GraphBreakError as e:     # a whole step with a fused optimizer, FSDP's hooks: Dynamo splits there
+        handed = Jit(fn, dynamic, compile_options, recompile_limit, name=name)
         handed.handoff = hand_off(fn, e, handed.options, dynamic)
         return handed
-    if root is not None:        # a whole training step (inputs/step.py)
-        return Jit(root, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1),
-                   around=root.around)
-    return Jit(fn, dynamic, compile_options, recompile_limit, name=root_name(fn, depth=1))
+    return Jit(fn, dynamic, compile_options, recompile_limit, name=name)

@@ -87,12 +87,13 @@ def refuse_wrapped(fn, frontend: str) -> None:
     fsdp = _fsdp_classes()
     for name, m in fn.named_modules():
         if fsdp and isinstance(m, fsdp):
-            raise errors.UnsupportedError(
+            # A whole step jit hands to Dynamo, which runs the hooks eagerly between its graphs.
+            raise (errors.GraphBreakError if frontend == "step" else errors.UnsupportedError)(
                 f"module {name or type(fn).__name__!r} is FSDP-wrapped: its forward hooks all-gather and reshard "
                 f"parameters on every call, which {_GRAPH[frontend]} cannot hold (torch.compile's fullgraph=True "
-                "refuses them too: they are torch._dynamo.disable'd); use aotgrad.jit on the "
-                "fully_shard-ed model (it compiles each innermost FSDP unit between those hooks), "
-                "torch.compile, or compiled autograd", user_line=errors.caller_line())
+                "refuses them too: they are torch._dynamo.disable'd); use aotgrad.jit on the fully_shard-ed model "
+                "or step (it compiles each innermost FSDP unit between those hooks; a step goes to Dynamo, which "
+                "splits there), torch.compile, or compiled autograd", user_line=errors.caller_line())
 
 
 def split_for_jit(jit) -> None:

@@ -9,7 +9,7 @@ import types
 
 import torch
 
-from ..errors import DataDependentError, UnsupportedError
+from ..errors import GraphBreakError, UnsupportedError
 from ..guards.cache import code_names
 
 _REFUSED = {"LBFGS": "its step(closure) re-evaluates the loss a data-dependent number of times",
@@ -114,7 +114,7 @@ def refuse_optimizer(opt, fn) -> None:
         raise UnsupportedError(f"{name} has step hooks ({', '.join(hooks)}); they are Python the graph would not "
                                "run at each step: remove them or run the optimizer eagerly")
     if any(g.get("fused") for g in opt.param_groups):
-        raise DataDependentError(
+        raise GraphBreakError(
             f"{name}(fused=True) inside a captured training step: the step takes the learning rate as an input "
             "(so a scheduler needs no capture), and the fused kernel (one ATen op over every parameter) reads it "
             "as a number while traced; aotgrad.jit and torch.compile(step, backend=\"aotgrad\") run it (Dynamo "
