@@ -5,6 +5,8 @@ wrap them into a callable that behaves like the user's function.
 stage object, so this layer sits below ``stages`` and never imports it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from . import backends, partition
@@ -17,6 +19,7 @@ from .partition.default import distinct_examples
 from .passes.compact_saved import compact_saved
 from .passes.input_writes import writes_in_graph
 from .passes.views import fold_views
+from .passes.zero_tangents import zero_tangents, zeroable
 from .options import CompileOptions
 from .runtime.call import eager_layout, make_call
 from .runtime.modes import without_autocast
@@ -114,8 +117,9 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         with timed(history, "compile forward", nodes=len(fw_gm.graph.nodes)) as step:
             fw = eager_layout(_compile(fw_c, fw_gm, graph_info(captured, "forward", part, id(part)), step),
                               captured.analysis, fw_gm)
+        bw_info = graph_info(captured, "backward", part, id(part))
         with timed(history, "compile backward", nodes=len(bw_gm.graph.nodes)) as step:
-            bw = _compile(bw_c, bw_gm, graph_info(captured, "backward", part, id(part)), step)
+            bw = _compile(bw_c, bw_gm, bw_info, step)
         retained = retained_outputs(captured)
         relaid = {i for i, info in enumerate(captured.analysis.inputs) if info.mutates_metadata or info.new_storage}
         saved_views = saved_input_views(fw_gm, lay.n_fw, part.n_saved_tensors, relaid)
@@ -126,7 +130,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
                                      double_backward=second_order(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
-                                     saved_views=saved_views, reruns=captured.analysis.eager_reruns)
+                                     saved_views=saved_views, reruns=captured.analysis.eager_reruns,
+                                     zeroed=None if retained else _zeroed(bw_c, bw_gm, bw_info, len(lay.tangent_of)))
         run = _without_edges(fast_apply(fn_class), ungraded_inputs(captured, lay))
         own = {i for _, i in saved_views}       # saved as the caller's tensor: autograd checks its version
         after = version_checks(fn_class, tuple(i for i in captured.analysis.eager_saved if i not in own))
@@ -135,6 +140,23 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         if not captured.setup.session.grad_enabled:
             run = _with_grad(run)    # an enable_grad region inside a function called under no_grad
     return part, fw_gm, bw_gm, make_call(captured, run, after), tuple(history)
+
+
+def _zeroed(compiler, bw_gm, info: GraphInfo, n_tangents: int):
+    """``missing -> backward`` without the tangents at positions ``missing`` (``passes.zero_tangents``),
+    compiled on first need; None where a tangent cannot be made in the graph (autograd makes it)."""
+    phs = bw_gm.graph.find_nodes(op="placeholder")
+    if not n_tangents or not all(map(zeroable, phs[len(phs) - n_tangents:])):
+        return None
+    done = {}
+
+    def backward(missing: tuple):
+        if missing not in done:
+            skip = {len(phs) - n_tangents + i for i in missing}
+            done[missing] = _compile(compiler, zero_tangents(bw_gm, n_tangents, missing), replace(
+                info, input_names=tuple(n for i, n in enumerate(info.input_names) if i not in skip)))
+        return done[missing]
+    return backward
 
 
 def ungraded_inputs(captured, lay) -> tuple:

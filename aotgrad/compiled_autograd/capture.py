@@ -289,7 +289,11 @@ class CaptureInstance:
                 proxy.node.meta["val"] = sym
                 self.symnode_proxy[sym.node] = proxy
                 track_tensor_tree(sym, proxy, constant=None, tracer=self.session.tracer)
-        tangents = [inputs[k] if inputs[k].is_contiguous() else inputs[k].contiguous() for k in info.tangent_of]
+        tangent_phs = info.graph.graph.find_nodes(op="placeholder")[len(saved_tensors) + len(symbols):]
+        # None: an output no gradient reached (the Function asks autograd not to make zeros for it)
+        tangents = [_zeros_as(p.meta["val"]) if inputs[k] is None else
+                    inputs[k] if inputs[k].is_contiguous() else inputs[k].contiguous()
+                    for k, p in zip(info.tangent_of, tangent_phs)]
         grads = info.graph(*saved_tensors, *symbols, *tangents)
         full = [None] * info.n_primals
         for i, g in zip(info.grad_of, grads):
@@ -444,6 +448,11 @@ def _fake(fake_mode, x, varying, idx):
 
 def _clone(x):
     return None if x is None else torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+
+
+def _zeros_as(v):
+    """The zeros autograd would have made for an output with no gradient (traced: a node of the graph)."""
+    return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
 
 
 def _source(kind, index):

@@ -34,7 +34,7 @@ class BackwardGraph(NamedTuple):
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
                       bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=(),
-                      saved_views=(), reruns=False):
+                      saved_views=(), reruns=False, zeroed=None):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -50,6 +50,9 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     as the input itself so autograd makes it a view of it, as eager does. ``saved_views``
     ``(k, i)``: saved tensor ``k`` is a view of primal ``i`` (``saved_input_views``). ``reruns``: eager's
     autograd saved nothing for this program, so a second backward through a call runs, as eager's does.
+    ``zeroed``: ``missing -> backward`` taking only the tangents not at positions ``missing``
+    (``passes.zero_tangents``); given, autograd hands ``None`` for an output with no gradient instead
+    of zeros held through the whole backward.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -65,6 +68,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         if input_hooks:
             install_input_hooks(input_hooks, primals)
         outs = fw(*primals)
+        if zeroed is not None:
+            ctx.set_materialize_grads(False)
         ctx.save_for_backward(*_saved(outs[n_fw:n_saved_end], primals, saved_views))
         ctx.symbols = outs[n_saved_end:]
         fw_values = outs[:n_fw]
@@ -78,8 +83,6 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             ctx.mark_non_differentiable(*[fw_values[k] for k in nondiff])
         return tuple(fw_values)
 
-    boxed = getattr(bw, "_boxed_call", False)
-
     def first_order(ctx, *grad_outputs):
         check_versions(ctx)
         # Where eager's nodes saved nothing (``a.add_(1)`` on a non-leaf every call writes again: each backward
@@ -87,8 +90,12 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # do; otherwise reading ``ctx.saved_tensors`` of a released node raises eager's "backward through the
         # graph a second time".
         saved = ctx.saved_tensors if n_saved_tensors or not reruns else ()
-        args = [*saved, *ctx.symbols, *(_contiguous(grad_outputs[k]) for k in tangent_of)]
-        del saved       # held here, every saved activation would outlive its last use in the boxed backward
+        tangents, run = [grad_outputs[k] for k in tangent_of], bw
+        if zeroed is not None and any(t is None for t in tangents):
+            run = zeroed(tuple(i for i, t in enumerate(tangents) if t is None))
+            tangents = [t for t in tangents if t is not None]
+        args = [*saved, *ctx.symbols, *map(_contiguous, tangents)]
+        del saved, tangents     # held here, every saved activation would outlive its last use in the boxed backward
         # Drop ctx's own references (unless the graph is retained) so a boxed backward
         # frees each saved activation at its last use, as eager autograd does.
         ctx.maybe_clear_saved_tensors()
@@ -96,7 +103,7 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
             ctx.outer = {slot: grad_outputs[k] for slot, k in retained}
             RUNNING.append(ctx)
         try:
-            grads = bw(args) if boxed else bw(*args)
+            grads = run(args) if getattr(run, "_boxed_call", False) else run(*args)
         finally:
             if retained:
                 RUNNING.pop()
