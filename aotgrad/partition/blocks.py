@@ -51,12 +51,14 @@ class BlockPart:
         self.__module__ = __name__
         self._fn = None
 
+    _boxed_call = True      # empties the list it is given: each input dies at its last use inside the half
+
     def __call__(self, args: list):
         fn = self._fn
         if fn is None:
             from ..runtime.codegen import python_function
-            fn = self._fn = python_function(self.gm, self.__name__)
-        return fn(*args)
+            fn = self._fn = python_function(self.gm, self.__name__, boxed=True)
+        return fn(args)
 
     def __repr__(self) -> str:
         return self.__name__

@@ -164,9 +164,15 @@ def _function(root, graph: fx.Graph, name: str, boxed: bool, outlined, compile_r
                 if g is not None:
                     em.names[g] = g.name
             var = ", ".join(g.name if g is not None else "_" for g in items_of) + ("," if len(items_of) == 1 else "")
-        body.append(f"{var} = {em.call(n)}")
-        at.append(n)
         dead = [em.names[a] for a in n.all_input_nodes if last_use.get(a) is n and a.op != "get_attr"]
+        if getattr(n.target, "_boxed_call", False):     # a block's half: what it reads last dies inside it
+            body.append(f"_b = {em.arg(n.args[0])}" + (f"; del {', '.join(dead)}" if dead else ""))
+            at.append(n)
+            dead, call = [], f"{em.bind(n.target, 'f')}(_b)"
+        else:
+            call = em.call(n)
+        body.append(f"{var} = {call}")
+        at.append(n)
         dead += ["_"] * (items_of is not None and None in items_of)
         if dead:
             body.append(f"del {', '.join(dead)}")
