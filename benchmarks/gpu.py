@@ -30,41 +30,46 @@ def _sync():
     torch.cuda.synchronize()
 
 
+def _sgd_step(loss_of, model, lr: float):
+    """One training step: ``loss_of(*batch)``, backward, SGD update in place, gradients set to None."""
+    params = list(model.parameters())
+
+    def step(*batch):
+        loss = loss_of(*batch)
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+        return loss
+    return step
+
+
+def _systems(build, wraps: dict, loss_of, lr: float) -> dict:
+    """name -> a maker of one training step over a fresh model whose forward ``wraps[name]`` wraps."""
+    def maker(wrap):
+        def make():
+            model = build()
+            return _sgd_step(loss_of(wrap(model)), model, lr)
+        return make
+    return {name: maker(wrap) for name, wrap in wraps.items()}
+
+
+def _compiled(**kw):
+    return lambda m: torch.compile(m, **kw)
+
+
 def _gpt_systems():
     def build():
         torch.manual_seed(0)
         return GPT(GPT_4).cuda().train()
-
-    def step_of(fn, model):
-        params = list(model.parameters())
-
-        def step(idx, targets):
-            loss = fn(idx, targets)
-            loss.backward()
-            with torch.no_grad():
-                for p in params:
-                    p.add_(p.grad, alpha=-1e-3)
-                    p.grad = None
-            return loss
-        return step
-
-    def compiled(**kw):
-        def make():
-            model = build()
-            return step_of(torch.compile(model, **kw), model)
-        return make
-
-    def ours(**kw):
-        return compiled(backend=aotgrad.backend(**kw))
-    def eager():
-        model = build()
-        return step_of(model, model)
-    return {"eager": eager,
-            "torch cudagraphs": compiled(backend="cudagraphs"),
-            "torch inductor": compiled(),
-            "torch reduce-overhead": compiled(mode="reduce-overhead"),
-            "aotgrad cudagraphs": ours(fw_compiler="cudagraphs"),
-            "aotgrad inductor": ours(fw_compiler="inductor")}
+    return _systems(build, {"eager": lambda m: m,
+                            "torch cudagraphs": _compiled(backend="cudagraphs"),
+                            "torch inductor": _compiled(),
+                            "torch reduce-overhead": _compiled(mode="reduce-overhead"),
+                            "aotgrad cudagraphs": _compiled(backend=aotgrad.backend(fw_compiler="cudagraphs")),
+                            "aotgrad inductor": _compiled(backend=aotgrad.backend(fw_compiler="inductor"))},
+                    lambda fn: fn, 1e-3)
 
 
 def _llama_systems(layers: int):
@@ -76,29 +81,10 @@ def _llama_systems(layers: int):
     def build():
         torch.manual_seed(0)
         return LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).train()
-
-    def step_of(fn, model):
-        params = list(model.parameters())
-
-        def step(ids):
-            loss = fn(input_ids=ids, labels=ids).loss
-            loss.backward()
-            with torch.no_grad():
-                for p in params:
-                    p.add_(p.grad, alpha=-1e-4)
-                    p.grad = None
-            return loss
-        return step
-
-    def wrapped(wrap):
-        def make():
-            model = build()
-            return step_of(wrap(model), model)
-        return make
-    return {"eager": wrapped(lambda m: m),
-            "torch.compile": wrapped(torch.compile),
-            "aotgrad eager": wrapped(lambda m: torch.compile(m, backend="aotgrad")),
-            "aotgrad inductor": wrapped(lambda m: torch.compile(m, backend=aotgrad.backend(fw_compiler="inductor")))}
+    return _systems(build, {"eager": lambda m: m, "torch.compile": _compiled(),
+                            "aotgrad eager": _compiled(backend="aotgrad"),
+                            "aotgrad inductor": _compiled(backend=aotgrad.backend(fw_compiler="inductor"))},
+                    lambda fn: lambda ids: fn(input_ids=ids, labels=ids).loss, 1e-4)
 
 
 def measure(systems: dict, batch, rounds: int, steps: int, log) -> dict:

@@ -544,7 +544,7 @@ def _recorded_once(fn, trace, leaves, names):
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []
         # The write is the cause (a buffer registered in the first trace broke the next), except where a
-        # value read stopped the trace: Dynamo, which jit hands that to, repeats the write eagerly.
+        # graph break (a value read) stopped the trace: Dynamo, which jit hands that to, repeats it eagerly.
         if written and not isinstance(e, errors.GraphBreakError):
             raise _refused(written, rec) from e
         raise

@@ -173,7 +173,7 @@ class Jit:
                        entry=len(self.entries), reason=reason) as info:
                 compiled, state, loaded, disk = self._compile_or_static(modes, args, kwargs, info)
                 info["from disk cache"] = loaded
-        except errors.GraphBreakError as e:     # a Python read of a tensor's value: Dynamo splits there
+        except errors.GraphBreakError as e:     # a read of a tensor's value, a fused optimizer: Dynamo splits there
             whole = isinstance(self.fn, Root)       # a whole step: the user's step function, not its Root
             self.handoff = hand_off(self.fn.step_fn if whole else self.fn, e, self.options, self.dynamic)
             if whole:

@@ -242,7 +242,7 @@ class Writes:
     def memoizes(self, code, value):
         """A function an lru_cache wraps returned ``value`` inside the trace (a miss: the cache keeps
         it): a traced tensor in it would stay in the user's cache, for every later eager call."""
-        if any(traced(t) for t in pytree.tree_leaves(value)):
+        if _holds_traced(value):
             wrapper, source = self.memoized[code]
             self.poisoned[id(wrapper)] = (wrapper, source)
 
@@ -398,10 +398,7 @@ def _undo_attrs(s, is_library):
         if key not in before and _cached_once(s.owner, key, d[key]):
             continue        # eager's first call caches it too, and no later call writes it again
         made = key in d and _made_in_trace(d[key], before.get(key))
-        if key in before:
-            d[key] = before[key]
-        else:
-            del d[key]
+        _put_back(d, before, key)
         if not (caches and str(key).startswith("_")) or made:
             done.append((f"assigns `{key}` of {_owner_text(s.owner)}", key))
     return done
@@ -458,10 +455,7 @@ def _undo_state(s, _):
     module, key = s.owner
     d = vars(module)[key]       # the module's dict now (the one copied may have been a view since put back)
     for k in changed:
-        if k in s.before:
-            d[k] = s.before[k]
-        else:
-            del d[k]
+        _put_back(d, s.before, k)
     return [(f"registers or replaces the {_STATE[key]} `{changed[0]}` of {type(module).__name__} (lazy "
              "initialisation in forward); run the module once eagerly before compiling it", changed[0])]
 
@@ -580,13 +574,17 @@ def _undo_leaks(s, _):
     done = []
     for key in changed_keys(s.obj, s.before):
         if key in s.obj and _made_in_trace(s.obj[key], s.before.get(key)):
-            if key in s.before:
-                s.obj[key] = s.before[key]
-            else:
-                del s.obj[key]
+            _put_back(s.obj, s.before, key)
             done.append((f"assigns `{key}` of {_owner_text(s.owner)}" if s.obj is _own_dict(s.owner) else
                          f"stores a tensor computed while tracing in a dict {_owner_text(s.owner)} holds", key))
     return done
+
+
+def _put_back(d: dict, before: dict, key) -> None:
+    if key in before:
+        d[key] = before[key]
+    else:
+        del d[key]
 
 
 def _made_in_trace(now, before) -> bool:
@@ -596,13 +594,9 @@ def _made_in_trace(now, before) -> bool:
     return _holds_traced(now) and not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(before))
 
 
-def _holds_traced(v, depth: int = 0) -> bool:
-    """A tensor of the trace in ``v``, or in the dicts and lists below it (three levels)."""
-    if traced(v):
-        return True
-    if depth < 3 and isinstance(v, (dict, list, tuple)):
-        return any(_holds_traced(x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return False
+def _holds_traced(v) -> bool:
+    """A tensor of the trace in ``v`` or in the containers below it."""
+    return any(traced(t) for t in pytree.tree_leaves(v))
 
 
 _UNDO = {"attrs": _undo_attrs, "class": _undo_class, "items": _undo_items, "argument": _undo_items,

@@ -196,24 +196,6 @@ def test_training_past_the_promotion_matches_eager(make):
     assert any(r.promoted for r in backend.last_compiled().recordings.values())
 
 
-def test_two_forwards_after_the_promotion_move_the_saved_tensors_read_in_place():
-    m, args = models.make_mlp()
-    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=1))
-    for _ in range(6):                          # warm-up, record, replays, the backward's promotion
-        compiled(*args).backward()
-    m.zero_grad()
-    xs = [torch.randn_like(args[0]) for _ in range(3)]
-    outs = [compiled(x, args[1]) for x in xs]   # each later forward moves the earlier ones' saved tensors
-    for o in reversed(outs):
-        o.backward()
-    grads = [p.grad.clone() for p in m.parameters()]
-    m.zero_grad()
-    for x in xs:
-        m(x, args[1]).backward()
-    for got, want in zip(grads, [p.grad for p in m.parameters()]):
-        torch.testing.assert_close(got, want)
-
-
 def test_one_recording_per_shape_bounded_and_warned_once():
     fn = Counting(lambda x: (x + 1,))
     g = _graphed(fn, warmup=0, max_recordings=2)
@@ -250,15 +232,19 @@ def test_outputs_in_parameter_memory_are_returned_as_they_are():
     assert out.data_ptr() == p.data_ptr()
 
 
-def test_two_forwards_then_backwards_use_each_forwards_own_saved_tensors():
+@pytest.mark.parametrize("warmup,calls,forwards", [(0, 1, 2), (1, 6, 3)])
+def test_two_forwards_then_backwards_use_each_forwards_own_saved_tensors(warmup, calls, forwards):
+    """Each later forward moves the earlier ones' saved tensors; with a warm-up, the calls before reach the
+    backward's promotion (its saved tensors read in place), so the moved ones are read where they now are."""
     m, args = models.make_mlp()
-    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=0))
-    compiled(*args).backward()                  # records
+    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=warmup))
+    for _ in range(calls):                      # warm-up, record, replays (and the backward's promotion)
+        compiled(*args).backward()
     m.zero_grad()
-    xs = [torch.randn_like(args[0]) for _ in range(2)]
-    first, second = compiled(xs[0], args[1]), compiled(xs[1], args[1])  # the second moves the first's saved
-    second.backward()
-    first.backward()
+    xs = [torch.randn_like(args[0]) for _ in range(forwards)]
+    outs = [compiled(x, args[1]) for x in xs]
+    for o in reversed(outs):
+        o.backward()
     grads = [p.grad.clone() for p in m.parameters()]
     m.zero_grad()
     for x in xs:
