@@ -786,3 +786,64 @@ def dynamo_errors() -> tuple:
     (its ``inner_exception`` is the backend's own), and the base of Dynamo's own failures."""
     from torch._dynamo import exc
     return exc.BackendCompilerFailed, exc.TorchDynamoException
+
+
+class Fsdp2:
+    """What a capture needs of one FSDP2 unit's state (``fully_shard.state(unit)``), read from FSDP's
+    private fields here: its modules, mixed-precision policy, whether it is idle, and per param group
+    (``groups``: ``(the group object, Fsdp2Group)``) the mesh and parameters."""
+
+    def __init__(self, unit):
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+        state = unit._get_fsdp_state()
+        self.owner, self.modules, self.policy = state, tuple(state._modules), state._mp_policy
+        self.idle = state._training_state == TrainingState.IDLE
+        groups = state._fsdp_param_groups if hasattr(state, "_fsdp_param_groups") else \
+            [g for g in [state._fsdp_param_group] if g is not None]
+        self.groups = [(g, Fsdp2Group(g, self.policy)) for g in groups]
+        self.offload = any(p.offload_to_cpu for g in groups for p in g.fsdp_params)
+
+
+class Fsdp2Group:
+    def __init__(self, g, policy):
+        self.mesh = g.mesh_info.mesh
+        pg = g.mesh_info.shard_process_group
+        self.world, self.rank, self.group_name = pg.size(), pg.rank(), pg.group_name
+        reduce = policy.reduce_dtype
+        self.reduce_dtype = None if reduce == policy.param_dtype else reduce
+        self.has_hook = g._all_reduce_hook is not None
+        self.params = [Fsdp2Param(p, policy) for p in g.fsdp_params]
+
+
+class Fsdp2Param:
+    def __init__(self, p, policy):
+        info = p._module_info
+        self.name, self.module = info.param_name, info.module
+        self.shared = tuple(zip(info.shared_modules, info.shared_param_names))
+        self.dim = p.fsdp_placement.dim if len(p.sharded_param.placements) == 1 else None     # None: 2-D (FSDP + TP)
+        self.extension = hasattr(p._sharded_local_tensor, "fsdp_pre_all_gather")
+        self.held = p.sharded_param
+        orig = p.sharded_param.dtype
+        self.param_dtype = None if policy.param_dtype in (None, orig) or not orig.is_floating_point \
+            else policy.param_dtype
+
+
+def fsdp2_divide_factors(group, reduce_dtype) -> tuple:
+    """``(pre-divide, post-divide, reduce op name)`` FSDP2 uses for ``group``'s reduce-scatter."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
+    pre, post, op, _ = _get_gradient_divide_factors(
+        group.mesh_info.shard_process_group, None, reduce_dtype, group.device.type, group.gradient_divide_factor,
+        group.force_sum_reduction_for_comms)
+    return pre, post, getattr(op, "name", str(op))
+
+
+def functional_all_gather(x, world: int, group_name: str):
+    """A waited functional all-gather on dim 0 (``_c10d_functional``)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_gather_into_tensor(x, world, group_name))
+
+
+def functional_reduce_scatter(x, op: str, world: int, group_name: str):
+    """A waited functional reduce-scatter on dim 0 (``_c10d_functional``)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.reduce_scatter_tensor(x, op, world, group_name))

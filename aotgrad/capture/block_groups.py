@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import errors
+from .. import errors, tracing
+from ..inputs.fsdp_graph import Lowered
 from ..guards import reads
 from ..guards.state import _GLOBAL_HOOKS
 from ..guards.writes import HOOK_EXTRAS, HOOKS
@@ -178,9 +179,10 @@ def _varying(grp) -> tuple:
 
 def repeated(setup, enabled: bool = True) -> dict:
     """The repeated blocks of the module ``setup`` traces (:func:`find_groups`); none where reuse is off,
-    the function is not a module, no read recording watches the trace or sizes are symbolic."""
+    the function is not a module, no read recording watches the trace, sizes are symbolic or module
+    calls already go elsewhere (FSDP2 units, lowered)."""
     if not (enabled and isinstance(setup.fn, torch.nn.Module) and reads.watching() is not None
-            and setup.session.dynamic is False):
+            and setup.session.dynamic is False) or isinstance(tracing.current().blocks, Lowered):
         return {}
     with reads.paused():        # our own walk over the modules: no user code runs in it
         return find_groups(setup.fn)

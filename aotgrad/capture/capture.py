@@ -20,6 +20,7 @@ import torch
 from .._torch import FakeTensor, pytree
 from .. import errors
 from ..ir.ops import is_random
+from ..inputs import fsdp_graph
 from ..inputs.distributed import refuse_wrapped
 from ..inputs.flatten import find_groups, flat_function, rebase, signature
 from ..inputs.step import step_root, step_reads
@@ -62,7 +63,7 @@ def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, 
     repeated block of a module on its own (see :mod:`aotgrad.capture.blocks`).
     """
     if isinstance(fn, torch.nn.Module):
-        refuse_wrapped(fn, "capture")       # DDP, FSDP
+        refuse_wrapped(fn, "capture")       # DDP, FSDP1
     elif (root := step_root(fn)) is not None:   # a whole training step: its modules, .grad and optimizer state as inputs
         captured = capture(root, root.binding.gather(), *args, dynamic=dynamic, reuse_blocks=reuse_blocks, **kwargs)
         return replace(captured, step=root.binding)
@@ -516,10 +517,12 @@ _ATTEMPTS = 3
 
 def recorded(fn, trace, leaves, name, names=()):
     """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace that
-    read a global another thread changed meanwhile runs again (its graph may hold either value)."""
+    read a global another thread changed meanwhile runs again (its graph may hold either value).
+    FSDP2 units in ``fn`` are traced with their collectives in the graph, their settings guarded."""
     for _ in range(_ATTEMPTS):
-        captured, rec = _recorded_once(fn, trace, leaves, names)
-        reads_ = without_rebound(fn, captured, resolve.assumed(fn, leaves, name, rec))
+        with fsdp_graph.lowering(fn) as fsdp_reads:
+            captured, rec = _recorded_once(fn, trace, leaves, names)
+        reads_ = [*without_rebound(fn, captured, resolve.assumed(fn, leaves, name, rec)), *(fsdp_reads or ())]
         if getattr(fn, "whole_step", False):     # what a step's state argument carries is not guarded
             reads_ = step_reads(fn, reads_)
         raced = rec.raced(reads_)

@@ -85,6 +85,8 @@ def refuse_wrapped(fn, frontend: str) -> None:
             "capture, and later steps would get un-reduced gradients; use aotgrad.jit(ddp_model), which runs it "
             "around the compiled inner module on every call", user_line=errors.caller_line())
     fsdp = _fsdp_classes()
+    if frontend in ("capture", "step"):     # FSDP2 runs in the graph (inputs.fsdp_graph): FSDP1 is left
+        fsdp = tuple(c for c in fsdp if c is not _fsdp2_class())
     for name, m in fn.named_modules():
         if fsdp and isinstance(m, fsdp):
             # A whole step jit hands to Dynamo, which runs the hooks eagerly between its graphs.
@@ -99,7 +101,7 @@ def refuse_wrapped(fn, frontend: str) -> None:
 def split_for_jit(jit) -> None:
     """Set ``jit.fn``/``jit.around`` for a distributed wrapper: ``around(call, args, kwargs)`` runs one step."""
     fn = jit.fn
-    if jit.around is not None:      # a whole training step (inputs.step): FSDP's hooks cannot run inside it
+    if jit.around is not None:      # a whole training step (inputs.step): FSDP2 runs in its graph (inputs.fsdp_graph)
         refuse_wrapped(fn, "step")
         return
     if is_ddp(fn):

@@ -112,8 +112,12 @@ class Meta:
         """The subclass gradient from its leaves' gradients (at run time)."""
         return self.build(iter(grads))
 
+    def differentiable(self, t) -> list:
+        """Per leaf, whether it has values to differentiate."""
+        return [_differentiable(x, n) for x, n in zip(self.leaves(t), self.names(""))]
+
     def examples(self, t, rg: bool) -> list:
-        out = [x.detach().requires_grad_(rg and _differentiable(x)) for x in self.leaves(t)]
+        out = [x.detach().requires_grad_(rg and d) for x, d in zip(self.leaves(t), self.differentiable(t))]
         if any(n is not None for n in self.ties):      # a nested int times a symbolic stride cannot be
             for x in out:           # formed: only the leading (collapsed ragged) dimension may vary
                 x._dynamo_static_indices = set(range(1, x.dim()))
@@ -319,10 +323,13 @@ def _same(a, b) -> bool:
         return False
 
 
-def _differentiable(t: torch.Tensor) -> bool:
-    """An inner tensor with values to differentiate (an empty one, a nested tensor's cached sequence
-    length held as its shape, has none)."""
-    return (t.is_floating_point() or t.is_complex()) and not any(type(v) is int and v == 0 for v in t.shape)
+def _differentiable(t: torch.Tensor, name: str = "") -> bool:
+    """An inner tensor with values to differentiate: floating, and not a nested tensor's cached
+    sequence length, an empty tensor holding it as its shape (``_max_seqlen_tensor``). An empty
+    DTensor shard (a rank that holds no rows of an FSDP parameter) is differentiable: every rank's
+    graph takes part in the gradient's reduce-scatter."""
+    return (t.is_floating_point() or t.is_complex()) and not (
+        name.endswith("seqlen_tensor") and any(type(v) is int and v == 0 for v in t.shape))
 
 
 def _user_line():
@@ -338,9 +345,10 @@ class _Flatten(torch.autograd.Function):
     def forward(ctx, meta, grad_meta, t):
         ctx.grad_meta = grad_meta
         ctx.own = meta.leaves(t)
+        ctx.diff = meta.differentiable(t) if hasattr(meta, "differentiable") else [_differentiable(x) for x in ctx.own]
         leaves = [x.detach() for x in ctx.own]
         ctx.like = [(x.shape, x.dtype, x.device) for x in leaves]
-        ctx.mark_non_differentiable(*[x for x in leaves if not _differentiable(x)])
+        ctx.mark_non_differentiable(*[x for x, d in zip(leaves, ctx.diff) if not d])
         return tuple(leaves)
 
     @staticmethod
@@ -348,7 +356,7 @@ class _Flatten(torch.autograd.Function):
         if all(g is None for g in grads):
             return None, None, None
         # a leaf with no gradient (a nested tensor's offsets; autograd hands it zeros): the value's own
-        grads = [g if _differentiable(o) else o for g, o in zip(grads, ctx.own)]
+        grads = [g if d else o for g, o, d in zip(grads, ctx.own, ctx.diff)]
         grads = [g if g is not None else torch.zeros(s, dtype=d, device=v) for g, (s, d, v) in zip(grads, ctx.like)]
         return None, None, ctx.grad_meta.gradient(grads)
 

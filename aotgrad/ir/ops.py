@@ -53,12 +53,16 @@ def draws_at_backward(node: fx.Node) -> bool:
     return tag is not None and tag[1] == "bw"
 
 
+COLLECTIVES = ("_c10d_functional", "_c10d_functional_autograd", "c10d")
+
+
 def has_side_effect(node: fx.Node) -> bool:
     """Nodes that must run even when nothing reads them, in eager's order: random
-    ops and ops that return nothing (error checks such as ``_linalg_check_errors``)."""
+    ops, ops that return nothing (error checks such as ``_linalg_check_errors``) and collectives
+    (every rank issues each one: a rank whose shard of the result is empty still takes part)."""
     t = node.target
     return is_random(node) or (node.op == "call_function" and isinstance(t, OpOverload)
-                                and not t._schema.returns)
+                                and (not t._schema.returns or t.namespace in COLLECTIVES))
 
 
 def mutated_args(op: OpOverload) -> list[str]:

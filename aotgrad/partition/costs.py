@@ -10,12 +10,13 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
-from ..ir.ops import is_cheap, is_expensive, is_random, packet
+from ..ir.ops import has_side_effect, is_cheap, is_expensive, packet
 from .default import is_sym
 
 def never_recompute(node: fx.Node) -> bool:
-    """Random ops (the backward must see the forward's mask), symbols and non-ops."""
-    return node.op != "call_function" or is_random(node) or is_sym(node)
+    """Random ops (the backward must see the forward's mask), collectives (every rank must issue the
+    same ones in the same order, whatever its shapes), symbols and non-ops."""
+    return node.op != "call_function" or has_side_effect(node) or is_sym(node)
 
 
 def _cheap_policy(node):

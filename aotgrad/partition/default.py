@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from .._torch import FakeTensor, append_node, copy_node, fake_like, lazy_graph_module
 
-from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect
+from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect, is_random
 from ..ir.records import JointLayout
 
 
@@ -59,8 +59,10 @@ def forward_nodes(joint, lay):
 def build(joint: fx.GraphModule, lay: JointLayout, fw_set: set) -> Partition:
     """Forward and backward graphs for a given set of forward nodes."""
     primals, tangents, fw_outs, grads = split_nodes(joint, lay)
-    # Draws from the RNG as it stands at backward() run there even when nothing reads them.
-    bw_draws = [n for n in joint.graph.nodes if draws_at_backward(n)]
+    # Draws from the RNG as it stands at backward() run there even when nothing reads them; so do the
+    # backward's collectives (a rank's empty shard of a reduce-scatter still takes part in it).
+    bw_draws = [n for n in joint.graph.nodes if draws_at_backward(n) or (
+        n not in fw_set and has_side_effect(n) and not is_random(n))]
     bw_set = ancestors([g for g in grads if g is not None] + bw_draws, stop=fw_set) - fw_set
     bw_set |= set(tangents)
     saved = [n for n in joint.graph.nodes if n in fw_set and n.op not in ("output", "get_attr")

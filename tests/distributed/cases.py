@@ -3,7 +3,8 @@
 wrapper: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2 ``fully_shard`` on every layer, then
 the root). entry: ``compile`` (torch.compile, backend aotgrad), ``jit``, ``ca`` (eager forward, the
 backward under ``aotgrad.compiled_autograd``), ``jitca`` / ``compileca`` (a compiled forward, then that), ``cainside`` (the DDP
-built inside the compiled-autograd block: refused), ``capture`` (a typed refusal is expected). variant:
+built inside the compiled-autograd block: refused), ``capture`` (the staged capture of the model: one
+graph with FSDP2's all-gathers and reduce-scatters in it; of a DDP model, refused). variant:
 ``plain``; ``nosync`` (two micro-batches, the first under ``no_sync``); ``unused``
 (``find_unused_parameters``, one layer used on rank 0 only, one never); ``static``
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
@@ -140,6 +141,8 @@ def _compiled(entry, step) -> int:
         return entries if entry == "jit" or _CA_RUNS[0] else 0
     if entry == "ca":
         return _CA_RUNS[0]
+    if entry == "capture":      # one graph, FSDP2's collectives inside it
+        return 1
     graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     return graphs if entry == "compile" or _CA_RUNS[0] else 0
 
@@ -151,7 +154,7 @@ def run(name: str, rank: int, world: int):
     torch._dynamo.utils.counters.clear()
     aotgrad.compiled_autograd.reset()
     _CA_RUNS[0] = 0
-    if entry == "capture":
+    if entry == "capture" and wrapper == "ddp":
         try:
             aotgrad.capture(_model(wrapper, variant, rank, world), torch.randn(4, 6))
         except errors.AotgradError as e:
@@ -170,7 +173,8 @@ def run(name: str, rank: int, world: int):
     model = _model(wrapper, variant, rank, world)
     step = {"compile": lambda: torch.compile(model, backend="aotgrad"), "jit": lambda: aotgrad.jit(model),
             "ca": lambda: model, "jitca": lambda: aotgrad.jit(model),
-            "compileca": lambda: torch.compile(model, backend="aotgrad")}[entry]()
+            "compileca": lambda: torch.compile(model, backend="aotgrad"),
+            "capture": lambda: aotgrad.capture(model, torch.randn(4, 6)).compile()}[entry]()
     backward = _ca_backward if entry in ("ca", "jitca", "compileca") else (lambda loss: loss.backward())
     if variant == "mixed":       # the reducer compiled autograd switched the model to, in eager backwards
         calls = iter(range(100))

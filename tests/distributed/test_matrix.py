@@ -1,5 +1,5 @@
 """{DDP, FSDP2} x {torch.compile(backend="aotgrad"), aotgrad.jit, eager + aotgrad.compiled_autograd,
-aotgrad.capture} on a 3-layer MLP in 2 gloo processes: 3 SGD steps next to eager DDP/FSDP2, each
+aotgrad.capture (FSDP2 only; DDP refused)} on a 3-layer MLP in 2 gloo processes: 3 SGD steps next to eager DDP/FSDP2, each
 rank on its own data, with the reduced gradients and the parameters compared every step
 (``cases.py`` says what each variant exercises). A combination is either exact or refused with a
 typed error before the first step. ``make test`` runs a fast slice; ``make test-distributed`` all.
@@ -13,16 +13,17 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built wit
 
 ENTRIES = ("compile", "jit", "ca")
 DDP = [f"ddp-{e}-{v}" for v in ("plain", "nosync", "unused", "static", "bn") for e in ENTRIES] + ["ddp-ca-mixed"]
-FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in ENTRIES] + ["fsdp-jit-single"]
+FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in (*ENTRIES, "capture")] + [
+    "fsdp-jit-single", "fsdp-capture-single"]
 # A compiled forward with compiled autograd's backward (what compiled autograd suggests for checkpoint).
 BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "ddp-jitca-bn", "ddp-compileca-plain", "ddp-ca-buckets",
         "fsdp-jitca-plain", "fsdp-jitca-ckpt", "fsdp-compileca-plain"]
 
 # Refused combinations, with a phrase of the refusal and why it cannot be exact.
 REFUSED = {
-    # A Captured is one graph: DDP's per-call reducer bookkeeping and FSDP's all-gathers have no place in it.
+    # A Captured is one graph: DDP's per-call reducer bookkeeping has no place in it (FSDP2's
+    # all-gathers and reduce-scatters do: inputs/fsdp_graph.py).
     "ddp-capture-plain": "aotgrad.capture of a DistributedDataParallel",
-    "fsdp-capture-plain": "FSDP-wrapped",
     # checkpoint's recomputation would run the unit's eager forward against the compiled one's saved tensors.
     "fsdp-jit-ckptout": "checkpoint inside the unit",
     # An eager forward's checkpoint leaves saved-tensor hooks that compiled autograd does not capture
