@@ -797,6 +797,7 @@ class Fsdp2:
         from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
         state = unit._get_fsdp_state()
         self.owner, self.modules, self.policy = state, tuple(state._modules), state._mp_policy
+        self.auto_reshard = bool(state._auto_reshard_after_forward)     # off for the root (FSDP's lazy init)
         self.idle = state._training_state == TrainingState.IDLE
         groups = state._fsdp_param_groups if hasattr(state, "_fsdp_param_groups") else \
             [g for g in [state._fsdp_param_group] if g is not None]
@@ -812,6 +813,7 @@ class Fsdp2Group:
         reduce = policy.reduce_dtype
         self.reduce_dtype = None if reduce == policy.param_dtype else reduce
         self.has_hook = g._all_reduce_hook is not None
+        self.reshards = g.post_forward_mesh_info is not None     # reshard_after_forward
         self.params = [Fsdp2Param(p, policy) for p in g.fsdp_params]
 
 

@@ -118,15 +118,21 @@ def _home(module, name):
 
 class Lowered:
     """Module calls while a capture of FSDP2 modules traces. An FSDP unit's call gathers its
-    parameters in the graph and runs its forward on them. The call of a module inside a unit while
-    that unit is not running (checkpoint's recomputation in the backward, where FSDP's pre-backward
-    hook unshards again) runs on the unit's latest gathered parameters; other calls run as
-    ``Module.__call__`` does."""
+    parameters in the graph and runs its forward on them. What autograd saves of a gathered
+    parameter (a linear's weight, for its input's gradient) is gathered again where the backward
+    unpacks it, as FSDP reshards after the forward and all-gathers again in the backward: the
+    forward's unsharded parameters are freed at their last forward use (not for the root unit,
+    which FSDP does not reshard). The call of a module inside a unit while that unit is not running
+    (checkpoint's recomputation in the backward) runs on parameters gathered again too. Other calls
+    run as ``Module.__call__`` does."""
 
     def __init__(self, root):
         self.fsdp2 = _fsdp2_class()
-        self.owner = {id(m): u for u in units(root) for m in u.modules()}     # inner units come later: they win
-        self.latest: dict = {}      # id(unit) -> (homes, gathered) of its last call
+        found = units(root)
+        self.root = found[0]        # FSDP's root: it does not reshard after the forward
+        self.owner = {id(m): u for u in found for m in u.modules()}     # inner units come later: they win
+        self.latest: dict = {}      # id(unit) -> [(local shard, spec, homes)] of its last call
+        self.bases: dict = {}       # id(a gathered value or its base) -> (it, local shard, spec)
         self.running: set = set()
 
     def call(self, module, args, kwargs):
@@ -135,7 +141,13 @@ class Lowered:
         unit = self.owner.get(id(module))
         if unit is None or id(unit) in self.running or id(unit) not in self.latest:
             return flat_call(module, *args, **kwargs)
-        with self._on(unit, *self.latest[id(unit)]):
+        homes, gathered = [], []
+        with torch.no_grad():       # values only: the gradients flow through the forward's gathers
+            for local, spec, places in self.latest[id(unit)]:
+                # requiring grad as the forward's did, so checkpoint's recompute saves what the forward saved
+                gathered.append(_Gather.gather(local, spec).requires_grad_(local.requires_grad))
+                homes += [(md, kind, attr, len(gathered) - 1) for md, kind, attr in places]
+        with self._on(unit, homes, gathered):
             return flat_call(module, *args, **kwargs)
 
     @contextlib.contextmanager
@@ -149,21 +161,49 @@ class Lowered:
 
     def _unit(self, module, args, kwargs):
         state = Fsdp2(module)
-        homes, gathered = [], []
+        homes, gathered, latest = [], [], []
         for obj, group in state.groups:
             for p in group.params:
                 sharded = _home(p.module, p.name)
-                full = _Gather.apply(sharded.to_local(), _Spec(p, obj, group, sharded))
-                for mod, attr in ((p.module, p.name), *p.shared):
-                    homes.append((mod.__dict__, "_parameters", attr, len(gathered)))
-                    gathered.append(full)
-        self.latest[id(module)] = homes, gathered
+                local, spec = sharded.to_local(), _Spec(p, obj, group, sharded)
+                full = _Gather.apply(local, spec)
+                if group.reshards and not (module is self.root and state.auto_reshard):
+                    self.bases.update({id(t): (t, local, spec) for t in (full, full._base) if t is not None})
+                mine = [(mod.__dict__, "_parameters", attr, len(gathered) + k)
+                        for k, (mod, attr) in enumerate(((p.module, p.name), *p.shared))]
+                homes += mine
+                gathered += [full] * len(mine)
+                latest.append((local, spec, [(md, kind, attr) for md, kind, attr, _ in mine]))
+        self.latest[id(module)] = latest
         policy = state.policy
         if policy.cast_forward_inputs and policy.param_dtype is not None:
             args, kwargs = _cast(policy.param_dtype, (args, kwargs))
-        with self._on(module, homes, gathered):
+        with self._on(module, homes, gathered), torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             out = type(module).forward(module, *args, **kwargs)
         return out if policy.output_dtype is None else _cast(policy.output_dtype, out)
+
+    def _pack(self, t):
+        """A saved gathered parameter (or a view of one) as what gathers it again."""
+        for v in (t, t._base):
+            if v is not None and id(v) in self.bases and self.bases[id(v)][0] is v:
+                _, local, spec = self.bases[id(v)]
+                return _Again(local, spec, t.size(), t.stride(), t.storage_offset())
+        return t
+
+
+class _Again:
+    """A saved value of a gathered parameter, made again when the backward unpacks it."""
+
+    def __init__(self, local, spec, size, stride, offset):
+        self.local, self.spec, self.size, self.stride, self.offset = local, spec, size, stride, offset
+
+
+def _unpack(saved):
+    if not isinstance(saved, _Again):
+        return saved
+    with torch.no_grad():
+        base = _Gather.gather(saved.local, saved.spec, cut=False)
+        return base.as_strided(saved.size, saved.stride, saved.offset)
 
 
 def _cast(dtype, tree):
@@ -195,13 +235,18 @@ class _Gather(torch.autograd.Function):
     """FSDP's all-gather of one parameter (forward) and its reduce-scatter (backward)."""
 
     @staticmethod
-    def forward(ctx, local, spec):
-        ctx.spec = spec
+    def gather(local, spec, cut: bool = True):
+        """The full parameter from this rank's shard (``cut=False``: with FSDP's padding rows)."""
         x = local if spec.param_dtype is None else local.to(spec.param_dtype)
         if spec.world == 1:
             return x.clone()
         full = functional_all_gather(_pad(x, spec.rows).contiguous(), spec.world, spec.group_name)
-        return full.narrow(0, 0, spec.size[0])
+        return full.narrow(0, 0, spec.size[0]) if cut and full.shape[0] != spec.size[0] else full
+
+    @staticmethod
+    def forward(ctx, local, spec):
+        ctx.spec = spec
+        return _Gather.gather(local, spec)
 
     @staticmethod
     def backward(ctx, grad):

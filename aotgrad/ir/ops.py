@@ -56,13 +56,18 @@ def draws_at_backward(node: fx.Node) -> bool:
 COLLECTIVES = ("_c10d_functional", "_c10d_functional_autograd", "c10d")
 
 
+def is_collective(node: fx.Node) -> bool:
+    """A collective or its wait: every rank must issue it, in the same order as every other rank."""
+    return node.op == "call_function" and isinstance(node.target, OpOverload) and node.target.namespace in COLLECTIVES
+
+
 def has_side_effect(node: fx.Node) -> bool:
     """Nodes that must run even when nothing reads them, in eager's order: random
     ops, ops that return nothing (error checks such as ``_linalg_check_errors``) and collectives
-    (every rank issues each one: a rank whose shard of the result is empty still takes part)."""
+    (a rank whose shard of the result is empty still takes part)."""
     t = node.target
-    return is_random(node) or (node.op == "call_function" and isinstance(t, OpOverload)
-                                and (not t._schema.returns or t.namespace in COLLECTIVES))
+    return is_random(node) or is_collective(node) or (node.op == "call_function" and isinstance(t, OpOverload)
+                                                       and not t._schema.returns)
 
 
 def mutated_args(op: OpOverload) -> list[str]:

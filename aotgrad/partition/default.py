@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from .._torch import FakeTensor, append_node, copy_node, fake_like, lazy_graph_module
 
-from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect, is_random
+from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect, is_collective, is_random
 from ..ir.records import JointLayout
 
 
@@ -47,8 +47,9 @@ def forward_nodes(joint, lay):
     fw = ancestors(fw_outs) | set(primals)
     # Random ops and checks run in the forward, in eager's order, even when unused (the RNG must advance the same).
     # So do nodes a pass placed there (passes.compact_saved: what the backward reads instead of a larger value).
+    # Collectives run where what they make is needed (FSDP's all-gather again in the backward, inputs.fsdp_graph).
     fw |= {n for n in joint.graph.nodes if (is_sym(n) or has_side_effect(n) or n.meta.get(RUNS_IN_FORWARD))
-           and n not in tangent_dep and n.op == "call_function" and not draws_at_backward(n)}
+           and n not in tangent_dep and n.op == "call_function" and not draws_at_backward(n) and not is_collective(n)}
     fw = fw | ancestors(fw - set(primals))
     # Unpacking a multi-output op is free; saving its parts beats saving the tuple.
     fw |= {n for n in joint.graph.nodes if n.target is operator.getitem and n.args[0] in fw}

@@ -208,6 +208,14 @@ def _raises(fn, kind, phrase) -> str:
     return "ran"
 
 
+def _backward_gathers(model, x) -> int:
+    """How many all-gathers the compiled backward of ``model`` issues (the weights its input
+    gradients read: fc2's and fc3's; fc1's input needs no gradient)."""
+    import aotgrad
+    text = str(aotgrad.capture(model, x).compile().program())
+    return text[text.index("def backward("):].count("all_gather_into_tensor.default(")
+
+
 def fsdp_family_case(size: str, world: int) -> dict:
     """The one-graph FSDP2 lowering attacked: partitioners and backends, tied weights, the guarded
     FSDP settings, what it refuses (each a typed error naming the unit; jit of a whole step hands
@@ -226,6 +234,9 @@ def fsdp_family_case(size: str, world: int) -> dict:
         out["bf16_min_cut"] = _trains(lambda w: cases._model("fsdp", "bf16", rank, w), "capture", world,
                                       {"partitioner": "min_cut"})
     x = torch.randn(4, 6)
+    # FSDP reshards after the forward and gathers again in the backward; its root does not reshard
+    out["regather"] = [_backward_gathers(cases._model("fsdp", v, rank, world), x) for v in ("plain", "single")] \
+        == ([2, 0] if world > 1 else [0, 0])
     model = fsdp(world)
     f = aotgrad.capture(model, x).compile()
     f(x).sum().backward()
