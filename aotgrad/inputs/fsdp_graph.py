@@ -27,7 +27,7 @@ import torch
 
 from .. import errors
 from .._torch import Fsdp2, fsdp2_divide_factors, functional_all_gather, functional_reduce_scatter, pytree
-from ..guards.state import Read
+from ..guards.state import _GLOBAL_HOOKS, Read
 from .. import tracing
 from ..tracing.patches import MODULE_CALLS, flat_call
 from ..tracing.views import holding
@@ -92,9 +92,12 @@ def _check_unit(unit, name, state) -> None:
         raise _refuse(name, "captured while FSDP runs a forward or backward")
     if state.offload:
         raise _refuse(name, "CPU offload")
-    for hooks in (unit._forward_pre_hooks, unit._forward_hooks):
+    # The lowered call runs the unit's own forward: hooks other than FSDP's would not run.
+    for hooks in (unit._forward_pre_hooks, unit._forward_hooks, unit._backward_pre_hooks, unit._backward_hooks):
         if any(getattr(h, "__self__", None) is not state.owner for h in hooks.values()):
-            raise _refuse(name, "it has forward hooks of its own beside FSDP's")
+            raise _refuse(name, "it has module hooks of its own beside FSDP's")
+    if any(getattr(torch.nn.modules.module, g, None) for g in _GLOBAL_HOOKS):
+        raise _refuse(name, "a global module hook (register_module_forward_hook and the like) is registered")
     for obj, group in state.groups:
         if not obj.reduce_grads:
             raise _refuse(name, "set_requires_gradient_sync(False): eager accumulates unsharded gradients "

@@ -49,12 +49,15 @@ def _stepper(model, opt):
     return step
 
 
-def train_like_eager(make, entry, data):
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def train_like_eager(make, entry, data, optimizer=_sgd):
     """``make()`` twice: one trained eagerly, one through ``entry``; per step, all equal bitwise?"""
     torch._dynamo.reset()
     eager, model = make(), make()
-    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-    opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_e, opt_m = optimizer(eager.parameters()), optimizer(model.parameters())
     want, got = _stepper(eager, opt_e), _stepper(model, opt_m)
     if entry == "step jit":
         fn = aotgrad.jit(got)
@@ -90,6 +93,13 @@ def _data(i):
 @pytest.mark.parametrize("entry", TRAIN_ENTRIES)
 def test_float8_training_is_bitwise_eager(entry):
     assert train_like_eager(_float8_mlp, entry, _data) == [True] * STEPS
+
+
+@pytest.mark.parametrize("entry", ["step jit", "step capture"])
+def test_float8_whole_step_with_adamw_is_bitwise_eager(entry):
+    """AdamW's foreach update of the float8 model's (plain) weights, in the same graph as the float8 matmuls."""
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)
+    assert train_like_eager(_float8_mlp, entry, _data, adamw) == [True] * STEPS
 
 
 def test_float8_graph_computes_in_float8():

@@ -246,6 +246,10 @@ def fsdp_family_case(size: str, world: int) -> dict:
     hooked = fsdp(world)
     hooked.fc2.register_forward_hook(lambda m, a, o: o * 2)
     out["hook_capture"] = _raises(lambda: aotgrad.capture(hooked, x), errors.GraphBreakError, "'fc2'")
+    backward_hooked = fsdp(world)      # the lowered call runs the unit's own forward: no hook of its would run
+    backward_hooked.fc3.register_full_backward_hook(lambda m, gi, go: None)
+    out["backward_hook_capture"] = _raises(lambda: aotgrad.capture(backward_hooked, x), errors.GraphBreakError,
+                                           "'fc3': it has module hooks")
     # jit of a whole step the lowering refuses goes to Dynamo, which runs FSDP's hooks: still like eager
     hooked_eager = fsdp(world)
     hooked_eager.fc2.register_forward_hook(lambda m, a, o: o * 2)
