@@ -7,6 +7,7 @@ baked into the graph are checked by the call path.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import sympy
@@ -94,7 +95,7 @@ def build(specs, descs, conditions, numbers=()) -> InputGuards:
     number input whose value is a symbol (a Dynamo graph's SymInt) with that symbol, which ``bind``
     then reads from the input itself (its own frontend guards it)."""
     slow, bind_src, used = _source("check_all", specs, conditions, numbers)
-    env = {"torch": torch}
+    env = {"torch": torch, "math": math}        # a symbolic size's guard may print as math.ceil / math.floor
     k, fast = _static_prefix(specs, descs)
     src = slow
     if k:

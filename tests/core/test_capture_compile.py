@@ -1,4 +1,6 @@
 """Core behaviours of capture -> compile, each compared with eager."""
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -344,6 +346,18 @@ def test_number_outputs_follow_symbolic_sizes():
     check(f, (torch.randn(4, 3),), dynamic=True)
     compiled = aotgrad.capture(f, torch.randn(4, 3), dynamic=True).compile()
     assert compiled(torch.randn(6, 3))[1] == 12
+
+
+@pytest.mark.parametrize("rounding", [math.ceil, math.floor], ids=["ceil", "floor"])
+def test_guards_on_rounded_symbolic_sizes(rounding):
+    """A symbolic size rounded (FSDP's padded shard rows: ceil(n / world)) puts math.ceil / math.floor
+    in the input guards' source, which once ran without ``math`` and raised NameError on every call."""
+    def f(x):
+        return x[:rounding(x.shape[0] / 3)].sin().sum() + x.cos().sum()
+    compiled = aotgrad.capture(f, torch.randn(7, requires_grad=True), dynamic=True).compile()
+    for n in (7, 8, 9, 10, 6):
+        x = torch.randn(n, requires_grad=True)
+        check(f, (x,), compile=lambda fn, *a: compiled)
 
 
 def test_metadata_mutation_of_input_requiring_grad():

@@ -173,7 +173,7 @@ def _close(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def _trains(make, entry, world, compile_kw=None, data=None) -> bool:
+def _trains(make, entry, world, compile_kw=None, data=None, stepper=None, capture_kw=None) -> bool:
     """3 SGD steps of ``make(world)`` under ``entry`` (a staged capture compiled with ``compile_kw``,
     after one eager step, or jit) like eager, each rank on its own data: bitwise, or to 1e-5 under
     Inductor."""
@@ -182,12 +182,14 @@ def _trains(make, entry, world, compile_kw=None, data=None) -> bool:
     data = data or (lambda i: (torch.randn(4, 6), torch.randn(4, 1)))
     eager, model = make(world), make(world)
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    want, step = _stepper(eager, sgd(eager)), _stepper(model, sgd(model))
+    stepper = stepper or _stepper
+    want, step = stepper(eager, sgd(eager)), stepper(model, sgd(model))
     torch.manual_seed(100 * rank - 1)
     first = data(-1)
     if entry != "jit":      # one eager step first: the momentum buffers exist
         want(*first), step(*first)
-    fn = aotgrad.jit(step) if entry == "jit" else aotgrad.capture(step, *first).compile(**(compile_kw or {}))
+    fn = aotgrad.jit(step) if entry == "jit" else \
+        aotgrad.capture(step, *first, **(capture_kw or {})).compile(**(compile_kw or {}))
     same = _close if (compile_kw or {}).get("fw_compiler") == "inductor" else _same
     ok = True
     for i in range(STEPS):
@@ -206,6 +208,29 @@ def _raises(fn, kind, phrase) -> str:
     except Exception as e:      # recorded for the test to read
         return f"{type(e).__name__}: {e}"
     return "ran"
+
+
+def _accumulating(model, opt):
+    """Two micro-batches' backwards, then one optimizer step: each reduce-scatter adds into .grad."""
+    def step(x, y):
+        for xs, ys in ((x[:2], y[:2]), (x[2:], y[2:])):
+            loss = ((model(xs) - ys) ** 2).mean()
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def _unsharded_kept(rank, world):
+    """FSDP2 units that keep their parameters gathered from the forward to the backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from . import cases
+    model, mesh = cases.MLP(rank), init_device_mesh("cpu", (world,))
+    for unit in (model.fc1, model.fc2, model.fc3):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+    return fully_shard(model, mesh=mesh)
 
 
 def _backward_gathers(model, x) -> int:
@@ -228,16 +253,25 @@ def fsdp_family_case(size: str, world: int) -> dict:
     tied_data = lambda i: (torch.randint(0, 5, (4, 3)), torch.randn(4, 3, 1))
     out = {"min_cut": _trains(fsdp, "capture", world, {"partitioner": "min_cut"}),
            "tied": _trains(_tied, "capture", world, data=tied_data),
-           "tied_jit": _trains(_tied, "jit", world, data=tied_data)}
+           "tied_jit": _trains(_tied, "jit", world, data=tied_data),
+           "batchnorm": _trains(lambda w: cases._model("fsdp", "bn", rank, w), "capture", world),
+           "accumulate": _trains(fsdp, "capture", world, stepper=_accumulating)}
     if size == "full":
         out["inductor"] = _trains(fsdp, "capture", world, {"fw_compiler": "inductor"})
         out["bf16_min_cut"] = _trains(lambda w: cases._model("fsdp", "bf16", rank, w), "capture", world,
                                       {"partitioner": "min_cut"})
+        out["kept_unsharded"] = _trains(lambda w: _unsharded_kept(rank, w), "capture", world)
+        out["accumulate_jit"] = _trains(fsdp, "jit", world, stepper=_accumulating)
+        sizes = lambda i: (torch.randn(4 + 2 * (i % 2), 6), torch.randn(4 + 2 * (i % 2), 1))
+        out["dynamic"] = _trains(fsdp, "capture", world, data=sizes, capture_kw={"dynamic": True})
     x = torch.randn(4, 6)
     # FSDP reshards after the forward and gathers again in the backward; its root does not reshard
     out["regather"] = [_backward_gathers(cases._model("fsdp", v, rank, world), x) for v in ("plain", "single")] \
         == ([2, 0] if world > 1 else [0, 0])
-    model = fsdp(world)
+    out["regather_kept"] = _backward_gathers(_unsharded_kept(rank, world), x) == 0
+    model, eager = fsdp(world), fsdp(world)
+    with torch.no_grad():       # an inference graph: the gathers alone
+        out["no_grad"] = _same(aotgrad.capture(model, x).compile()(x), eager(x))
     f = aotgrad.capture(model, x).compile()
     f(x).sum().backward()
     model.set_requires_gradient_sync(False)     # eager would now keep unsharded gradients: the graph is stale
