@@ -95,6 +95,7 @@ def test_float8_training_is_bitwise_eager(entry):
     assert train_like_eager(_float8_mlp, entry, _data) == [True] * STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["step jit", "step capture"])
 def test_float8_whole_step_with_adamw_is_bitwise_eager(entry):
     """AdamW's foreach update of the float8 model's (plain) weights, in the same graph as the float8 matmuls."""
