@@ -76,7 +76,8 @@ def _backward(system):
     return backward
 
 
-def _run_system(system, a, steps):
+def _run_system(system, a):
+    steps = 2 if system == "eager_overlap" else a.steps
     torch._dynamo.reset()
     ddp, batch = _model(a)
     issued: list = []
@@ -106,15 +107,15 @@ def _run_system(system, a, steps):
     return {"ms": statistics.median(times[2:]) * 1e3, "overlap_ms": overlaps[-1]}
 
 
-def _worker(rank, world, port, a, out):
+def _ranked(rank, world, port, run, systems, a, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     results = {}
     try:
-        for system in a.systems.split(",") + ["eager_overlap"]:
+        for system in systems:
             try:
-                results[system] = _run_system(system, a, 2 if system == "eager_overlap" else a.steps)
+                results[system] = run(system, a)
             except Exception as e:      # one system failing still reports the others
                 results[system] = {"error": f"{type(e).__name__}: {e}"[:300]}
             dist.barrier()
@@ -123,6 +124,21 @@ def _worker(rank, world, port, a, out):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+
+
+def on_two_ranks(run, systems, a) -> dict:
+    """``{system: run(system, a)}`` as rank 0 of two gloo processes (127.0.0.1) returned it: the systems
+    one after the other with a barrier between, a system that raises reporting its error. ``run`` is a
+    module-level function (the processes are spawned)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rank0.json")
+        mp.start_processes(_ranked, args=(2, port, run, list(systems), a, out), nprocs=2, join=True,
+                           start_method="spawn")
+        with open(out) as f:
+            return json.load(f)
 
 
 def report(results: dict) -> str:
@@ -149,14 +165,7 @@ def main(argv=None):
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", default=None, help="also write the results here")
     a = p.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rank0.json")
-        mp.start_processes(_worker, args=(2, port, a, out), nprocs=2, join=True, start_method="spawn")
-        with open(out) as f:
-            results = json.load(f)
+    results = on_two_ranks(_run_system, a.systems.split(",") + ["eager_overlap"], a)
     print(report(results))
     if a.json:
         with open(a.json, "w") as f:

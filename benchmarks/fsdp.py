@@ -14,19 +14,17 @@ parameters after the timed steps equal eager's bit for bit.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
-import tempfile
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+
+from .distributed import on_two_ranks  # noqa: E402
 
 SYSTEMS = ("eager", "compile", "jit", "capture", "capture_min_cut")
 
@@ -44,7 +42,18 @@ def _model(a):
     return fully_shard(model, mesh=mesh), batch
 
 
+_EAGER: dict = {}     # this process's eager parameters after its steps, for the others to compare with
+
+
 def _run(system, a):
+    os.environ["AOTGRAD_CACHE"] = "0"
+    try:
+        return _measure(system, a)
+    finally:
+        torch._dynamo.reset()
+
+
+def _measure(system, a):
     import aotgrad
 
     from .matrix import peak_bytes
@@ -71,45 +80,24 @@ def _run(system, a):
         fn(*batch)
         times.append(time.perf_counter() - t0)
     peak = peak_bytes(model, lambda: fn(*batch))
-    return {"ms": statistics.median(times[2:]) * 1e3, "peak": peak,
-            "params": [p.to_local().clone() for p in model.parameters()]}
-
-
-def _worker(rank, world, port, a, out):
-    torch.set_num_threads(1)
-    os.environ["AOTGRAD_CACHE"] = "0"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
-    results, params = {}, {}
-    try:
-        for system in a.systems.split(","):
-            try:
-                r = _run(system, a)
-                params[system] = r.pop("params")
-                r["same"] = all(torch.equal(x, y) for x, y in zip(params[system], params.get("eager", [])))
-                results[system] = r
-            except Exception as e:      # one system failing still reports the others
-                results[system] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            torch._dynamo.reset()
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
+    params = [p.to_local().clone() for p in model.parameters()]
+    if system == "eager":
+        _EAGER["params"] = params
+    same = all(map(torch.equal, params, _EAGER["params"])) if system != "eager" and "params" in _EAGER else None
+    return {"ms": statistics.median(times[2:]) * 1e3, "peak": peak, "same": same}
 
 
 def report(results: dict) -> str:
     base = results.get("eager", {})
     lines = ["| system | step ms | vs eager | peak KiB | vs eager | params = eager |", "|---|---|---|---|---|---|"]
     for system, r in results.items():
-        if "error" in r or "error" in base:
-            lines.append(f"| {system} | error: {r['error']} | | | | |")
+        if "error" in r or "ms" not in base:
+            lines.append(f"| {system} | error: {r.get('error') or 'no eager run to compare with'} | | | | |")
             continue
-        peak = r.get("peak")
+        peak = r["peak"]
         lines.append(f"| {system} | {r['ms']:.1f} | {r['ms'] / base['ms']:.2f}x | "
                      + f"{peak / 1024:,.0f} | {peak / base['peak']:.2f}x"
-                     + f" | {r['same'] if system != 'eager' else '-'} |")
+                     + f" | {'-' if r['same'] is None else r['same']} |")
     return "\n".join(lines)
 
 
@@ -121,14 +109,7 @@ def main(argv=None):
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", default=None, help="also write the results here")
     a = p.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rank0.json")
-        mp.start_processes(_worker, args=(2, port, a, out), nprocs=2, join=True, start_method="spawn")
-        with open(out) as f:
-            results = json.load(f)
+    results = on_two_ranks(_run, a.systems.split(","), a)
     print(report(results))
     if a.json:
         with open(a.json, "w") as f:

@@ -57,12 +57,12 @@ def _refuse(name: str, why: str):
         user_line=errors.caller_line())
 
 
-def check(module) -> list:
-    """The reads that guard the FSDP settings of ``module``'s units (``guards.state.Read``); raises
-    ``GraphBreakError`` for what the lowering does not model. ``[]`` where there is no FSDP2."""
+def check(module, found) -> list:
+    """The reads that guard the FSDP settings of ``module``'s units ``found`` (``guards.state.Read``);
+    raises ``GraphBreakError`` for what the lowering does not model."""
     names = {id(m): n or type(module).__name__ for n, m in module.named_modules()}
     reads = []
-    for unit in units(module):
+    for unit in found:
         name, state = names[id(unit)], Fsdp2(unit)
         _check_unit(unit, name, state)
         for obj, _ in state.groups:
@@ -75,11 +75,12 @@ def check(module) -> list:
 def lowering(fn):
     """While a capture of ``fn`` traces, FSDP units' calls are :class:`Lowered`; yields the reads that
     guard their settings (``None`` where ``fn`` holds no FSDP2 unit: nothing changes)."""
-    if not units(fn):
+    found = units(fn)
+    if not found:
         yield None
         return
-    reads = check(fn)
-    with MODULE_CALLS(), tracing.scope(blocks=Lowered(fn)):
+    reads = check(fn, found)
+    with MODULE_CALLS(), tracing.scope(blocks=Lowered(found)):
         yield reads
 
 
@@ -129,12 +130,11 @@ class Lowered:
     (checkpoint's recomputation in the backward) runs on parameters gathered again too. Other calls
     run as ``Module.__call__`` does."""
 
-    def __init__(self, root):
+    def __init__(self, found):
         self.fsdp2 = _fsdp2_class()
-        found = units(root)
         self.root = found[0]        # FSDP's root: it does not reshard after the forward
         self.owner = {id(m): u for u in found for m in u.modules()}     # inner units come later: they win
-        self.latest: dict = {}      # id(unit) -> [(local shard, spec, homes)] of its last call
+        self.latest: dict = {}      # id(unit) -> [(local shard, spec, places)] of its last call
         self.bases: dict = {}       # id(a gathered value or its base) -> (it, local shard, spec)
         self.running: set = set()
 
@@ -144,27 +144,27 @@ class Lowered:
         unit = self.owner.get(id(module))
         if unit is None or id(unit) in self.running or id(unit) not in self.latest:
             return flat_call(module, *args, **kwargs)
-        homes, gathered = [], []
+        latest = self.latest[id(unit)]
         with torch.no_grad():       # values only: the gradients flow through the forward's gathers
-            for local, spec, places in self.latest[id(unit)]:
-                # requiring grad as the forward's did, so checkpoint's recompute saves what the forward saved
-                gathered.append(_Gather.gather(local, spec).requires_grad_(local.requires_grad))
-                homes += [(md, kind, attr, len(gathered) - 1) for md, kind, attr in places]
-        with self._on(unit, homes, gathered):
+            # requiring grad as the forward's did, so checkpoint's recompute saves what the forward saved
+            again = [_Gather.gather(local, spec).requires_grad_(local.requires_grad) for local, spec, _ in latest]
+        with self._on(unit, latest, again):
             return flat_call(module, *args, **kwargs)
 
     @contextlib.contextmanager
-    def _on(self, unit, homes, gathered):
+    def _on(self, unit, latest, gathered):
+        """``unit`` running, each parameter of ``latest`` (and its tied twins) held as ``gathered``."""
         self.running.add(id(unit))
         try:
-            with holding(homes, gathered):
+            with holding([(md, "_parameters", attr, i) for i, (_, _, places) in enumerate(latest)
+                          for md, attr in places], gathered):
                 yield
         finally:
             self.running.discard(id(unit))
 
     def _unit(self, module, args, kwargs):
         state = Fsdp2(module)
-        homes, gathered, latest = [], [], []
+        gathered, latest = [], []
         for obj, group in state.groups:
             for p in group.params:
                 sharded = _home(p.module, p.name)
@@ -172,16 +172,13 @@ class Lowered:
                 full = _Gather.apply(local, spec)
                 if group.reshards and not (module is self.root and state.auto_reshard):
                     self.bases.update({id(t): (t, local, spec) for t in (full, full._base) if t is not None})
-                mine = [(mod.__dict__, "_parameters", attr, len(gathered) + k)
-                        for k, (mod, attr) in enumerate(((p.module, p.name), *p.shared))]
-                homes += mine
-                gathered += [full] * len(mine)
-                latest.append((local, spec, [(md, kind, attr) for md, kind, attr, _ in mine]))
+                gathered.append(full)
+                latest.append((local, spec, [(mod.__dict__, attr) for mod, attr in ((p.module, p.name), *p.shared)]))
         self.latest[id(module)] = latest
         policy = state.policy
         if policy.cast_forward_inputs and policy.param_dtype is not None:
             args, kwargs = _cast(policy.param_dtype, (args, kwargs))
-        with self._on(module, homes, gathered), torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+        with self._on(module, latest, gathered), torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             out = type(module).forward(module, *args, **kwargs)
         return out if policy.output_dtype is None else _cast(policy.output_dtype, out)
 
