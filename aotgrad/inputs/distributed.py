@@ -14,8 +14,10 @@ innermost unit (a unit with no unit inside it) on its unsharded, plain parameter
 by the compiled backward and flow into FSDP's hooks as eager's do. Code of an outer unit that is
 not inside an inner one runs eagerly.
 
-``aotgrad.capture`` of a DDP module or of FSDP-wrapped modules is refused before anything runs: a
-``Captured`` is one graph with no place for per-call collectives.
+``aotgrad.capture`` of FSDP2 modules, and ``jit`` or ``capture`` of a whole step over them, hold the
+collectives in the one graph instead (``inputs.fsdp_graph``). Refused before anything runs: ``capture``
+of a DDP module (a ``Captured`` is one graph with no place for DDP's per-call reducer bookkeeping) and
+FSDP1 (``FullyShardedDataParallel``) anywhere.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ _GRAPH = {"capture": "one captured graph", "jit": "one jitted graph",
 
 
 def refuse_wrapped(fn, frontend: str) -> None:
-    """Refuse a DDP module (for ``capture``) or FSDP-wrapped modules anywhere in ``fn``'s tree.
+    """Refuse a DDP module (for ``capture``) or FSDP1 modules anywhere in ``fn``'s tree.
     ``frontend``: ``capture``, ``jit`` or ``step``."""
     if not isinstance(fn, torch.nn.Module) or isinstance(fn, _UnitForward):
         return
@@ -90,12 +92,13 @@ def refuse_wrapped(fn, frontend: str) -> None:
     for name, m in fn.named_modules():
         if fsdp and isinstance(m, fsdp):
             # A whole step jit hands to Dynamo, which runs the hooks eagerly between its graphs.
+            # Only FSDP1 (FullyShardedDataParallel) reaches here: its flat parameters are no unit's own.
             raise (errors.GraphBreakError if frontend == "step" else errors.UnsupportedError)(
-                f"module {name or type(fn).__name__!r} is FSDP-wrapped: its forward hooks all-gather and reshard "
-                f"parameters on every call, which {_GRAPH[frontend]} cannot hold (torch.compile's fullgraph=True "
-                "refuses them too: they are torch._dynamo.disable'd); use aotgrad.jit on the fully_shard-ed model "
-                "or step (it compiles each innermost FSDP unit between those hooks; a step goes to Dynamo, which "
-                "splits there), torch.compile, or compiled autograd", user_line=errors.caller_line())
+                f"module {name or type(fn).__name__!r} is wrapped in FSDP1 (FullyShardedDataParallel): its hooks "
+                f"all-gather flat parameters and reshard them on every call, which {_GRAPH[frontend]} cannot hold "
+                "(torch.compile's fullgraph=True refuses them too); shard with FSDP2's fully_shard instead (aotgrad."
+                "capture and aotgrad.jit of a model or a whole step run it in one graph), or use torch.compile or "
+                "compiled autograd, which run FSDP1's hooks eagerly between graphs", user_line=errors.caller_line())
 
 
 def split_for_jit(jit) -> None:

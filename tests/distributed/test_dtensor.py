@@ -9,16 +9,9 @@ parameter (local shards, and the DTensor metadata) equal eager's exactly, and ho
 """
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import time
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from . import harness
@@ -281,15 +274,34 @@ def fsdp_family_case(size: str, world: int) -> dict:
     # jit of a whole step the lowering refuses goes to Dynamo, which runs FSDP's hooks: still like eager
     hooked_eager = fsdp(world)
     hooked_eager.fc2.register_forward_hook(lambda m, a, o: o * 2)
-    want, step = _stepper(hooked_eager, torch.optim.SGD(hooked_eager.parameters(), lr=0.1)), \
-        _stepper(hooked, torch.optim.SGD(hooked.parameters(), lr=0.1))
+    out["hook_jit_dynamo"] = _step_through_dynamo(hooked_eager, hooked, rank)
+    # FSDP1: refused by capture and jit of the model (its flat parameters are no unit's own); a step's
+    # jit goes to Dynamo
+    model = _fsdp1()
+    out["fsdp1_capture"] = _raises(lambda: aotgrad.capture(model, x), errors.UnsupportedError, "FSDP1")
+    out["fsdp1_jit"] = _raises(lambda: aotgrad.jit(model)(x), errors.UnsupportedError, "fully_shard instead")
+    out["fsdp1_step_dynamo"] = _step_through_dynamo(_fsdp1(), model, rank)
+    return out
+
+
+def _fsdp1():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from . import cases
+    return FullyShardedDataParallel(cases.MLP(dist.get_rank()), device_id=torch.device("cpu"))
+
+
+def _step_through_dynamo(eager_model, model, rank) -> bool:
+    """Whether ``aotgrad.jit`` of an SGD step over ``model`` went to Dynamo and trained as eager's over
+    ``eager_model`` (an equal copy)."""
+    import aotgrad
+    want, step = _stepper(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1)), \
+        _stepper(model, torch.optim.SGD(model.parameters(), lr=0.1))
     fn, same = aotgrad.jit(step), True
     for i in range(STEPS):
         torch.manual_seed(100 * rank + i)
         x, y = torch.randn(4, 6), torch.randn(4, 1)
         same &= bool(_same(want(x, y), fn(x, y)))
-    out["hook_jit_dynamo"] = same and fn.handoff is not None
-    return out
+    return same and fn.handoff is not None
 
 
 def run_case(name: str, rank: int, world: int):
@@ -307,40 +319,9 @@ def run_case(name: str, rank: int, world: int):
     return tp_case(program, entry, world)
 
 
-def _worker(rank, world, port, names, out_dir):
-    os.environ["AOTGRAD_CACHE"] = "0"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=90))
-    results = {}
-    try:
-        for name in names:
-            try:
-                results[name] = run_case(name, rank, world)
-            except Exception as e:     # recorded for the test to read; the other cases still run
-                results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
-            dist.barrier()
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        dist.destroy_process_group()
-
-
 def spawn(names, world, out_dir, timeout=300) -> list:
-    """``[{case: result}]`` per rank, ``world`` gloo processes; raises if one fails or outlives ``timeout``."""
-    ctx = mp.start_processes(_worker, args=(world, harness.free_port(), list(names), str(out_dir)), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"DTensor cases {names} did not finish in {timeout}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    """``[{case: result}]`` per rank, ``world`` gloo processes running ``run_case``."""
+    return harness.run(names, out_dir, timeout, world=world, runner=run_case)
 
 
 # Refused, with a phrase of the refusal.
