@@ -2,6 +2,8 @@
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV ?= .venv
+# make test's pytest processes (pytest-xdist): CI has 2 cores
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
@@ -23,7 +25,7 @@ venv: $(STAMP)
 test: $(STAMP)
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
 		|| echo "no chromium: the HTML report's browser test will skip"
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) tests
 
 # Every real model of tests/models x entry point (make test runs one text and one vision model).
 test-models: $(STAMP)
