@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	@# The test extras (timm -> torchvision) must not move torch: pin the one just installed.
-	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PY) -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > $(VENV)/torch-pin.txt
 	$(PY) -m pip install -q -e ".[test,models]" -c $(VENV)/torch-pin.txt
 	rm -f $(VENV)/.installed-* $(VENV)/.aotgrad-installed
 	touch $(STAMP)
