@@ -476,12 +476,18 @@ def as_traced_by_make_fx(fn):
     trace of real fake tensors too; torch's own higher-order ops clear it the same way
     (``_higher_order_ops.utils._set_compilation_env``). Callers hold ``scoped.FX_TRACING``."""
     def run(*args):
+        if _FX_TRACING_CONTEXT is not None:        # torch 2.14 on: a per-thread flag
+            with _FX_TRACING_CONTEXT(False):
+                return fn(*args)
         old, fx_symbolic_trace._is_fx_tracing_flag = fx_symbolic_trace._is_fx_tracing_flag, False
         try:
             return fn(*args)
         finally:
             fx_symbolic_trace._is_fx_tracing_flag = old
     return run
+
+
+_FX_TRACING_CONTEXT = getattr(fx_symbolic_trace, "_is_fx_tracing_context", None)
 
 
 def constant_nested_ints(mode) -> None:
