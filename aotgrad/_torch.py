@@ -336,8 +336,9 @@ def suggest_memory_format(t) -> torch.memory_format:
     twin = getattr(prims_common, "suggest_memory_format", None)
     if twin is not None:
         return twin(t)
-    if t.layout == torch.strided and t.dim() in (4, 5) and prims_common.are_strides_like_channels_last(
-            t.shape, t.stride()):
+    like = getattr(prims_common, "are_strides_like_channels_last_or_false", None) or \
+        prims_common.are_strides_like_channels_last     # the name 2.13 and 2.14 have; an older one
+    if t.layout == torch.strided and t.dim() in (4, 5) and like(t.shape, t.stride()):
         return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
     return torch.contiguous_format
 
@@ -639,7 +640,6 @@ SWITCH_GETTERS = {f: name for name in (
     "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_nnpack_enabled", "_get_warnAlways",
     "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads")
     for f in [getattr(torch._C, name, None)] if f is not None}     # (the default dtype is a baked mode)
-SET_GRAD_ENABLED = torch._C._set_grad_enabled       # how a Dynamo graph's nodes set grad mode
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks

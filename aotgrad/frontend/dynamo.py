@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import SET_GRAD_ENABLED, FakeTensor, detect_fake_mode, dynamo_errors, dynamo_fallback_errors, pytree
+from .._torch import FakeTensor, detect_fake_mode, dynamo_errors, dynamo_fallback_errors, pytree
 from .. import errors
 from ..capture.capture import capture_setup
 from ..ir.descriptors import BufferDesc, Desc, InputDesc, ParamDesc
@@ -34,7 +34,7 @@ from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
 from ..store import disk
 from ..ir.graphs import Unserializable
-from ..runtime.modes import traced
+from ..runtime.modes import SETTERS, global_state, put_back, set_global_state, traced
 from ..scoped import GC_PAUSED
 
 log = logging.getLogger("aotgrad.dynamo")
@@ -143,7 +143,7 @@ def compile_graph(gm, example_inputs, *, options: CompileOptions | None = None, 
         compiled = captured.compile(options=options)
         if key is not None:
             _store(key, compiled)
-    return _leaving_grad_mode(_callable(compiled, setup.flat_fn.lifted), _grad_mode_after(gm))
+    return _leaving_settings(_callable(compiled, setup.flat_fn.lifted), _settings_after(gm))
 
 
 def _splittable(trace):
@@ -171,22 +171,41 @@ def _fallback_cause(e: BaseException):
     return None
 
 
-def _grad_mode_after(gm) -> bool | None:
-    """The grad mode Dynamo's graph leaves set (its last ``torch._C._set_grad_enabled``: the function
-    called ``torch.set_grad_enabled(False)`` and did not set it back), None where it sets none."""
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is SET_GRAD_ENABLED]
-    return calls[-1].args[0] if calls and isinstance(calls[-1].args[0], bool) else None
+# The settings of ``modes.global_state`` each setter node of a Dynamo graph sets (``torch._C._set_grad_enabled``,
+# ``torch.set_default_dtype``, ``torch._C._set_deterministic_algorithms``, ``torch.set_float32_matmul_precision``),
+# by the name of its torch setter, with or without the underscore.
+_SETS = {"_set_grad_enabled": (0,), **SETTERS, **{k.lstrip("_"): v for k, v in SETTERS.items()}}
 
 
-def _leaving_grad_mode(call, grad: bool | None):
-    """``call`` leaving grad mode as the graph does (the trace ran it in a grad-mode scope of its own),
-    so the code after the graph runs under eager's mode."""
-    if grad is None:
+def _settings_after(gm) -> dict:
+    """``{index in global_state(): value}``: the settings Dynamo's graph leaves set, found by running its
+    setter nodes alone (torch setters with constant arguments and no users: Dynamo puts them in the graph
+    for ``torch.set_grad_enabled(False)``, ``torch.use_deterministic_algorithms(True)``,
+    ``torch.set_default_dtype(...)``, ...), the settings put back after. The trace ran each at its place;
+    the compiled graph holds no node for them, so each call sets them after it, as eager leaves them."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and not n.users
+             and getattr(n.target, "__name__", None) in _SETS
+             and (getattr(n.target, "__module__", None) or "torch").startswith("torch")
+             and not any(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves((n.args, n.kwargs)))]
+    if not calls:
+        return {}
+    with put_back(global_state()):
+        for n in calls:
+            n.target(*n.args, **n.kwargs)
+        after = global_state()
+    return {i: after[i] for n in calls for i in _SETS[n.target.__name__]}
+
+
+def _leaving_settings(call, settings: dict):
+    """``call`` leaving the ``settings`` (``_settings_after``) as the graph does, so the code after the
+    graph runs under eager's."""
+    if not settings:
         return call
 
     def leaving(*args):
         out = call(*args)
-        torch.set_grad_enabled(grad)
+        now = global_state()
+        set_global_state(tuple(settings.get(i, v) for i, v in enumerate(now)))
         return out
     leaving.compiled = call.compiled
     return leaving

@@ -110,7 +110,8 @@ def _(n=4):
     return fn(f, r(n, 6, rg=True), r(6, 6, rg=True))
 
 
-@program("checkpoint_deterministic", "checkpoint", must_match=True)
+# Compiled autograd refuses an eager forward's checkpoint (saved-tensor hooks): its documented limit.
+@program("checkpoint_deterministic", "checkpoint", must_match=True, may_refuse=("compiled_autograd",))
 def _(n=4):
     def f(x, w):
         return checkpoint(lambda a, b: (a @ b).sin().cos(), x, w, use_reentrant=False)

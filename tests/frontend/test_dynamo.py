@@ -104,3 +104,37 @@ def test_joint_trace_guards_reach_dynamo():
         x = torch.randn(n, requires_grad=True)
         f(x).backward()
         torch.testing.assert_close(x.grad, torch.full((n,), factor))
+
+
+# Settings a function changes and leaves changed, each of which Dynamo puts in its graph as a setter call:
+# every call leaves them as eager's does, also after the caller set them back between calls (the graph
+# is reused then: the setting must be set again by the call, not left over from the compile).
+LEFT = {"grad off": (torch.set_grad_enabled, True, False, torch.is_grad_enabled),
+        "deterministic": (torch.use_deterministic_algorithms, False, True, torch.are_deterministic_algorithms_enabled),
+        "default dtype": (torch.set_default_dtype, torch.float32, torch.float64, torch.get_default_dtype),
+        "matmul precision": (torch.set_float32_matmul_precision, "highest", "medium",
+                             torch.get_float32_matmul_precision)}
+
+
+@pytest.mark.parametrize("name", list(LEFT))
+def test_settings_left_changed_every_call(name):
+    put, was, to, get = LEFT[name]
+
+    def f(x, w):
+        y = (x * w).tanh()
+        put(to)
+        return y * 2
+
+    x, w = torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)
+    compiled = torch.compile(f, backend="aotgrad")
+    try:
+        for _ in range(3):
+            put(was)
+            want = f(x, w)
+            left_eager = get()
+            put(was)
+            got = compiled(x, w)
+            assert get() == left_eager == to
+            assert torch.equal(got.detach(), want.detach()) and got.requires_grad == want.requires_grad
+    finally:
+        put(was)
