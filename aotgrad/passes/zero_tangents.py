@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import FakeTensor, copy_graph, lazy_graph_module
+from .cleanup import drop_dead
 
 
 def zeroable(tangent: fx.Node) -> bool:
@@ -29,11 +30,15 @@ def zeroable(tangent: fx.Node) -> bool:
 
 def zero_tangents(bw: fx.GraphModule, n_tangents: int, missing: tuple) -> fx.GraphModule:
     """``bw`` (its last ``n_tangents`` inputs the tangents) without the tangents at positions
-    ``missing``: each is contiguous zeros (what autograd materializes), made before its first use."""
+    ``missing``: each is contiguous zeros (what autograd materializes), made before its first use.
+    A gradient that only missing tangents reach is None, not zeros: eager's backward never reaches
+    that input (the outputs it feeds got no gradient), so its ``.grad`` stays None and its hooks do not
+    run (an optimizer then skips it: no weight decay, no moment update)."""
     g, env = fx.Graph(), {}
     g.output(copy_graph(g, bw.graph, env))
     order = {n: i for i, n in enumerate(g.nodes)}
     tangents = g.find_nodes(op="placeholder")[-n_tangents:]
+    _unreached_none(g, [tangents[i] for i in missing], [t for i, t in enumerate(tangents) if i not in missing])
     for i in missing:
         t = tangents[i]
         v = t.meta["val"]
@@ -46,3 +51,24 @@ def zero_tangents(bw: fx.GraphModule, n_tangents: int, missing: tuple) -> fx.Gra
             t.replace_all_uses_with(z)
         g.erase_node(t)
     return lazy_graph_module(bw, g, type(bw).__name__)
+
+
+def _unreached_none(g: fx.Graph, missing: list, present: list) -> None:
+    """Each output that a missing tangent reaches and no present one does becomes None."""
+    def reached(starts) -> set:
+        seen, todo = set(), list(starts)
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(n.users)
+        return seen
+    by_missing, by_present = reached(missing), reached(present)
+    out = g.output_node()
+    vals = out.args[0]
+    if not isinstance(vals, (tuple, list)):
+        return
+    new = [None if isinstance(v, fx.Node) and v in by_missing and v not in by_present else v for v in vals]
+    if new != list(vals):
+        out.args = (type(vals)(new),)
+        drop_dead(g)     # what only those gradients needed; collectives and random ops stay

@@ -114,3 +114,60 @@ def test_missing_tangent_through_inductor_and_compiled_autograd(where):
         return out[0].detach()
     opts = {"fw_compiler": "inductor"} if where == "inductor" else {}
     check_usage(_small, usage, **opts)
+
+
+# ---------------------------------------------------------------- gradients no used output reaches
+# An input whose every path to the loss goes through outputs the loss does not use: eager's backward never
+# reaches it, so its .grad stays None (not zeros) and an optimizer skips it (AdamW's weight decay and moments
+# would move it otherwise). The compiled backward makes those gradients None.
+
+class Heads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3), torch.nn.Linear(4, 2)
+        self.c = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        h = self.trunk(x).tanh()
+        # a: the trunk and a; b: the trunk, b and c; the zero term keeps c on a's path (eager: zeros)
+        return self.a(h) + 0 * self.c, self.b(h) * self.c[:2].sum()
+
+
+ENTRIES = {"capture": lambda m, x: aotgrad.capture(m, x).compile(),
+           "jit": lambda m, x: aotgrad.jit(m),
+           "torch.compile": lambda m, x: torch.compile(m, backend="aotgrad"),
+           "inductor": lambda m, x: aotgrad.capture(m, x).compile(fw_compiler="inductor")}
+# Which outputs each step's loss uses: one head, the other, both, then one again (a backward per pattern).
+USES = ((0,), (1,), (0, 1), (0,))
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_unreached_gradients_are_none_and_adamw_skips_them(entry):
+    torch._dynamo.reset()
+    eager, model = Heads(), Heads()
+    compiled = ENTRIES[entry](model, torch.randn(5, 4))
+    hooked = {"eager": [], "compiled": []}
+    eager.b.weight.register_hook(lambda g: hooked["eager"].append(g is not None))
+    model.b.weight.register_hook(lambda g: hooked["compiled"].append(g is not None))
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (eager, model)]
+    for step, uses in enumerate(USES):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        for f, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            outs = f(x)
+            sum(outs[i].sum() for i in uses).backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert (p.grad is None) == (q.grad is None), (entry, step, name, p.grad, q.grad)
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+        for opt in opts:
+            opt.step()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=f"{entry} step {step} {name}")
+    # Eager runs the hook on the steps whose loss uses head b; the compiled node, which has an edge to b
+    # whatever the loss uses, runs it on every step, with None where eager's does not run (as for a custom
+    # Function whose backward returns None for an input)
+    assert hooked["eager"] == [True, True]
+    assert [g for g in hooked["compiled"] if g] == hooked["eager"] and len(hooked["compiled"]) == len(USES)
+    torch._dynamo.reset()
