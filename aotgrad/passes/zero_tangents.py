@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import FakeTensor, copy_graph, lazy_graph_module
+from ..partition.default import descendants
 from .cleanup import drop_dead
 
 
@@ -55,15 +56,7 @@ def zero_tangents(bw: fx.GraphModule, n_tangents: int, missing: tuple) -> fx.Gra
 
 def _unreached_none(g: fx.Graph, missing: list, present: list) -> None:
     """Each output that a missing tangent reaches and no present one does becomes None."""
-    def reached(starts) -> set:
-        seen, todo = set(), list(starts)
-        while todo:
-            n = todo.pop()
-            if n not in seen:
-                seen.add(n)
-                todo.extend(n.users)
-        return seen
-    by_missing, by_present = reached(missing), reached(present)
+    by_missing, by_present = descendants(missing), descendants(present)
     out = g.output_node()
     vals = out.args[0]
     if not isinstance(vals, (tuple, list)):
