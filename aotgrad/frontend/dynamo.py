@@ -34,7 +34,7 @@ from ..export.entry import LOADABLE_BACKENDS, compile_record, dump_compiled
 from ..guards import cache
 from ..store import disk
 from ..ir.graphs import Unserializable
-from ..runtime.modes import SETTERS, global_state, put_back, set_global_state, traced
+from ..runtime.modes import GLOBAL_NAMES, SETTERS, global_state, put_back, set_global_state, traced
 from ..scoped import GC_PAUSED
 
 log = logging.getLogger("aotgrad.dynamo")
@@ -201,11 +201,12 @@ def _leaving_settings(call, settings: dict):
     graph runs under eager's."""
     if not settings:
         return call
+    state = tuple(settings.get(i) for i in range(len(GLOBAL_NAMES)))
+    others = frozenset(range(len(GLOBAL_NAMES))) - settings.keys()
 
     def leaving(*args):
         out = call(*args)
-        now = global_state()
-        set_global_state(tuple(settings.get(i, v) for i, v in enumerate(now)))
+        set_global_state(state, keep=others)
         return out
     leaving.compiled = call.compiled
     return leaving

@@ -33,8 +33,9 @@ def zero_tangents(bw: fx.GraphModule, n_tangents: int, missing: tuple) -> fx.Gra
     """``bw`` (its last ``n_tangents`` inputs the tangents) without the tangents at positions
     ``missing``: each is contiguous zeros (what autograd materializes), made before its first use.
     A gradient that only missing tangents reach is None, not zeros: eager's backward never reaches
-    that input (the outputs it feeds got no gradient), so its ``.grad`` stays None and its hooks do not
-    run (an optimizer then skips it: no weight decay, no moment update)."""
+    that input (the outputs it feeds got no gradient), so its ``.grad`` stays None (an optimizer then
+    skips it: no weight decay, no moment update). Its hooks still run, with None: the node's edge to it
+    is fixed at the forward."""
     g, env = fx.Graph(), {}
     g.output(copy_graph(g, bw.graph, env))
     order = {n: i for i, n in enumerate(g.nodes)}
