@@ -689,8 +689,13 @@ def replace_execution_engine(make) -> "Callable[[], None]":
 
 
 def ddp_bucket_limits(ddp) -> list:
-    """``[first bucket's cap, other buckets' cap]`` in bytes of a DistributedDataParallel module."""
+    """A DistributedDataParallel module's bucket caps in bytes, as DDP hands them to its bucket
+    assignment (the last stands for every later bucket): its per-bucket caps where it was given
+    ``bucket_cap_mb_list``, else ``[first bucket's cap, other buckets' cap]``."""
     import torch.distributed as dist
+    per = list(getattr(getattr(ddp, "_bucket_config", None), "per_bucket_bytes_caps", ()) or ())
+    if per:
+        return per
     cap = ddp.bucket_bytes_cap
     return [getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
                     getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]

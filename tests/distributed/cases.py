@@ -10,7 +10,8 @@ graph with FSDP2's all-gathers and reduce-scatters in it; of a DDP model, refuse
 (``static_graph``); ``bf16`` (FSDP2 ``MixedPrecisionPolicy``); ``ckpt`` (checkpoint_wrapper-ed
 blocks, each its own FSDP unit); ``ckptout`` (``checkpoint`` called around an FSDP unit); ``mixed``
 (compiled-autograd and eager backwards alternate on one DDP model); ``single`` (FSDP2 on the
-root only: one unit); ``buckets`` (a bucket per parameter, rebuilt in gradient order); ``bn`` (BatchNorm: DDP broadcasts buffers from rank 0 every forward); ``commhook`` (a DDP
+root only: one unit); ``buckets`` (a bucket per parameter, rebuilt in gradient order); ``bucketlist`` (``bucket_cap_mb_list``:
+a cap per bucket); both also report whether the reducer's buckets are the ones eager DDP rebuilt; ``bn`` (BatchNorm: DDP broadcasts buffers from rank 0 every forward); ``commhook`` (a DDP
 communication hook, which compiled autograd refuses).
 
 Each case trains a fresh model 3 SGD steps next to the same model under eager DDP/FSDP2, each rank
@@ -78,7 +79,8 @@ def _model(wrapper, variant, rank, world):
     if wrapper == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=variant == "unused",
                                                   static_graph=variant == "static",
-                                                  bucket_cap_mb=1e-4 if variant == "buckets" else None)
+                                                  bucket_cap_mb=1e-4 if variant == "buckets" else None,
+                                                  **({"bucket_cap_mb_list": [1e-4, 1e-3]} if variant == "bucketlist" else {}))
         if variant == "commhook":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
             ddp.register_comm_hook(None, allreduce_hook)
@@ -184,6 +186,10 @@ def run(name: str, rank: int, world: int):
     except errors.AotgradError as e:
         return {"refused": type(e).__name__, "message": str(e)}
     tol = 1e-2 if variant == "bf16" else 1e-5
-    return {"grads": [all(_same(a, b, tol) for a, b in zip(w, g)) for w, g in zip(want_grads, got_grads)],
-            "params": all(_same(a, b, tol) for a, b in zip(want_params, got_params)),
-            "compiled": _compiled(entry, step)}
+    out = {"grads": [all(_same(a, b, tol) for a, b in zip(w, g)) for w, g in zip(want_grads, got_grads)],
+           "params": all(_same(a, b, tol) for a, b in zip(want_params, got_params)),
+           "compiled": _compiled(entry, step)}
+    if variant.startswith("bucket"):    # the reducer's buckets, by bytes, are the ones eager DDP rebuilt
+        ours = [sum(p.numel() * p.element_size() for p in b) for b in model._aotgrad_reducer.buckets]
+        out["buckets"] = ", ".join(map(str, ours)) == eager._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+    return out

@@ -4,8 +4,11 @@ rank on its own data, with the reduced gradients and the parameters compared eve
 (``cases.py`` says what each variant exercises). A combination is either exact or refused with a
 typed error before the first step. ``make test`` runs a fast slice; ``make test-distributed`` all.
 """
+import inspect
+
 import pytest
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from . import harness
 
@@ -18,6 +21,8 @@ FSDP = [f"fsdp-{e}-{v}" for v in ("plain", "bf16", "ckpt") for e in (*ENTRIES, "
 # A compiled forward with compiled autograd's backward (what compiled autograd suggests for checkpoint).
 BOTH = ["ddp-jitca-plain", "ddp-jitca-nosync", "ddp-jitca-bn", "ddp-compileca-plain", "ddp-ca-buckets",
         "fsdp-jitca-plain", "fsdp-jitca-ckpt", "fsdp-compileca-plain"]
+if dist.is_available() and "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
+    BOTH.append("ddp-ca-bucketlist")       # per-bucket caps (torch 2.13 on): the reducer's buckets are DDP's
 
 # Refused combinations, with a phrase of the refusal and why it cannot be exact.
 REFUSED = {
@@ -47,7 +52,8 @@ def _check(results, names):
             if name in REFUSED:
                 ok = got and got.get("refused") and REFUSED[name] in got.get("message", "")
             else:
-                ok = got and got.get("grads") == [True] * 3 and got.get("params") and got.get("compiled", 0) > 0
+                ok = got and got.get("grads") == [True] * 3 and got.get("params") and got.get("compiled", 0) > 0 \
+                    and got.get("buckets", True)
             if not ok:
                 failures.append(f"{name} rank {rank}: {got}")
     assert not failures, "\n".join(failures)
