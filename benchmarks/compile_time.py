@@ -26,6 +26,7 @@ PyTorch's ``aot_function`` and ``torch.compile(backend="aot_eager")``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -161,6 +162,7 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
         model, args = _llama(n_layer, use_cache=sdpa == "llama")
     else:
         model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
+    gc.collect()        # the models before this one: their collection is not this measurement's
     t0 = CLOCK()
     if system == "aot_eager":
         import torch
@@ -178,12 +180,17 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
 
 
 def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS, sdpa: bool = False) -> dict:
-    """``{system: {layers: median seconds}}``; each system warmed up once first."""
-    out: dict = {}
+    """``{system: {layers: median seconds}}``; each system warmed up once first, then the systems and
+    depths interleaved in every repeat (a machine's load drifts: run one after the other, a slow minute
+    would land on one system's column alone and skew the ratios)."""
     for system in systems:
         _depth_step(system, depths[0], sdpa)
-        out[system] = {n: statistics.median(_depth_step(system, n, sdpa) for _ in range(repeats)) for n in depths}
-    return out
+    samples: dict = {s: {n: [] for n in depths} for s in systems}
+    for _ in range(repeats):
+        for n in depths:
+            for system in systems:
+                samples[system][n].append(_depth_step(system, n, sdpa))
+    return {s: {n: statistics.median(v) for n, v in per.items()} for s, per in samples.items()}
 
 
 def depth_table(times: dict) -> str:
