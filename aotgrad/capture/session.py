@@ -20,7 +20,7 @@ from .._torch import (
     anomaly_nan_check, known_true, functionalize_has_data_mutation, functionalize_was_storage_changed,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
     constant_nested_ints, has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
-    pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor,
+    pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor, view_meta_sequence,
 )
 from .. import tracing
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
@@ -199,17 +199,12 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                         "buffer); the compiled graph would not repeat the write: register it as a buffer or pass "
                         "it as an argument", user_line=caller_line())
         layout = self.stale.before(func, args, kwargs)
-        watch = sys.getprofile()
-        if watch is not None and getattr(watch, "between_user_code", False):
-            # Another thread's writes are told apart by watching this one (guards.attribution); no
-            # user code runs inside an op (subclasses with their own dispatch are refused above).
-            sys.setprofile(None)
-            try:
-                out = super().__torch_dispatch__(func, types, args, kwargs)
-            finally:
-                sys.setprofile(watch)
-        else:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+        try:
+            out = self._dispatched(func, types, args, kwargs)
+        except RuntimeError as e:
+            if func is _RESIZE and _NO_GROWTH in str(e):
+                raise _growth_refused(args[0]) from None
+            raise
         self.stale.after(func, out, layout)
         if type(out) is FakeTensor and not written:
             out = self._traced_constant_op(func, args, kwargs, out)
@@ -217,6 +212,18 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
             out = laid_out_as_kernel(func, args, out, lambda t, fmt: self.__torch_dispatch__(
                 _CLONE, (type(t),), (t,), {"memory_format": fmt}))
         return out
+
+    def _dispatched(self, func, types, args, kwargs):
+        watch = sys.getprofile()
+        if watch is None or not getattr(watch, "between_user_code", False):
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        # Another thread's writes are told apart by watching this one (guards.attribution); no
+        # user code runs inside an op (subclasses with their own dispatch are refused above).
+        sys.setprofile(None)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            sys.setprofile(watch)
 
     def _traced_constant_op(self, func, args, kwargs, out):
         """``out`` as a traced value where an op of constants alone made it fresh: functionalization
@@ -345,6 +352,24 @@ _RESIZE = torch.ops.aten.resize_.default
 _AS_STRIDED_ = torch.ops.aten.as_strided_.default
 _RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 _COPY_ = torch.ops.aten.copy_.default
+
+
+_NO_GROWTH = "Attempted to resize a view tensor to a larger size"     # functionalization's refusal
+
+
+def _growth_refused(t):
+    """The typed refusal of ``t.resize_()`` to more elements that functionalization raised: it grows a
+    tensor's storage only where no other tensor or object holds that storage."""
+    from ..errors import UnsupportedError, caller_line
+    if view_meta_sequence(t.elem):
+        why = ("of a view: functionalization regenerates a view from its base's storage, which the resize would "
+               "outgrow; resize the base itself")
+    else:
+        why = ("of a tensor whose storage something else holds: functionalization grows a storage only while "
+               "nothing else holds it (a view of it, or, from torch 2.15 on, the Python storage object that every "
+               "traced tensor's storage now has); torch.compile runs such a resize outside its graph")
+    return UnsupportedError(f"resize_() to more elements {why}. Resize outside the compiled function",
+                            user_line=caller_line())
 
 
 def _symbolic(args) -> bool:
