@@ -643,7 +643,8 @@ class _Check:
                     return failed
             if self.cpp is not None:
                 self._drop()
-        except (KeyError, AttributeError, ValueError, TypeError, RuntimeError):     # RuntimeError: dict_version
+        # RuntimeError: dict_version of a non-dict; SystemError: the same on torch 2.11 (NULL, no exception set)
+        except (KeyError, AttributeError, ValueError, TypeError, RuntimeError, SystemError):
             return self._slow()
         return None
 
