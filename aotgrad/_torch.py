@@ -693,12 +693,12 @@ def ddp_bucket_limits(ddp) -> list:
     assignment (the last stands for every later bucket): its per-bucket caps where it was given
     ``bucket_cap_mb_list``, else ``[first bucket's cap, other buckets' cap]``."""
     import torch.distributed as dist
-    per = list(getattr(getattr(ddp, "_bucket_config", None), "per_bucket_bytes_caps", ()) or ())
+    config = getattr(ddp, "_bucket_config", None)
+    per = list(getattr(config, "per_bucket_bytes_caps", ()) or ())
     if per:
         return per
     cap = ddp.bucket_bytes_cap
-    return [getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap",
-                    getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
+    return [getattr(config, "first_bucket_bytes_cap", getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
 
 
 def ddp_bucket_assignment(params: list, limits: list) -> list:
