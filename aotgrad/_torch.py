@@ -88,60 +88,9 @@ def without_dynamo(fn):
 # The compiled-autograd engine (C++): its compiler slot and its cache are one per process.
 compiled_autograd_engine = C_dynamo.compiled_autograd
 TensorGuards = C_dynamo.guards.TensorGuards
-# A plain dict's version tag (CPython's ``ma_version_tag``: every insert, delete or new value changes it,
-# and no two dicts share one); None where this torch has no such function. It raises on a non-dict, and
-# a subclass reordered in place (``OrderedDict.move_to_end``) keeps its tag: callers use it on plain dicts.
+# A dict's version tag (CPython's ``ma_version_tag``), where aotgrad's own C module is not built
+# (``guards/tags.py`` says what it proves); None where this torch has no such function.
 dict_version = getattr(C_dynamo.guards, "dict_version", None)
-
-
-def _tags_follow_writes() -> bool:
-    """Whether every way Python code writes an object's attribute or a dict's item changes the dict's
-    version tag. Python 3.13 keeps an instance's attributes in the object's inline values, and
-    ``obj.k = v`` there leaves its ``__dict__``'s tag as it was: a guard by tag would miss the write."""
-    class Probe:
-        pass
-    p, m = Probe(), torch.nn.Module()
-    p.k = m.k = 0
-    tags = [dict_version(p.__dict__), dict_version(m.__dict__)]
-    p.k, m.k = 1, 1
-    setattr(p, "j", 0)
-    p.__dict__["k"] = 2
-    tags += [dict_version(p.__dict__), dict_version(m.__dict__)]
-    return tags[0] != tags[2] and tags[1] != tags[3] and len(set(tags)) == 4
-
-
-if dict_version is not None and not _tags_follow_writes():
-    dict_version = None     # every check reads the dicts' entries instead
-
-
-def tags_and_types_check(dicts, objects, types, owners=()):
-    """``check(values) -> bool`` for ``values = (*owners, *dicts[len(owners):], *objects)``: each dict still
-    has the version tag it has now (``dict_version``'s), the first ones read as their ``owners``' ``__dict__``
-    (another dict there has another tag), and each object is of the type at its place in ``types``, run in
-    C++ by the guard manager Dynamo's guards use (``RootGuardManager``: one tuple item and one leaf guard
-    per value, a few nanoseconds each where ``map(dict_version, ...)`` costs a Python call each). None where
-    this torch has no such manager or its methods take other arguments (``GUARD_MANAGER_FAILS``), and
-    where tags do not follow every write (no ``dict_version``: the manager reads the same tags)."""
-    if dict_version is None:
-        return None
-    try:
-        from torch._dynamo.guards import GuardManagerType
-        root, kind = C_dynamo.guards.RootGuardManager(), GuardManagerType.GUARD_MANAGER
-        held = {}       # id of an owner -> its item: an object that is one has its type checked there
-        for i, d in enumerate(dicts):
-            where = f"dicts[{i}]"
-            if i < len(owners):
-                held[id(owners[i])] = item = root.tuple_getitem_manager(i, f"owners[{i}]", owners[i], kind)
-                item.get_generic_dict_manager(f"owners[{i}].__dict__", d, kind).add_dict_version_guard(
-                    d, [f"tag of {where}"], None)
-            else:
-                root.tuple_getitem_manager(i, where, d, kind).add_dict_version_guard(d, [f"tag of {where}"], None)
-        for i, (o, t) in enumerate(zip(objects, types), len(dicts)):
-            item = held.get(id(o)) or root.tuple_getitem_manager(i, f"objects[{i}]", o, kind)
-            item.add_type_match_guard(id(t), [f"type of {i}"], None)
-        return root.check
-    except GUARD_MANAGER_FAILS:       # another torch's signatures: the caller checks in Python
-        return None
 
 
 def tensors_check(exemplars, sizes, strides):

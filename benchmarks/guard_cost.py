@@ -106,9 +106,10 @@ def main():
     print(f"GPT {a.layers} layers, {n_modules} modules, {sum(1 for _ in model.parameters())} parameters")
     print("| system | guard µs / call (wall) | CPU µs / call | checks / call | detail |\n|---|---:|---:|---:|---|")
     pc = ours["per call"]
-    looked = (f"looked at per call: {pc['tags']} module dict tags, {pc['types']} module types and "
-              f"{pc['lengths']} held parameter/buffer dicts' {'tags (one C++ call)' if pc['in C++'] else 'lengths'}, "
-              f"{pc['empty']} held empty hook/parameter dicts, {pc['others']} other reads") if "tags" in pc else ""
+    looked = (f"looked at per call: {pc['tags']} module dict tags, {pc['types']} module types, "
+              f"{pc['lengths']} held parameter/buffer dicts' {'tags' if pc['in C'] else 'lengths'} and "
+              f"{pc['empty']} held empty hook/parameter dicts{' (one C loop)' if pc['in C'] else ''}, "
+              f"{pc['others']} other reads") if "tags" in pc else ""
     checks = pc.get("checks", ours["reads"]) + ours["inputs"] + 1
     print(f"| aotgrad.jit | {ours['total'][0]:.1f} | {ours['total'][1]:.1f} | {checks} | modes {ours['modes']:.1f}, "
           f"Python state {ours['state']:.1f} ({ours['reads']} reads guarded; {looked}), arguments "

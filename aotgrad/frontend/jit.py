@@ -54,11 +54,11 @@ class Entry:
     reason: str | None          # why it was compiled: None for the first entry
     loaded: bool = False        # rebuilt from the on-disk cache instead of compiled
     disk: str | None = None     # why the disk cache did not serve it (None: loaded, or no key)
-    gathered: tuple = ()        # (C++ state check, parameters and buffers its passes prove unchanged)
+    gathered: tuple = ()        # (C state check, parameters and buffers its passes prove unchanged)
 
     def match(self, args, kwargs):
         """The prologue, given the parameters and buffers a previous call gathered where the state check
-        just passed in C++ proves their dicts unchanged since (``StateGuards.vouched``)."""
+        just passed in C proves their dicts unchanged since (``StateGuards.vouched``)."""
         path = self.compiled.path
         proof = self.state.vouched(path.held) if path.held else None
         if proof is not None and self.gathered and self.gathered[0] is proof:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .._torch import dict_version, tags_and_types_check
 from ..runtime.codegen import compile_source
 from ..runtime.call import VALUE_TYPES, bits, float_from_bits, same_value
 from ..tracing.views import real
+from .tags import EMPTY_IN_C, dict_version, state_check
 
 _EQ_TYPES = VALUE_TYPES
 _MISSING = object()
@@ -419,14 +419,14 @@ class StateGuards:
         return [f"{r.source}: {_rule(r)}" for r in self.reads]
 
     def vouched(self, slots):
-        """Right after ``check()`` passed: a token (the C++ check) whose passes prove each of ``slots``
+        """Right after ``check()`` passed: a token (the C check) whose passes prove each of ``slots``
         (``runtime.call.held_slots``) the object it was when the token was built, or None."""
         c = getattr(self.check, "__self__", None)
         return None if c is None else c.vouched(slots)
 
     def per_call(self) -> dict:
-        """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types and
-        the held dicts' lengths (in C++ once built), the held empty hook and parameter dicts (one C pass),
+        """What a call that finds nothing changed looks at: module ``__dict__`` tags, module types, the
+        held dicts' lengths and the held empty hook and parameter dicts (one C loop once built: ``in C``),
         and the other reads; ``checks``: how many in all."""
         c = getattr(self.check, "__self__", None)
         if c is None:
@@ -434,7 +434,7 @@ class StateGuards:
         kinds = {k: len(rs) for k, rs in c.by_kind.items()}
         out = {"reads": len(self.reads), "tags": len(c.dicts), "types": kinds.pop("type", 0),
                "empty": kinds.pop("empty", 0), "lengths": kinds.pop("len", 0), "others": sum(kinds.values()),
-               "in C++": c.cpp is not None}
+               "in C": c.cpp is not None}
         out["held dicts"] = out["empty"] + out["lengths"]
         out["checks"] = out["tags"] + out["types"] + out["held dicts"] + out["others"]
         return out
@@ -494,15 +494,15 @@ class _Check:
     changes the tag). Their contents, the modules' types and every other read are checked each call, by
     kind (``_fast_check``); a hook or parameter dict of another holder (the global hooks) is read
     through it. All of it is one generated expression (``_fuse``); once the tags have held for a few
-    calls, the tags, the held parameter and buffer dicts' tags and the types are checked in C++
-    (``_torch.tags_and_types_check``, built over the tags just verified; its passes are what ``vouched``
+    calls, the tags, the held parameter and buffer dicts' tags, the types and the held empty dicts are
+    one C loop (``tags.state_check``, built over the tags just verified; its passes are what ``vouched``
     offers the prologue). When it fails, the parts are checked one by one: a changed tag (a write to the
     module, ``model.step = i``) checks that module's reads, and where they hold its new tag is the
-    expected one (dicts it now holds are held in place of the old ones, and the C++ check, which holds
+    expected one (dicts it now holds are held in place of the old ones, and the C check, which holds
     the old tags, is dropped); a part that fails with every read holding (an equal value in a new
     object) is refreshed; else the per-read loop names the read."""
 
-    CALM, BUILDS = 3, 4     # calls the tags must hold before the C++ check is built; builds at most
+    CALM, BUILDS = 3, 4     # calls the tags must hold before the C check is built; builds at most
 
     def __init__(self, reads):
         self.reads = reads
@@ -510,7 +510,7 @@ class _Check:
 
     def _reset(self):
         """Everything derived from the reads' holders as they are now: which dicts are held, no tag
-        trusted yet, no C++ check."""
+        trusted yet, no C check."""
         reads = self.reads
         self.mods = mods = _module_dicts(reads)
         # A module's plain children dict (``_modules``) is held by its tag too: which dict the module
@@ -582,35 +582,40 @@ class _Check:
         return True
 
     def _calm(self):
-        """The tags held again: after ``CALM`` calls in a row, the C++ check of them and the types."""
+        """The tags held again: after ``CALM`` calls in a row, the C check of them, the types and the
+        held empty dicts (``tags.state_check``)."""
         self.calm += 1
         if self.calm < self.CALM or self.builds >= self.BUILDS:
             return
         self.builds += 1
         typed, sized = self.by_kind.get("type", ()), self.by_kind.get("len", ())
         held = [real(_get(r.where, r.key)) for r in sized]
+        empty = [d for d in self._empties() if type(d) in EMPTY_IN_C]
         # The held parameter and buffer dicts by their tags too: an unchanged tag proves the length, and
-        # that each entry is the object it was at the build (what ``vouched`` offers the prologue).
-        check = tags_and_types_check((*self.dicts, *held), [r.where for r in typed], [r.value for r in typed],
-                                     self.owners)
+        # that each entry is the object it was at the build (what ``vouched`` offers the prologue). Their
+        # tags are taken now, then their lengths checked (tags taken after this call's check of them);
+        # the modules' tags are the ones this call verified (a write from another thread since gives a
+        # new tag, which fails the check, never an old one back).
+        tags = (*self.tags, *map(dict_version, held))
+        check = state_check(self.owners, (*self.dicts, *held), tags, [r.where for r in typed],
+                            [r.value for r in typed], empty)
         if check is None:
             self.builds = self.BUILDS
-        # Built over each dict's tag as it is now: only where that is still the verified one (a write
-        # from another thread since this call's check gives a new tag, never an old one back) and the
-        # held dicts still have their lengths (tags taken after this call's check of them).
-        elif list(map(dict_version, self._dicts_now())) == self.tags and \
-                list(map(len, held)) == [r.value for r in sized]:
+        elif list(map(len, held)) == [r.value for r in sized]:
             self.cpp = check
             self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, check)
 
+    def _empties(self):
+        return tuple(real(_get(r.where, r.key)) for r in self.by_kind.get("empty", ()))
+
     def _drop(self):
-        """The C++ check failed with every read holding (a held parameter dict written: a parameter
+        """The C check failed with every read holding (a held parameter dict written: a parameter
         replaced by another): checked in Python until it is built again over the new tags."""
         self.cpp, self.calm = None, 0
         self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, None)
 
     def vouched(self, slots):
-        """The C++ check, where it is built and its last pass proves ``slots`` unchanged since the build:
+        """The C check, where it is built and its last pass proves ``slots`` unchanged since the build:
         each ``(module __dict__, "_parameters" or "_buffers", name)`` of a module whose tag it holds, the
         dict there now one of the held dicts it holds by tag (not a capture's per-thread view). Else None."""
         cpp = self.cpp
@@ -650,16 +655,17 @@ class _Check:
 
 
 def _fuse(owners, dicts, tags, by_kind, parts, cpp=None):
-    """The whole check as one generated expression: the tags (or ``cpp``, the C++ check of the tags, the
-    held parameter and buffer dicts' tags and the types), the held hook and parameter dicts' emptiness and lengths and the
-    modules' types as C passes in line, each other part called. Emptiness stays a C pass of ``any`` even
-    with ``cpp``: about 3 ns a dict, where a guard manager's leaf costs 8."""
+    """The whole check as one generated expression: the tags (or ``cpp``, the C check of the tags, the
+    held parameter and buffer dicts' tags, the types and the held empty dicts it was given), the held
+    hook and parameter dicts' emptiness and lengths and the modules' types as C passes in line, each other
+    part called."""
     env = {"dv": dict_version, "O": owners, "D": dicts[len(owners):], "T": tags, "any": any, "len": len,
-           "list": list, "map": map, "type": type, "vars": vars}
-    terms = [] if not dicts else ["list(map(dv, (*map(vars, O), *D))) == T"] if cpp is None else ["C(DY)"]
+           "list": list, "map": map, "type": type, "vars": vars, "C": cpp}
+    terms = [] if not dicts else ["list(map(dv, (*map(vars, O), *D))) == T"] if cpp is None else ["C()"]
     for n, (kind, rs) in enumerate(by_kind.items()):
         if kind == "empty":
-            env["E"] = tuple(real(_get(r.where, r.key)) for r in rs)
+            env["E"] = tuple(d for d in (real(_get(r.where, r.key)) for r in rs)
+                             if cpp is None or type(d) not in EMPTY_IN_C)
             terms.append("not any(E)")
         elif kind == "len":
             env["L"], env["LE"] = tuple(real(_get(r.where, r.key)) for r in rs), [r.value for r in rs]
@@ -672,8 +678,6 @@ def _fuse(owners, dicts, tags, by_kind, parts, cpp=None):
         else:
             env[f"p{n}"] = parts[n]
             terms.append(f"p{n}()")
-    if cpp is not None:
-        env["C"], env["DY"] = cpp, (*owners, *dicts[len(owners):], *env.get("L", ()), *env.get("Y", ()))
     src = "def make():\n    def check():\n        return " + (" and ".join(terms) or "True") + "\n    return check\n"
     exec(compile_source(src, "state guards"), env)
     return env["make"]()

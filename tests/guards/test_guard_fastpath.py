@@ -1,11 +1,11 @@
 """The per-call fast paths of issue #61 part 2, against the full check: held parameter and buffer dicts'
-lengths checked in C++ with the module tags and types (``_torch.tags_and_types_check``), and parameters'
+lengths checked in C with the module tags, types and empty hook dicts (``guards.tags.state_check``), and parameters'
 and buffers' metadata checked by a guard manager's ``TENSOR_MATCH`` leaves over the flat inputs
 (``_torch.tensors_check``), with ``TensorGuards`` and the generated Python check as the fallbacks.
 
 Each is changed in the ways that would fool a shortcut (same count after a pop and an add, a write then
 its undo, metadata changed on the same tensor object: ``p.data =``, ``set_``, ``resize_``,
-``requires_grad_``), before the C++ check is built and after, and on each fallback path forced. After
+``requires_grad_``), before the C state check is built and after, and on each fallback path forced. After
 each change: ``aotgrad.jit`` gives eager's result, recompiling exactly where the change is real; a
 staged step raises ``InputMismatchError`` exactly there; and the fast state check agrees with the
 per-read loop."""
@@ -118,9 +118,9 @@ def _agree(guards):
 
 
 PATHS = {
-    "python, before the C++ check": (1, {}),
-    "C++ check built": (6, {}),
-    "no guard manager (older torch)": (6, {"manager": False}),
+    "python, before the C check": (1, {}),
+    "C check built": (6, {}),
+    "no C state check, no guard manager": (6, {"manager": False}),
     "no C++ tensor check at all": (6, {"manager": False, "tensor_guards": False}),
 }
 
@@ -128,7 +128,7 @@ PATHS = {
 def _force(monkeypatch, manager=True, tensor_guards=True):
     """The fallbacks a torch without these guard-manager methods takes, forced on this one."""
     if not manager:
-        monkeypatch.setattr(state_guards, "tags_and_types_check", lambda *a, **k: None)
+        monkeypatch.setattr(state_guards, "state_check", lambda *a, **k: None)
         monkeypatch.setattr(input_guards, "_MANAGER", False)
     if not tensor_guards:
         def missing(*a, **k):
@@ -163,9 +163,9 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeyp
     for _ in range(warm):
         _same(step(x), model(x))
     first = step.entries[0].state
-    from aotgrad._torch import dict_version     # (None where tags miss writes, Python 3.13: no C++ check)
-    assert (first.check.__self__.cpp is not None) == (path == "C++ check built" and dict_version is not None)
-    assert _tensor_check(step.entries[0]) == {"no guard manager (older torch)": "TensorGuards",
+    from aotgrad.guards.tags import StateCheck     # (None where not built, or tags miss writes: Python 3.13)
+    assert (first.check.__self__.cpp is not None) == (path == "C check built" and StateCheck is not None)
+    assert _tensor_check(step.entries[0]) == {"no C state check, no guard manager": "TensorGuards",
                                               "no C++ tensor check at all": None}.get(path, "guard manager")
     expected = 1
     for do, real in CHANGES[change]:
@@ -178,7 +178,7 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeyp
         assert len(step.entries) == expected
 
 
-@pytest.mark.parametrize("path", ["python, before the C++ check", "C++ check built", "no C++ tensor check at all"])
+@pytest.mark.parametrize("path", ["python, before the C check", "C check built", "no C++ tensor check at all"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, path, monkeypatch):
     model, x, warm = _setup(monkeypatch, path)
@@ -236,14 +236,14 @@ def test_the_tensor_check_fails_at_each_metadata_change(manager, monkeypatch):
 
 
 def test_per_call_counts_each_check():
-    """``per_call`` says what a call checks; the C++ part holds the tags, the types and the lengths."""
+    """``per_call`` says what a call checks; the C part holds the tags, the types, the lengths and the empty dicts."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.jit(model)
     for _ in range(6):
         step(x)
     counts = step.entries[0].state.per_call()
-    assert counts["in C++"] is (state_guards.tags_and_types_check([{}], [0], [int]) is not None)
+    assert counts["in C"] is (state_guards.state_check((), (), (), (), (), ()) is not None)
     tagged = state_guards.dict_version is not None      # (Python 3.13: tags miss writes, none are checked)
     assert (counts["tags"] >= 4 if tagged else counts["tags"] == 0) and counts["types"] == 4
     assert counts["held dicts"] >= (8 if tagged else 0)
@@ -251,7 +251,7 @@ def test_per_call_counts_each_check():
 
 
 def test_the_prologue_takes_the_gathered_parameters_only_while_the_cpp_check_proves_them():
-    """After a few calls the entry keeps the parameters and buffers its prologue gathered, under the C++
+    """After a few calls the entry keeps the parameters and buffers its prologue gathered, under the C
     state check whose passes prove their dicts unchanged; a parameter replaced drops that check, and the
     next calls gather (and use) the new one until a new check is built."""
     torch.manual_seed(0)
@@ -262,7 +262,7 @@ def test_the_prologue_takes_the_gathered_parameters_only_while_the_cpp_check_pro
     entry = step.entries[0]
     cpp = entry.state.check.__self__.cpp
     if cpp is None:
-        pytest.skip("this torch has no guard manager to build on")
+        pytest.skip("aotgrad's C module is not built here")
     assert entry.gathered[0] is cpp and entry.gathered[1][2] is model.sc.w
     model.sc.w = nn.Parameter(torch.randn(3))
     for _ in range(6):
@@ -274,7 +274,7 @@ def test_the_prologue_takes_the_gathered_parameters_only_while_the_cpp_check_pro
 
 
 def test_no_proof_for_slots_the_state_check_does_not_hold():
-    """``vouched`` proves only dicts the C++ check holds by tag, and only while that check is built: a
+    """``vouched`` proves only dicts the C check holds by tag, and only while that check is built: a
     parameter dict replaced (by an equal one) drops it."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
@@ -283,7 +283,7 @@ def test_no_proof_for_slots_the_state_check_does_not_hold():
         step(x)
     state, held = step.entries[0].state, step.entries[0].compiled.path.held
     if state.check.__self__.cpp is None:
-        pytest.skip("this torch has no guard manager to build on")
+        pytest.skip("aotgrad's C module is not built here")
     assert state.vouched(held) is not None
     other = nn.Linear(3, 3)
     assert state.vouched(((vars(other), "_parameters", "weight"),)) is None

@@ -1,0 +1,216 @@
+/* The per-call check of the Python state a compiled entry read, as one C loop (guards/state.py).
+ *
+ * StateCheck(owners, dicts, tags, objects, types, empties)() is True when
+ *   - the i-th dict, read as owners[i].__dict__ for the first len(owners), still has the version tag
+ *     tags[i] (CPython's ma_version_tag: every insert, delete or new value gives a dict a new tag, and
+ *     no two dicts share one, so another dict in its place fails too),
+ *   - each of objects is of the type at its place in types, and
+ *   - each of empties (a dict or OrderedDict: the constructor refuses anything else) is empty.
+ * A few nanoseconds a value, where a Python pass costs a call each. dict_version(d) is a dict's tag.
+ * Built only where CPython keeps ma_version_tag (3.11 to 3.13); elsewhere the module is not built and
+ * guards/state.py checks in Python. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#if PY_VERSION_HEX >= 0x030E0000
+#error "CPython 3.14 has no ma_version_tag: aotgrad checks its state guards in Python there"
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+
+static inline uint64_t tag_of(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *owners, *dicts, *objects, *types, *empties;   /* tuples */
+    uint64_t *tags;
+} StateCheck;
+
+static int
+all_of(PyObject *t, int (*ok)(PyObject *), const char *what)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++)
+        if (!ok(PyTuple_GET_ITEM(t, i))) {
+            PyErr_Format(PyExc_TypeError, "StateCheck: item %zd of %s is not one", i, what);
+            return 0;
+        }
+    return 1;
+}
+
+static int is_dict(PyObject *o) { return PyDict_Check(o); }
+static int is_type(PyObject *o) { return PyType_Check(o); }
+static PyObject *ordered_dict;      /* collections.OrderedDict */
+static int is_plain_dict(PyObject *o) { return PyDict_CheckExact(o) || (PyObject *)Py_TYPE(o) == ordered_dict; }
+
+static int holds(StateCheck *self);
+
+static PyObject *
+StateCheck_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    int ok = holds((StateCheck *)self);
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *
+StateCheck_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *owners, *dicts, *tags, *objects, *types, *empties;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyTuple_Type, &owners, &PyTuple_Type, &dicts,
+                          &PyTuple_Type, &tags, &PyTuple_Type, &objects, &PyTuple_Type, &types,
+                          &PyTuple_Type, &empties))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
+    if (PyTuple_GET_SIZE(owners) > n || PyTuple_GET_SIZE(tags) != n
+            || PyTuple_GET_SIZE(objects) != PyTuple_GET_SIZE(types)) {
+        PyErr_SetString(PyExc_ValueError, "StateCheck: owners, dicts, tags, objects and types do not match");
+        return NULL;
+    }
+    if (!all_of(dicts, is_dict, "dicts") || !all_of(types, is_type, "types")
+            || !all_of(empties, is_plain_dict, "empties (a dict or an OrderedDict)"))
+        return NULL;
+    StateCheck *self = (StateCheck *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->tags = PyMem_Malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (self->tags == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        self->tags[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(tags, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    self->vectorcall = StateCheck_vectorcall;
+    self->owners = Py_NewRef(owners);
+    self->dicts = Py_NewRef(dicts);
+    self->objects = Py_NewRef(objects);
+    self->types = Py_NewRef(types);
+    self->empties = Py_NewRef(empties);
+    return (PyObject *)self;
+}
+
+/* 1 where every value holds, 0 where one does not, -1 with an exception set. */
+static int
+holds(StateCheck *self)
+{
+    Py_ssize_t n_owners = PyTuple_GET_SIZE(self->owners), n = PyTuple_GET_SIZE(self->dicts);
+    for (Py_ssize_t i = 0; i < n_owners; i++) {
+        PyObject *d = PyObject_GenericGetDict(PyTuple_GET_ITEM(self->owners, i), NULL);
+        if (d == NULL)
+            return -1;
+        int same = PyDict_Check(d) && tag_of(d) == self->tags[i];
+        Py_DECREF(d);
+        if (!same)
+            return 0;
+    }
+    for (Py_ssize_t i = n_owners; i < n; i++)
+        if (tag_of(PyTuple_GET_ITEM(self->dicts, i)) != self->tags[i])
+            return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->objects); i++)
+        if ((PyObject *)Py_TYPE(PyTuple_GET_ITEM(self->objects, i)) != PyTuple_GET_ITEM(self->types, i))
+            return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->empties); i++)
+        if (PyDict_GET_SIZE(PyTuple_GET_ITEM(self->empties, i)) != 0)
+            return 0;
+    return 1;
+}
+
+static PyObject *
+StateCheck_call(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    int ok = holds((StateCheck *)self);
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
+}
+
+static int
+StateCheck_traverse(StateCheck *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->owners);
+    Py_VISIT(self->dicts);
+    Py_VISIT(self->objects);
+    Py_VISIT(self->types);
+    Py_VISIT(self->empties);
+    return 0;
+}
+
+static int
+StateCheck_clear(StateCheck *self)
+{
+    Py_CLEAR(self->owners);
+    Py_CLEAR(self->dicts);
+    Py_CLEAR(self->objects);
+    Py_CLEAR(self->types);
+    Py_CLEAR(self->empties);
+    return 0;
+}
+
+static void
+StateCheck_dealloc(StateCheck *self)
+{
+    PyObject_GC_UnTrack(self);
+    StateCheck_clear(self);
+    PyMem_Free(self->tags);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject StateCheckType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aotgrad.guards._tags.StateCheck",
+    .tp_basicsize = sizeof(StateCheck),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "StateCheck(owners, dicts, tags, objects, types, empties)(): whether the state still holds",
+    .tp_new = StateCheck_new,
+    .tp_call = StateCheck_call,
+    .tp_vectorcall_offset = offsetof(StateCheck, vectorcall),
+    .tp_traverse = (traverseproc)StateCheck_traverse,
+    .tp_clear = (inquiry)StateCheck_clear,
+    .tp_dealloc = (destructor)StateCheck_dealloc,
+};
+
+static PyObject *
+dict_version(PyObject *module, PyObject *d)
+{
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "dict_version: not a dict");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(tag_of(d));
+}
+
+static PyMethodDef methods[] = {
+    {"dict_version", dict_version, METH_O, "dict_version(d): d's version tag"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tags", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__tags(void)
+{
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL)
+        return NULL;
+    ordered_dict = PyObject_GetAttrString(collections, "OrderedDict");
+    Py_DECREF(collections);
+    if (ordered_dict == NULL || PyType_Ready(&StateCheckType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "StateCheck", (PyObject *)&StateCheckType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
