@@ -27,6 +27,7 @@ class Trace:
     blocks: object = None       # capture.blocks.Reuse: calls of repeated blocks go through templates
     direct: object = None       # capture.block_graph.Direct: the joint trace's block parameters
     data: object = None         # inputs.step: what ``t.data = v`` does while a training step is traced
+    checkpointed: bool = False  # in a traced reentrant checkpoint's function (its recompute too): nested ones convert
 
 
 REFUSE = True

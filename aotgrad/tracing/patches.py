@@ -56,7 +56,7 @@ from .._torch import (
     reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
-from .context import REFUSE, current
+from .context import REFUSE, current, scope
 
 # Ops that exist only for their side effect (they raise, or print) carry an effect token when
 # traced, which aotgrad's graphs do not model; with their effect unregistered they are plain nodes
@@ -200,8 +200,9 @@ def _functions():
     original = Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
-        rec = current().hooks
-        if rec is not None and cls is reentrant_checkpoint():
+        t = current()
+        rec = t.hooks
+        if (rec is not None or t.checkpointed) and cls is reentrant_checkpoint():
             return _as_non_reentrant(*args)
         out = original.__get__(None, cls)(*args, **kwargs)     # torch 2.14.1's apply is a C classmethod_descriptor
         if rec is not None and not getattr(cls, "aotgrad_writes_nothing", False):      # aotgrad's own Functions
@@ -219,14 +220,19 @@ def _as_non_reentrant(function, preserve_rng_state, *args):
     ``autograd.grad`` (reentrant checkpointing runs ``backward()`` in its own backward, and refuses
     ``grad``): the non-reentrant implementation recomputes the same ops from the same RNG state. Eager's
     reentrant one gives no gradient where no tensor argument requires grad (its outputs are detached,
-    the parameters inside get none; it warns so): that is kept."""
+    the parameters inside get none; it warns so): that is kept. The function runs with nested reentrant
+    checkpoints converted too, in its recompute as well (the joint's backward, outside the user forward's
+    hook recording): the forward and its recompute save the same tensors."""
     from torch.utils import checkpoint
     if not (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         import warnings
         warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=3)
         with torch.no_grad():
             return function(*args)
-    return checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state)
+    def converting(*a):
+        with FUNCTIONS(), scope(checkpointed=True):      # the recompute runs after the forward's patches end
+            return function(*a)
+    return checkpoint.checkpoint(converting, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state)
 
 
 def _rng_targets():

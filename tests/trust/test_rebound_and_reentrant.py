@@ -157,7 +157,20 @@ def test_reentrant_checkpoint_without_grad_inputs_gives_no_parameter_grads():
     assert run.fn.inner.weight.grad is None and run.fn.out.weight.grad is not None
 
 
-def test_nested_reentrant_checkpoint():
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_nested_reentrant_checkpoint(entry, monkeypatch):
+    """Nested reentrant checkpoints run as non-reentrant ones in the trace, the inner one in the outer's
+    recompute too (the joint's backward, after the forward's patches ended): eager's reentrant Function
+    there would save other tensors than the forward did (torch 2.11 refuses: "a different number of
+    tensors was saved"). Eager's own run, outside any trace, still takes the reentrant path."""
+    from torch.utils import checkpoint as ckpt
+    reentrant, real = [], ckpt.CheckpointFunction.forward
+
+    def spied(ctx, run_function, *args):
+        reentrant.append(run_function)
+        return real(ctx, run_function, *args)
+    monkeypatch.setattr(ckpt.CheckpointFunction, "forward", staticmethod(spied))
+
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -171,4 +184,9 @@ def test_nested_reentrant_checkpoint():
 
         def forward(self, x):
             return checkpoint(self.outer, x, use_reentrant=True).sum()
+    m, x = M(), torch.randn(3, 4, requires_grad=True)
+    step = aotgrad.capture(m, x).compile() if entry == "capture" else aotgrad.jit(m)
+    step(x).backward()
+    assert reentrant == []
     check(None, make=lambda: (M(), (torch.randn(3, 4, requires_grad=True),), {}))
+    assert reentrant        # eager's run
