@@ -154,9 +154,16 @@ def test_step_matches_eager(case, entry, monkeypatch):
     if entry == "dynamo":
         # Dynamo traces the optimizer itself, on its compile path (``is_compiling()``): scalar math in
         # float32 tensors where eager's is in Python floats. The same graphs through PyTorch's own
-        # aot_eager are the exact reference; eager is within float rounding.
-        _compare(_run(case), _run(case, compile=compile), exact=False)
-        _compare(_run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile), exact=True)
+        # aot_eager are the exact reference; eager is within float rounding, where PyTorch's own Dynamo
+        # path is (torch 2.11's centered RMSprop with momentum is not: 5e-6 apart after a few steps).
+        reference, ours = _run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile)
+        _compare(reference, ours, exact=True)
+        eager = _run(case)
+        try:
+            _compare(eager, reference, exact=False)
+        except AssertionError:
+            return
+        _compare(eager, ours, exact=False)
         return
     _compare(_run(case, warm=warm), _run(case, compile=compile), exact=entry != "jit_inductor")
 
