@@ -51,6 +51,10 @@ static int holds(StateCheck *self);
 static PyObject *
 StateCheck_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "StateCheck() takes no arguments");
+        return NULL;
+    }
     int ok = holds((StateCheck *)self);
     if (ok < 0)
         return NULL;
@@ -124,15 +128,6 @@ holds(StateCheck *self)
     return 1;
 }
 
-static PyObject *
-StateCheck_call(PyObject *self, PyObject *args, PyObject *kwds)
-{
-    int ok = holds((StateCheck *)self);
-    if (ok < 0)
-        return NULL;
-    return PyBool_FromLong(ok);
-}
-
 static int
 StateCheck_traverse(StateCheck *self, visitproc visit, void *arg)
 {
@@ -171,7 +166,7 @@ static PyTypeObject StateCheckType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "StateCheck(owners, dicts, tags, objects, types, empties)(): whether the state still holds",
     .tp_new = StateCheck_new,
-    .tp_call = StateCheck_call,
+    .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(StateCheck, vectorcall),
     .tp_traverse = (traverseproc)StateCheck_traverse,
     .tp_clear = (inquiry)StateCheck_clear,
