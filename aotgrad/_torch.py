@@ -643,11 +643,11 @@ def ddp_bucket_limits(ddp) -> list:
     ``bucket_cap_mb_list``, else ``[first bucket's cap, other buckets' cap]``."""
     import torch.distributed as dist
     config = getattr(ddp, "_bucket_config", None)
-    per = list(getattr(config, "per_bucket_bytes_caps", ()) or ())
-    if per:
-        return per
-    cap = ddp.bucket_bytes_cap
-    return [getattr(config, "first_bucket_bytes_cap", getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap)), cap]
+    if config is None:      # torch < 2.13: the caps are DDP's own attributes
+        per, cap = list(getattr(ddp, "bucket_bytes_cap_list", ()) or ()), ddp.bucket_bytes_cap
+        default = getattr(ddp, "bucket_bytes_cap_default", False)     # no bucket_cap_mb given: a small first
+        return per or [getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", cap) if default else cap, cap]
+    return list(config.per_bucket_bytes_caps or ()) or [config.first_bucket_bytes_cap, config.bucket_bytes_cap]
 
 
 def ddp_bucket_assignment(params: list, limits: list) -> list:
