@@ -276,12 +276,11 @@ def fsdp_family_case(size: str, world: int) -> dict:
         m = fsdp(world)
         m.fc2.register_forward_hook(lambda m, a, o: o * 2)
         return m
-    try:
+    if torch.__version__ >= (2, 13):
         out["hook_jit_dynamo"] = _step_through_dynamo(hooked_fsdp(), hooked, rank)
-    except RuntimeError as e:   # Dynamo's own FSDP2 step fails so on torch 2.11, PyTorch's aot_eager too
-        out["hook_jit_dynamo"] = "modified by an inplace operation" in str(e) and \
-            _raises(lambda: _step_through_dynamo(hooked_fsdp(), hooked_fsdp(), rank, "aot_eager"), RuntimeError,
-                    "modified by an inplace operation")
+    # Before 2.13 Dynamo's own FSDP2 step with a module hook fails its backward ("modified by an inplace
+    # operation"; torch.compile with aot_eager too, on 2.11.0), and FSDP2's collectives left pending
+    # then break the next case's: not run
     # FSDP1: refused by capture and jit of the model (its flat parameters are no unit's own); a step's
     # jit goes to Dynamo
     model = _fsdp1()
