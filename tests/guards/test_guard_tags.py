@@ -310,7 +310,7 @@ def test_the_cpp_check_is_dropped_at_a_write_and_built_again_a_bounded_number_of
         torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
         checker = step.entries[0].state.check.__self__
     assert len(step.entries) == 1
-    assert checker.builds == (checker.BUILDS if _has_c() else 0)
+    assert checker.builds == checker.BUILDS     # (without the C module: the first try gives up for good)
     model.b.__class__ = nn.Sigmoid
     torch.testing.assert_close(step(x), model(x), rtol=0, atol=0)
     assert len(step.entries) == 2
