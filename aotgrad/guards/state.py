@@ -67,6 +67,11 @@ def _get(where, key):
     return getattr(where, key)
 
 
+def _held(reads) -> tuple:
+    """What each read's place holds now, a capture's per-thread view taken as the dict it stands for."""
+    return tuple(real(_get(r.where, r.key)) for r in reads)
+
+
 def freeze(v, depth=0):
     """A type-exact, comparable description of a guarded container value: plain values by their
     bits, containers element by element (``deque`` with its ``maxlen``), the buffers of ``bytearray``,
@@ -297,14 +302,14 @@ def _fast_check(kind, reads):
         # The dicts themselves, held: one C pass of ``any`` (a module's hook and parameter dicts are
         # only ever changed in place; assigning a new dict to ``_forward_hooks`` is not seen here).
         # A parameter dict a capture's per-thread view stands in for is held as the module's own.
-        held = tuple(real(_get(r.where, r.key)) for r in reads)
+        held = _held(reads)
         return lambda: not any(held)
     if kind == "type":     # one C pass of ``type`` over the held objects
         held, expect = tuple(r.where for r in reads), [r.value for r in reads]
         return lambda: list(map(type, held)) == expect
     if kind == "len":
         # Lengths only: comparing the dicts would compare replaced parameters with ``Tensor.__eq__``.
-        held, expect = tuple(real(_get(r.where, r.key)) for r in reads), [r.value for r in reads]
+        held, expect = _held(reads), [r.value for r in reads]
         return lambda: list(map(len, held)) == expect
     if kind == "dict" and dict_version is not None:
         return _by_version(reads)
@@ -589,8 +594,8 @@ class _Check:
             return
         self.builds += 1
         typed, sized = self.by_kind.get("type", ()), self.by_kind.get("len", ())
-        held = [real(_get(r.where, r.key)) for r in sized]
-        empty = [d for d in self._empties() if type(d) in EMPTY_IN_C]
+        held = _held(sized)
+        empty = [d for d in _held(self.by_kind.get("empty", ())) if type(d) in EMPTY_IN_C]
         # The held parameter and buffer dicts by their tags too: an unchanged tag proves the length, and
         # that each entry is the object it was at the build (what ``vouched`` offers the prologue). Their
         # tags are taken now, then their lengths checked (tags taken after this call's check of them);
@@ -604,9 +609,6 @@ class _Check:
         elif list(map(len, held)) == [r.value for r in sized]:
             self.cpp = check
             self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, check)
-
-    def _empties(self):
-        return tuple(real(_get(r.where, r.key)) for r in self.by_kind.get("empty", ()))
 
     def _drop(self):
         """The C check failed with every read holding (a held parameter dict written: a parameter
@@ -624,7 +626,7 @@ class _Check:
         known = self.covers.get(id(slots))
         if known is None or known[0] is not cpp:
             tagged = {id(d) for d in self.dicts}
-            held = {id(real(_get(r.where, r.key))) for r in self.by_kind.get("len", ())}
+            held = set(map(id, _held(self.by_kind.get("len", ()))))
             ok = all(id(m) in tagged and id(m.get(k)) in held for m, k, _ in slots)
             self.covers[id(slots)] = known = (cpp, ok, slots)
         return cpp if known[1] else None
@@ -664,11 +666,11 @@ def _fuse(owners, dicts, tags, by_kind, parts, cpp=None):
     terms = [] if not dicts else ["list(map(dv, (*map(vars, O), *D))) == T"] if cpp is None else ["C()"]
     for n, (kind, rs) in enumerate(by_kind.items()):
         if kind == "empty":
-            env["E"] = tuple(d for d in (real(_get(r.where, r.key)) for r in rs)
-                             if cpp is None or type(d) not in EMPTY_IN_C)
-            terms.append("not any(E)")
+            env["E"] = tuple(d for d in _held(rs) if cpp is None or type(d) not in EMPTY_IN_C)
+            if env["E"]:        # (with ``cpp``, usually none left: it checks them)
+                terms.append("not any(E)")
         elif kind == "len":
-            env["L"], env["LE"] = tuple(real(_get(r.where, r.key)) for r in rs), [r.value for r in rs]
+            env["L"], env["LE"] = _held(rs), [r.value for r in rs]
             if cpp is None:
                 terms.append("list(map(len, L)) == LE")
         elif kind == "type":

@@ -229,6 +229,7 @@ def _as_non_reentrant(function, preserve_rng_state, *args):
         warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=3)
         with torch.no_grad():
             return function(*args)
+
     def converting(*a):
         with FUNCTIONS(), scope(checkpointed=True):      # the recompute runs after the forward's patches end
             return function(*a)

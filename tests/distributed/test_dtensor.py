@@ -271,16 +271,14 @@ def fsdp_family_case(size: str, world: int) -> dict:
     backward_hooked.fc3.register_full_backward_hook(lambda m, gi, go: None)
     out["backward_hook_capture"] = _raises(lambda: aotgrad.capture(backward_hooked, x), errors.GraphBreakError,
                                            "'fc3': it has module hooks")
-    # jit of a whole step the lowering refuses goes to Dynamo, which runs FSDP's hooks: still like eager
-    def hooked_fsdp():
-        m = fsdp(world)
-        m.fc2.register_forward_hook(lambda m, a, o: o * 2)
-        return m
+    # jit of a whole step the lowering refuses goes to Dynamo, which runs FSDP's hooks: still like eager.
+    # Not run before 2.13: Dynamo's own FSDP2 step with a module hook fails its backward there ("modified
+    # by an inplace operation"; torch.compile with aot_eager too, on 2.11.0), and the FSDP2 collectives it
+    # leaves pending break the next case's
     if torch.__version__ >= (2, 13):
-        out["hook_jit_dynamo"] = _step_through_dynamo(hooked_fsdp(), hooked, rank)
-    # Before 2.13 Dynamo's own FSDP2 step with a module hook fails its backward ("modified by an inplace
-    # operation"; torch.compile with aot_eager too, on 2.11.0), and FSDP2's collectives left pending
-    # then break the next case's: not run
+        hooked_eager = fsdp(world)
+        hooked_eager.fc2.register_forward_hook(lambda m, a, o: o * 2)
+        out["hook_jit_dynamo"] = _step_through_dynamo(hooked_eager, hooked, rank)
     # FSDP1: refused by capture and jit of the model (its flat parameters are no unit's own); a step's
     # jit goes to Dynamo
     model = _fsdp1()
