@@ -28,7 +28,8 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic, ShapeEnv, StatelessSymbolicContext)
 
-from .._torch import FakeTensorMode, TorchDispatchMode, dynamo_source, enable_python_dispatcher, suppress_guards
+from .._torch import (FakeTensorMode, TorchDispatchMode, dynamo_source, enable_python_dispatcher, fake_cache_off,
+                      suppress_guards)
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel
 from ..errors import UnsupportedError, caller_line
 from ..observe import events
@@ -229,7 +230,12 @@ class CaptureInstance:
 
     def validate_outputs(self, _, outputs, args, output_metadata):
         fn, _ = _functional("validate_outputs")
-        return fn(outputs, *args)
+        # Off the fake-tensor dispatch cache: a static capture's keys are those of the process-wide
+        # cache, which code outside this capture fills, and a view (``sum_to``'s) rebuilt from an
+        # entry recorded as requiring grad already has autograd metadata: the engine's view check
+        # then fails mid-backward (seen once in CI on torch 2.14.1; what made that entry, not found).
+        with fake_cache_off():
+            return fn(outputs, *args)
 
     def accumulate(self, old_var, new_var):
         return torch.add(old_var, new_var)
