@@ -470,10 +470,10 @@ def subclass_kind(t) -> str | None:
 
 
 @contextlib.contextmanager
-def fake_cache_off():
-    """The active fake mode, if any, skips its dispatch cache: for ops whose arguments never repeat
-    (a block call's number), where building the key of every call costs and never hits."""
-    mode = detect_fake_mode()
+def fake_cache_off(mode=None):
+    """``mode`` (else the active fake mode, if any) skips its dispatch cache: for ops whose arguments
+    never repeat (a block call's number), where building the key of every call costs and never hits."""
+    mode = mode if mode is not None else detect_fake_mode()
     before = getattr(mode, "cache_enabled", False)
     if before:
         mode.cache_enabled = False

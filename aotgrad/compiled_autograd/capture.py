@@ -234,7 +234,7 @@ class CaptureInstance:
         # cache, which code outside this capture fills, and a view (``sum_to``'s) rebuilt from an
         # entry recorded as requiring grad already has autograd metadata: the engine's view check
         # then fails mid-backward (seen once in CI on torch 2.14.1; what made that entry, not found).
-        with fake_cache_off():
+        with fake_cache_off(self.session.fake_mode):
             return fn(outputs, *args)
 
     def accumulate(self, old_var, new_var):
