@@ -161,6 +161,25 @@ def test_inputs_at_a_stable_address_are_used_in_place_until_they_move():
     torch.testing.assert_close(g(x)[0], torch.full((3,), 6.))
 
 
+def _saved_by_a_forward(pool, value):
+    """A saved tensor as a backward gets it: handed out in the memory of a forward recorded in ``pool``."""
+    fwd = Graphed(lambda a: (a * 1,), "fwd", cg.Config(warmup=0), (), (), NullRunner, pool=pool)
+    fwd.saved = frozenset({0})
+    return fwd, fwd(value)[0]
+
+
+def _records(g):
+    """How many runners ``g`` has made: one per recording."""
+    made = [0]
+    make = g.make_runner
+
+    def counted():
+        made[0] += 1
+        return make()
+    g.make_runner = counted
+    return made
+
+
 def test_inputs_that_settle_after_recording_are_read_in_place_once():
     """A backward's saved tensors move once (the forward's warm-up ran eagerly, its recording hands out
     recorded memory) and then stay: after ``SETTLED`` replays at one address the shape is recorded once
@@ -168,7 +187,7 @@ def test_inputs_that_settle_after_recording_are_read_in_place_once():
     from aotgrad.backends.cudagraphs.recording import Recording
     fn = Counting(lambda x, t: (x * 2 + t,))
     g = _graphed(fn, warmup=1)
-    x, t = torch.ones(3), torch.zeros(3)
+    fwd, x = _saved_by_a_forward(g.pool, torch.ones(3))
     kept = [torch.full((3,), 7.), torch.zeros(3)]
     g(*kept)                                    # warm-up at other addresses: nothing is stable
     (rec,) = g.recordings.values()
@@ -182,6 +201,45 @@ def test_inputs_that_settle_after_recording_are_read_in_place_once():
     for k in range(Recording.SETTLED + 3):      # settled again: no second promotion
         torch.testing.assert_close(g(x, t)[0], 2 * x + t)
     assert rec.inputs[0].data_ptr() != x.data_ptr()
+
+
+def test_a_fresh_input_that_sat_at_one_address_moves_out_of_place_alone_and_once():
+    """A caching allocator gives a backward's fresh tangent the same address for a while, so it is
+    read in place like the saved tensors beside it; when it moves, the shape is recorded again with
+    the tangent alone copied in (the saved tensors stay in place), and later moves record nothing."""
+    fn = Counting(lambda x, t: (x * 2 + t,))
+    g = _graphed(fn, warmup=1)
+    records = _records(g)
+    fwd, x = _saved_by_a_forward(g.pool, torch.ones(3))
+    t = torch.zeros(3)
+    for k in range(4):                          # warm-up, record, replays: both at one address
+        x.fill_(k)
+        t.fill_(10 * k)
+        torch.testing.assert_close(g(x, t)[0], torch.full((3,), 12. * k))
+    (rec,) = g.recordings.values()
+    assert records[0] == 1 and rec.inputs[0].data_ptr() == x.data_ptr() and rec.inputs[1].data_ptr() == t.data_ptr()
+    for k in range(6):                          # the tangent moves every call from now on
+        x.fill_(k)
+        t = torch.full((3,), 5. + k)
+        torch.testing.assert_close(g(x, t)[0], 2 * x + t)
+    assert records[0] == 2 and not rec.promoted
+    assert rec.inputs[0].data_ptr() == x.data_ptr() and rec.inputs[1].data_ptr() != t.data_ptr()
+
+
+def test_plain_memory_that_settles_after_a_move_is_not_read_in_place():
+    """Only memory a recording of the pool holds is promoted: a caller's tensor that moved once and
+    then sits still (or an allocator's fresh tensor at a recurring address) stays copied in."""
+    fn = Counting(lambda x: (x * 3,))
+    g = _graphed(fn, warmup=1)
+    records = _records(g)
+    a, b = torch.ones(3), torch.full((3,), 2.)
+    g(a), g(a)                                  # warm-up and record: a is read in place
+    torch.testing.assert_close(g(b)[0], torch.full((3,), 6.))       # moved: recorded again, copying
+    for k in range(3 * 3):
+        b.fill_(k)
+        torch.testing.assert_close(g(b)[0], torch.full((3,), 3. * k))
+    (rec,) = g.recordings.values()
+    assert records[0] == 2 and not rec.promoted and rec.inputs[0].data_ptr() != b.data_ptr()
 
 
 @pytest.mark.parametrize("make", ["mlp", "cnn", "gpt_tiny"])

@@ -38,10 +38,11 @@ class StaleOutputError(AotgradError):
 
 
 def over(storage, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor (not a view) over ``storage`` with ``like``'s geometry and version 0."""
-    out = torch.empty((0,), dtype=like.dtype, device=like.device)
-    with torch.no_grad():
-        out.set_(storage, like.storage_offset(), like.shape, like.stride())
+    """A new tensor (not a view) over ``storage`` with ``like``'s geometry and version 0. (``set_`` on a
+    fresh tensor that requires no grad records nothing in any grad mode: no ``no_grad`` needed, which
+    was 40% of this per-replay call.)"""
+    out = torch.empty((0,), dtype=like.dtype, device=like.device).set_(
+        storage, like.storage_offset(), like.shape, like.stride())
     set_version_counter(out, 0)
     return out
 

@@ -4,7 +4,7 @@
 strides, dtypes, scalar values and the addresses of in-place inputs) gets
 its own :class:`Recording`, which runs eagerly for ``warmup`` calls, then
 records, then replays (and records once more where inputs it copies in settle
-at one address: ``Recording.SETTLED``). Recordings are kept in least-recently-used order and
+in memory recorded in its pool: ``Recording.SETTLED``). Recordings are kept in least-recently-used order and
 bounded: past ``max_recordings`` a new key either runs eagerly (``"eager"``,
 the default) or evicts the least recently used recording (``"evict"``), and a
 warning says so once.
@@ -60,12 +60,16 @@ class Recording:
     Besides the owner's parameters and buffers, a tensor input passed at the
     same address on every warm-up call and the recording call is used in
     place. If it later arrives elsewhere, this shape is recorded again with
-    that input copied in.
+    that input (and only it) copied in: a caching allocator hands a fresh
+    tensor (a backward's tangent) the same address for a few calls, then
+    another, and each input can move out of place only once.
     """
 
-    # Replays in a row at which every copied-in input came at the address of the replay before it, after
-    # which the shape is recorded once more with them read in place: a backward's saved tensors move
-    # once, from the forward's warm-up (eager memory) to its recording's memory, and stay there.
+    # Replays in a row at which a copied-in input came at the address of the replay before it, in
+    # memory a recording of this pool holds, after which the shape is recorded once more with those
+    # read in place: a backward's saved tensors move once, from the forward's warm-up (eager memory)
+    # to its recording's memory, and stay there. Only recorded memory qualifies: a fresh tensor
+    # that the allocator placed at one address for a while is no sign that it stays there.
     SETTLED = 2
 
     def __init__(self, owner, name: str):
@@ -75,6 +79,7 @@ class Recording:
         self.seen: dict[int, int] | None = None     # input index -> address on every call so far
         self.promoted = False
         self.last: dict[int, tuple] = {}    # copied-in input index -> (its address, replays in a row there)
+        self.copied = 0
 
     def __call__(self, args):
         o = self.owner
@@ -82,8 +87,10 @@ class Recording:
         self._observe(args)
         if self.calls <= o.config.warmup:
             return tuple(self.runner.warmup(o.fn, args))
-        if self.recorded and any(args[i].data_ptr() != p for i, p in self.stable.items()):
-            self.seen, self.recorded, self.runner = {}, False, o.make_runner()
+        moved = self.recorded and {i for i, p in self.stable.items() if args[i].data_ptr() != p}
+        if moved:
+            self.seen = {i: p for i, p in self.stable.items() if i not in moved}
+            self.recorded, self.runner = False, o.make_runner()
         elif self.recorded and not self.promoted and self._settled(args):
             settled = {i: ptr for i, (ptr, n) in self.last.items() if n >= self.SETTLED}
             self.seen, self.recorded, self.runner = {**self.stable, **settled}, False, o.make_runner()
@@ -106,11 +113,12 @@ class Recording:
             self.seen = {i: p for i, p in self.seen.items() if ptrs.get(i) == p}
 
     def _settled(self, args) -> bool:
-        """Whether some input copied in has come at one address for ``SETTLED`` replays in a row (those
-        are added to ``self.last``, the others left out)."""
-        streak = {}
+        """Whether some input copied in, in memory this pool recorded, has come at one address for
+        ``SETTLED`` replays in a row (those are added to ``self.last``, the others left out)."""
+        streak, pool = {}, self.owner.pool
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and i not in self.owner.in_place and i not in self.stable:
+            if isinstance(a, torch.Tensor) and i not in self.owner.in_place and i not in self.stable \
+                    and pool.holds(a):
                 ptr, n = self.last.get(i, (None, 0))
                 streak[i] = (ptr, n + 1) if ptr == a.data_ptr() else (a.data_ptr(), 0)
         self.last = streak
@@ -126,13 +134,17 @@ class Recording:
                        over(a.untyped_storage(), a) if i in self.stable else _static_copy(a)
                        for i, a in enumerate(args)]
         self.outputs = self.runner.record(o.fn, self.inputs)
+        o.pool.recorded(self.outputs)
         self.homes = homes(self.inputs, self.outputs)
 
     def _copy_in(self, args):
+        copied = 0
         with torch.no_grad():
-            for i, (s, a) in enumerate(zip(self.inputs, args)):
+            for s, a in zip(self.inputs, args):
                 if isinstance(a, torch.Tensor) and s is not a and s.data_ptr() != a.data_ptr():
                     _span(s).copy_(_span(a))
+                    copied += 1
+        self.copied = copied        # inputs copied in by the last replay (benchmarks.gpu reports it)
 
     def _copy_back(self, args):
         # Writes to a copied-in input landed in its static buffer; the caller's tensor needs them.

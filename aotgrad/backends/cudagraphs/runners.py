@@ -32,10 +32,25 @@ class Pool:
         self.captures = 0
         self.handed: list = []
         self.null_runners: list = []    # weak references to the NullRunners recorded here, in order
+        self.outputs: dict = {}         # storage address -> weakref to a recorded output there
 
     def next_order(self) -> int:
         self.captures += 1
         return self.captures
+
+    def recorded(self, outputs) -> None:
+        """Note the memory of a recording's ``outputs`` (dropping what no recording holds any more)."""
+        self.outputs = {p: r for p, r in self.outputs.items() if r() is not None}
+        for o in outputs:
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr():
+                self.outputs[o.untyped_storage().data_ptr()] = weakref.ref(o)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies in memory that a live recording of this pool wrote its outputs to."""
+        ptr = t.untyped_storage().data_ptr()
+        ref = self.outputs.get(ptr)
+        out = ref() if ref is not None else None
+        return out is not None and out.untyped_storage().data_ptr() == ptr
 
 
 def _storage_ptr(t) -> int | None:
