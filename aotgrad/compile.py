@@ -110,7 +110,8 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         with timed(history, "stored partition" if isinstance(partitioner, partition.Partition) else "partition") as info:
             joint = fold_views(captured.joint, lay.n_fw)   # t(t(w)) -> w, across the cut too
             if options.compiles_with("inductor"):
-                joint = compact_saved(joint, lay.n_primals)     # what Inductor's own partition saves
+                joint = compact_saved(joint, lay.n_primals,     # what Inductor's own partition saves
+                                      decompose=options.resolved_partitioner() != "default")
             part = partitioner(joint, lay)
             info["saved"] = len(part.saved)
         fw_gm, bw_gm = _for(fw_c, part.forward), _for(bw_c, part.backward)

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from .._torch import OpOverload
+from ..ir.ops import aliases_input, mutated_args
 from ..partition.default import distinct_examples
 from ..passes.cleanup import copy_module
 from ..runtime import regions
@@ -38,10 +39,25 @@ def _decompose(gm: fx.GraphModule, example_inputs: list, fake_mode) -> fx.GraphM
     want = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in gm.graph.output_node().args[0]]
 
     def laid_out(*args):
-        return _eager_layouts(gm(*args), want)
+        return _eager_layouts(_Relaid(gm).run(*args), want)
     with FX_TRACING, fake_mode:
         return make_fx(laid_out, decomposition_table=select_decomp_table(),
                        _allow_non_fake_inputs=True)(*example_inputs)
+
+
+class _Relaid(fx.Interpreter):
+    """Runs a graph through decompositions with each fresh value laid out as the graph traced it:
+    a decomposition may lay a value out otherwise than its ATen kernel (a transposed result where
+    the kernel's was dense), and a ``view`` traced on the kernel's layout then cannot view it
+    (HF GPT-2's attention under ``torch.compile``). Such a value is copied into the traced layout,
+    which Inductor fuses into the kernel computing it; nothing else changes."""
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.op == "call_function" and isinstance(n.target, OpOverload) and not aliases_input(n) \
+                and not mutated_args(n.target):
+            return _laid_out(out, n.meta.get("val"))
+        return out
 
 
 def _eager_layouts(outs, want) -> tuple:

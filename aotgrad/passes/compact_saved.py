@@ -13,6 +13,14 @@
   ``bool(b)`` instead and recomputes ``m`` from it: the same division of the same values, so the
   same bits, at a quarter of the bytes.
 
+* **Softmax and log-softmax as Inductor writes them** (``decompose=True``, for a minimum cut):
+  a row maximum, a row sum and pointwise ops, instead of one op whose output the backward reads.
+  The cut then saves the small row statistics and the input, or what that is recomputed from,
+  where it saved the output: a language model's loss upcasts its bf16 logits and saves their float
+  log-softmax (twice the logits' bytes); it now saves nothing of vocabulary size but the bf16
+  logits the caller holds anyway. Inductor applies the same decompositions to the graphs it
+  compiles, so what the forward computes is unchanged.
+
 Nodes that must run in the forward carry ``ir.ops.RUNS_IN_FORWARD``; the partitioners keep
 them there and save them when the backward reads them. PyTorch's Inductor decomposes the joint so
 that its partition saves the same (``_low_memory_max_pool2d_with_offsets``, a bool mask); the
@@ -26,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .._torch import copy_node
+from .._torch import copy_node, inductor_api
 from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward
 from ..partition.blocks import inline_calls
 from ..partition.default import descendants
@@ -78,11 +86,16 @@ def _helpers(x_val, idx_val, geo):
     return to_offsets, to_indices
 
 
-def _inline(graph: fx.Graph, fn, args: list, before: fx.Node) -> fx.Node:
-    """``fn(*args)`` traced (on the args' values) and copied into ``graph`` before ``before``."""
+def _traced(fn, args: list) -> fx.GraphModule:
     vals = [a.meta["val"] for a in args]
     with FX_TRACING, vals[0].fake_mode:
-        sub = make_fx(fn, decomposition_table={})(*vals)
+        return make_fx(fn, decomposition_table={})(*vals)
+
+
+def _inline(graph: fx.Graph, fn, args: list, before: fx.Node, sub: fx.GraphModule | None = None) -> fx.Node:
+    """``fn(*args)`` traced (on the args' values; ``sub``: traced already) and copied into ``graph``
+    before ``before``."""
+    sub = sub or _traced(fn, args)
     env = dict(zip(sub.graph.find_nodes(op="placeholder"), args))
     with graph.inserting_before(before):
         for n in sub.graph.nodes:
@@ -92,12 +105,13 @@ def _inline(graph: fx.Graph, fn, args: list, before: fx.Node) -> fx.Node:
     return env[sub.graph.output_node().args[0]]
 
 
-def compact_saved(joint: fx.GraphModule, n_primals: int) -> fx.GraphModule:
-    """A copy of ``joint`` with both rewrites (``joint`` itself when neither applies). A block's
-    halves are opaque to the rewrites: their nodes are copied in first."""
+def compact_saved(joint: fx.GraphModule, n_primals: int, decompose: bool = False) -> fx.GraphModule:
+    """A copy of ``joint`` with the rewrites (``joint`` itself when none applies; softmaxes decomposed
+    only if ``decompose``). A block's halves are opaque to the rewrites: their nodes are copied in first."""
     joint = inline_calls(joint)
     pools, masks = _pools(joint), _masks(joint, n_primals)
-    if not pools and not masks:
+    softmaxes = [n for n in joint.graph.nodes if n.target in _SOFTMAXES] if decompose else []
+    if not pools and not masks and not softmaxes:
         return joint
     new = copy_module(joint)
     by_name = {n.name: n for n in new.graph.nodes}
@@ -105,6 +119,12 @@ def compact_saved(joint: fx.GraphModule, n_primals: int) -> fx.GraphModule:
         _pool_offsets(new.graph, by_name[pool.name], by_name[idx.name], geo)
     for draw, mask, uses in masks:
         _bool_mask(new.graph, by_name[draw.name], by_name[mask.name], [by_name[u.name] for u in uses])
+    if softmaxes:
+        table = inductor_api()[2]()
+        for n in softmaxes:
+            decomposition = _SOFTMAXES[n.target] or table.get(n.target)
+            if decomposition is not None:
+                _decompose(new.graph, by_name[n.name], decomposition)
     new.recompile()
     return new
 
@@ -167,3 +187,61 @@ def _bool_mask(graph: fx.Graph, draw: fx.Node, mask: fx.Node, uses: list) -> Non
         user.replace_input_with(mask, _inline(graph, expand, [kept], user))
     mask.replace_all_uses_with(forward)
     graph.erase_node(mask)
+
+
+def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    """Inductor's decomposition (``torch._decomp``'s) with its ``scatter(zeros_like(self), ..., -1.0)``
+    written as the pointwise ``where(class == target, -1.0, 0.0)`` that Inductor's own joint-graph pass
+    makes of it (the same values): fused into its consumer, no class-sized buffer is made, and
+    ``self`` (the log-probabilities) is read for its shape alone."""
+    channel_dim = 0 if self.dim() < 2 else 1
+    if reduction == 1:      # mean
+        grad_output = grad_output / total_weight
+    if self.dim() == 1 and target.dim() > 0:
+        target = target[0]
+    target = target.unsqueeze(channel_dim)
+    safe_target = torch.where(target != ignore_index, target, 0)
+    classes = torch.arange(self.shape[channel_dim], device=self.device)
+    classes = classes.view([-1 if d == channel_dim else 1 for d in range(self.dim())])
+    grad_input = torch.where(safe_target == classes, -1.0, 0.0).to(self.dtype)
+    if grad_input.dim() > grad_output.dim() > 0:
+        grad_output = grad_output.unsqueeze(channel_dim)
+    if weight is not None:
+        shape = [1] * self.dim()
+        shape[channel_dim] = weight.shape[0]
+        grad_output = grad_output * weight.reshape(shape)
+    grad_output = torch.where(target != ignore_index, grad_output, 0)
+    return grad_input * grad_output
+
+
+_aten = torch.ops.aten
+# Op -> its decomposition (None: Inductor's).
+_SOFTMAXES = {_aten._softmax.default: None, _aten._log_softmax.default: None,
+              _aten._softmax_backward_data.default: None, _aten._log_softmax_backward_data.default: None,
+              _aten.nll_loss_backward.default: _nll_loss_backward}
+
+
+def _exact(t: torch.Tensor) -> tuple:
+    """A tensor value's layout, a symbolic size as its expression (``==`` on SymInts would guard)."""
+    def v(x):
+        return x.node.expr if isinstance(x, torch.SymInt) else int(x)
+    return t.dtype, tuple(map(v, t.shape)), tuple(map(v, t.stride()))
+
+
+def _decompose(graph: fx.Graph, node: fx.Node, decomposition) -> None:
+    """``node`` replaced by ``decomposition`` traced on its arguments, where that gives its value in
+    its layout (the graphs around it were traced on that layout)."""
+    at = [i for i, a in enumerate(node.args) if isinstance(a, fx.Node)]
+
+    def call(*vals):
+        args = list(node.args)
+        for i, v in zip(at, vals):
+            args[i] = v
+        return decomposition(*args, **node.kwargs)
+    args = [node.args[i] for i in at]
+    sub = _traced(call, args)
+    out = sub.graph.output_node().args[0]
+    if not isinstance(out, fx.Node) or _exact(out.meta["val"]) != _exact(node.meta["val"]):
+        return
+    node.replace_all_uses_with(_inline(graph, call, args, node, sub))
+    graph.erase_node(node)

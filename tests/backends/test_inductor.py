@@ -230,3 +230,24 @@ def test_regions_only_where_the_blocks_are_most_of_the_graph(monkeypatch, step):
         fn = model
     aotgrad.capture(fn, *args).compile(fw_compiler="inductor")
     assert chosen[0] == ("whole" if step else "regional")
+
+
+@pytest.mark.parametrize("entry", ["capture", "torch.compile"])
+def test_a_decomposition_laid_out_otherwise_than_eager_is_relaid_before_a_view(entry):
+    """``cat`` with an empty operand: the decomposition returns the other operand's (transposed)
+    layout, eager's kernel a dense one, and the ``view`` after it was traced on the dense one (HF
+    GPT-2's key cache under ``torch.compile``). Inductor compiles it, the result is eager's."""
+    def f(x, w):
+        past = torch.zeros(2, 2, 0, 16)
+        k = torch.cat([past, (x @ w).view(2, 16, 2, 8).transpose(1, 2).transpose(2, 3)], dim=-2)
+        return (k.view(4, 8, 16).sin() * 2).sum()
+
+    def compile(fn, args, kwargs):
+        if entry == "capture":
+            return aotgrad.capture(fn, *args).compile(fw_compiler="inductor")
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=aotgrad.backend(fw_compiler="inductor"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="aotgrad inductor backend")
+        check(f, (torch.randn(2, 16, 8, requires_grad=True), torch.randn(8, 16, requires_grad=True)),
+              compile=compile, rtol=1e-5, atol=1e-5)

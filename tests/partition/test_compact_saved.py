@@ -121,3 +121,102 @@ def test_inductor_backend_saves_the_compact_forms():
     dtypes = {o.meta["val"].dtype for o in outs}
     assert torch.int8 in dtypes and torch.bool in dtypes
     assert all(o.op == "placeholder" for o in outs if o.meta["val"].dtype == torch.int64)     # the labels only
+
+
+# --- softmax, log-softmax and the NLL backward as Inductor writes them () ---------
+
+class LMHead(nn.Module):
+    """A language model's loss: logits (in ``dtype``) upcast for a cross entropy over the classes."""
+
+    def __init__(self, classes=300, dtype=torch.float32, **loss):
+        super().__init__()
+        self.proj, self.loss = nn.Linear(16, classes).to(dtype), loss
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.proj(x).float(), y, **self.loss)
+
+
+LOSSES = {"mean": {}, "sum": dict(reduction="sum"), "ignored": dict(ignore_index=3),
+          "weighted": dict(weight=torch.rand(300) + 0.5), "smoothed": dict(label_smoothing=0.1)}
+
+
+def _lm(dtype, loss):
+    def make():
+        torch.manual_seed(0)
+        y = torch.randint(0, 300, (24,))
+        y[::5] = 3                          # rows an ignore_index drops
+        return LMHead(dtype=dtype, **LOSSES[loss]), (torch.randn(24, 16, dtype=dtype), y)
+    return make
+
+
+def _inductor(model, args, kwargs, **opts):
+    return aotgrad.capture(model, *args, **kwargs).compile(fw_compiler="inductor", **opts)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_class_sized_float_is_neither_saved_nor_made_in_the_backward(dtype, loss):
+    """The min cut saves the row statistics and the logits (or, for float logits, what is as large),
+    not the float log-probabilities beside them, and the NLL backward is pointwise (no class-sized
+    scatter); the model trains as eager does."""
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    check_training(_lm(dtype, loss), compile=_inductor, steps=2, rtol=tol, atol=tol)
+    model, args = _lm(dtype, loss)()
+    captured = aotgrad.capture(model, *args)
+    joint = compact_saved(captured.joint, captured.layout.n_primals, decompose=True)
+    part = get("min_cut", None)(joint, captured.layout)
+    saved = list(part.forward.graph.output_node().args[0])[-part.n_saved_tensors:]
+    class_sized = [o.meta["val"] for o in saved if o.meta["val"].shape == (24, 300)]
+    assert [v.dtype for v in class_sized] == [dtype]
+    targets = {n.target for n in part.backward.graph.nodes}
+    assert not targets & {torch.ops.aten.nll_loss_backward.default, torch.ops.aten.scatter.value,
+                          torch.ops.aten._log_softmax_backward_data.default}
+
+
+def test_the_inductor_backend_decomposes_only_for_a_min_cut():
+    """The default partition saves what the backward reads: decomposed, that would be more values."""
+    model, args = _lm(torch.float32, "mean")()
+    default = aotgrad.capture(model, *args).compile(fw_compiler="inductor", partitioner="default")
+    assert any(n.target is torch.ops.aten._log_softmax.default for n in default.partition.forward.graph.nodes)
+    cut = aotgrad.capture(model, *args).compile(fw_compiler="inductor")
+    assert not any(n.target is torch.ops.aten._log_softmax.default for n in cut.partition.forward.graph.nodes)
+
+
+@pytest.mark.parametrize("case", ["2d mean", "2d sum", "2d none", "1d", "weighted ignored"])
+def test_the_pointwise_nll_backward_is_the_decompositions_values(case):
+    """Against PyTorch's decomposition bitwise (the scatter of -1.0 into zeros is the where), and
+    against the ATen kernel to rounding."""
+    from torch._decomp import decomposition_table
+
+    from aotgrad.passes.compact_saved import _nll_loss_backward
+    torch.manual_seed(0)
+    op = torch.ops.aten.nll_loss_backward.default
+    one_d = case == "1d"
+    x = torch.randn(7) if one_d else torch.randn(5, 7)
+    t = torch.tensor(2) if one_d else torch.tensor([0, 6, 3, 3, 1])
+    w = torch.rand(7) + 0.5 if "weighted" in case else None
+    reduction = {"2d sum": 2, "2d none": 0}.get(case, 1)
+    ignore = 3 if "ignored" in case else -100
+    out, total = torch.ops.aten.nll_loss_forward(x, t, w, reduction, ignore)
+    g = torch.randn_like(out)
+    args = (g, x, t, w, reduction, ignore, total)
+    got = _nll_loss_backward(*args)
+    assert torch.equal(got, decomposition_table[op](*args))
+    torch.testing.assert_close(got, op(*args))
+
+
+def test_softmax_attention_under_the_inductor_backend_trains_like_eager():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1)
+            return (a @ v).square().mean() + torch.log_softmax(q, -1).mean()
+
+    def make():
+        torch.manual_seed(0)
+        return Attn(), (torch.randn(2, 5, 8),)
+    check_training(make, compile=_inductor, steps=2, rtol=1e-5, atol=1e-5)
