@@ -232,7 +232,7 @@ def test_regions_only_where_the_blocks_are_most_of_the_graph(monkeypatch, step):
     assert chosen[0] == ("whole" if step else "regional")
 
 
-@pytest.mark.parametrize("entry", ["capture", "torch.compile"])
+@pytest.mark.parametrize("entry", [pytest.param("capture", marks=pytest.mark.slow), "torch.compile"])
 def test_a_decomposition_laid_out_otherwise_than_eager_is_relaid_before_a_view(entry):
     """``cat`` with an empty operand: the decomposition returns the other operand's (transposed)
     layout, eager's kernel a dense one, and the ``view`` after it was traced on the dense one (HF
