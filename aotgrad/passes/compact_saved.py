@@ -40,6 +40,7 @@ from ..partition.blocks import inline_calls
 from ..partition.default import descendants
 from ..scoped import FX_TRACING
 from .cleanup import copy_module
+from .views import layout_key
 
 _POOL = torch.ops.aten.max_pool2d_with_indices.default
 _POOL_BW = torch.ops.aten.max_pool2d_with_indices_backward.default
@@ -106,12 +107,13 @@ def _inline(graph: fx.Graph, fn, args: list, before: fx.Node, sub: fx.GraphModul
 
 
 def compact_saved(joint: fx.GraphModule, n_primals: int, decompose: bool = False) -> fx.GraphModule:
-    """A copy of ``joint`` with the rewrites (``joint`` itself when none applies; softmaxes decomposed
-    only if ``decompose``). A block's halves are opaque to the rewrites: their nodes are copied in first."""
+    """A copy of ``joint`` with the rewrites (``joint`` itself when none applies; softmaxes and the NLL
+    backward decomposed only if ``decompose``). A block's halves are opaque to the rewrites: their
+    nodes are copied in first."""
     joint = inline_calls(joint)
     pools, masks = _pools(joint), _masks(joint, n_primals)
-    softmaxes = [n for n in joint.graph.nodes if n.target in _SOFTMAXES] if decompose else []
-    if not pools and not masks and not softmaxes:
+    decomposed = [n for n in joint.graph.nodes if n.target in _DECOMPOSED] if decompose else []
+    if not pools and not masks and not decomposed:
         return joint
     new = copy_module(joint)
     by_name = {n.name: n for n in new.graph.nodes}
@@ -119,10 +121,10 @@ def compact_saved(joint: fx.GraphModule, n_primals: int, decompose: bool = False
         _pool_offsets(new.graph, by_name[pool.name], by_name[idx.name], geo)
     for draw, mask, uses in masks:
         _bool_mask(new.graph, by_name[draw.name], by_name[mask.name], [by_name[u.name] for u in uses])
-    if softmaxes:
+    if decomposed:
         table = inductor_api()[2]()
-        for n in softmaxes:
-            decomposition = _SOFTMAXES[n.target] or table.get(n.target)
+        for n in decomposed:
+            decomposition = _DECOMPOSED[n.target] or table.get(n.target)
             if decomposition is not None:
                 _decompose(new.graph, by_name[n.name], decomposition)
     new.recompile()
@@ -216,16 +218,9 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
 
 _aten = torch.ops.aten
 # Op -> its decomposition (None: Inductor's).
-_SOFTMAXES = {_aten._softmax.default: None, _aten._log_softmax.default: None,
+_DECOMPOSED = {_aten._softmax.default: None, _aten._log_softmax.default: None,
               _aten._softmax_backward_data.default: None, _aten._log_softmax_backward_data.default: None,
               _aten.nll_loss_backward.default: _nll_loss_backward}
-
-
-def _exact(t: torch.Tensor) -> tuple:
-    """A tensor value's layout, a symbolic size as its expression (``==`` on SymInts would guard)."""
-    def v(x):
-        return x.node.expr if isinstance(x, torch.SymInt) else int(x)
-    return t.dtype, tuple(map(v, t.shape)), tuple(map(v, t.stride()))
 
 
 def _decompose(graph: fx.Graph, node: fx.Node, decomposition) -> None:
@@ -241,7 +236,7 @@ def _decompose(graph: fx.Graph, node: fx.Node, decomposition) -> None:
     args = [node.args[i] for i in at]
     sub = _traced(call, args)
     out = sub.graph.output_node().args[0]
-    if not isinstance(out, fx.Node) or _exact(out.meta["val"]) != _exact(node.meta["val"]):
+    if not isinstance(out, fx.Node) or layout_key(out.meta["val"]) != layout_key(node.meta["val"]):
         return
     node.replace_all_uses_with(_inline(graph, call, args, node, sub))
     graph.erase_node(node)

@@ -101,16 +101,16 @@ def _written(n: fx.Node) -> list:
 
 def _same_as(n: fx.Node) -> fx.Node | None:
     """The earliest value up ``n``'s view chain laid out as ``n`` is."""
-    key, found, a = _layout(n.meta["val"]), None, n.args[0]
+    key, found, a = layout_key(n.meta["val"]), None, n.args[0]
     while True:
-        if _layout(a.meta["val"]) == key:
+        if layout_key(a.meta["val"]) == key:
             found = a
         if not _is_view(a):
             return found
         a = a.args[0]
 
 
-def _layout(t: torch.Tensor) -> tuple:
+def layout_key(t: torch.Tensor) -> tuple:
     """What decides which memory a view reads and how (the conjugate and negative bits); a symbolic
     size as its expression (comparing two SymInts with ``==`` would add a guard)."""
     def exact(v):
