@@ -10,13 +10,15 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' 
 
 .PHONY: venv test test-differential test-models test-distributed demo conformance bench bench-distributed clean
 
-$(STAMP): pyproject.toml setup.py aotgrad/guards/_tags.c
+$(STAMP): pyproject.toml setup.py aotgrad/guards/_tags.c aotgrad/guards/_tensors.cpp aotgrad/guards/native.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	@# The test extras (timm -> torchvision) must not move torch: pin the one just installed.
 	$(PY) -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > $(VENV)/torch-pin.txt
-	$(PY) -m pip install -q -e ".[test,models]" -c $(VENV)/torch-pin.txt
+	@# No build isolation: setup.py builds aotgrad's C++ tensor check against the torch just installed.
+	$(PY) -m pip install -q "setuptools>=64" wheel
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,models]" -c $(VENV)/torch-pin.txt
 	rm -f $(VENV)/.installed-* $(VENV)/.aotgrad-installed
 	touch $(STAMP)
 

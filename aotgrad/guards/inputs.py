@@ -15,6 +15,7 @@ import torch
 
 from .._torch import PythonPrinter, TensorGuards, backed_symbols, int_oo, tensors_check
 from ..runtime.codegen import compile_source
+from . import native
 
 
 
@@ -96,12 +97,12 @@ def build(specs, descs, conditions, numbers=()) -> InputGuards:
     then reads from the input itself (its own frontend guards it)."""
     slow, bind_src, used = _source("check_all", specs, conditions, numbers)
     env = {"torch": torch, "math": math}        # a symbolic size's guard may print as math.ceil / math.floor
-    k, fast = _static_prefix(specs, descs)
+    k, fast, offsets_checked = _static_prefix(specs, descs)
     src = slow
     if k:
         rest, _, _ = _source("check_rest", [None] * k + list(specs[k:]), conditions)
         offsets = "".join(f" and flat[{i}].storage_offset() == {specs[i].layout[-1]}" for i in range(k)
-                          if not descs[i].is_state())
+                          if not descs[i].is_state() and not offsets_checked)
         check = (f"def check(flat):\n    if len(flat) == {len(specs)} and fast(flat){offsets}:\n"
                  "        return check_rest(flat)\n    return check_all(flat)\n\n" + rest)
         src = check + "\n\n" + slow
@@ -125,30 +126,46 @@ def _compiled_on_first_call(src: str, env: dict):
 
 
 def _static_prefix(specs, descs):
-    """``(k, checker)``: the first ``k`` tensors (parameters and buffers come first) have static
-    sizes and strides, and one C++ call ``checker(flat)`` checks their Python type, dispatch keys,
-    dtype, device, requires_grad, sizes and strides (a guard manager's ``TENSOR_MATCH`` leaves, else
-    ``TensorGuards``: PyTorch primitives); ``check_all`` still says which failed. Storage offsets of
-    parameters and buffers are not checked there: a module's own state does not move within its
-    storage between calls, and the graph reads values, not offsets."""
+    """``(k, checker, offsets)``: the first ``k`` tensors (parameters and buffers come first) have static
+    sizes and strides, and one native call ``checker(flat)`` checks their Python type, dispatch keys,
+    dtype, device, requires_grad, sizes and strides (aotgrad's own C++ loop, else a guard manager's
+    ``TENSOR_MATCH`` leaves, else ``TensorGuards``: PyTorch primitives), and their storage offsets too
+    where ``offsets``; ``check_all`` still says which failed. Storage offsets of parameters and buffers
+    are not checked: a module's own state does not move within its storage between calls, and the
+    graph reads values, not offsets."""
     k = 0
     while k < len(specs) and specs[k] is not None and not specs[k].filled and \
             all(isinstance(v, int) for v in (*specs[k].size, *specs[k].layout)):
         k += 1
     if k == 0:
-        return 0, None
+        return 0, None, False
     exemplars = [_exemplar(s, d.is_param()) for s, d in zip(specs[:k], descs[:k])]
     sizes, strides = [list(s.size) for s in specs[:k]], [list(s.layout[:-1]) for s in specs[:k]]
+    if NATIVE is not None:
+        offsets = [None if d.is_state() else s.layout[-1] for s, d in zip(specs[:k], descs[:k])]
+        return k, NATIVE(exemplars, sizes, strides, offsets).check, True
     check = tensors_check(exemplars, sizes, strides) if _MANAGER else None
-    if check is not None:
-        return k, check
-    try:
-        guards = TensorGuards(*exemplars, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
-    except Exception:   # a layout this torch's checker cannot express: the Python check does it all
-        return 0, None
-    return k, lambda flat: len(flat) >= k and guards.check(*flat[:k])
+    if check is None:
+        try:
+            guards = TensorGuards(*exemplars, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+        except Exception:   # a layout this torch's checker cannot express: the Python check does it all
+            return 0, None, False
+        check = lambda flat: len(flat) >= k and guards.check(*flat[:k])     # noqa: E731
+    return k, _no_raise(check), False
 
 
+def _no_raise(check):
+    """PyTorch's checks raise on a tensor without strides (a nested one) in a strided one's place: a
+    mismatch, which the whole check then names."""
+    def fast(flat):
+        try:
+            return check(flat)
+        except RuntimeError:
+            return False
+    return fast
+
+
+NATIVE = native.tensor_check()
 _MANAGER = True     # False: ``TensorGuards`` (what a torch without ``tensors_check``'s manager runs; tests)
 
 

@@ -120,13 +120,17 @@ def _agree(guards):
 PATHS = {
     "python, before the C check": (1, {}),
     "C check built": (6, {}),
-    "no C state check, no guard manager": (6, {"manager": False}),
-    "no C++ tensor check at all": (6, {"manager": False, "tensor_guards": False}),
+    "no native tensor check": (6, {"native": False}),
+    "no C state check, no guard manager": (6, {"native": False, "manager": False}),
+    "no C++ tensor check at all": (6, {"native": False, "manager": False, "tensor_guards": False}),
 }
 
 
-def _force(monkeypatch, manager=True, tensor_guards=True):
-    """The fallbacks a torch without these guard-manager methods takes, forced on this one."""
+def _force(monkeypatch, native=True, manager=True, tensor_guards=True):
+    """The fallbacks a torch without these guard-manager methods takes (or an install that did not
+    build aotgrad's own C++ check, or built it for another torch), forced on this one."""
+    if not native:
+        monkeypatch.setattr(input_guards, "NATIVE", None)
     if not manager:
         monkeypatch.setattr(state_guards, "state_check", lambda *a, **k: None)
         monkeypatch.setattr(input_guards, "_MANAGER", False)
@@ -148,7 +152,15 @@ def _tensor_check(entry):
     fast = entry.compiled.captured.guards.check.__globals__.get("fast")
     if fast is None:
         return None
-    return "TensorGuards" if fast.__name__ == "<lambda>" else "guard manager"
+    if fast.__name__ == "fast":         # PyTorch's, wrapped
+        return "TensorGuards" if fast.__closure__[0].cell_contents.__name__ == "<lambda>" else "guard manager"
+    assert type(fast.__self__) is input_guards.NATIVE
+    return "native"
+
+
+# aotgrad's own C++ check where the install built it for this torch (make test's does: asserted in
+# test_the_native_check_is_built), else the guard manager's
+BEST = "native" if input_guards.NATIVE is not None else "guard manager"
 
 
 def _same(out, expected):
@@ -164,9 +176,11 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeyp
         _same(step(x), model(x))
     first = step.entries[0].state
     from aotgrad.guards.tags import StateCheck     # (None where not built, or tags miss writes: Python 3.13)
-    assert (first.check.__self__.cpp is not None) == (path == "C check built" and StateCheck is not None)
+    assert (first.check.__self__.cpp is not None) == (path in ("C check built", "no native tensor check")
+                                                        and StateCheck is not None)
     assert _tensor_check(step.entries[0]) == {"no C state check, no guard manager": "TensorGuards",
-                                              "no C++ tensor check at all": None}.get(path, "guard manager")
+                                              "no C++ tensor check at all": None,
+                                              "no native tensor check": "guard manager"}.get(path, BEST)
     expected = 1
     for do, real in CHANGES[change]:
         do(model)
@@ -178,7 +192,8 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, path, monkeyp
         assert len(step.entries) == expected
 
 
-@pytest.mark.parametrize("path", ["python, before the C check", "C check built", "no C++ tensor check at all"])
+@pytest.mark.parametrize("path", ["python, before the C check", "C check built", "no native tensor check",
+                                  "no C++ tensor check at all"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, path, monkeypatch):
     model, x, warm = _setup(monkeypatch, path)
@@ -196,43 +211,139 @@ def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, path, 
         _same(out, model(x))
 
 
-@pytest.mark.parametrize("manager", [True, False], ids=["guard manager", "TensorGuards"])
-def test_the_tensor_check_fails_at_each_metadata_change(manager, monkeypatch):
-    """The static-prefix check alone (``fast``): each field of a parameter's and a buffer's metadata,
-    changed on the same tensor object, fails it; the tensors' values do not."""
-    monkeypatch.setattr(input_guards, "_MANAGER", manager)
-    spec = lambda t: input_guards.TensorSpec(t.dtype, t.device, tuple(t.shape), t.requires_grad,  # noqa: E731
-                                             (*t.stride(), t.storage_offset()))
+class _Desc:
+    def __init__(self, param, state=True):
+        self.param, self.state = param, state
 
-    class Desc:
-        def __init__(self, param):
-            self.param = param
+    def is_param(self):
+        return self.param
 
-        def is_param(self):
-            return self.param
+    def is_state(self):
+        return self.state
 
-        def is_state(self):
-            return True
+
+def _spec(t):
+    return input_guards.TensorSpec(t.dtype, t.device, tuple(t.shape), t.requires_grad, (*t.stride(), t.storage_offset()))
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+# Each changes one field a graph assumed, on the same tensor object or in its place: a parameter, a
+# buffer, then a user input (whose storage offset counts too).
+METADATA_CHANGES = {
+    "parameter data of another shape": lambda f: setattr(f[0], "data", torch.randn(3, 2)),
+    "parameter data transposed": lambda f: setattr(f[0], "data", torch.randn(3, 2).t()),
+    "parameter data of another dtype": lambda f: setattr(f[0], "data", torch.randn(2, 3, dtype=torch.float64)),
+    "parameter on another device": lambda f: f.__setitem__(0, nn.Parameter(torch.empty(2, 3, device="meta"))),
+    "parameter's requires_grad": lambda f: f[0].requires_grad_(False),
+    "parameter's neg bit": lambda f: f.__setitem__(0, nn.Parameter(torch._neg_view(torch.randn(2, 3)))),
+    "a plain tensor for the parameter": lambda f: f.__setitem__(0, f[0].detach().clone()),
+    "a subclass for the parameter": lambda f: f.__setitem__(0, f[0].detach().clone().as_subclass(_Sub)),
+    "buffer resized": lambda f: f[1].resize_(2, 2),
+    "buffer's requires_grad": lambda f: f[1].requires_grad_(),
+    "buffer transposed in place": lambda f: f[1].set_(torch.zeros(4)).unsqueeze_(0).t_(),
+    "buffer as_strided in place": lambda f: f[1].as_strided_((2,), (2,)),
+    "buffer of another dtype": lambda f: f.__setitem__(1, f[1].to(torch.int64)),
+    "an inference tensor for the buffer": lambda f: f.__setitem__(1, _inference(f[1])),
+    "a nested tensor for the buffer": lambda f: f.__setitem__(1, torch.nested.nested_tensor([torch.zeros(4)])),
+    "a number for the buffer": lambda f: f.__setitem__(1, 4),
+    "input at another storage offset": lambda f: f.__setitem__(2, torch.zeros(6)[1:]),
+    "input set_ to another offset": lambda f: f[2].set_(torch.zeros(6).untyped_storage(), 1, (5,), (1,)),
+    "input viewed with a stride": lambda f: f.__setitem__(2, torch.zeros(10)[::2]),
+    "input conjugated": lambda f: f.__setitem__(2, torch.zeros(5, dtype=torch.complex64).conj()),
+    "one input fewer": lambda f: f.pop(),
+}
+
+
+# Changes only the fast checks see (dispatch keys; the flat list's length, which the caller's pytree
+# check fixes): the whole check reads dtype, device, requires_grad, sizes and layout, and a graph given
+# such a tensor computes what eager does on it (or raises as eager does).
+FAST_ONLY = {"parameter's neg bit", "an inference tensor for the buffer", "one input fewer"}
+
+
+def _inference(t):
+    with torch.inference_mode():
+        return t.clone()
+
+
+@pytest.mark.parametrize("checker", ["native", "guard manager", "TensorGuards"])
+@pytest.mark.parametrize("change", list(METADATA_CHANGES))
+def test_the_tensor_check_fails_at_each_metadata_change(change, checker, monkeypatch):
+    """The static-prefix check alone (``fast``), for each native checker: each field of a parameter's,
+    a buffer's and an input's metadata, changed on the same tensor object or by another in its place,
+    fails it; the tensors' values do not."""
+    if checker == "native" and input_guards.NATIVE is None:
+        pytest.skip("aotgrad's C++ tensor check is not built for this torch")
+    if checker == "TensorGuards" and "nested" in change:
+        pytest.skip("PyTorch's TensorGuards.check aborts the process on a nested tensor (a C++ throw it does not catch)")
+    if checker != "native":
+        monkeypatch.setattr(input_guards, "NATIVE", None)
+    monkeypatch.setattr(input_guards, "_MANAGER", checker == "guard manager")
 
     def fresh():
-        p, b = nn.Parameter(torch.randn(2, 3)), torch.zeros(4)
-        return [p, b]
+        return [nn.Parameter(torch.randn(2, 3)), torch.zeros(4), torch.zeros(5)]
     flat = fresh()
-    k, fast = input_guards._static_prefix([spec(t) for t in flat], [Desc(True), Desc(False)])
-    assert k == 2 and fast(flat) and fast(fresh()) and not fast(flat[:1])
-    for change in (lambda f: setattr(f[0], "data", torch.randn(3, 2)),
-                   lambda f: setattr(f[0], "data", torch.randn(3, 2).t()),
-                   lambda f: setattr(f[0], "data", torch.randn(2, 3, dtype=torch.float64)),
-                   lambda f: f[0].requires_grad_(False),
-                   lambda f: f[1].resize_(2, 2),
-                   lambda f: f[1].requires_grad_(),
-                   lambda f: f.__setitem__(0, f[0].detach().clone()),     # a plain tensor for the parameter
-                   lambda f: f.__setitem__(1, f[1].to(torch.int64))):
-        flat = fresh()
-        assert fast(flat)
-        with torch.no_grad():
-            change(flat)
+    k, fast, offsets = input_guards._static_prefix([_spec(t) for t in flat], [_Desc(True), _Desc(False),
+                                                                             _Desc(False, state=False)])
+    assert k == 3 and offsets == (checker == "native") and _tensor_check_of(fast) == checker
+    assert fast(flat) and fast(fresh()) and fast([*fresh(), "more"])
+    assert fast(tuple(fresh())) or checker == "guard manager"     # (a list getter: callers pass lists)
+    flat = fresh()
+    with torch.no_grad():
+        METADATA_CHANGES[change](flat)
+    if "offset" in change and not offsets:
+        assert fast(flat) and flat[2].storage_offset() != 0     # build()'s Python expression checks it
+    else:
         assert not fast(flat)
+    if change in FAST_ONLY:
+        return
+    guards = input_guards.build([_spec(t) for t in fresh()], [_Desc(True), _Desc(False), _Desc(False, state=False)], [])
+    assert guards.check(fresh()) is None
+    assert guards.check(flat) is not None       # the whole check says which
+
+
+def _tensor_check_of(fast):
+    class Entry:
+        class compiled:
+            class captured:
+                class guards:
+                    check = eval("lambda flat: fast(flat)", {"fast": fast})
+    return _tensor_check(Entry)
+
+
+def test_the_native_check_is_built():
+    """``make test``'s install builds aotgrad's C++ tensor check for the torch it installs (CPython with a
+    compiler): where it is missing or built for another torch, every input guard falls back unnoticed."""
+    import platform
+    import shutil
+    if platform.python_implementation() != "CPython" or platform.system() != "Linux" or \
+            not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        pytest.skip("the test installs build it on Linux CPython with a C++ compiler")
+    import importlib
+    from aotgrad.guards import native
+    module = importlib.import_module(f"aotgrad.guards.{native.module_name(torch.__version__)}")
+    assert module.TORCH_VERSION == torch.__version__
+    assert input_guards.NATIVE is module.TensorCheck
+    assert native.module_name("2.15.0+cu130") == "_tensors_2_15_0_cu130"
+
+
+def test_the_native_check_refuses_bad_arguments():
+    native = input_guards.NATIVE
+    if native is None:
+        pytest.skip("aotgrad's C++ tensor check is not built for this torch")
+    t = torch.zeros(2)
+    with pytest.raises(TypeError):
+        native([1], [[2]], [[1]], [None])
+    with pytest.raises(ValueError):
+        native([t], [[2]], [[1, 1]], [None])
+    with pytest.raises(ValueError):
+        native([t], [[2], [2]], [[1]], [None])
+    with pytest.raises(TypeError):
+        native([t], [[2]], [[1]], [None]).check(5)
+    check = native([t], [[2]], [[1]], [0]).check
+    assert check([t]) and check((t,)) and not check([]) and not check([None]) and not check([t[1:]])
 
 
 def test_per_call_counts_each_check():
