@@ -73,7 +73,7 @@ class LayoutGuard:
     read each input through its own offset, and the offsets a trace uses
     (``copy_slices``, ``as_strided`` backwards) are sizes the engine keys on."""
     layouts: tuple          # (sizes, strides) per tensor, None for what is symbolic
-    _fast: object = field(default=None, compare=False, repr=False)    # TensorGuards.check
+    _fast: object = field(default=None, compare=False, repr=False)    # (*tensors) -> bool, in C++
 
     @classmethod
     def of(cls, tensors: list, varying=frozenset()) -> "LayoutGuard":
@@ -105,11 +105,17 @@ def _fits(have, want) -> bool:
 
 
 def _tensor_guards(tensors, layouts):
-    """PyTorch's C++ tensor checker over every tensor (sizes, strides, dtype, device,
-    type, dispatch keys) in one call, or None where it cannot express one of them.
+    """A C++ tensor check over every tensor (sizes, strides, dtype, device, type, dispatch
+    keys) in one call: aotgrad's own (``guards/_tensors.cpp``) where every layout is static,
+    else PyTorch's; None where it cannot express one of them.
     A failed fast check is only a cue: ``violation`` then compares layouts alone."""
     if not tensors or any(v is None for v in layouts):
         return None
+    from ..guards.inputs import NATIVE     # aotgrad's own loop, where built for this torch: static layouts
+    if NATIVE is not None and all(None not in (*v[0], *v[1]) for v in layouts):
+        check = NATIVE(list(tensors), [list(v[0]) for v in layouts], [list(v[1]) for v in layouts],
+                       [None] * len(tensors)).check
+        return lambda *values: check(values)
     try:
         from .._torch import TensorGuards
         return TensorGuards(*tensors, dynamic_dims_sizes=[list(v[0]) for v in layouts],

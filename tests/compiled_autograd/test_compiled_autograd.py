@@ -776,3 +776,26 @@ def test_validate_outputs_reduces_off_the_process_wide_fake_cache(monkeypatch):
           backward_context=lambda: compiled_autograd())
     assert any(n == 3 for n, _ in seen)                 # the linear's (bias, input, weight) grads
     assert seen and not any(d for _, d in seen), seen
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["aotgrad's check", "PyTorch's"])
+def test_the_layout_guard_passes_and_fails_with_the_full_comparison(native, monkeypatch):
+    """The lifted tensors' fast check (aotgrad's C++ loop where built, else ``TensorGuards``) is only a
+    cue: a pass must be a pass of the layout comparison, and every layout change fails."""
+    from aotgrad.compiled_autograd import guards as ca_guards
+    from aotgrad.guards import inputs as input_guards
+    if native and input_guards.NATIVE is None:
+        pytest.skip("aotgrad's C++ tensor check is not built for this torch")
+    if not native:
+        monkeypatch.setattr(input_guards, "NATIVE", None)
+    base = [torch.randn(3, 4), torch.randn(4, 3).t(), torch.zeros(5)]
+    guard = ca_guards.LayoutGuard.of(base)
+    assert guard._fast is not None and guard._fast(*base)
+    assert guard.violation([torch.randn(3, 4), torch.randn(4, 3).t(), torch.ones(5)]) is None
+    for i, other in ((0, torch.randn(4, 3)), (1, torch.randn(3, 4)), (2, torch.zeros(6)), (0, torch.randn(3, 5)[:, :4])):
+        changed = list(base)
+        changed[i] = other
+        assert not guard._fast(*changed)
+        assert f"lifted tensor {i}" in guard.violation(changed)
+    other_dtype = [base[0].double(), *base[1:]]
+    assert not guard._fast(*other_dtype) and guard.violation(other_dtype) is None    # the engine's key has dtype
