@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' 
 
 .PHONY: venv test test-differential test-models test-distributed demo conformance bench bench-distributed clean
 
-$(STAMP): pyproject.toml setup.py aotgrad/guards/_tags.c aotgrad/guards/_tensors.cpp aotgrad/guards/native.py
+$(STAMP): pyproject.toml setup.py aotgrad/guards/_tags.c aotgrad/_tensors.cpp aotgrad/_native.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

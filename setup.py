@@ -3,10 +3,10 @@
 * ``aotgrad/guards/_tags.c``: the per-call check of the Python state a compiled entry read (module dicts'
   version tags, types, empty hook dicts) as one C loop; not built without a compiler or on a Python
   without ``ma_version_tag``, where aotgrad checks the same state in Python.
-* ``aotgrad/guards/_tensors.cpp``: the per-call check of the parameters' and buffers' metadata as one C++
+* ``aotgrad/_tensors.cpp``: the per-call check of the parameters' and buffers' metadata as one C++
   loop over their TensorImpls; built against the torch installed when the package is (``pip install
   --no-build-isolation``, as the Makefile does) as a module named for that torch
-  (``aotgrad.guards._tensors_2_13_0_cpu``), which only that torch imports; elsewhere a guard manager's
+  (``aotgrad._tensors_2_13_0_cpu``), which only that torch imports; elsewhere a guard manager's
   TENSOR_MATCH leaves check the same.
 
 Everything else is configured in pyproject.toml."""
@@ -24,9 +24,9 @@ def _tensor_check() -> list:
         from torch.utils.cpp_extension import CppExtension
     except Exception:       # no torch in the build environment (build isolation): nothing to build against
         return []
-    sys.path.insert(0, "aotgrad/guards")        # (aotgrad itself imports torch: the one module alone)
-    from native import module_name
-    ext = CppExtension(f"aotgrad.guards.{module_name(torch.__version__)}", ["aotgrad/guards/_tensors.cpp"],
+    sys.path.insert(0, "aotgrad")       # (aotgrad itself imports torch: the one module alone)
+    from _native import module_name
+    ext = CppExtension(f"aotgrad.{module_name(torch.__version__)}", ["aotgrad/_tensors.cpp"],
                        define_macros=[("AOTGRAD_TORCH_VERSION", json.dumps(torch.__version__)),
                                       ("AOTGRAD_MODULE", module_name(torch.__version__))],
                        extra_compile_args=["-O2", "-std=c++20",

@@ -106,14 +106,14 @@ def _fits(have, want) -> bool:
 
 def _tensor_guards(tensors, layouts):
     """A C++ tensor check over every tensor (sizes, strides, dtype, device, type, dispatch
-    keys) in one call: aotgrad's own (``guards/_tensors.cpp``) where every layout is static,
+    keys) in one call: aotgrad's own (``_tensors.cpp``) where every layout is static,
     else PyTorch's; None where it cannot express one of them.
     A failed fast check is only a cue: ``violation`` then compares layouts alone."""
     if not tensors or any(v is None for v in layouts):
         return None
-    from ..guards.inputs import NATIVE     # aotgrad's own loop, where built for this torch: static layouts
-    if NATIVE is not None and all(None not in (*v[0], *v[1]) for v in layouts):
-        check = NATIVE(list(tensors), [list(v[0]) for v in layouts], [list(v[1]) for v in layouts],
+    from .. import _native      # aotgrad's own loop, where built for this torch: static layouts
+    if _native.TensorCheck is not None and all(None not in (*v[0], *v[1]) for v in layouts):
+        check = _native.TensorCheck(list(tensors), [list(v[0]) for v in layouts], [list(v[1]) for v in layouts],
                        [None] * len(tensors)).check
         return lambda *values: check(values)
     try:

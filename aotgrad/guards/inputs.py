@@ -15,7 +15,7 @@ import torch
 
 from .._torch import PythonPrinter, TensorGuards, backed_symbols, int_oo, tensors_check
 from ..runtime.codegen import compile_source
-from . import native
+from .. import _native
 
 
 
@@ -141,9 +141,9 @@ def _static_prefix(specs, descs):
         return 0, None, False
     exemplars = [_exemplar(s, d.is_param()) for s, d in zip(specs[:k], descs[:k])]
     sizes, strides = [list(s.size) for s in specs[:k]], [list(s.layout[:-1]) for s in specs[:k]]
-    if NATIVE is not None:
+    if _native.TensorCheck is not None:
         offsets = [None if d.is_state() else s.layout[-1] for s, d in zip(specs[:k], descs[:k])]
-        return k, NATIVE(exemplars, sizes, strides, offsets).check, True
+        return k, _native.TensorCheck(exemplars, sizes, strides, offsets).check, True
     check = tensors_check(exemplars, sizes, strides) if _MANAGER else None
     if check is None:
         try:
@@ -165,7 +165,6 @@ def _no_raise(check):
     return fast
 
 
-NATIVE = native.tensor_check()
 _MANAGER = True     # False: ``TensorGuards`` (what a torch without ``tensors_check``'s manager runs; tests)
 
 

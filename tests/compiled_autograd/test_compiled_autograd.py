@@ -783,11 +783,11 @@ def test_the_layout_guard_passes_and_fails_with_the_full_comparison(native, monk
     """The lifted tensors' fast check (aotgrad's C++ loop where built, else ``TensorGuards``) is only a
     cue: a pass must be a pass of the layout comparison, and every layout change fails."""
     from aotgrad.compiled_autograd import guards as ca_guards
-    from aotgrad.guards import inputs as input_guards
-    if native and input_guards.NATIVE is None:
+    from aotgrad import _native
+    if native and _native.TensorCheck is None:
         pytest.skip("aotgrad's C++ tensor check is not built for this torch")
     if not native:
-        monkeypatch.setattr(input_guards, "NATIVE", None)
+        monkeypatch.setattr(_native, "TensorCheck", None)
     base = [torch.randn(3, 4), torch.randn(4, 3).t(), torch.zeros(5)]
     guard = ca_guards.LayoutGuard.of(base)
     assert guard._fast is not None and guard._fast(*base)

@@ -11,7 +11,7 @@ ROOT = Path(aotgrad.__file__).resolve().parent
 # Parts, lowest layer first (docs/design.md, "Layers"). A module belongs to the part that is the
 # longest prefix of its dotted name; "" is the package's own __init__ (the public API).
 LAYERS = (
-    ("errors", "_torch", "scoped", "options"),
+    ("errors", "_torch", "_native", "scoped", "options"),
     ("tracing",),
     ("ir",),
     ("passes", "partition", "runtime"),

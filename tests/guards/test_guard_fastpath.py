@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import aotgrad
+from aotgrad import _native
 from aotgrad.errors import InputMismatchError
 from aotgrad.guards import inputs as input_guards
 from aotgrad.guards import state as state_guards
@@ -130,7 +131,7 @@ def _force(monkeypatch, native=True, manager=True, tensor_guards=True):
     """The fallbacks a torch without these guard-manager methods takes (or an install that did not
     build aotgrad's own C++ check, or built it for another torch), forced on this one."""
     if not native:
-        monkeypatch.setattr(input_guards, "NATIVE", None)
+        monkeypatch.setattr(_native, "TensorCheck", None)
     if not manager:
         monkeypatch.setattr(state_guards, "state_check", lambda *a, **k: None)
         monkeypatch.setattr(input_guards, "_MANAGER", False)
@@ -154,13 +155,13 @@ def _tensor_check(entry):
         return None
     if fast.__name__ == "fast":         # PyTorch's, wrapped
         return "TensorGuards" if fast.__closure__[0].cell_contents.__name__ == "<lambda>" else "guard manager"
-    assert type(fast.__self__) is input_guards.NATIVE
+    assert type(fast.__self__) is _native.TensorCheck
     return "native"
 
 
 # aotgrad's own C++ check where the install built it for this torch (make test's does: asserted in
 # test_the_native_check_is_built), else the guard manager's
-BEST = "native" if input_guards.NATIVE is not None else "guard manager"
+BEST = "native" if _native.TensorCheck is not None else "guard manager"
 
 
 def _same(out, expected):
@@ -274,12 +275,12 @@ def test_the_tensor_check_fails_at_each_metadata_change(change, checker, monkeyp
     """The static-prefix check alone (``fast``), for each native checker: each field of a parameter's,
     a buffer's and an input's metadata, changed on the same tensor object or by another in its place,
     fails it; the tensors' values do not."""
-    if checker == "native" and input_guards.NATIVE is None:
+    if checker == "native" and _native.TensorCheck is None:
         pytest.skip("aotgrad's C++ tensor check is not built for this torch")
     if checker == "TensorGuards" and "nested" in change:
         pytest.skip("PyTorch's TensorGuards.check aborts the process on a nested tensor (a C++ throw it does not catch)")
     if checker != "native":
-        monkeypatch.setattr(input_guards, "NATIVE", None)
+        monkeypatch.setattr(_native, "TensorCheck", None)
     monkeypatch.setattr(input_guards, "_MANAGER", checker == "guard manager")
 
     def fresh():
@@ -322,15 +323,14 @@ def test_the_native_check_is_built():
             not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
         pytest.skip("the test installs build it on Linux CPython with a C++ compiler")
     import importlib
-    from aotgrad.guards import native
-    module = importlib.import_module(f"aotgrad.guards.{native.module_name(torch.__version__)}")
+    module = importlib.import_module(f"aotgrad.{_native.module_name(torch.__version__)}")
     assert module.TORCH_VERSION == torch.__version__
-    assert input_guards.NATIVE is module.TensorCheck
-    assert native.module_name("2.15.0+cu130") == "_tensors_2_15_0_cu130"
+    assert _native.TensorCheck is module.TensorCheck
+    assert _native.module_name("2.15.0+cu130") == "_tensors_2_15_0_cu130"
 
 
 def test_the_native_check_refuses_bad_arguments():
-    native = input_guards.NATIVE
+    native = _native.TensorCheck
     if native is None:
         pytest.skip("aotgrad's C++ tensor check is not built for this torch")
     t = torch.zeros(2)

@@ -1,8 +1,10 @@
 """aotgrad's C++ tensor check (``_tensors.cpp``): the module built for the torch this process runs.
 
 It reads TensorImpl's fields as one torch lays them out, so each torch gets a module of its own name
-(``setup.py`` builds it when the package is installed beside torch). This file imports nothing, so
-``setup.py`` names the module with it before aotgrad (which imports torch) can be imported."""
+(``setup.py`` builds it when the package is installed beside torch). This file imports nothing at
+module level, so ``setup.py`` names the module with it before aotgrad (which imports torch) can be
+imported. ``TensorCheck`` is the check's type, or None: the input guards and compiled autograd's
+layout guard read it at each build (tests set it to None to take the fallbacks)."""
 import importlib
 import re
 
@@ -17,7 +19,10 @@ def tensor_check():
     torch in the environment that installed the package)."""
     import torch
     try:
-        module = importlib.import_module(f"{__package__}.{module_name(torch.__version__)}")
+        module = importlib.import_module(f"aotgrad.{module_name(torch.__version__)}")
     except ImportError:
         return None
     return module.TensorCheck if module.TORCH_VERSION == torch.__version__ else None
+
+
+TensorCheck = tensor_check() if __name__ == "aotgrad._native" else None     # (setup.py imports this file alone)

@@ -1,5 +1,5 @@
 // The per-call check of a compiled entry's static tensor inputs (parameters and buffers first) as one
-// C++ loop over their TensorImpls (guards/inputs.py).
+// C++ loop over their TensorImpls (guards/inputs.py, compiled_autograd/guards.py; loaded by _native.py).
 //
 // TensorCheck(exemplars, sizes, strides, offsets).check(flat) is True when flat has at least
 // len(exemplars) items and the i-th
@@ -184,7 +184,7 @@ PyType_Slot TensorCheck_slots[] = {
     {0, nullptr},
 };
 
-PyType_Spec TensorCheck_spec = {"aotgrad.guards." AOTGRAD_STR(AOTGRAD_MODULE) ".TensorCheck", sizeof(TensorCheck), 0, Py_TPFLAGS_DEFAULT,
+PyType_Spec TensorCheck_spec = {"aotgrad." AOTGRAD_STR(AOTGRAD_MODULE) ".TensorCheck", sizeof(TensorCheck), 0, Py_TPFLAGS_DEFAULT,
                                 TensorCheck_slots};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, AOTGRAD_STR(AOTGRAD_MODULE), nullptr, -1, nullptr};
