@@ -422,3 +422,75 @@ def test_nothing_is_checked_twice():
     inputs = {id(t) for t in flat}
     watched = [r.source for r in reads if id(r.value) in inputs or id(getattr(r.value, "obj", None)) in inputs]
     assert watched == []
+
+
+def _random_tensor(rng, param_ok=True):
+    """A tensor of random dtype, shape, layout (transposed, sliced, offset), requires_grad and type."""
+    dtype = rng.choice([torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.complex64])
+    shape = [rng.randint(1, 4) for _ in range(rng.randint(0, 3))]
+    t = torch.zeros([s + 1 for s in shape], dtype=dtype) if rng.random() < 0.3 else torch.zeros(shape, dtype=dtype)
+    if t.dim() and t.shape != torch.Size(shape):
+        t = t[tuple(slice(1, None) if rng.random() < 0.5 else slice(0, s) for s in shape)]     # offset and strides
+    if t.dim() >= 2 and rng.random() < 0.3:
+        t = t.transpose(0, 1)
+    if dtype.is_floating_point or dtype.is_complex:
+        if param_ok and rng.random() < 0.4:
+            return nn.Parameter(t.clone() if rng.random() < 0.5 else t, requires_grad=rng.random() < 0.8)
+        t = t.requires_grad_(rng.random() < 0.3)
+    return t
+
+
+def _variant(rng, t):
+    """``t``, or another tensor like it in all but one field at most (its storage offset, strides,
+    requires_grad, dtype, type), or a random one."""
+    def laid_out(offset, stride=None):
+        stride = t.stride() if stride is None else stride
+        extent = offset + 1 + sum((n - 1) * s for n, s in zip(t.shape, stride))
+        v = torch.zeros(extent, dtype=t.dtype).as_strided(t.shape, stride, offset)
+        return type(t)(v, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else \
+            v.requires_grad_(t.requires_grad)
+    kind = rng.randrange(7)
+    if kind == 0:
+        return t
+    if kind == 1:
+        return laid_out(t.storage_offset())                  # equal in every field: passes both
+    if kind == 2:
+        return laid_out(t.storage_offset() + rng.randint(1, 2))
+    if kind == 3 and t.dim():
+        return laid_out(t.storage_offset(), tuple(s * 2 for s in t.stride()))
+    if kind == 4 and (t.dtype.is_floating_point or t.dtype.is_complex):
+        return t.detach().requires_grad_(not t.requires_grad)
+    if kind == 5:
+        return t.detach().to(torch.float16 if t.dtype != torch.float16 else torch.float32)
+    return _random_tensor(rng)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_native_check_never_passes_what_the_whole_check_fails(seed):
+    """Random exemplars against candidates like them but in one field, or random: wherever aotgrad's C++
+    check passes, the generated Python check (the authority on what a graph assumed) passes too, but for
+    a parameter's or buffer's storage offset (not guarded on the fast path: the module's state does not
+    move in its storage, and the graph reads values); a candidate equal in every field passes both. One
+    parameter or buffer slot, one user-input slot (its storage offset counts)."""
+    if _native.TensorCheck is None:
+        pytest.skip("aotgrad's C++ tensor check is not built for this torch")
+    import random
+    rng = random.Random(seed)
+    agreed = passed = 0
+    for _ in range(300):
+        flat = [_random_tensor(rng), _random_tensor(rng, param_ok=False)]
+        descs = [_Desc(isinstance(flat[0], nn.Parameter)), _Desc(False, state=False)]
+        # the generated Python alone (``check`` runs the C++ check first)
+        whole = input_guards.build([_spec(t) for t in flat], descs, []).check.__globals__["check_all"]
+        k, fast, _ = input_guards._static_prefix([_spec(t) for t in flat], descs)
+        assert k == 2 and fast(flat) and whole(flat) is None
+        for _ in range(6):
+            other = [_variant(rng, flat[0]), _variant(rng, flat[1])]
+            if fast(other):
+                passed += 1
+                # by design, a parameter's or buffer's storage offset alone is not checked there
+                failed = whole(other)
+                assert failed is None or failed == 0 and _spec(other[0]).layout[:-1] == _spec(flat[0]).layout[:-1] \
+                    and other[0].storage_offset() != flat[0].storage_offset(), (flat, other)
+            agreed += fast(other) == (whole(other) is None)
+    assert passed > 100 and agreed > 1200     # the family reaches both verdicts
