@@ -111,15 +111,14 @@ def _tensor_guards(tensors, layouts):
     A failed fast check is only a cue: ``violation`` then compares layouts alone."""
     if not tensors or any(v is None for v in layouts):
         return None
+    sizes, strides = [list(v[0]) for v in layouts], [list(v[1]) for v in layouts]
     from .. import _native      # aotgrad's own loop, where built for this torch: static layouts
-    if _native.TensorCheck is not None and all(None not in (*v[0], *v[1]) for v in layouts):
-        check = _native.TensorCheck(list(tensors), [list(v[0]) for v in layouts], [list(v[1]) for v in layouts],
-                       [None] * len(tensors)).check
+    if _native.TensorCheck is not None and all(None not in (*s, *st) for s, st in zip(sizes, strides)):
+        check = _native.TensorCheck(list(tensors), sizes, strides, [None] * len(tensors)).check
         return lambda *values: check(values)
     try:
         from .._torch import TensorGuards
-        return TensorGuards(*tensors, dynamic_dims_sizes=[list(v[0]) for v in layouts],
-                            dynamic_dims_strides=[list(v[1]) for v in layouts]).check
+        return TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides).check
     except Exception:   # an older checker's signature, a tensor type it rejects
         return None
 

@@ -150,7 +150,11 @@ def _setup(monkeypatch, path):
 
 def _tensor_check(entry):
     """Which check the entry's input guards run on the static tensors."""
-    fast = entry.compiled.captured.guards.check.__globals__.get("fast")
+    return _checker_name(entry.compiled.captured.guards.check.__globals__.get("fast"))
+
+
+def _checker_name(fast):
+    """Which check ``fast`` (``_static_prefix``'s) is."""
     if fast is None:
         return None
     if fast.__name__ == "fast":         # PyTorch's, wrapped
@@ -288,7 +292,7 @@ def test_the_tensor_check_fails_at_each_metadata_change(change, checker, monkeyp
     flat = fresh()
     k, fast, offsets = input_guards._static_prefix([_spec(t) for t in flat], [_Desc(True), _Desc(False),
                                                                              _Desc(False, state=False)])
-    assert k == 3 and offsets == (checker == "native") and _tensor_check_of(fast) == checker
+    assert k == 3 and offsets == (checker == "native") and _checker_name(fast) == checker
     assert fast(flat) and fast(fresh()) and fast([*fresh(), "more"])
     assert fast(tuple(fresh())) or checker == "guard manager"     # (a list getter: callers pass lists)
     flat = fresh()
@@ -303,15 +307,6 @@ def test_the_tensor_check_fails_at_each_metadata_change(change, checker, monkeyp
     guards = input_guards.build([_spec(t) for t in fresh()], [_Desc(True), _Desc(False), _Desc(False, state=False)], [])
     assert guards.check(fresh()) is None
     assert guards.check(flat) is not None       # the whole check says which
-
-
-def _tensor_check_of(fast):
-    class Entry:
-        class compiled:
-            class captured:
-                class guards:
-                    check = eval("lambda flat: fast(flat)", {"fast": fast})
-    return _tensor_check(Entry)
 
 
 def test_the_native_check_is_built():
