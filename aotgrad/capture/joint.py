@@ -276,10 +276,13 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # aten.detach into aten.alias, which the clean-up cannot tell from a user's alias.
     # A lazy graph module writes its Python code only when someone reads or runs it: capture edits
     # the joint and the partitioner builds new graphs from it, so that code would be written for nothing.
+    # No torch-function metadata mode (make_fx's ``node.meta["torch_fn"]``, which nothing here reads):
+    # with it every torch function the program calls (``F.linear``, ``x.view``) went through a Python
+    # ``__torch_function__`` first, about a seventh of a deep model's joint trace.
     try:
         with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules(), symbolic_dispatch(session.shape_env):
             gm = make_fx(as_traced_by_make_fx(fn), decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
-                         _allow_non_fake_inputs=True)(*seen, *tangents)
+                         _allow_non_fake_inputs=True, _disable_torch_fn_metadata_mode=True)(*seen, *tangents)
     except Exception:
         if fn.direct is not None and fn.direct.missed:
             raise UnseenUsed from None
