@@ -23,6 +23,7 @@ from .._torch import (
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor, view_meta_sequence,
 )
 from .. import tracing
+from ..guards import reads
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..runtime import modes
 from ..runtime.modes import baked
@@ -215,8 +216,13 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
 
     def _dispatched(self, func, types, args, kwargs):
         watch = sys.getprofile()
-        if watch is None or not getattr(watch, "between_user_code", False):
+        if watch is None:
             return super().__torch_dispatch__(func, types, args, kwargs)
+        if not getattr(watch, "between_user_code", False):
+            if getattr(func, "namespace", None) not in _TORCH_OPS:    # a custom op's fake kernel may be the user's Python
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            with reads.switches_only(watch):
+                return super().__torch_dispatch__(func, types, args, kwargs)
         # Another thread's writes are told apart by watching this one (guards.attribution); no
         # user code runs inside an op (subclasses with their own dispatch are refused above).
         sys.setprofile(None)
@@ -345,6 +351,7 @@ def _traced(t) -> bool:
                                        if isinstance(getattr(t, k), torch.Tensor))
 
 
+_TORCH_OPS = ("aten", "prim", "prims")     # operators whose dispatch runs torch's Python alone
 _DEVICE = torch.ops.prim.device.default
 _CLONE = torch.ops.aten.clone.default
 _ALIAS = torch.ops.aten.alias.default

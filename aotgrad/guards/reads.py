@@ -158,13 +158,19 @@ class Recording:
         """A C function called while recording: a torch switch's getter is a read of the switch (from
         any frame: ``torch.backends.cudnn.benchmark`` calls it from torch's Python); ``eval``/``exec``
         from user code run text whose reads no guard can follow."""
-        name = _SWITCH_IDS.get(id(fn))
-        if name is not None and SWITCH_GETTERS.get(fn) == name and name not in self.switches:
-            self.switches[name] = (fn, fn())
-        elif _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
+        if not self.switch_read(fn) and _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
             self.reflected.append((fn, frame.f_code, frame.f_lineno))
         if self.watch is not None:
             self.watch.c_call(fn)
+
+    def switch_read(self, fn) -> bool:
+        """Note a call of ``fn`` if it is one of torch's switch getters (the value it reads now)."""
+        name = _SWITCH_IDS.get(id(fn))
+        if name is None or SWITCH_GETTERS.get(fn) != name:
+            return False
+        if name not in self.switches:
+            self.switches[name] = (fn, fn())
+        return True
 
     def _add(self, frame, code, kind):
         f_locals = frame.f_locals
@@ -374,6 +380,35 @@ def _recording_of(event, depth=0) -> Recording | None:
         if found is not None:
             return found
     return None
+
+
+@contextlib.contextmanager
+def switches_only(watch):
+    """An ATen operator is dispatched inside the block, ``watch`` being this thread's profile function:
+    where that is a recording's alone (no other profiler chained, no other thread's writes to tell
+    apart), a C profile function watches the block, noting only calls of torch's switch getters (a
+    decomposition reading ``torch._C._get_mkldnn_enabled()``), which the recording then reads. No user
+    code runs in an ATen op's dispatch; torch's Python there ran a Python event a call (a fifth of a
+    block template's metadata pass)."""
+    rec = getattr(watch, "__self__", None)
+    if _watch_switches is None or type(rec) is not Recording or rec.watch is not None:
+        yield
+        return
+    found: list = []
+    _watch_switches(_GETTERS, found)
+    try:
+        yield
+    finally:
+        sys.setprofile(watch)
+        for fn in found:
+            rec.switch_read(fn)
+
+
+try:
+    from ._tags import watch_switches as _watch_switches
+except ImportError:     # not built: the recording watches ops' Python as any other
+    _watch_switches = None
+_GETTERS = frozenset(SWITCH_GETTERS)
 
 
 @contextlib.contextmanager

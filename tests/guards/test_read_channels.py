@@ -243,3 +243,50 @@ def test_too_deep_a_container_is_refused():
     with pytest.raises(errors.UnsupportedError, match="nested too deep") as info:
         aotgrad.jit(ns["f"])(torch.tensor([1.0]))
     assert info.value.user_line
+
+
+def _deterministic_in_python():
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def test_an_aten_ops_dispatch_is_watched_for_switch_reads_alone():
+    """While an ATen op dispatches under the read recording, a C profile function notes torch's switch
+    getters alone (what a decomposition reads decides the graph); the recording's own watch, a Python
+    event per call, is back after the op, also when the op raises."""
+    from aotgrad.guards import reads
+    if reads._watch_switches is None:
+        pytest.skip("aotgrad.guards._tags is not built")
+    with reads.record() as rec:
+        watch = sys.getprofile()
+        with reads.switches_only(watch):
+            assert sys.getprofile() is not watch
+            _deterministic_in_python()      # Python torch's dispatch would run: not an event now
+            torch.backends.mkldnn.is_available()
+        assert sys.getprofile() is watch
+        with pytest.raises(ZeroDivisionError), reads.switches_only(watch):
+            torch.get_num_threads()
+            1 / 0
+        assert sys.getprofile() is watch
+    assert _deterministic_in_python.__code__ not in rec.kinds
+    assert {"_get_deterministic_algorithms", "get_num_threads"} <= set(rec.switches)
+    assert rec.switches["_get_deterministic_algorithms"][1] is torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_a_switch_read_inside_an_rnn_ops_dispatch_guards_the_graph(rnn):
+    """nn.LSTM's op decomposes in torch's Python, which reads oneDNN's switch: the graph is guarded on
+    it (the user's value, not the one the capture sets while the op traces)."""
+    m, x = getattr(torch.nn, rnn)(4, 5), torch.randn(3, 2, 4)
+    f = aotgrad.jit(m)
+    f(x)
+    staged = aotgrad.capture(m, x).compile()
+    was = torch.backends.mkldnn.enabled
+    try:
+        torch.backends.mkldnn.enabled = not was
+        f(x)
+        with pytest.raises(errors.InputMismatchError):
+            staged(x)
+    finally:
+        torch.backends.mkldnn.enabled = was
+    assert len(f.entries) == 2
+    staged(x)
