@@ -201,8 +201,11 @@ class Recording:
         key = (code, id(g), id(self_obj), tuple((n, id(v)) for n, v in seen if not isinstance(v, _PLAIN)))
         if key in self.frames:
             return
-        held = tuple(v for n, v in seen[len(seen) - len(code.co_freevars):] if isinstance(v, _CONTAINERS)) \
-            if code.co_freevars else ()
+        free = seen[len(seen) - len(code.co_freevars):] if code.co_freevars else ()
+        held = tuple(v for n, v in free if isinstance(v, _CONTAINERS))
+        # A container closed over from outside the call (a custom op's fake kernel's settings, which
+        # nothing the traced function reaches leads to) is state its loads read, as an object's is.
+        args.update((n, v) for n, v in free if type(v) in (dict, list) and not _defined_in_trace(frame, n))
         self.frames[key] = Frame(code, kind, g, self_obj, args, held)
         if code.co_name in _CONSTRUCTORS:   # an object being built is not state from before the call
             if self_obj is not None:

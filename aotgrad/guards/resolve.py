@@ -226,7 +226,10 @@ class Resolver:
                 # of nested code (a comprehension, a lambda, an inner function): followed from its value
                 obj = f.args[c.name]
                 p, s = self.paths.get(id(obj), (None, _anon(obj)))
-                self._follow(obj, p, s, c.steps)
+                if type(obj) is list and p is None:     # a closed-over list no path reaches: held whole
+                    self._add_value(_Fixed(obj), "value", c.name, None)
+                else:
+                    self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:
                 self._global(f.globals, c)
             elif c.root == "globals" and f.kind == USER and f.globals is not None:
