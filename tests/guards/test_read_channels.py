@@ -10,6 +10,7 @@ fails the case.
 """
 import itertools
 import sys
+import threading
 import types
 
 import pytest
@@ -249,13 +250,16 @@ def _deterministic_in_python():
     return torch.are_deterministic_algorithms_enabled()
 
 
-def test_an_aten_ops_dispatch_is_watched_for_switch_reads_alone():
+def test_an_aten_ops_dispatch_is_watched_for_switch_reads_alone(monkeypatch):
     """While an ATen op dispatches under the read recording, a C profile function notes torch's switch
     getters alone (what a decomposition reads decides the graph); the recording's own watch, a Python
     event per call, is back after the op, also when the op raises."""
     from aotgrad.guards import reads
     if reads._watch_switches is None:
         pytest.skip("aotgrad.guards._tags is not built")
+    # (pytest-xdist's threads would make the recording watch for other threads' writes, which keeps
+    # the Python watch inside ops: tests/core/test_thread_writes.py runs that way)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     with reads.record() as rec:
         watch = sys.getprofile()
         with reads.switches_only(watch):
@@ -290,3 +294,35 @@ def test_a_switch_read_inside_an_rnn_ops_dispatch_guards_the_graph(rnn):
         torch.backends.mkldnn.enabled = was
     assert len(f.entries) == 2
     staged(x)
+
+
+# Where a custom op's fake kernel finds the number of rows it returns: (the state, how the kernels read it,
+# the change). Nothing the traced function reaches leads to the kernel (torch's registry holds it): its
+# own frame's globals and free variables are what the guards follow.
+FAKE_KERNEL_STATE = {
+    "global": ("ROWS = 2", "ROWS", "global ROWS\n    ROWS = 3"),
+    "closed-over dict": ("def _state():\n    return {'rows': 2}\nSTATE = _state()", "state['rows']",
+                         "STATE['rows'] = 3"),
+    "closed-over list": ("def _state():\n    return [2]\nSTATE = _state()", "state[0]", "STATE[0] = 3"),
+    "closed-over object": ("class O: pass\nSTATE = O(); STATE.rows = 2", "state.rows", "STATE.rows = 3"),
+}
+
+
+@pytest.mark.parametrize("where", list(FAKE_KERNEL_STATE))
+def test_a_custom_ops_fake_kernel_is_watched_as_user_code(where):
+    """A custom op's fake kernel is the user's Python, run inside the op's dispatch: its reads (a
+    value deciding the output's size) guard the graph, where an ATen op's dispatch is watched for
+    torch's switches alone."""
+    define, read, change = FAKE_KERNEL_STATE[where]
+    ns = _module(
+        f"{define}\n\n"
+        "def _make(state):\n"
+        f"    @torch.library.custom_op('aotgrad_test::first_rows_{next(_n)}', mutates_args=())\n"
+        f"    def first_rows(x: torch.Tensor) -> torch.Tensor:\n        return x[:{read}] * 2\n\n"
+        "    @first_rows.register_fake\n"
+        f"    def _(x):\n        return x.new_empty(({read}, *x.shape[1:]))\n"
+        "    return first_rows\n\n"
+        f"OP = _make({'STATE' if where != 'global' else 'None'})\n\n"
+        "def f(x):\n    return OP(x) + 1\n\n"
+        f"def change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], torch.arange(8.0).reshape(4, 2))
