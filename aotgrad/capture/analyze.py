@@ -32,10 +32,10 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
     with session.tracing(), mode, session.shape_env.ignore_fresh_unbacked_symbols():
         with reads.paused():        # torch's own Python: no user code to watch
             f_ins = [to_functional(t) for t in fake_inputs]
-        grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
+            grad_fns = [getattr(f, "grad_fn", None) for f in f_ins]
+            mode.storages.enter(f_ins)
         mode.watched = frozenset(map(id, f_ins))
         mode.owners = [f for f in f_ins if isinstance(f, FunctionalTensor)]    # (a set_() lands in one's storage)
-        mode.storages.enter(f_ins)
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
         resized = mode.storages.finish()

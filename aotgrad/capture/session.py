@@ -269,10 +269,11 @@ class Storages:
         """Note each input's storage size on entry (one freed by the caller holds no values)."""
         for f in inputs:
             if isinstance(f, FunctionalTensor):
-                self.entry[id(f)] = from_functional_tensor(f.elem).untyped_storage().nbytes()
+                inner = from_functional_tensor(f.elem)      # (its layout: read without the functional wrapper)
+                self.entry[id(f)] = inner.untyped_storage().nbytes()
                 # Without a guard (every input of every capture; under Dynamo a guard on a stride it made
                 # symbolic may have no source): freed where that holds for every size the trace stands for.
-                if known_true(self.entry[id(f)] < _extent(f)):
+                if known_true(self.entry[id(f)] < _extent(inner)):
                     self.unreadable[id(f)] = f
         self.freed = set(self.unreadable)
         self.active = True
