@@ -18,6 +18,7 @@ from ..guards import reads
 from ..guards.state import _GLOBAL_HOOKS
 from ..guards.writes import HOOK_EXTRAS, HOOKS
 from ..runtime.call import bits
+from ..tracing.tree import places
 
 _HOOKS = HOOKS + HOOK_EXTRAS
 _OWN = {"_parameters", "_buffers", "_modules", *_HOOKS}
@@ -107,26 +108,35 @@ def _module_key(m: torch.nn.Module, keys: dict):
     return key
 
 
-def _scalars(m: torch.nn.Module) -> tuple:
-    """``((path, attr), value key)`` of every plain scalar attribute of ``m`` and its submodules,
-    in the order the structural key lists them (the same for every twin)."""
-    return tuple(((path, k), (type(v), bits(v))) for path, sub in m.named_modules(remove_duplicate=False)
+def _scalars(where: list) -> tuple:
+    """``((path, attr), value key)`` of every plain scalar attribute of a module and its submodules
+    (``where``: its :func:`_walk`), in the order the structural key lists them (the same for every twin)."""
+    return tuple(((path, k), (type(v), bits(v))) for path, sub in where
                  for k, v in sub.__dict__.items() if k not in _OWN and type(v) in _SCALARS)
 
 
-def _ties(m: torch.nn.Module) -> tuple:
+def _ties(where: list) -> tuple:
     """Which state entries hold the same tensor, and which submodules are the same object."""
     first: dict = {}
-    state = [first.setdefault(id(t), len(first)) for _, t in _state(m)]
+    state = [first.setdefault(id(t), len(first)) for _, t in _state(where)]
     mods: dict = {}
-    kids = [mods.setdefault(id(c), len(mods)) for _, c in m.named_modules(remove_duplicate=False)]
+    kids = [mods.setdefault(id(c), len(mods)) for _, c in where]
     return tuple(state), tuple(kids)
 
 
-def _state(m: torch.nn.Module):
-    """``((module __dict__, kind, attr), tensor)`` of every parameter and buffer of ``m``, duplicates
-    included, in a fixed order (the dict by name: see :func:`..inputs.flatten.state_homes`)."""
-    for _, sub in m.named_modules(remove_duplicate=False):
+def _walk(m: torch.nn.Module, walks: dict) -> list:
+    """``list(m.named_modules(remove_duplicate=False))``, walked once per module (``walks``, by id)."""
+    got = walks.get(id(m))
+    if got is None:
+        got = walks[id(m)] = places(m) or list(m.named_modules(remove_duplicate=False))
+    return got
+
+
+def _state(where: list):
+    """``((module __dict__, kind, attr), tensor)`` of every parameter and buffer of a module (``where``:
+    its :func:`_walk`), duplicates included, in a fixed order (the dict by name: see
+    :func:`..inputs.flatten.state_homes`)."""
+    for _, sub in where:
         for kind in ("_parameters", "_buffers"):
             for attr, t in sub.__dict__[kind].items():
                 if t is not None:
@@ -146,16 +156,15 @@ class Member:
     inner: bool = False     # inside another group's block: called only when that block runs flat
 
 
-def _member(gid: int, m: torch.nn.Module, varying=(), values=(), inner=False) -> Member:
+def _member(gid: int, where: list, varying=(), values=(), inner=False) -> Member:
     index: dict = {}
     firsts, homes = [], []
-    for home, t in _state(m):
+    for home, t in _state(where):
         if id(t) not in index:
             index[id(t)] = len(firsts)
             firsts.append(home)
         homes.append((*home, index[id(t)]))
-    return Member(gid, tuple(firsts), tuple(homes), dict(m.named_modules(remove_duplicate=False)), varying, values,
-                  inner)
+    return Member(gid, tuple(firsts), tuple(homes), dict(where), varying, values, inner)
 
 
 def hooked(m: Member) -> bool:
@@ -171,9 +180,9 @@ def _global_hooks() -> bool:
     return any(getattr(g, name, None) for name in _GLOBAL_HOOKS)
 
 
-def _varying(grp) -> tuple:
+def _varying(grp, walks: dict) -> tuple:
     """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
-    scalars = [_scalars(m) for _, m in grp]
+    scalars = [_scalars(_walk(m, walks)) for _, m in grp]
     return tuple(i for i in range(len(scalars[0])) if len({s[i][1] for s in scalars}) > 1), scalars
 
 
@@ -196,13 +205,14 @@ def find_groups(root: torch.nn.Module) -> dict:
     if _global_hooks():
         return {}
     keys: dict = {}
+    walks: dict = {}        # id(module) -> its walk, taken once for every question asked of it
     by_key: dict = {}
     for name, m in root.named_modules():
         mark = marked(m) if name else False
         if mark is False or not m._modules and mark is not True:
             continue
         try:
-            k = (_module_key(m, keys), _ties(m))
+            k = (_module_key(m, keys), _ties(_walk(m, walks)))
         except _Unlike:
             continue
         by_key.setdefault(k, []).append((name, m))
@@ -210,10 +220,10 @@ def find_groups(root: torch.nn.Module) -> dict:
     members: dict = {}
     taken: list = []
     for gid, grp in enumerate(chosen):
-        where, scalars = _varying(grp)
+        where, scalars = _varying(grp, walks)
         varying = tuple(scalars[0][i][0] for i in where)
         for (name, m), own in zip(grp, scalars):
             inner = any(name.startswith(t + ".") for t in taken)
             taken.append(name)
-            members[id(m)] = _member(gid, m, varying, tuple(own[i][1] for i in where), inner)
+            members[id(m)] = _member(gid, _walk(m, walks), varying, tuple(own[i][1] for i in where), inner)
     return members
