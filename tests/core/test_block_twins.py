@@ -194,19 +194,31 @@ def test_recorded_block_nodes_are_the_dispatched_ones(name, monkeypatch):
         monkeypatch.setattr(block_graph, "DIRECT", direct)
         # Recorded, every one of them: the dispatch (no_stack_traces around the op) is not reached.
         monkeypatch.setattr(block_graph, "no_stack_traces", _dispatched if direct else no_stack_traces)
-        torch.manual_seed(0)
-        fn, args, kwargs = PROGRAMS[name].make()
-        captured = aotgrad.capture(fn, *args, **kwargs)
-        torch.manual_seed(1)
-        outs = captured.compile()(*args, **kwargs)
-        outs = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
-        sum(o.float().pow(2).sum() for o in outs).backward()
-        grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]
-        seen.append((_numbered(captured.joint.code), [o.detach() for o in outs], grads))
-    (code, outs, grads), (code_d, outs_d, grads_d) = seen
-    assert code == code_d
-    assert all(torch.equal(a, b) for a, b in zip(outs, outs_d))
-    assert all((a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in zip(grads, grads_d))
+        seen.append(_trained(PROGRAMS[name].make))
+    _same_runs(*seen)
+
+
+def _trained(make):
+    """The joint's code (templates numbered), its values' layouts, the outputs and the gradients of
+    one step of ``make()``'s program, captured and compiled."""
+    torch.manual_seed(0)
+    fn, args, kwargs = make()
+    captured = aotgrad.capture(fn, *args, **kwargs)
+    torch.manual_seed(1)
+    outs = captured.compile()(*args, **kwargs)
+    outs = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
+    sum(o.float().pow(2).sum() for o in outs).backward()
+    grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]
+    vals = [(tuple(v.shape), v.stride(), v.dtype) for n in captured.joint.graph.nodes
+            if isinstance(v := n.meta.get("val"), torch.Tensor)]
+    return _numbered(captured.joint.code), vals, [o.detach() for o in outs], grads
+
+
+def _same_runs(a, b) -> None:
+    (code, vals, outs, grads), (code_b, vals_b, outs_b, grads_b) = a, b
+    assert code == code_b and vals == vals_b
+    assert all(torch.equal(x, y) for x, y in zip(outs, outs_b))
+    assert all((x is None) == (y is None) and (x is None or torch.equal(x, y)) for x, y in zip(grads, grads_b))
 
 
 class _UsedTwice(torch.nn.Module):
@@ -241,26 +253,12 @@ def test_recorded_engine_sums_are_the_dispatched_ones(name, monkeypatch):
         return recorded[-1]
     spy.__module__ = "aotgrad.capture.session"
     monkeypatch.setattr(session, "traced_sum", spy)
+    make = (lambda: (_UsedTwice(), (torch.randn(3, 4, requires_grad=True),), {})) if name == "used_twice" \
+        else PROGRAMS[name].make
     seen = []
     for on in (True, False):
         monkeypatch.setattr(session, "ENGINE_SUMS", on)
-        torch.manual_seed(0)
-        if name == "used_twice":
-            fn, args, kwargs = _UsedTwice(), (torch.randn(3, 4, requires_grad=True),), {}
-        else:
-            fn, args, kwargs = PROGRAMS[name].make()
-        captured = aotgrad.capture(fn, *args, **kwargs)
-        torch.manual_seed(1)
-        outs = captured.compile()(*args, **kwargs)
-        outs = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
-        sum(o.float().pow(2).sum() for o in outs).backward()
-        grads = [p.grad for p in fn.parameters()] + [a.grad for a in args if isinstance(a, torch.Tensor)]
-        vals = [(tuple(v.shape), v.stride(), v.dtype) for n in captured.joint.graph.nodes
-                if isinstance(v := n.meta.get("val"), torch.Tensor)]
-        seen.append((_numbered(captured.joint.code), vals, [o.detach() for o in outs], grads))
-    (code, vals, outs, grads), (code_d, vals_d, outs_d, grads_d) = seen
-    assert code == code_d and vals == vals_d
-    assert all(torch.equal(a, b) for a, b in zip(outs, outs_d))
-    assert all((a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in zip(grads, grads_d))
+        seen.append(_trained(make))
+    _same_runs(*seen)
     if name == "used_twice":     # h's and b's sums recorded, w's (a transposed gradient) dispatched
         assert any(r is not None for r in recorded) and any(r is None for r in recorded)
