@@ -263,7 +263,7 @@ def traced_sum(a, b, functional):
     x, y = _synced_inner(a), _synced_inner(b)
     shape = x.shape
     if x.dtype != y.dtype or x.device != y.device or shape != y.shape or not (x.is_contiguous() and y.is_contiguous()) \
-            or any(isinstance(s, torch.SymInt) for s in shape):
+            or any(isinstance(s, torch.SymInt) for s in shape) or not _tracked(tracer, x, y):
         return None
     node = _traced_node(tracer, torch.ops.aten.add.Tensor, [x, y], (), listed=False)
     out = fresh_fakes(fake, [(shape, x.stride(), x.dtype, x.device)])
@@ -283,6 +283,12 @@ def _traced_modes(tensors, dispatching=None):
             or not all(type(t) is FunctionalTensor for t in tensors):
         return None
     return proxy.tracer, functional, fake
+
+
+def _tracked(tracer, *inner) -> bool:
+    """Whether the trace has a node for each of ``inner`` (a constant an op of constants made may have none)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot
+    return all(get_proxy_slot(x, tracer, None) is not None for x in inner)
 
 
 def _synced_inner(t):

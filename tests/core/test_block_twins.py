@@ -237,24 +237,52 @@ class _UsedTwice(torch.nn.Module):
         return (h + self.b).sum() + (self.b * 2).sum()  # b used broadcast and whole
 
 
+_HALF = torch.full((3, 4), 0.5)
+
+
+class _ConstantGradient(torch.autograd.Function):
+    """A backward that returns a tensor the trace holds as a constant (no node of its own)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return _HALF
+
+
+class _SumsAConstant(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x):
+        h = x * self.w
+        return _ConstantGradient.apply(h).sum() + (h * 2).sum()
+
+
+_ENGINE_SUM_PROGRAMS = {"used_twice": lambda: (_UsedTwice(), (torch.randn(3, 4, requires_grad=True),), {}),
+                        "constant_gradient": lambda: (_SumsAConstant(), (torch.randn(3, 4),), {})}
+
+
 # (a checkpoint's recomputation runs under the read recording, which would refuse the spy's list)
-@pytest.mark.parametrize("name", [n for n in TWINS if "checkpoint" not in n][::4] + ["used_twice"])
+@pytest.mark.parametrize("name", [n for n in TWINS if "checkpoint" not in n][::4] + list(_ENGINE_SUM_PROGRAMS))
 def test_recorded_engine_sums_are_the_dispatched_ones(name, monkeypatch):
     """The engine's sum of two gradients of one tensor is recorded straight into the joint's trace
     (``_torch.traced_sum``) where both are contiguous and alike: the same joint graph, values and
     layouts, outputs and gradients as dispatching ``aten.add`` through the three modes."""
     from aotgrad import _torch
     from aotgrad.capture import session
-    recorded = []       # (a list: aotgrad's own module, whose writes the capture does not watch)
+    recorded = []
     real = _torch.traced_sum
 
     def spy(a, b, mode):
         recorded.append(real(a, b, mode))
         return recorded[-1]
-    spy.__module__ = "aotgrad.capture.session"
-    monkeypatch.setattr(session, "traced_sum", spy)
-    make = (lambda: (_UsedTwice(), (torch.randn(3, 4, requires_grad=True),), {})) if name == "used_twice" \
-        else PROGRAMS[name].make
+    if name == "used_twice":    # (where a custom backward runs, the capture watches its writes: the list's too)
+        monkeypatch.setattr(session, "traced_sum", spy)
+    make = _ENGINE_SUM_PROGRAMS.get(name) or PROGRAMS[name].make
     seen = []
     for on in (True, False):
         monkeypatch.setattr(session, "ENGINE_SUMS", on)
