@@ -367,23 +367,6 @@ def fake_like(t):
         return flat.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def fakes_like(ts) -> list:
-    """``fake_like`` of each of ``ts``, those at offset 0 with static layouts made together (a deep
-    model's block parameters: one ``fresh_fakes`` call rather than one a tensor)."""
-    plain = [i for i, t in enumerate(ts) if t.storage_offset() == 0
-             and not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))]
-    kept = set(plain)
-    out = [None if i in kept else fake_like(t) for i, t in enumerate(ts)]
-    by_mode: dict = {}
-    for i in plain:
-        by_mode.setdefault(id(ts[i].fake_mode), []).append(i)
-    for ix in by_mode.values():
-        mode = ts[ix[0]].fake_mode
-        for i, f in zip(ix, fresh_fakes(mode, [(ts[i].shape, ts[i].stride(), ts[i].dtype, ts[i].device) for i in ix])):
-            out[i] = f
-    return out
-
-
 def plain_fake(mode, t):
     """What ``mode.from_tensor(t)`` gives for a dense leaf tensor with static sizes, made from a meta
     tensor directly (several times faster: a model's parameters are most of a capture's inputs), and

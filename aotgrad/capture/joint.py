@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import (
-    as_traced_by_make_fx, fakes_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
+    as_traced_by_make_fx, fake_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
     version_counter,
 )
 from ..ir.records import Analysis, JointLayout, forward_values
@@ -323,8 +323,8 @@ def _add_inputs(graph: torch.fx.Graph, unseen: dict, n_primals: int) -> None:
     first = next(iter(graph.nodes))
     with graph.inserting_before(first):
         made = {i: graph.placeholder(f"unseen_{i}") for i in sorted(unseen)}
-    for node, val in zip(made.values(), fakes_like([unseen[i] for i in made])):
-        node.meta["val"] = val
+    for i, node in made.items():
+        node.meta["val"] = fake_like(unseen[i])
     seen = iter(traced)
     order = [made[i] if i in made else next(seen) for i in range(n_primals)] + list(seen)
     for before, node in zip(order, order[1:]):
