@@ -226,8 +226,10 @@ class Resolver:
                 # of nested code (a comprehension, a lambda, an inner function): followed from its value
                 obj = f.args[c.name]
                 p, s = self.paths.get(id(obj), (None, _anon(obj)))
-                if type(obj) is list and p is None:     # a closed-over list no path reaches: held whole
-                    self._add_value(_Fixed(obj), "value", c.name, None)
+                if type(obj) is list and p is None:     # a closed-over list no path reaches: held whole, once
+                    if id(obj) not in self.done:
+                        self.done.add(id(obj))
+                        self._add_value(_Fixed(obj), "value", c.name, None)
                 else:
                     self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:

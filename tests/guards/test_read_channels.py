@@ -303,7 +303,8 @@ FAKE_KERNEL_STATE = {
     "global": ("ROWS = 2", "ROWS", "global ROWS\n    ROWS = 3"),
     "closed-over dict": ("def _state():\n    return {'rows': 2}\nSTATE = _state()", "state['rows']",
                          "STATE['rows'] = 3"),
-    "closed-over list": ("def _state():\n    return [2]\nSTATE = _state()", "state[0]", "STATE[0] = 3"),
+    "closed-over list": ("def _state():\n    return [2]\nSTATE = _state()", "state[0] * state[-1] // 2",
+                         "STATE[0] = 3"),      # (two loads: the list is held once)
     "closed-over object": ("class O: pass\nSTATE = O(); STATE.rows = 2", "state.rows", "STATE.rows = 3"),
 }
 
@@ -325,4 +326,8 @@ def test_a_custom_ops_fake_kernel_is_watched_as_user_code(where):
         f"OP = _make({'STATE' if where != 'global' else 'None'})\n\n"
         "def f(x):\n    return OP(x) + 1\n\n"
         f"def change():\n    {change}\n")
-    _check(ns, ns["f"], ns["change"], torch.arange(8.0).reshape(4, 2))
+    x = torch.arange(8.0).reshape(4, 2)
+    _check(ns, ns["f"], ns["change"], x)
+    state = ns.get("STATE", object())
+    held = [r for r in aotgrad.capture(ns["f"], x).state.reads if getattr(r.where, "value", None) is state]
+    assert len(held) == (where == "closed-over list")
