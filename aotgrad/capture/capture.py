@@ -30,6 +30,7 @@ from ..guards import state as state_guards
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
+from ..passes.views import fold_views_owned
 from ..passes.rng_positions import ENDS as RNG_ENDS, traced_with_positions
 from .. import tracing
 from ..scoped import GC_PAUSED
@@ -177,6 +178,8 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
     with timed(history, "simplify") as info:
         if joint.meta.get(RNG_ENDS) or any(is_random(n) for n in joint.graph.nodes):
             joint = share_recomputed_randomness(joint)      # nothing to share or rewind otherwise
+        if not lay.is_inference:        # t(t(w)) -> w, in place: the compile's fold then copies nothing
+            info["views folded"] = fold_views_owned(joint, lay.n_fw)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
     analysis = _settled_resizes(analysis, setup.session.shape_env)

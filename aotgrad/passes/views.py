@@ -35,22 +35,40 @@ from ..ir.ops import aliases_input, mutated_args
 from .cleanup import drop_dead, copy_module
 
 
+FOLDED = "aotgrad views folded"       # joint.meta: capture folded it in place (fold_views_owned)
+
+
 def fold_views(joint: fx.GraphModule, n_fw: int) -> fx.GraphModule:
     """A copy of ``joint`` (``n_fw`` forward outputs, then gradients) with its view chains folded;
-    ``joint`` itself when there is none."""
+    ``joint`` itself when there is none, or when capture folded it already."""
+    if joint.meta.get(FOLDED):
+        return joint
     plan = _plan(joint.graph, n_fw)
     if not plan:
         return joint
     gm = copy_module(joint)
     env = dict(zip(joint.graph.nodes, gm.graph.nodes))
-    out = gm.graph.output_node()
-    for node, (base, fold_output) in plan.items():
-        new, to = env[node], env[base]
-        new.replace_all_uses_with(to, delete_user_cb=lambda u: u is not out and _reads_only(u)
-                                  or u is out and fold_output)
+    _fold(gm.graph, {env[n]: (env[base], out) for n, (base, out) in plan.items()})
     drop_dead(gm.graph)
     gm.recompile()
     return gm
+
+
+def fold_views_owned(joint: fx.GraphModule, n_fw: int) -> int:
+    """``fold_views`` in place, for capture's fresh joint (its dead nodes and code left to
+    ``simplify_owned``): a compile of it then finds nothing more to fold and copies nothing.
+    Returns how many views it folded."""
+    plan = _plan(joint.graph, n_fw)
+    _fold(joint.graph, plan)
+    joint.meta[FOLDED] = True
+    return len(plan)
+
+
+def _fold(g: fx.Graph, plan: dict) -> None:
+    out = g.output_node()
+    for node, (base, fold_output) in plan.items():
+        node.replace_all_uses_with(base, delete_user_cb=lambda u: u is not out and _reads_only(u)
+                                   or u is out and fold_output)
 
 
 def _plan(g: fx.Graph, n_fw: int) -> dict:
