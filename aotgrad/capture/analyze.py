@@ -39,13 +39,13 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
         with reads.user_code():     # (the first run is recorded; a second, after rebasing, is not)
             f_outs = flat_fn(*f_ins)
         resized = mode.storages.finish()
-        names = names or [f"input {i}" for i in range(len(f_ins))]
+        names = names or [f"input {i}" for i in range(len(f_ins))]     # (formatted only in a refusal)
         shared = shared or {}
-        inputs = tuple(_input_info(f, t, g, str(n), mode.lines.get(id(f)), {str(names[j]): fake_inputs[j]
+        inputs = tuple(_input_info(f, t, g, n, mode.lines.get(id(f)), {str(names[j]): fake_inputs[j]
                                                                             for j in shared.get(i, ()) if j != i},
-                                   _swap(i, f_ins, fake_inputs, str(n), mode, shared))
+                                   _swap(i, f_ins, fake_inputs, n, mode, shared))
                        for i, (f, t, g, n) in enumerate(zip(f_ins, fake_inputs, grad_fns, names)))
-        inputs = tuple(_resized(info, resized.get(id(f)), str(n), shared.get(i, ()), mode.storages.lines.get(id(f)))
+        inputs = tuple(_resized(info, resized.get(id(f)), n, shared.get(i, ()), mode.storages.lines.get(id(f)))
                        for i, (info, f, n) in enumerate(zip(inputs, f_ins, names)))
         _refuse_meta_in_written_group(inputs, shared, names, [mode.lines.get(id(f)) for f in f_ins])
         swapped = {i for i, info in enumerate(inputs) if info.new_storage}
@@ -63,7 +63,7 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
     return Analysis(inputs, outputs, len(bases), fake_outs, rg, getattr(f_outs, "spec", None))
 
 
-def _resized(info: InputInfo, nbytes, name: str, shared, line=None) -> InputInfo:
+def _resized(info: InputInfo, nbytes, name, shared, line=None) -> InputInfo:
     """``info`` with the storage sizes ``(start, final)`` of an input whose storage the function resized
     (``capture.session.Storages``), replayed by the epilogue before its data write."""
     if nbytes is None:
@@ -77,7 +77,7 @@ def _resized(info: InputInfo, nbytes, name: str, shared, line=None) -> InputInfo
     return replace(info, storage_resize=(nbytes[0], symbolic(nbytes[1])))     # (a size expression, per call)
 
 
-def _input_info(f, t, grad_fn_before, name: str, line, others=None, swap=None) -> InputInfo:
+def _input_info(f, t, grad_fn_before, name, line, others=None, swap=None) -> InputInfo:
     """What the function did to input ``t`` (``f`` its functional stand-in). A write that autograd
     recorded changes ``f.grad_fn``; one through ``.data``/``.detach()`` or under ``no_grad`` does
     not, and is replayed without autograd. ``line``: where its layout or storage changed; ``others``:
