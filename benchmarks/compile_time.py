@@ -16,6 +16,7 @@ The *compile* column subtracts a steady-state step (median of a few) from it.
     python -m benchmarks.compile_time --depth --sdpa --systems aotgrad,torch_aot
     python -m benchmarks.compile_time --depth --sdpa --cpu   # in CPU time: steadier on a loaded machine
     python -m benchmarks.compile_time --depth --llama     # the same for HF Llama
+    python -m benchmarks.compile_time --depth --sdpa --stages   # and aotgrad's cost per layer by stage
     python -m benchmarks.compile_time --inductor          # Inductor: regional vs whole vs torch.compile
 
 The depth table times capture + compile + first training step of the GPT
@@ -163,7 +164,7 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
     else:
         model, args = models.make_gpt(replace(models.GPT_SDPA if sdpa else models.GPT_TINY, n_layer=n_layer))
     gc.collect()        # the models before this one: their collection is not this measurement's
-    t0 = CLOCK()
+    t0, wall = CLOCK(), time.perf_counter()
     if system == "aot_eager":
         import torch
 
@@ -175,8 +176,32 @@ def _depth_step(system: str, n_layer: int, sdpa: bool = False) -> float:
         step = aotgrad.capture(model, *args, reuse_blocks=False).compile(fw_compiler="eager")
     else:
         step = SYSTEMS[system](model, args)
+    made = time.perf_counter()
     train_once(step, args)
-    return CLOCK() - t0
+    seconds = CLOCK() - t0
+    if system == "aotgrad":
+        done = time.perf_counter()
+        stages = {st.name: st.seconds for st in step.history}
+        STAGES.setdefault(n_layer, []).append({**stages, "first step": done - made,
+                                               "the rest": made - wall - sum(stages.values()), "total": done - wall})
+    return seconds
+
+
+STAGES: dict = {}   # layers -> each aotgrad run's wall seconds per stage of its history, first step, rest, total
+
+
+def stage_table(stages: dict) -> str:
+    """aotgrad's wall seconds per stage (the compiled step's ``history``), as a fixed part and a cost
+    per layer (the slope between the fewest and the most layers). ``the rest``: the capture and compile
+    outside those stages (finding twins, resolving and building the Python-state guards, the call's
+    prologue, the collector's first pass after the capture)."""
+    lo, hi = min(stages), max(stages)
+    med = {n: {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]} for n, runs in stages.items()}
+    lines = ["| aotgrad stage | fixed | per layer |", "|---|---:|---:|"]
+    for k in [k for k in med[hi] if k != "total"] + ["total"]:
+        per = (med[hi].get(k, 0.0) - med[lo].get(k, 0.0)) / (hi - lo)
+        lines.append(f"| {k} | {(med[lo].get(k, 0.0) - lo * per) * 1e3:.1f} ms | {per * 1e3:.2f} ms |")
+    return "\n".join(lines)
 
 
 def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS, sdpa: bool = False) -> dict:
@@ -185,6 +210,7 @@ def run_depths(repeats: int = 3, depths=DEPTHS, systems=DEPTH_SYSTEMS, sdpa: boo
     would land on one system's column alone and skew the ratios)."""
     for system in systems:
         _depth_step(system, depths[0], sdpa)
+    STAGES.clear()      # (the warm-up's)
     samples: dict = {s: {n: [] for n in depths} for s in systems}
     for _ in range(repeats):
         for n in depths:
@@ -289,6 +315,7 @@ def main():
     p.add_argument("--no-cache", action="store_true", help="with --llama: use_cache=False")
     p.add_argument("--systems", default=",".join(DEPTH_SYSTEMS), help="depth table: systems to time")
     p.add_argument("--cpu", action="store_true", help="depth table: this process's CPU time, not wall time")
+    p.add_argument("--stages", action="store_true", help="depth table: also aotgrad's fixed and per-layer cost by stage")
     p.add_argument("--inductor", action="store_true",
                    help="first training step under Inductor at 2/6/12 layers (a fresh process and cache each)")
     p.add_argument("--child", choices=COMPARED, help=argparse.SUPPRESS)
@@ -317,6 +344,9 @@ def main():
               + (", CPU time" if a.cpu else ""))
         print(depth_table(run_depths(a.repeats, systems=tuple(a.systems.split(",")),
                                      sdpa=llama if a.llama else a.sdpa)))
+        if a.stages and STAGES:
+            print("\naotgrad by stage, wall time (median of each)")
+            print(stage_table(STAGES))
         return
     print(f"gpt_small training step, {a.threads} thread(s), median of {a.repeats}")
     print(table(run(a.repeats)))
