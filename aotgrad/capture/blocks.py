@@ -258,14 +258,14 @@ class Reuse:
         """``(verdict, index)``: whether the reads from ``start`` on are the template's; None (and the
         index) at a read of children or hooks where ``plain``."""
         for i in range(start, len(now)):
-            (source, kind, was), (source2, _, value) = t.reads[i], now[i]
+            (source, kind, was), (source2, kind2, value) = t.reads[i], now[i]
             if source != source2:
                 return False, i
             if source in t.watched:
                 continue
             if plain and kind == "dict":
                 return None, i
-            if not _same_read(kind, was, value):
+            if kind != kind2 or not _same_read(kind, was, value):   # (an empty dict is "dict", a filled one not)
                 self.why.setdefault(type(module).__name__, f"`{source}`, which its template's trace read, differs")
                 return False, i
         return True, len(now)

@@ -19,7 +19,7 @@ from aotgrad.partition.blocks import is_call
 from tests.eager_check import check
 
 HEADER = """
-import contextlib, contextvars, inspect, threading, weakref
+import contextlib, contextvars, inspect, threading, types, weakref
 import torch
 import torch.nn as nn
 
@@ -139,6 +139,38 @@ class Model(nn.Module):
 """)
 
 
+def _present(which):
+    """The parent defines a global name, or a dict entry, for the middle layer alone: the template's
+    trace (the first layer) found it absent."""
+    read, put, drop = {"global name": ("S if 'S' in globals() else 1.0", "global S; S = 3.0", "del S"),
+                       "dict entry": ("G['s'] if 's' in G else 1.0", "G['s'] = 3.0", "del G['s']"),
+                       "attribute": ("getattr(CFG, 's', 1.0)", "CFG.s = 3.0", "del CFG.s")}[which]
+    return _module(f"""
+G = {{}}
+CFG = types.SimpleNamespace()
+
+
+class Layer(Body):
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * ({read})
+
+
+class Model(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            if i == 1:
+                {put}
+            x = layer(x)
+            if i == 1:
+                {drop}
+        return x
+""")
+
+
 def _make(mod):
     def make():
         torch.manual_seed(0)
@@ -169,6 +201,17 @@ def test_a_read_through_scope_the_parent_set(channel, same):
 @pytest.mark.parametrize("read", list(OWN))
 def test_a_per_layer_value_read_around_the_attribute_watch(read):
     make = _make(_own(OWN[read]))
+    check(None, make=make, calls=2)
+    check(None, make=make, calls=2, compile=_jit)
+
+
+@pytest.mark.parametrize("which", ["global name", "dict entry", "attribute"])
+def test_a_name_absent_for_the_template_present_for_a_twin(which):
+    """The dict entry: the template's trace read an empty dict (its read's kind: a dict of modules),
+    the twin's a filled one (another kind); the proof compared them as the template's kind and
+    crashed the capture. The attribute: read reflectively (``getattr``), so the twin's trace reads
+    a value the template's never saw (a proof by the template's read places alone would miss it)."""
+    make = _make(_present(which))
     check(None, make=make, calls=2)
     check(None, make=make, calls=2, compile=_jit)
 
