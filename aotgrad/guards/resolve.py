@@ -456,15 +456,30 @@ class Resolver:
 
     def _absent(self, obj, kind, key, path, source):
         """``hasattr(obj, "k")`` False, ``getattr(obj, "k", default)``, ``d.get("k")``: the absence is
-        read too, wherever the entry could be set: the dict; the object's own dict and its classes'."""
+        read too, wherever the entry could be set: the dict; a user module's dict; a user class's own
+        dict and its user bases'; the object's own dict and its classes' (a library's plain object
+        holding the user's values too: ``types.SimpleNamespace``)."""
         if kind == "item" and isinstance(obj, dict) and id(obj) not in self.skip:
             self._add(Read(f"{source}[{key!r}]", path + (("item", key),) if path else None, obj, key, None,
                            "absent"))
             return
-        d = getattr(obj, "__dict__", None) if kind == "attr" and isinstance(key, str) else None
-        if isinstance(d, dict) and key not in d and not isinstance(obj, (type, types.ModuleType, threading.local,
-                                                                         *_CALLABLES)) \
-                and not _stops(obj) and not any(key in vars(c) for c in type(obj).__mro__):
+        if kind != "attr" or not isinstance(key, str):
+            return
+        if isinstance(obj, types.ModuleType):
+            if not _stops(obj) and key not in vars(obj):
+                self._add(Read(f"{source}.{key}", path + (("attr", key),) if path else None, vars(obj), key, None,
+                               "absent"))
+            return
+        if isinstance(obj, type):
+            if not _stops(obj):
+                for i, c in enumerate(obj.__mro__):
+                    if not is_library(c) and key not in vars(c):
+                        self._add(Read(f"{c.__qualname__}.{key}", path + (("attr", "__mro__"), ("item", i), ("own", key))
+                                       if path else None, vars(c), key, None, "absent"))
+            return
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and key not in d and not isinstance(obj, (threading.local, *_CALLABLES)) \
+                and (not _stops(obj) or _state_of_library(obj)) and not any(key in vars(c) for c in type(obj).__mro__):
             self._own_dict(obj, d, path, source)
             self._add(Read(f"{source}.{key}", _own_item(path, key), d, key, None, "absent"))
             for i, c in _user_classes(obj):
@@ -765,6 +780,8 @@ def _step(obj, kind, key):
         return None
     if kind == "item" and isinstance(obj, dict) and key not in obj:
         return obj, key         # an absent entry (``hasattr`` False): the read says "absent"
+    if kind == "attr" and isinstance(obj, types.ModuleType) and key not in vars(obj):
+        return vars(obj), key   # a user module's name not defined (a library's stopped above)
     return locate(obj, kind, key)
 
 

@@ -181,6 +181,30 @@ def test_reflective_read_changed(name):
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
 
 
+# A name absent when captured, defined after: (the holder, the expression reaching it ``{h}``, the change)
+ABSENT_HOLDERS = {
+    "user module": ("import sys\nM = type(sys)('_absent_cfg'); sys.modules[M.__name__] = M", "M", "M.k = 3.0"),
+    "user class": ("class K: pass", "K", "K.k = 3.0"),
+    "user class, set on its base": ("class B: pass\nclass K(B): pass", "K", "B.k = 3.0"),
+    "user object": ("class O: pass\nOBJ = O()", "OBJ", "OBJ.k = 3.0"),
+    "types.SimpleNamespace": ("import types\nNS = types.SimpleNamespace()", "NS", "NS.k = 3.0"),
+    "namespace in an attribute": ("import types\nclass O: pass\nOBJ = O(); OBJ.cfg = types.SimpleNamespace()",
+                                  "OBJ.cfg", "OBJ.cfg.k = 3.0"),
+}
+ABSENT_READS = {"getattr with a default": "getattr({h}, 'k', 2.0)", "hasattr": "({h}.k if hasattr({h}, 'k') else 2.0)"}
+
+
+@pytest.mark.parametrize("holder,read", list(itertools.product(ABSENT_HOLDERS, ABSENT_READS)))
+def test_a_name_absent_when_captured_defined_after(holder, read):
+    """The absence is read where the name could be defined: a user module's dict, a user class's own
+    dict and its user bases', an object's own dict (a library's plain object holding the user's values,
+    ``types.SimpleNamespace``, too). Each of these ran the old graph before."""
+    setup, h, change = ABSENT_HOLDERS[holder]
+    ns = _module(f"{setup}\n\ndef f(x):\n    return x * {ABSENT_READS[read].format(h=h)}\n\n"
+                 f"def change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+
+
 @pytest.mark.parametrize("text", ["eval('self.k')", "(exec('r = self.k', globals(), d) or d['r'])",
                                   "(time.time() % 7)", "(time.perf_counter() % 7)"])
 def test_evaluated_text_or_a_clock_is_refused_with_the_users_line(text):
