@@ -254,13 +254,27 @@ def attr_names(codes) -> set:
     return names
 
 
+def probed_names(codes) -> set:
+    """The names code that calls ``getattr`` or ``hasattr`` may ask of an object that lacks them: its
+    string constants (``getattr(c, "w", 0.0)``)."""
+    names: set = set()
+    for code in codes:
+        names |= _probed(code)
+    return names
+
+
 @functools.cache
 def _loaded_names(code) -> frozenset:
     ins = _normalized(dis.get_instructions(code))
     names = {i.argval for i in ins if i.opname in _ATTR + ("LOAD_SUPER_ATTR",) and isinstance(i.argval, str)}
+    return frozenset(names | _probed(code))
+
+
+@functools.cache
+def _probed(code) -> frozenset:
     if {"getattr", "hasattr"} & set(code.co_names):
-        names |= {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
-    return frozenset(names)
+        return frozenset(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    return frozenset()
 
 
 _ASKS_NAMES = frozenset({"type", "id"})

@@ -27,7 +27,7 @@ import torch
 from .. import errors
 from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
-from .bytecode import attr_names, chains
+from .bytecode import attr_names, chains, probed_names
 from .reads import LIBRARY, MODULE_CALL, UNFOLLOWED, USER, Frame, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, checkable, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
@@ -112,6 +112,7 @@ class Resolver:
         self.rec = rec
         self.executed = {f.code for f in rec.frames.values() if f.kind == USER}
         self.names = attr_names(self.executed)
+        self.probed = probed_names(self.executed)
         self.fn, self.root_name = fn, root_name
         self.line = None        # the user line of the chain being followed, for refusals
         self.cached: list = []  # frames standing for a cached function's body (an ``lru_cache`` hit runs none)
@@ -546,6 +547,13 @@ class Resolver:
                 names |= {f.name for f in dataclasses.fields(v)} & held
             for name in sorted(names):
                 self._follow(v, path, source, (("attr", name),))
+            # A loaded name it does not hold: its user class's value (that the class still has it, that
+            # the object has none of its own), else, where code asks with getattr/hasattr, its absence.
+            for name in sorted(self.names - held):
+                if any(name in vars(c) for _, c in _user_classes(v)):
+                    self._follow(v, path, source, (("attr", name),))
+                elif name in self.probed:
+                    self._absent(v, "attr", name, path, source)
 
     def _cached(self, wrapper, path, source):
         """A ``functools.lru_cache``'d function: a call answered from its cache ran none of its body, so

@@ -190,6 +190,10 @@ ABSENT_HOLDERS = {
     "types.SimpleNamespace": ("import types\nNS = types.SimpleNamespace()", "NS", "NS.k = 3.0"),
     "namespace in an attribute": ("import types\nclass O: pass\nOBJ = O(); OBJ.cfg = types.SimpleNamespace()",
                                   "OBJ.cfg", "OBJ.cfg.k = 3.0"),
+    # reached by value (a container's item): no path leads to its attributes
+    "object in a list": ("class O: pass\nL = [O()]", "L[0]", "L[0].k = 3.0"),
+    "object in a dict": ("class O: pass\nD = {'o': O()}", "D['o']", "D['o'].k = 3.0"),
+    "object in a list, set on its class": ("class O: pass\nL = [O()]", "L[0]", "O.k = 3.0"),
 }
 ABSENT_READS = {"getattr with a default": "getattr({h}, 'k', 2.0)", "hasattr": "({h}.k if hasattr({h}, 'k') else 2.0)"}
 
@@ -202,6 +206,16 @@ def test_a_name_absent_when_captured_defined_after(holder, read):
     setup, h, change = ABSENT_HOLDERS[holder]
     ns = _module(f"{setup}\n\ndef f(x):\n    return x * {ABSENT_READS[read].format(h=h)}\n\n"
                  f"def change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("holder", ["list", "dict"])
+def test_a_class_attribute_read_through_an_object_in_a_container(holder):
+    """An object reached by value is read at the names the code loads that its class holds, not only
+    at those it holds itself."""
+    make = {"list": ("L = [O()]", "L[0]"), "dict": ("D = {'o': O()}", "D['o']")}[holder]
+    ns = _module(f"class O:\n    k = 2.0\n{make[0]}\n\ndef f(x):\n    return x * {make[1]}.k\n\n"
+                 "def change():\n    O.k = 3.0\n")
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
 
 
