@@ -59,6 +59,22 @@ def _module(src):
     return mod
 
 
+def _stack(each: str) -> str:
+    """A model of three ``Layer`` s whose forward runs ``each`` (a statement calling ``layer``) per layer ``i``."""
+    body = "".join(f"            {line}\n" for line in each.splitlines())
+    return f"""
+
+class Model(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+{body}        return x
+"""
+
+
 def _scoped(channel, same):
     setup, read, put, get = CHANNELS[channel]
     return _module(f"""
@@ -83,17 +99,7 @@ class Layer(Body):
         return torch.tanh(self.fc(x)) * {read}
 
 
-class Model(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.layers = nn.ModuleList([Layer() for _ in range(3)])
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            with scaled({'2.0' if same else 'float(i + 2)'}):
-                x = layer(x)
-        return x
-""")
+""" + _stack(f"with scaled({'2.0' if same else 'float(i + 2)'}):\n    x = layer(x)"))
 
 
 def _own(read):
@@ -153,22 +159,7 @@ CFG = types.SimpleNamespace()
 class Layer(Body):
     def forward(self, x):
         return torch.tanh(self.fc(x)) * ({read})
-
-
-class Model(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.layers = nn.ModuleList([Layer() for _ in range(3)])
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            if i == 1:
-                {put}
-            x = layer(x)
-            if i == 1:
-                {drop}
-        return x
-""")
+""" + _stack(f"if i == 1:\n    {put}\nx = layer(x)\nif i == 1:\n    {drop}"))
 
 
 def _make(mod):
