@@ -549,8 +549,9 @@ class Resolver:
                 self._follow(v, path, source, (("attr", name),))
             # A loaded name it does not hold: its user class's value (that the class still has it, that
             # the object has none of its own), else, where code asks with getattr/hasattr, its absence.
+            in_classes = {k for _, c in _user_classes(v) for k in vars(c)}
             for name in sorted(self.names - held):
-                if any(name in vars(c) for _, c in _user_classes(v)):
+                if name in in_classes:
                     self._follow(v, path, source, (("attr", name),))
                 elif name in self.probed:
                     self._absent(v, "attr", name, path, source)
