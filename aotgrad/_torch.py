@@ -24,7 +24,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._library.simple_registry import singleton as simple_registry
 from torch._ops import OpOverload, OpOverloadPacket
-from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.symbolic_shapes import _suppress_guards as suppress_guards
@@ -266,7 +266,9 @@ def traced_sum(a, b, functional):
             or any(isinstance(s, torch.SymInt) for s in shape) or not _tracked(tracer, x, y):
         return None
     node = _traced_node(tracer, torch.ops.aten.add.Tensor, [x, y], (), listed=False)
-    out = fresh_fakes(fake, [(shape, x.stride(), x.dtype, x.device)])
+    # TensorIterator gives contiguous operands a freshly laid out output: x's own strides differ where a
+    # dimension is 0 or 1 (an expanded zero-size gradient is "contiguous" with stride 0)
+    out = fresh_fakes(fake, [(shape, tuple(make_contiguous_strides_for(shape)), x.dtype, x.device)])
     return _wrapped(tracer, functional, node, out, many=False, enter=False)[0]
 
 

@@ -262,8 +262,23 @@ class _SumsAConstant(torch.nn.Module):
         return _ConstantGradient.apply(h).sum() + (h * 2).sum()
 
 
+class _DegenerateSums(torch.nn.Module):
+    """Gradients the engine sums where a dimension is 1 or 0: ``is_contiguous`` holds for an expanded
+    gradient (stride 0) there, and the sum is laid out afresh, not as either gradient is."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x, e):
+        # (the engine sums a tensor's gradients latest use first: x.t()'s and e.sum(0)'s come first)
+        return (x @ self.w).sum() + (e @ self.w).sum() + (e * 2).sum() + (x.t() * 3.0).sum() + e.sum(0).sum()
+
+
 _ENGINE_SUM_PROGRAMS = {"used_twice": lambda: (_UsedTwice(), (torch.randn(3, 4, requires_grad=True),), {}),
-                        "constant_gradient": lambda: (_SumsAConstant(), (torch.randn(3, 4),), {})}
+                        "constant_gradient": lambda: (_SumsAConstant(), (torch.randn(3, 4),), {}),
+                        "degenerate": lambda: (_DegenerateSums(), (torch.randn(1, 3, requires_grad=True),
+                                                                   torch.randn(0, 3, requires_grad=True)), {})}
 
 
 # (a checkpoint's recomputation runs under the read recording, which would refuse the spy's list)

@@ -20,19 +20,15 @@ KNOWN = {
        "strides only: an output computed from an input written in place with non-contiguous strides is laid "
        "out by the functional op (functionalization reports those strides too); values are eager's"
        for e in ("jit", "jit_inductor", "dynamo", "dynamo_inductor")},
-    ("checkpoint_deterministic", "compiled_autograd"):
-        "an eager forward's checkpoint under compiled autograd needs saved-tensor hooks, refused with a typed "
-        "error; compiling the forward works",
     **{(f"meta_{op}_aliased_other_written{rg}", e):
         "Dynamo itself applies the input's t_()/unsqueeze_()/as_strided_() to the real input while it traces, "
         "before any backend runs: aotgrad's typed refusal (the layout change of a view next to a written view "
         "sharing its storage) leaves it changed"
         for op in ("t_", "unsqueeze_", "as_strided_") for rg in ("", "_rg") for e in ("dynamo", "dynamo_inductor")},
-    **{(p, e): "Dynamo itself runs or drops a bare use_deterministic_algorithms / set_default_dtype / "
-       "autocast.__enter__ outside its graph and does not leave it set (torch.compile with aot_eager does the "
-       "same); the backend never sees it. Grad mode, which Dynamo puts in the graph, is left set like eager's"
-       for p in ("deterministic_algorithms_left_on", "default_dtype_left_float64", "autocast_entered_never_exited")
-       for e in ("dynamo", "dynamo_inductor")},
+    # (torch >= 2.13's Dynamo leaves a bare use_deterministic_algorithms / set_default_dtype set like eager)
+    **{("autocast_entered_never_exited", e): "Dynamo itself runs or drops a bare autocast.__enter__ outside its "
+       "graph and does not leave it set (torch.compile with aot_eager does the same); the backend never sees it. "
+       "Grad mode, which Dynamo puts in the graph, is left set like eager's" for e in ("dynamo", "dynamo_inductor")},
     **{("checkpoint_selective_policy", e):
        "Dynamo itself raises NotImplementedError for a lambda context_fn before any backend runs "
        "(torch.compile with aot_eager fails the same way)" for e in ("dynamo", "dynamo_inductor")},
