@@ -255,8 +255,9 @@ def attr_names(codes) -> set:
 
 
 def probed_names(codes) -> set:
-    """The names code that calls ``getattr`` or ``hasattr`` may ask of an object that lacks them: its
-    string constants (``getattr(c, "w", 0.0)``)."""
+    """The names code may ask of an object that lacks them: where it calls ``getattr`` or ``hasattr``,
+    its string constants (``getattr(c, "w", 0.0)``); the names it loads where an exception is caught
+    (``try: s = c.w / except AttributeError``, ``with suppress(AttributeError)``, a handler of any kind)."""
     names: set = set()
     for code in codes:
         names |= _probed(code)
@@ -272,9 +273,14 @@ def _loaded_names(code) -> frozenset:
 
 @functools.cache
 def _probed(code) -> frozenset:
+    names = set()
     if {"getattr", "hasattr"} & set(code.co_names):
-        return frozenset(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
-    return frozenset()
+        names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    caught = [(e.start, e.end) for e in dis.Bytecode(code).exception_entries]
+    if caught:
+        names.update(i.argval for i in dis.get_instructions(code) if i.opname in _ATTR
+                     and isinstance(i.argval, str) and any(a <= i.offset < b for a, b in caught))
+    return frozenset(names)
 
 
 _ASKS_NAMES = frozenset({"type", "id"})

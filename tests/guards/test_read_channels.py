@@ -20,7 +20,7 @@ import aotgrad
 from aotgrad import errors
 
 HEADER = """
-import array, collections, contextvars, functools, inspect, operator, threading, weakref
+import array, collections, contextlib, contextvars, functools, inspect, operator, threading, weakref
 import numpy as np
 import torch
 """
@@ -194,8 +194,15 @@ ABSENT_HOLDERS = {
     "object in a list": ("class O: pass\nL = [O()]", "L[0]", "L[0].k = 3.0"),
     "object in a dict": ("class O: pass\nD = {'o': O()}", "D['o']", "D['o'].k = 3.0"),
     "object in a list, set on its class": ("class O: pass\nL = [O()]", "L[0]", "O.k = 3.0"),
+    "object in a list an object holds": ("class O: pass\nclass H: pass\nOBJ = H(); OBJ.items = [O()]", "OBJ.items[0]",
+                                         "OBJ.items[0].k = 3.0"),
+    "object in a dict, by a computed key": ("class O: pass\nD = {'a': O()}\nKEY = 'a'", "D[KEY]", "D['a'].k = 3.0"),
 }
-ABSENT_READS = {"getattr with a default": "getattr({h}, 'k', 2.0)", "hasattr": "({h}.k if hasattr({h}, 'k') else 2.0)"}
+ABSENT_READS = {"getattr with a default": "s = getattr({h}, 'k', 2.0)",
+                "hasattr": "s = {h}.k if hasattr({h}, 'k') else 2.0",
+                "try/except AttributeError": "try:\n        s = {h}.k\n    except AttributeError:\n        s = 2.0",
+                "try/except Exception": "try:\n        s = float({h}.k)\n    except Exception:\n        s = 2.0",
+                "contextlib.suppress": "s = 2.0\n    with contextlib.suppress(AttributeError):\n        s = {h}.k"}
 
 
 @pytest.mark.parametrize("holder,read", list(itertools.product(ABSENT_HOLDERS, ABSENT_READS)))
@@ -204,7 +211,7 @@ def test_a_name_absent_when_captured_defined_after(holder, read):
     dict and its user bases', an object's own dict (a library's plain object holding the user's values,
     ``types.SimpleNamespace``, too). Each of these ran the old graph before."""
     setup, h, change = ABSENT_HOLDERS[holder]
-    ns = _module(f"{setup}\n\ndef f(x):\n    return x * {ABSENT_READS[read].format(h=h)}\n\n"
+    ns = _module(f"{setup}\n\ndef f(x):\n    {ABSENT_READS[read].format(h=h)}\n    return x * s\n\n"
                  f"def change():\n    {change}\n")
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
 
