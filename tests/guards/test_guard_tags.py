@@ -224,9 +224,11 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, warm):
         assert len(step.entries) == expected
 
 
-@pytest.mark.parametrize("warm", [1, 6], ids=["python tags", "C tags"])
+@pytest.mark.parametrize("warm", [0, 1, 6], ids=["the resolver's tags", "python tags", "C tags"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, warm):
+    """``warm`` 0: changed before the first call, whose check expects the tags the resolver read each
+    module's reads at (jit's first check, after a change, is its ``warm`` 1)."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.capture(model, x).compile()
@@ -275,6 +277,28 @@ def test_reads_resolved_again_are_checked_before_their_tags_are_trusted():
     assert guards.check() is None
     m.extra = 2
     assert guards.check() is not None
+
+
+@pytest.mark.parametrize("change", ["scale", "training", "forward"])
+def test_a_write_after_the_resolver_read_the_module_is_found_at_the_first_check(change, monkeypatch):
+    """The first check expects a module's tag only where every read of it was taken at the tag it has
+    then: a write between the resolver's reads and the check's build (another thread's) leaves the
+    tag unexpected, and the staged step's first call reads the module's reads. (``jit`` checks a new
+    entry's state as it builds it.)"""
+    from aotgrad.guards import state
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    real = state.build
+    write = {"scale": lambda: setattr(model, "scale", 3.0), "training": lambda: model.c.train(False),
+             "forward": lambda: setattr(model.b, "forward", lambda t: t)}[change]
+
+    def build(reads):
+        write()
+        return real(reads)
+    monkeypatch.setattr(state, "build", build)
+    step = aotgrad.capture(model, x).compile()
+    with pytest.raises(InputMismatchError):
+        step(x)
 
 
 @pytest.mark.parametrize("change", ["hook", "type", "scale"])
