@@ -30,7 +30,6 @@ from ..tracing.views import real
 from .bytecode import attr_names, chains, probed_names
 from .reads import LIBRARY, MODULE_CALL, UNFOLLOWED, USER, Frame, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, checkable, guard_kind
-from .tags import dict_version
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
@@ -209,11 +208,7 @@ class Resolver:
 
     def _add(self, read):
         where = read.where      # a class's ``vars`` is a new proxy each time: the dict it shows is the place
-        at = (id(held_dict(where)), read.key)
-        if at not in self.reads:
-            if type(where) is dict and dict_version is not None:    # the tag it was read at (frozen: set once)
-                object.__setattr__(read, "seen", dict_version(where))
-            self.reads[at] = read
+        self.reads.setdefault((id(held_dict(where)), read.key), read)
 
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)

@@ -30,7 +30,7 @@ import keyword
 import operator
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -57,9 +57,6 @@ class Read:
     key: object          # dict key, or attribute name for an object; None for a cell
     value: object        # what it held when captured (a copy for "dict")
     kind: str            # id | type | eq | frozen | len | dict | absent
-    # ``where``'s version tag when the resolver read it (a plain dict; set by ``Resolver._add``): a tag
-    # unchanged since proves the read holds without looking (``_Check``'s first call)
-    seen: object = field(default=None, compare=False, repr=False)
 
 
 def _get(where, key):
@@ -515,15 +512,6 @@ class _Check:
     def __init__(self, reads):
         self.reads = reads
         self._reset()
-        # A module whose reads were all taken at its tag now (by the resolver, after the trace's writes
-        # were undone) was not written since: its tag is expected from the first call on. Reads
-        # resolved again from the disk cache hold no tag: the first call checks them.
-        for j, d in enumerate(self.dicts[:len(self.owners)]):
-            tag = dict_version(d)
-            if all(reads[i].seen == tag for i in self.of[j] if reads[i].where is d):
-                self.tags[j] = tag
-        if any(t is not None for t in self.tags):
-            self.fused = _fuse(self.owners, self.dicts, self.tags, self.by_kind, self.parts, self.cpp)
 
     def _reset(self):
         """Everything derived from the reads' holders as they are now: which dicts are held, no tag

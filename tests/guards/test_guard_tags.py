@@ -224,11 +224,11 @@ def test_jit_recompiles_exactly_where_the_full_check_fails(change, warm):
         assert len(step.entries) == expected
 
 
-@pytest.mark.parametrize("warm", [0, 1, 6], ids=["the resolver's tags", "python tags", "C tags"])
+@pytest.mark.parametrize("warm", [0, 1, 6], ids=["first call", "python tags", "C tags"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_staged_step_refuses_exactly_where_the_full_check_fails(change, warm):
-    """``warm`` 0: changed before the first call, whose check expects the tags the resolver read each
-    module's reads at (jit's first check, after a change, is its ``warm`` 1)."""
+    """``warm`` 0: changed between the capture and the first call, whose check knows no tag yet (jit's
+    first check after a change is its ``warm`` 1)."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
     step = aotgrad.capture(model, x).compile()
@@ -281,10 +281,9 @@ def test_reads_resolved_again_are_checked_before_their_tags_are_trusted():
 
 @pytest.mark.parametrize("change", ["scale", "training", "forward"])
 def test_a_write_after_the_resolver_read_the_module_is_found_at_the_first_check(change, monkeypatch):
-    """The first check expects a module's tag only where every read of it was taken at the tag it has
-    then: a write between the resolver's reads and the check's build (another thread's) leaves the
-    tag unexpected, and the staged step's first call reads the module's reads. (``jit`` checks a new
-    entry's state as it builds it.)"""
+    """A write between the resolver's reads and the check's build (another thread's) is found at the
+    staged step's first call: a shortcut that expected the tags the modules have at the build would
+    miss it. (``jit`` checks a new entry's state as it builds it.)"""
     from aotgrad.guards import state
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
