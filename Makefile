@@ -36,7 +36,7 @@ test-models: $(STAMP)
 # Every differential program x entry point (make test runs only its fast slice).
 # A table of counts and a JSON of cases: python -m tests.differential.run
 test-differential: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/differential
+	$(PY) -m pytest -q -p no:cacheprovider -rf -n $(TEST_WORKERS) tests/differential
 
 # DDP and FSDP2 x every entry point, 2 gloo processes (make test runs a fast slice).
 test-distributed: $(STAMP)
