@@ -548,7 +548,8 @@ class Resolver:
             for name in sorted(names):
                 self._follow(v, path, source, (("attr", name),))
             # A loaded name it does not hold: its user class's value (that the class still has it, that
-            # the object has none of its own), else, where code asks with getattr/hasattr, its absence.
+            # the object has none of its own), else, where code asks with getattr/hasattr or loads it where an
+            # exception is caught (``bytecode.probed_names``), its absence.
             in_classes = {k for _, c in _user_classes(v) for k in vars(c)}
             for name in sorted(self.names - held):
                 if name in in_classes:
