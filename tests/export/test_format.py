@@ -494,3 +494,34 @@ def test_an_output_returned_again_may_name_any_earlier_output_of_its_own():
     for bad in (2, 3, -1):
         with pytest.raises(ExportFormatError):
             _check_analysis(with_last("output", bad), lay, None, fw)
+
+
+def test_operator_without_meta_kernel_loads_and_its_recorded_value_is_still_checked(tmp_path):
+    """``multi_margin_loss_backward`` has no meta kernel: the loader computes its value with its real
+    kernel on zeros of the verified shapes (as capture did), so the artifact loads and trains like
+    eager, and a recorded value edited in every graph that holds it is still refused."""
+    def f(x, t):
+        return torch.nn.functional.multi_margin_loss(x, t)
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 5, requires_grad=True), torch.tensor([0, 3, 1, 4])
+    path = str(tmp_path / "mm.aotgrad")
+    aotgrad.capture(f, x, t).export(path)
+    step = aotgrad.load(path)
+    got, want = step(x, t), f(x, t)
+    got.backward()
+    g, x.grad = x.grad, None
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(g, x.grad)
+
+    def edit(name, data):
+        if not name.startswith("graphs/"):
+            return data
+        g = json.loads(data)
+        for node in g["nodes"]:
+            if node[0] == "call_function" and "multi_margin_loss_backward" in json.dumps(node[2]):
+                g["values"][node[1]]["shape"] = {"tuple": [5, 4]}
+        return json.dumps(g).encode()
+    crafted = _rewrite(path, str(tmp_path / "mm2.aotgrad"), edit)
+    with pytest.raises(ExportFormatError, match="multi_margin_loss_backward"):
+        aotgrad.load(crafted)
