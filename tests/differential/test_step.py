@@ -11,6 +11,7 @@ and within rounding of eager. ``make test`` runs the eager backend cold; the Ind
 Dynamo columns are ``slow``."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -20,6 +21,7 @@ import torch
 import aotgrad
 from aotgrad.frontend import dynamo as dynamo_frontend
 
+from .entries import INDUCTOR_TOL
 from .p_step import CASES
 
 
@@ -67,6 +69,8 @@ ENTRIES = {"capture_warm": (_capture_warm, True),
            "dynamo": (_dynamo("aotgrad"), False),
            "dynamo_warm": (_dynamo("aotgrad"), False)}
 
+
+DECLINED = "not caching a Dynamo graph on disk: "     # what the disk cache logs for a graph it does not store
 
 # Steps an export refuses: hooks are code the loaded step would not have; a flat gradient buffer's
 # .grad views come back as tensors of their own (another structure than the step takes).
@@ -120,11 +124,16 @@ def _run(case, compile=None, warm=False):
     return outs, _snapshot(objects), same, torch.random.get_rng_state()
 
 
-def _equal(a, b, exact: bool) -> bool:
+EXACT = None
+ROUNDING = (1e-5, 1e-6)     # (rtol, atol): one computation's float rounding, where the order of operations is eager's
+
+
+def _equal(a, b, tol) -> bool:
+    """Equal bit for bit (``tol`` None), or within ``tol``."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if exact:
+        if tol is EXACT:
             return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-        return a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+        return a.dtype == b.dtype and torch.allclose(a, b, rtol=tol[0], atol=tol[1], equal_nan=True)
     return type(a) is type(b) and a == b
 
 
@@ -144,12 +153,14 @@ def test_step_matches_eager(case, entry, monkeypatch):
     if entry == "export_warm" and case.endswith("_reloaded"):
         pytest.skip("the loaded step trains optimizer state of its own: a reload of the user's does not reach it")
     if entry == "dynamo_warm":
-        _stored_first(case)
+        declined = _stored_first(case)
         captures = []
         real = dynamo_frontend.capture_setup
         monkeypatch.setattr(dynamo_frontend, "capture_setup", lambda *a, **k: captures.append(1) or real(*a, **k))
-        _compare(_run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile), exact=True)
-        assert not captures, f"{len(captures)} of the step's Dynamo graphs were captured again, not loaded"
+        _compare(_run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile), EXACT)
+        # A graph the store declined (it calls a tensor hook, or has synthetic bases) is captured again.
+        assert len(captures) == len(declined), \
+            f"{len(captures)} of the step's Dynamo graphs were captured again, {len(declined)} not stored: {declined}"
         return
     if entry == "dynamo":
         # Dynamo traces the optimizer itself, on its compile path (``is_compiling()``): scalar math in
@@ -157,46 +168,65 @@ def test_step_matches_eager(case, entry, monkeypatch):
         # aot_eager are the exact reference; eager is within float rounding, where PyTorch's own Dynamo
         # path is (torch 2.11's centered RMSprop with momentum is not: 5e-6 apart after a few steps).
         reference, ours = _run(case, compile=_dynamo("aot_eager")), _run(case, compile=compile)
-        _compare(reference, ours, exact=True)
+        _compare(reference, ours, EXACT)
         eager = _run(case)
         try:
-            _compare(eager, reference, exact=False)
+            _compare(eager, reference, ROUNDING)
         except AssertionError:
             return
-        _compare(eager, ours, exact=False)
+        _compare(eager, ours, ROUNDING)
         return
-    _compare(_run(case, warm=warm), _run(case, compile=compile), exact=entry != "jit_inductor")
+    # Inductor reorders float arithmetic (fused loops, FMA): within the differential suite's Inductor tolerance.
+    # Centered RMSprop's sqrt(E[g^2] - E[g]^2) cancels: PyTorch's own torch.compile(backend="inductor") is
+    # 3.4e-6 from eager on its momentum buffer after five steps, ours 4.8e-6, both past ROUNDING's atol.
+    _compare(_run(case, warm=warm), _run(case, compile=compile), INDUCTOR_TOL if entry == "jit_inductor" else EXACT)
 
 
-def _stored_first(case):
+def _stored_first(case) -> list:
     """What a first process does: the same step built under another seed (other weights, batch and
     optimizer state: what is stored must not depend on values) trained through
-    ``torch.compile(backend="aotgrad")``, which stores every graph Dynamo hands over on disk."""
+    ``torch.compile(backend="aotgrad")``, which stores on disk every graph Dynamo hands over that the
+    format can hold. Returns why each graph it did not store was declined (as it logs them)."""
+    declined = []
+
+    class Declined(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith(DECLINED):
+                declined.append(record.getMessage()[len(DECLINED):])
+    logger, handler = logging.getLogger("aotgrad"), Declined()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     make, steps = CASES[case]
     state = torch.random.get_rng_state()
     torch.manual_seed(1)
-    fn, args, _, between = make()
-    first = _dynamo("aotgrad")(fn, args)
-    for i in range(steps):
-        first(*args)
-        if between is not None:
-            between(i)
+    try:
+        fn, args, _, between = make()
+        first = _dynamo("aotgrad")(fn, args)
+        for i in range(steps):
+            first(*args)
+            if between is not None:
+                between(i)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     torch.random.set_rng_state(state)
+    return declined
 
 
-def _compare(reference, compiled, exact: bool) -> None:
+def _compare(reference, compiled, tol) -> None:
     e_outs, e_state, e_same, e_rng = reference
     c_outs, c_state, c_same, c_rng = compiled
     for i, (eo, co) in enumerate(zip(e_outs, c_outs)):
         assert len(eo) == len(co), f"step {i}: {len(co)} tensor outputs, eager {len(eo)}"
         for (et, erg), (ct, crg) in zip(eo, co):
             assert erg == crg, f"step {i}: output requires_grad {crg}, eager {erg}"
-            assert _equal(et, ct, exact), f"step {i}: output {ct} differs from eager's {et}"
+            assert _equal(et, ct, tol), f"step {i}: output {ct} differs from eager's {et}"
     assert e_state.keys() == c_state.keys(), sorted(set(e_state) ^ set(c_state))
     for k in e_state:
         a, b = e_state[k], c_state[k]
         assert (a is None) == (b is None), f"{k}: {b} where eager has {a}"
-        assert a is None or _equal(a, b, exact), f"{k} differs from eager: {b} vs {a}"
+        assert a is None or _equal(a, b, tol), f"{k} differs from eager: {b} vs {a}"
     assert e_same == c_same, "which steps keep the same .grad tensor differs from eager"
     assert torch.equal(e_rng, c_rng), "the global RNG state differs from eager's after the steps"
 
