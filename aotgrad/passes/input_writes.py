@@ -8,7 +8,12 @@ into the input's memory from the kernel that computes it, as eager's in-place up
 graph returns the input itself there, and the epilogue does not copy a value onto itself.
 
 Only plain data writes move: an input whose metadata the function also changes (``t_()``,
-``resize_``) keeps its epilogue, which changes the metadata before it copies the data.
+``resize_``) keeps its epilogue, which changes the metadata before it copies the data. None moves
+for Inductor where the graph returns a copy (``clone`` and the like) of a value it computed:
+Inductor drops such a copy as a no-op, returning a view of the value, and writes a written input's
+chain of values in that input's memory, so the returned "copy" would be the input's memory and
+change with its later writes (an optimizer's first ``momentum_buffer = clone(grad)`` of a
+``.grad`` that views a flat buffer, which ``zero_grad`` then zeroes: PyTorch 2.13's Inductor).
 
 ``early=True`` (the eager backend, which frees each value after its last use) also brings each
 write forward, right after its value and the last node that reads the input or any view of it (by
@@ -38,7 +43,7 @@ def writes_in_graph(gm: fx.GraphModule, analysis, early: bool = False) -> fx.Gra
     write as soon as it can run (module docstring)."""
     written = [(k, i) for k, i in enumerate(i for i, info in enumerate(analysis.inputs) if info.mutates_data)
                if not analysis.inputs[i].mutates_metadata and analysis.inputs[i].storage_resize is None]
-    if not written:
+    if not written or not early and _returns_copies(gm):
         return gm
     new = copy_module(gm)
     inputs = new.graph.find_nodes(op="placeholder")
@@ -60,6 +65,18 @@ def writes_in_graph(gm: fx.GraphModule, analysis, early: bool = False) -> fx.Gra
         _bring_forward(new.graph)
     new.recompile()
     return new
+
+
+# What Inductor may drop as a no-op copy (its ``noop_registry``).
+_COPIES = frozenset({*(getattr(torch.ops.aten, name).default for name in ("clone", "alias", "copy", "_to_copy")),
+                     torch.ops.prims.convert_element_type.default})
+
+
+def _returns_copies(gm: fx.GraphModule) -> bool:
+    """Whether the graph returns a copy of a value it computed (not of an input)."""
+    out = gm.graph.find_nodes(op="output")[0]
+    return any(isinstance(v, fx.Node) and v.target in _COPIES and isinstance(v.args[0], fx.Node)
+               and v.args[0].op != "placeholder" for v in out.args[0])
 
 
 def _foreach_in_place(graph: fx.Graph) -> None:

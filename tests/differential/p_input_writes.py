@@ -187,6 +187,17 @@ def _(n=4):
     return fn(f, r(3, 3), r(3, 3), r(n, 3))
 
 
+@_p("copies_of_values_then_written_again")
+def _(n=6):
+    def f(buf, x):      # a whole step's momentum_buffer = clone(grad) of .grad views of a flat buffer
+        buf.as_strided((4,), (1,), 0).add_(x)
+        buf.as_strided((2,), (1,), 4).add_(1)
+        kept = buf.as_strided((2,), (1,), 4).clone(), buf.as_strided((4,), (1,), 0).clone()
+        buf.zero_()     # Inductor dropped the clones and wrote the values in buf: these zeroed them
+        return kept
+    return fn(f, r(n), r(4))
+
+
 # The eager backend runs a functional ``_foreach_*`` op in place on the written inputs of its first
 # list (an optimizer's foreach update) where nothing needs their values any more: these twins need
 # them (another index reads one, an intermediate of the chain is written or returned).
