@@ -42,6 +42,7 @@ from . import stale_views
 from ..partition.blocks import is_call
 from ..ir.descriptors import GradDesc, MutationDesc, OutputDesc, TangentDesc, ViewBaseDesc, input_name
 from ..ir.records import HookRecord, layout
+from ..runtime.call import disjoint
 from ..runtime.hooks import observed
 from ..runtime.modes import rng_states, set_rng_states
 from ..inputs.subclasses import SubclassGradient, promoted
@@ -147,9 +148,15 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         # A training step's outputs and updated parameters are detached from any later backward (the
         # step ran its own): an inference graph, whose epilogue writes the updates in place.
         analysis = replace(analysis, fw_requires_grad=(False,) * len(analysis.fw_requires_grad))
-    # (a layout change alone leaves the others' values as they are: each member keeps its own input)
+    # (a layout change alone leaves the others' values as they are: each member keeps its own input;
+    # so does a write where the members touch none of the same bytes, which the argument match checks
+    # per call, in a graph without a backward: views share a version counter, so a write to one
+    # would fail the version check of another saved for the backward. Not under Dynamo, whose calls
+    # check storage sharing only for a synthetic base.)
     changed = {i for i, info in enumerate(analysis.inputs) if info.mutates_data}
-    groups = [g for g in sharing if changed & set(g.members)]
+    apart = user_code and not any(analysis.fw_requires_grad)
+    groups = [g for g in sharing if changed & set(g.members)
+              and not (apart and disjoint([setup.real_inputs[i] for i in g.members]))]
     if any(not v.is_static for g in groups for v in g.views):
         raise errors.UnsupportedError(
             "inputs that share storage, one of them written, are laid out with symbolic sizes or strides (Dynamo "

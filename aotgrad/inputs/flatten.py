@@ -10,7 +10,10 @@ functionalization sees each input as its own tensor, so a write through one
 alias would not reach the other. Such a group is replaced by one *synthetic
 base* input; inside the graph each member is regenerated as a view of it, so
 functionalization propagates the write, and at run time the real base is
-passed and written back.
+passed and written back. Inputs of one storage that touch none of the same bytes
+(:func:`..runtime.call.disjoint`: slices of a flat buffer, the separate results a compiler carved
+from one allocation) are inputs of their own, as in PyTorch's AOTAutograd: a write
+to one cannot reach another.
 """
 from __future__ import annotations
 

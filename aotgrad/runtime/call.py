@@ -336,7 +336,8 @@ def _rebind(root, names, values) -> None:
 def alias_check(setup, analysis):
     """A check that a graph which writes to an input gets no other input sharing
     that storage, unless they were captured that way (then they must still be, each
-    where it was: the graph regenerates them from their base at the captured places)."""
+    where it was: the graph regenerates them from their base at the captured places)
+    or the inputs sharing it touch none of the same bytes (:func:`disjoint`)."""
     rb = setup.rebase
     changed = [i for i, info in enumerate(analysis.inputs) if info.mutates_data]
     relaid = [i for i, info in enumerate(analysis.inputs) if info.mutates_metadata or info.sets_requires_grad]
@@ -369,13 +370,33 @@ def alias_check(setup, analysis):
         for j, k in key.items():    # step writes hundreds of inputs)
             if j not in grouped:
                 count[k] = count.get(k, 0) + 1
+        bases = {key.get(g[0]) for g in groups}     # a base is written back whole
         for i in written:
-            if i in key and count.get(key[i], 0) > (i not in grouped):
-                return (f"flat input {i} is written to and now shares storage with another input, "
-                        "which it did not when captured")
+            if i in key and (count.get(key[i], 0) > (i not in grouped) or i not in grouped and key[i] in bases) \
+                    and (i in grouped or key[i] in bases
+                         or not disjoint([flat[j] for j, k in key.items() if k == key[i]])):
+                return (f"flat input {i} is written to and now shares storage with another input (bytes of "
+                        "both, or a captured group's base), which it did not when captured")
         return same(flat) if same else None
     same = _same_object_check([kept[i] for i in relaid if i < len(kept)]) if relaid else None
     return check
+
+
+def disjoint(tensors) -> bool:
+    """Whether ``tensors`` (sharing a storage) read and write none of the same bytes: each strided,
+    of static sizes, strides and offset, strides not negative. An empty tensor touches nothing."""
+    spans = []
+    for t in tensors:
+        if t.layout is not torch.strided or not all(type(v) is int for v in (*t.shape, *t.stride(),
+                                                                               t.storage_offset())):
+            return False
+        if min(t.stride(), default=0) < 0:
+            return False
+        if t.numel():
+            last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            spans.append((t.storage_offset() * t.element_size(), (last + 1) * t.element_size()))
+    spans.sort()
+    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
 def _same_object_check(relaid):

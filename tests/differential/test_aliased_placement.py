@@ -35,8 +35,10 @@ def _program(rg):
     return f
 
 
-def _run(fn, place, rg):
-    b, v, x = _inputs(*PLACES[place], rg)
+def _run(fn, inputs, rg):
+    """``fn(v, x, w)`` on ``inputs`` ``(base, v, x)``: (outputs, the base, w's gradient), or the typed
+    error it raised, with the inputs left as they were."""
+    b, v, x = inputs
     w = torch.tensor(2.0, requires_grad=rg)
     before = b.detach().clone()
     try:
@@ -71,7 +73,7 @@ def test_moved_views_equal_eager_or_are_refused(entry, rg):
     compiled = _compile(entry, f)
     seen = []
     for place in PLACES:
-        got, want = _run(compiled, place, rg), _run(f, place, rg)
+        got, want = _run(compiled, _inputs(*PLACES[place], rg), rg), _run(f, _inputs(*PLACES[place], rg), rg)
         if isinstance(got, errors.AotgradError):
             assert entry != "jit", f"{place}: jit refused instead of recompiling: {got}"
             assert place != "as_captured"
