@@ -54,13 +54,15 @@ def _run(fn, inputs, rg):
     return [o.detach() for o in outs], b.detach().clone(), grads
 
 
-def _compile(entry, f):
-    if entry == "jit":
-        return aotgrad.jit(f)
+def _compile(entry, f, first=None):
+    """``f`` through ``entry``; the staged step captured on ``first`` (base, v, x: by default the
+    views as captured here)."""
+    if entry in ("jit", "jit_inductor"):
+        return aotgrad.jit(f, fw_compiler="inductor" if entry == "jit_inductor" else "eager")
     if entry == "dynamo":
         torch._dynamo.reset()
         return torch.compile(f, backend="aotgrad")
-    first = _inputs(*PLACES["as_captured"], False)
+    first = first or _inputs(*PLACES["as_captured"], False)
     return aotgrad.capture(f, first[1], first[2], torch.tensor(2.0)).compile()
 
 
