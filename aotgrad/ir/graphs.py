@@ -59,6 +59,10 @@ def dump_graph(gm: fx.GraphModule, target_out=None) -> dict:
             raise Unserializable(f"graph node {n.name} has op {n.op}")
         nodes.append((n.op, n.name, target, _arg_out(n.args), _arg_out(n.kwargs)))
         meta[n.name] = (value_out(n.meta.get("val"), symbols), n.meta.get("stack_trace"))
+        if n.op == "placeholder" and meta[n.name][0] is None and isinstance(n.meta.get("val"), torch.Tensor):
+            # a loader rebuilds each input from its recorded value: a size only the data decides has none
+            raise Unserializable(f"a graph input whose size depends on data (`{n.name}` of size "
+                                 f"{tuple(n.meta['val'].shape)}, from nonzero, unique or a mask)")
     return {"nodes": nodes, "attrs": attrs, "class": type(gm).__name__,
             "meta": meta, "symbols": symbols}
 

@@ -525,3 +525,14 @@ def test_operator_without_meta_kernel_loads_and_its_recorded_value_is_still_chec
     crafted = _rewrite(path, str(tmp_path / "mm2.aotgrad"), edit)
     with pytest.raises(ExportFormatError, match="multi_margin_loss_backward"):
         aotgrad.load(crafted)
+
+
+def test_backward_input_of_data_dependent_size_is_refused_at_export(tmp_path):
+    """The backward takes ``x[idx]``'s index, of a size only ``nonzero`` decides: the format records no
+    value for it, so the artifact would never load. Refused when exported, naming the input."""
+    def f(x, w, m):
+        idx = torch.nonzero(m).squeeze(1)
+        return (x[idx] * w).exp().sum()
+    x, w, m = torch.randn(6, 3), torch.randn(3, requires_grad=True), torch.arange(6) % 2 == 0
+    with pytest.raises(UnsupportedError, match=r"size depends on data \(`index` of size \(u0, 3\)"):
+        aotgrad.capture(f, x, w, m).export(str(tmp_path / "dd.aotgrad"))
