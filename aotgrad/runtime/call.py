@@ -372,9 +372,13 @@ def alias_check(setup, analysis):
                 count[k] = count.get(k, 0) + 1
         bases = {key.get(g[0]) for g in groups}     # a base is written back whole
         for i in written:
-            if i in key and (count.get(key[i], 0) > (i not in grouped) or i not in grouped and key[i] in bases) \
-                    and (i in grouped or key[i] in bases
-                         or not disjoint([flat[j] for j, k in key.items() if k == key[i]])):
+            k = key.get(i)
+            if k is None:
+                continue
+            # A group's member: no input outside the group in its storage. Any other written input:
+            # no synthetic base there, and no byte shared with another input.
+            if count.get(k, 0) if i in grouped else k in bases or count.get(k, 0) > 1 and not disjoint(
+                    [flat[j] for j, s in key.items() if s == k]):
                 return (f"flat input {i} is written to and now shares storage with another input (bytes of "
                         "both, or a captured group's base), which it did not when captured")
         return same(flat) if same else None
