@@ -25,7 +25,7 @@ from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._library.simple_registry import singleton as simple_registry
 from torch._ops import OpOverload, OpOverloadPacket
 from torch._prims_common import is_non_overlapping_and_dense_or_false, make_contiguous_strides_for
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.symbolic_shapes import _suppress_guards as suppress_guards
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -228,8 +228,63 @@ def fresh_fakes(mode, metas) -> list:
     """New fake tensors of ``(shape, stride, dtype, device)`` in ``mode``, made from meta tensors
     directly: a fake kernel's outputs without one dispatch through the fake mode each."""
     with torch._C._DisableTorchDispatch():
-        return [FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), device)
-                for shape, stride, dtype, device in metas]
+        out = []
+        for shape, stride, dtype, device in metas:
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            state = _fake_state(mode, device)
+            if state is None:
+                out.append(FakeTensor(mode, meta, device))
+                continue
+            out.append(_made_fake(meta, state, mode._allow_unsafe_data_ptr_access))
+        return out
+
+
+_FAKE_STATES: dict = {}     # id(mode) -> (mode, {device: (device, __dict__) or None})
+
+
+def _fake_state(mode, device):
+    """``(device, __dict__)`` that ``FakeTensor(mode, meta, device)`` gives every new fake tensor of
+    ``device``, so one is made as a plain subclass of its meta tensor with a copy of that state
+    (a quarter of the constructor's time; a deep model's trace makes thousands). Proven once per mode
+    and device: a fake made so must equal, attribute by attribute and in its dispatch keys, the one
+    torch's constructor makes; None (torch's constructor then) where it does not, for a fake meta
+    tensor, in FakeTensor's debug mode, or while exporting."""
+    entry = _FAKE_STATES.get(id(mode))
+    if entry is None or entry[0] is not mode:
+        entry = _FAKE_STATES[id(mode)] = (mode, {})
+        if len(_FAKE_STATES) > 64:      # modes die with their captures: keep the newest
+            for k in list(_FAKE_STATES)[:-64]:
+                del _FAKE_STATES[k]
+    states = entry[1]
+    if device not in states:
+        states[device] = _proven_fake_state(mode, device)
+    if torch.compiler.is_exporting() or FakeTensorConfig.debug:    # (the constructor's extras then)
+        return None
+    return states[device]
+
+
+def _made_fake(meta, state, unsafe):
+    device, attrs = state
+    fake = torch.Tensor._make_subclass(FakeTensor, meta, False, dispatch_device=True, device_for_backend_keys=device)
+    if unsafe:
+        torch._C._set_warn_deprecated_on_mutable_data_ptr(fake)
+    else:
+        torch._C._set_throw_on_mutable_data_ptr(fake)
+    fake.__dict__.update(attrs)
+    return fake
+
+
+def _proven_fake_state(mode, device):
+    if torch.device(device).type == "meta" or FakeTensorConfig.debug:
+        return None
+    real = FakeTensor(mode, torch.empty_strided((2, 3), (3, 1), device="meta"), device)
+    state = (real.fake_device, dict(real.__dict__))
+    fake = _made_fake(torch.empty_strided((2, 3), (3, 1), device="meta"), state, mode._allow_unsafe_data_ptr_access)
+    same = (type(fake) is type(real) and fake.__dict__.keys() == real.__dict__.keys()
+            and all(fake.__dict__[k] is v or fake.__dict__[k] == v for k, v in real.__dict__.items())
+            and torch._C._dispatch_keys(fake) == torch._C._dispatch_keys(real)
+            and fake.device == real.device and fake.requires_grad == real.requires_grad)
+    return state if same else None
 
 
 def traced_call(op, tensors: list, consts: tuple, metas) -> list | None:

@@ -1,12 +1,14 @@
 """Fake copies of a capture's inputs made from meta tensors (aotgrad._torch.plain_fake): the
 graph must be what ``FakeTensorMode.from_tensor`` copies give, for every input that path takes and
-for the ones it leaves to from_tensor (shared storages, views, grads already present)."""
+for the ones it leaves to from_tensor (shared storages, views, grads already present). Fake tensors
+made without FakeTensor's constructor (aotgrad._torch.fresh_fakes) must be the ones it makes."""
 import pytest
 import torch
 import torch.nn as nn
 
 import aotgrad
-from aotgrad._torch import FakeTensorMode, plain_fake
+from aotgrad import _torch
+from aotgrad._torch import FakeTensor, FakeTensorMode, fresh_fakes, plain_fake
 from tests.eager_check import check
 
 REACHED = []        # a parameter also reachable outside the module tree
@@ -32,6 +34,41 @@ def test_plain_fake_matches_from_tensor():
         assert getattr(fake, attr) == getattr(ref, attr), attr
     assert fake.stride() == ref.stride() and fake.grad is not None and fake.grad.shape == t.shape
     assert mode.from_tensor(t) is fake        # registered in the memo: one fake per real tensor
+
+
+@pytest.mark.parametrize("unsafe", [True, False])
+def test_fresh_fakes_are_what_the_constructor_makes(unsafe):
+    """The fast path copies a proven prototype's state: every attribute, the dispatch keys, the data
+    pointer policy and what ops on it give must be the constructor's; a meta device, FakeTensor's
+    debug mode and a failed proof take the constructor itself."""
+    mode = FakeTensorMode()
+    mode._allow_unsafe_data_ptr_access = unsafe
+    cpu = torch.device("cpu")
+    fast, = fresh_fakes(mode, [((3, 5), (1, 3), torch.float16, cpu)])
+    ref = FakeTensor(mode, torch.empty_strided((3, 5), (1, 3), dtype=torch.float16, device="meta"), cpu)
+    assert _torch._FAKE_STATES[id(mode)][1][cpu] is not None        # the fast path was taken
+    assert type(fast) is FakeTensor and fast.fake_mode is mode and fast.__dict__.keys() == ref.__dict__.keys()
+    assert all(fast.__dict__[k] is v or fast.__dict__[k] == v for k, v in ref.__dict__.items())
+    assert torch._C._dispatch_keys(fast) == torch._C._dispatch_keys(ref)
+    assert (fast.shape, fast.stride(), fast.dtype, fast.device, fast.requires_grad) == \
+        (ref.shape, ref.stride(), ref.dtype, ref.device, ref.requires_grad)
+    with mode:
+        out, expect = (fast.float() @ fast.float().t()).relu_(), (ref.float() @ ref.float().t()).relu_()
+    assert (type(out), out.shape, out.stride(), out.device) == (type(expect), expect.shape, expect.stride(), expect.device)
+    assert fast.nonzero_memo is None and fast.item_memo is None
+    with pytest.warns(UserWarning) if unsafe else pytest.raises(RuntimeError):
+        fast.untyped_storage().data_ptr()
+    meta, = fresh_fakes(mode, [((2,), (1,), torch.float32, torch.device("meta"))])      # the constructor's
+    assert meta.device.type == "meta" and _torch._FAKE_STATES[id(mode)][1][torch.device("meta")] is None
+
+
+def test_fresh_fakes_fall_back_where_the_proof_fails(monkeypatch):
+    mode = FakeTensorMode()
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(_torch, "_made_fake", lambda meta, state, unsafe: torch.Tensor._make_subclass(
+        FakeTensor, meta, False, dispatch_device=True, device_for_backend_keys=state[0]))   # no state copied
+    fake, = fresh_fakes(mode, [((2, 2), (2, 1), torch.float32, cpu)])
+    assert _torch._FAKE_STATES[id(mode)][1][cpu] is None and fake.fake_mode is mode
 
 
 def test_plain_fake_leaves_other_tensors_to_from_tensor():
