@@ -7,6 +7,7 @@ device, requires_grad, tying), no hooks, recursively.
 """
 from __future__ import annotations
 
+import collections
 import weakref
 from dataclasses import dataclass
 
@@ -61,9 +62,15 @@ class _Unlike(Exception):
     """A value no structural key can stand for (a tensor attribute): the module is not reused."""
 
 
+_EMPTY = {t: (t, ()) for t in (tuple, list, set, frozenset, dict, collections.OrderedDict)}   # (a module's own dicts)
+
+
 def _value_key(v, depth=0):
     if depth > 8:
         raise _Unlike
+    empty = _EMPTY.get(type(v)) if not v else None
+    if empty is not None:
+        return empty
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
         return (type(v), bits(v))      # floats by their bits: blocks with 0.0 and -0.0 are not twins
     if isinstance(v, torch.Tensor):
@@ -97,10 +104,11 @@ def _module_key(m: torch.nn.Module, keys: dict):
     hit = keys.get(id(m))
     if hit is not None:
         return hit
-    if any(getattr(m, h, None) for h in _HOOKS):
+    d = m.__dict__
+    if any(d.get(h) for h in _HOOKS):
         raise _Unlike
     attrs = tuple((k, ("scalar", type(v)) if type(v) in _SCALARS else _value_key(v))
-                  for k, v in m.__dict__.items() if k not in _OWN)
+                  for k, v in d.items() if k not in _OWN)
     params = tuple((k, _tensor_key(p), bool(p is not None and p._backward_hooks)) for k, p in m._parameters.items())
     bufs = tuple((k, _tensor_key(b)) for k, b in m._buffers.items())
     kids = tuple((k, _module_key(c, keys) if c is not None else None) for k, c in m._modules.items())
