@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from .._torch import OpOverload
 from ..ir.ops import aliases_input, mutated_args
+from ..ir.records import reach
 from ..partition.default import distinct_examples
 from ..passes.cleanup import copy_module
 from ..runtime import regions
@@ -327,15 +328,10 @@ def _as_laid_out(examples: list, args: list, fake_mode) -> list:
                 and all(type(v) is int for v in (*ex.stride(), ex.storage_offset())) \
                 and (ex.stride() != a.stride() or ex.storage_offset() != a.storage_offset()):
             with fake_mode:
-                flat = torch.empty(a.storage_offset() + _extent(a), dtype=ex.dtype, device=ex.device)
+                flat = torch.empty(a.storage_offset() + reach(a.shape, a.stride()), dtype=ex.dtype, device=ex.device)
                 ex = flat.as_strided(a.shape, a.stride(), a.storage_offset())
         out.append(ex)
     return out
-
-
-def _extent(t) -> int:
-    """Elements from ``t``'s storage offset to one past its last element."""
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
 
 
 def inductor(gm: fx.GraphModule, example_inputs: list):

@@ -26,6 +26,7 @@ from .._torch import (
 from .. import tracing
 from ..guards import reads
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
+from ..ir.records import reached_bytes
 from ..runtime import modes
 from ..runtime.modes import baked
 from ..tracing.patches import TRACEABLE
@@ -273,7 +274,7 @@ class Storages:
                 self.entry[id(f)] = inner.untyped_storage().nbytes()
                 # Without a guard (every input of every capture; under Dynamo a guard on a stride it made
                 # symbolic may have no source): freed where that holds for every size the trace stands for.
-                if known_true(self.entry[id(f)] < _extent(inner)):
+                if known_true(self.entry[id(f)] < reached_bytes(inner)):
                     self.unreadable[id(f)] = f
         self.freed = set(self.unreadable)
         self.active = True
@@ -290,7 +291,7 @@ class Storages:
                 "input itself", user_line=line)
         start = self.entry[id(t)]
         now = self.sizes.get(id(t), start)
-        if nbytes < _extent(t) and t.requires_grad and torch.is_grad_enabled() and not _written_unswapped(t):
+        if nbytes < reached_bytes(t) and t.requires_grad and torch.is_grad_enabled() and not _written_unswapped(t):
             raise UnsupportedError(
                 "freeing the storage of an input that requires grad and still holds the caller's values: autograd "
                 "may have saved it for the backward, which would read the freed storage; write its values "
@@ -319,7 +320,7 @@ class Storages:
         for a in pytree.tree_leaves((args, kwargs)):
             if not isinstance(a, torch.Tensor) or id(a) not in self.unreadable:
                 continue
-            if func is _COPY_ and a is args[0] and self.sizes.get(id(a), self.entry[id(a)]) >= _extent(a):
+            if func is _COPY_ and a is args[0] and self.sizes.get(id(a), self.entry[id(a)]) >= reached_bytes(a):
                 del self.unreadable[id(a)]
                 continue
             from ..errors import UnsupportedError, caller_line
@@ -327,13 +328,6 @@ class Storages:
                 f"{func.__name__} uses an input whose storage does not hold its values (freed, or re-allocated with "
                 "untyped_storage().resize_() and not yet filled): eager would read memory nothing wrote; fill it "
                 "with a whole copy_() first", user_line=caller_line())
-
-
-def _extent(t) -> int:
-    """Bytes ``t``'s elements reach in its storage."""
-    if known_true(t.numel() == 0):
-        return 0
-    return (t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _refuse_constant_requiring_grad(func, args, kwargs) -> None:

@@ -21,7 +21,7 @@ import torch.fx as fx
 from .._torch import OpOverload, data_dependent_errors
 from ..ir.ops import returns_fresh
 from ..errors import ExportFormatError
-from ..ir.records import layout
+from ..ir.records import layout, reach
 from ..ir.values import STORED, FakeValues, TensorMeta
 from ..store import codec, sandbox
 
@@ -284,7 +284,7 @@ def _check_extents(name: str, gm: fx.GraphModule) -> None:
         outs = stored if isinstance(stored, (tuple, list)) else (stored,)
         for i, v in enumerate(outs):
             if isinstance(v, TensorMeta):
-                storage[n, i] = _aliased(n, i, storage) or _extent(v.shape, v.stride, v.offset) * v.dtype.itemsize
+                storage[n, i] = _aliased(n, i, storage) or reach(v.shape, v.stride, v.offset) * v.dtype.itemsize
         view = _strided_view(n.target) if n.op == "call_function" else None
         if view is not None:
             _check_view(name, n, view, storage)
@@ -317,18 +317,11 @@ def _check_view(name: str, n: fx.Node, view, storage: dict) -> None:
                                 "strides or an offset that are not static integers")
     offset = meta.offset if offset is None else offset
     low = offset + sum((k - 1) * st for k, st in zip(size, stride) if st < 0)
-    high = _extent(size, stride, offset)
+    high = reach(size, stride, offset)
     if min(size, default=1) < 0 or (0 not in size and (low < 0 or high * meta.dtype.itemsize > storage[base, 0])):
         raise ExportFormatError(f"node {n.name} of the artifact's {name} graph calls {n.target} with sizes "
                                 f"{list(size)}, strides {list(stride)} and offset {offset}, which reach outside the "
                                 f"{storage[base, 0]} bytes of its input's storage")
-
-
-def _extent(size, stride, offset) -> int:
-    """Elements of storage a view reaches: one past its last element (0 for an empty view)."""
-    if 0 in tuple(size):
-        return 0
-    return offset + sum((k - 1) * st for k, st in zip(size, stride) if st > 0) + 1
 
 
 def _int_list(v) -> bool:

@@ -12,7 +12,21 @@ from typing import Any
 
 import torch
 
-from .._torch import view_base
+from .._torch import known_true, view_base
+
+
+def reach(size, stride, offset=0) -> int:
+    """Elements of storage a view of ``size`` and ``stride`` at ``offset`` reaches: one past its last
+    element (a negative stride reaches back, not past); 0 for a view with no element. A symbolic size
+    or stride is read without a guard."""
+    if any(known_true(n == 0) for n in size):
+        return 0
+    return offset + 1 + sum((n - 1) * s for n, s in zip(size, stride) if type(s) is not int or s > 0)
+
+
+def reached_bytes(t: torch.Tensor) -> int:
+    """Bytes of its storage tensor ``t`` reaches, its offset included (:func:`reach`)."""
+    return reach(t.shape, t.stride(), t.storage_offset()) * t.element_size()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 
 from .._torch import pytree, set_version_counter, traceable_subclass, version_counter
 from .codegen import compile_source
-from ..ir.records import Analysis, ViewMeta
+from ..ir.records import Analysis, ViewMeta, reached_bytes
 from ..ir.descriptors import leaf_paths, tree_difference
 
 
@@ -397,8 +397,7 @@ def disjoint(tensors) -> bool:
         if min(t.stride(), default=0) < 0:
             return False
         if t.numel():
-            last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-            spans.append((t.storage_offset() * t.element_size(), (last + 1) * t.element_size()))
+            spans.append((t.storage_offset() * t.element_size(), reached_bytes(t)))
     spans.sort()
     return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 

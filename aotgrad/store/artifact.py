@@ -20,6 +20,7 @@ from .. import errors
 from . import codec, tensors as tensor_io
 from . import schema     # also registers the stage metadata classes with the codec
 from ..ir.graphs import Unserializable
+from ..ir.records import reached_bytes
 from ..partition.blocks import inline_calls
 from .manifest import FORMAT, VERSION
 
@@ -120,7 +121,7 @@ def _state_specs(captured, named: dict | None) -> list:
     state = []
     for name, slot in zip(sig.state_names, sig.slots):
         t = (slot.module._parameters if slot.is_param else slot.module._buffers)[slot.attr]
-        if named is not None and t.numel() and t.untyped_storage().nbytes() < _extent_bytes(t):
+        if named is not None and t.numel() and t.untyped_storage().nbytes() < reached_bytes(t):
             raise Unserializable(f"the {'parameter' if slot.is_param else 'buffer'} `{name}`, whose storage is freed "
                                  "or smaller than its size (untyped_storage().resize_(0), FSDP-style): its values "
                                  "cannot be written; export after they are allocated again, or with values=False")
@@ -165,12 +166,6 @@ def _step(captured, named: dict | None) -> dict | None:
                                        for g, idx in zip(opt.param_groups, index)]}
                            for key, opt, index in zip(b.keys, b.optimizers, b.opt_index)],
             "parameters": list(b.names)}
-
-
-def _extent_bytes(t: torch.Tensor) -> int:
-    """Bytes of storage ``t`` reaches (offset and strides included)."""
-    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return (last + 1) * t.element_size()
 
 
 def _aotgrad_version() -> str:

@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import torch
 
+from ...ir.records import reach, reached_bytes
 from .lifetime import evacuate, hand_out, homes, over
 from .runners import Pool
 
@@ -34,17 +35,13 @@ def input_key(args, in_place) -> tuple:
 def _span(t: torch.Tensor) -> torch.Tensor:
     """The stretch of storage ``t`` reads, as one flat tensor: copying it copies ``t`` whatever
     its strides, including an expanded (stride-0) input that ``copy_`` cannot write into."""
-    return t.as_strided((_span_length(t),), (1,), t.storage_offset())
-
-
-def _span_length(t: torch.Tensor) -> int:
-    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+    return t.as_strided((reach(t.shape, t.stride()),), (1,), t.storage_offset())
 
 
 def _static_copy(t):
     if not isinstance(t, torch.Tensor):
         return t
-    if t.numel() and t.untyped_storage().nbytes() < (t.storage_offset() + _span_length(t)) * t.element_size():
+    if t.numel() and t.untyped_storage().nbytes() < reached_bytes(t):
         from ...errors import UnsupportedError, caller_line
         raise UnsupportedError(f"an input of shape {tuple(t.shape)} whose storage was freed (resized to "
                                f"{t.untyped_storage().nbytes()} bytes, as FSDP frees parameters) cannot be copied "
