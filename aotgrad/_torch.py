@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import weakref
 from typing import Callable
 
 import torch
@@ -239,7 +240,7 @@ def fresh_fakes(mode, metas) -> list:
         return out
 
 
-_FAKE_STATES: dict = {}     # id(mode) -> (mode, {device: (device, __dict__) or None})
+_FAKE_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # mode -> {device: (device, __dict__) or None}
 
 
 def _fake_state(mode, device):
@@ -249,13 +250,9 @@ def _fake_state(mode, device):
     and device: a fake made so must equal, attribute by attribute and in its dispatch keys, the one
     torch's constructor makes; None (torch's constructor then) where it does not, for a fake meta
     tensor, in FakeTensor's debug mode, or while exporting."""
-    entry = _FAKE_STATES.get(id(mode))
-    if entry is None or entry[0] is not mode:
-        entry = _FAKE_STATES[id(mode)] = (mode, {})
-        if len(_FAKE_STATES) > 64:      # modes die with their captures: keep the newest
-            for k in list(_FAKE_STATES)[:-64]:
-                del _FAKE_STATES[k]
-    states = entry[1]
+    states = _FAKE_STATES.get(mode)
+    if states is None:
+        states = _FAKE_STATES[mode] = {}
     if device not in states:
         states[device] = _proven_fake_state(mode, device)
     if torch.compiler.is_exporting() or FakeTensorConfig.debug:    # (the constructor's extras then)

@@ -46,7 +46,7 @@ def test_fresh_fakes_are_what_the_constructor_makes(unsafe):
     cpu = torch.device("cpu")
     fast, = fresh_fakes(mode, [((3, 5), (1, 3), torch.float16, cpu)])
     ref = FakeTensor(mode, torch.empty_strided((3, 5), (1, 3), dtype=torch.float16, device="meta"), cpu)
-    assert _torch._FAKE_STATES[id(mode)][1][cpu] is not None        # the fast path was taken
+    assert _torch._FAKE_STATES[mode][cpu] is not None        # the fast path was taken
     assert type(fast) is FakeTensor and fast.fake_mode is mode and fast.__dict__.keys() == ref.__dict__.keys()
     assert all(fast.__dict__[k] is v or fast.__dict__[k] == v for k, v in ref.__dict__.items())
     assert torch._C._dispatch_keys(fast) == torch._C._dispatch_keys(ref)
@@ -59,7 +59,7 @@ def test_fresh_fakes_are_what_the_constructor_makes(unsafe):
     with pytest.warns(UserWarning) if unsafe else pytest.raises(RuntimeError):
         fast.untyped_storage().data_ptr()
     meta, = fresh_fakes(mode, [((2,), (1,), torch.float32, torch.device("meta"))])      # the constructor's
-    assert meta.device.type == "meta" and _torch._FAKE_STATES[id(mode)][1][torch.device("meta")] is None
+    assert meta.device.type == "meta" and _torch._FAKE_STATES[mode][torch.device("meta")] is None
 
 
 def test_fresh_fakes_fall_back_where_the_proof_fails(monkeypatch):
@@ -68,7 +68,7 @@ def test_fresh_fakes_fall_back_where_the_proof_fails(monkeypatch):
     monkeypatch.setattr(_torch, "_made_fake", lambda meta, state, unsafe: torch.Tensor._make_subclass(
         FakeTensor, meta, False, dispatch_device=True, device_for_backend_keys=state[0]))   # no state copied
     fake, = fresh_fakes(mode, [((2, 2), (2, 1), torch.float32, cpu)])
-    assert _torch._FAKE_STATES[id(mode)][1][cpu] is None and fake.fake_mode is mode
+    assert _torch._FAKE_STATES[mode][cpu] is None and fake.fake_mode is mode
 
 
 def test_plain_fake_leaves_other_tensors_to_from_tensor():
