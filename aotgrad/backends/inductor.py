@@ -263,7 +263,11 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
         relative, watched = _relative_offsets(gm, example_inputs)
         opaque, extra = _random_ops_opaque(relative)
         decomposed = _decompose(opaque, example_inputs, fake_mode)
-        compiled = compile_fx_inner(decomposed, list(example_inputs), is_backward=_is_backward(gm))
+        sizes = _unbound_sizes(example_inputs)
+        compiled = compile_fx_inner(_with_size_inputs(decomposed, sizes), [*example_inputs, *(v for *_, v in sizes)],
+                                    is_backward=_is_backward(gm))
+    if sizes:
+        compiled = _passing_sizes(compiled, sizes)
     if extra:
         compiled = _dropping_last(compiled)
     if not watched:
@@ -274,6 +278,51 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
             return gm.forward(*args)
         return compiled(args)
     return offsets_checked
+
+
+def _unbound_sizes(examples: list) -> list:
+    """``(input index, "size" or "stride", dim, SymInt)`` of each size symbol only inputs with no element
+    hold (a literal 0 among their sizes): Inductor reads symbols off the sizes of other tensor inputs alone
+    (torch 2.15), and its code then names one it never bound (``x.add_(1)`` on a ``(0, n)`` input, captured
+    with ``n`` symbolic, raised NameError at the call). Such a symbol becomes an input of its own."""
+    bound, found = set(), {}
+    for i, ex in enumerate(examples):
+        if isinstance(ex, torch.SymInt):
+            bound |= ex.node.expr.free_symbols
+        if not isinstance(ex, torch.Tensor):
+            continue
+        empty = any(type(n) is int and n == 0 for n in ex.shape)
+        for kind, values in (("size", ex.shape), ("stride", ex.stride())):
+            for d, v in enumerate(values):
+                if not isinstance(v, torch.SymInt):
+                    continue
+                if not empty:
+                    bound |= v.node.expr.free_symbols
+                elif v.node.expr.is_Symbol:
+                    found.setdefault(v.node.expr, (i, kind, d, v))
+    return [at for sym, at in found.items() if sym not in bound]
+
+
+def _with_size_inputs(gm: fx.GraphModule, sizes: list) -> fx.GraphModule:
+    """``gm`` with a placeholder after its last for each of ``sizes`` (:func:`_unbound_sizes`)."""
+    if not sizes:
+        return gm
+    last = list(gm.graph.find_nodes(op="placeholder"))[-1]
+    for i, kind, d, v in sizes:
+        with gm.graph.inserting_after(last):
+            last = gm.graph.placeholder(f"{kind}_{d}_of_input_{i}")
+        last.meta["val"] = v
+    gm.recompile()
+    return gm
+
+
+def _passing_sizes(compiled, sizes: list):
+    """``compiled`` called with the sizes it takes as inputs (:func:`_with_size_inputs`) read off the call's
+    tensors, appended to its (boxed) argument list."""
+    def run(args):
+        args.extend(getattr(args[i], kind)(d) for i, kind, d, _ in sizes)
+        return compiled(args)
+    return run
 
 
 def _dropping_last(compiled):
@@ -319,13 +368,16 @@ def _lazy_backward(gm: fx.GraphModule, example_inputs: list, fake_mode):
 
 def _as_laid_out(examples: list, args: list, fake_mode) -> list:
     """``examples`` with the strides and storage offsets of the real ``args`` where those differ
-    (static sizes only: a symbolic layout is what the graph was traced for)."""
+    (static layouts only: a symbolic one is what the graph was traced for, and comparing its sizes with
+    the call's would guard them, specialising the backward to this call's sizes, which a later call of
+    other sizes would then get: a gradient of an empty input of the first call's shape)."""
     import torch
 
     out = []
     for ex, a in zip(examples, args):
-        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor) and tuple(ex.shape) == tuple(a.shape) \
-                and all(type(v) is int for v in (*ex.stride(), ex.storage_offset())) \
+        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor) \
+                and all(type(v) is int for v in (*ex.shape, *ex.stride(), ex.storage_offset())) \
+                and tuple(ex.shape) == tuple(a.shape) \
                 and (ex.stride() != a.stride() or ex.storage_offset() != a.storage_offset()):
             with fake_mode:
                 flat = torch.empty(a.storage_offset() + reach(a.shape, a.stride()), dtype=ex.dtype, device=ex.device)
