@@ -4,7 +4,8 @@ the way ``tests.eager_check.check`` takes it, plus the input variants it is call
 ``variants`` name the calls one compiled callable gets, each on fresh inputs compared with
 eager: ``base`` (the program's own inputs), ``stride`` (every leaf input of two or more
 dimensions stored transposed), ``offset`` (every leaf input at a storage offset), ``size``
-(the program rebuilt with ``n + 2``). A variant that changes nothing for a program is left out. A
+(the program rebuilt with ``n + 2``), ``resize`` (with ``n + 3``: a graph that recompiled for the
+``size`` call with symbolic sizes must not have specialised them to that call's). A variant that changes nothing for a program is left out. A
 ``staged`` entry (``capture(dynamic=True)``) may refuse a variant with ``InputMismatchError`` (a baked
 constant, a size the trace specialised): that call is then compared as "refused", not as a failure.
 
@@ -138,7 +139,7 @@ def _exported(fn, args, kwargs):
 
 # Inductor reorders float arithmetic (fused reductions, vectorised loops): values within this, grads x10.
 INDUCTOR_TOL = (1e-4, 1e-4)
-ALL_VARIANTS = ("base", "stride", "offset", "size")
+ALL_VARIANTS = ("base", "stride", "offset", "size", "resize")
 
 ENTRIES = {e.name: e for e in (
     Entry("capture", _capture()),
@@ -146,9 +147,9 @@ ENTRIES = {e.name: e for e in (
     Entry("min_cut", _capture(partitioner="min_cut")),
     Entry("budget", _capture(memory_budget=0.5)),
     Entry("jit", _jit(), ALL_VARIANTS),
-    Entry("capture_dynamic", _capture(dynamic=True), ("base", "size"), staged=True),
+    Entry("capture_dynamic", _capture(dynamic=True), ("base", "size", "resize"), staged=True),
     Entry("dynamo", _dynamo(), ALL_VARIANTS, reset=_reset_dynamo),
-    Entry("jit_warm", _jit_warm, ("base", "stride", "size")),
+    Entry("jit_warm", _jit_warm, ("base", "stride", "size", "resize")),
     Entry("dynamo_warm", _dynamo_warm, ("base",), reset=_reset_dynamo),
     Entry("compiled_autograd", _as_is, backward_context=lambda: aotgrad.compiled_autograd("eager"),
           reset=_reset_compiled_autograd),

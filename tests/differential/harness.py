@@ -63,9 +63,9 @@ def tolerance(prog: Program, entry: Entry, device: str) -> tuple:
     return tuple(max(t) for t in zip(prog.tol, entry.tol, DEVICE_TOL[device]))
 
 
-def _bigger(prog: Program):
+def _bigger(prog: Program, by: int = 2):
     n = inspect.signature(prog.make).parameters.get("n")
-    return None if n is None else {"n": n.default + 2}
+    return None if n is None else {"n": n.default + by}
 
 
 def _restrided(t):
@@ -86,8 +86,8 @@ _TRANSFORMS = {"stride": _restrided, "offset": _offset}
 
 def _variant_args(prog, variant):
     """Fresh ``(args, kwargs)`` for one call, or None when the variant changes nothing."""
-    if variant == "size":
-        kw = _bigger(prog)
+    if variant in ("size", "resize"):
+        kw = _bigger(prog, 2 if variant == "size" else 3)
         return None if kw is None else _made(prog, **kw)[1:]
     _, args, kwargs = _made(prog)
     if variant == "base":

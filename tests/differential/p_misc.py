@@ -236,6 +236,25 @@ def _(n=4):
     return fn(lambda x, w: (x @ w, x.sum(0), x.t()), r(0, 3, rg=True), r(3, n, rg=True))
 
 
+@program("zero_size_input_sized_by_call", Z, must_match=True)
+def _(n=4):
+    # The call's size lives on an empty input (and on w): the gradient of x is empty of that size, which
+    # a backward compiled for the sizes of one call would give every later call.
+    return fn(lambda x, w: (x * w).sum(0) * 3, r(0, n, rg=True), r(n, rg=True))
+
+
+@program("zero_size_input_alone", Z, must_match=True)
+def _(n=4):
+    # The call's size lives on an empty input alone: a compiler that reads sizes off non-empty inputs
+    # binds it from none.
+    return fn(lambda x: (x.t().contiguous() * 2, x + 1), r(0, n))
+
+
+@program("zero_size_matmul_grad", Z, must_match=True)
+def _(n=4):
+    return fn(lambda x, w: (x @ w).sum(0) + w.sum(0), r(0, n, rg=True), r(n, n + 1, rg=True))
+
+
 @program("cat_with_empty", Z, must_match=True)
 def _(n=4):
     return fn(lambda x, e: torch.cat([x, e]) * 2, r(n, 3, rg=True), r(0, 3, rg=True))
