@@ -68,8 +68,8 @@ _EMPTY = {t: (t, ()) for t in (tuple, list, set, frozenset, dict, collections.Or
 def _value_key(v, depth=0):
     if depth > 8:
         raise _Unlike
-    empty = _EMPTY.get(type(v)) if not v else None
-    if empty is not None:
+    empty = _EMPTY.get(type(v))     # (exact builtin types: their truth is their length, no user code)
+    if empty is not None and not v:
         return empty
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
         return (type(v), bits(v))      # floats by their bits: blocks with 0.0 and -0.0 are not twins

@@ -20,7 +20,7 @@ REUSED = {
     "blocks_input_without_grad": 3, "blocks_input_with_grad": 3,
     "blocks_signed_zero_attribute": 2,          # the two 0.0 blocks share a template, -0.0 runs flat
     "blocks_signed_zero_argument": 3,           # one template for 0.0, one for -0.0
-    "blocks_nan_attribute": 2,
+    "blocks_nan_attribute": 2, "blocks_hold_a_plain_tensor_attribute": 0,
     "blocks_one_in_eval": 2, "blocks_one_float64": 2,
     "blocks_one_frozen": 2, "blocks_first_frozen_input_without_grad": 2,
     "blocks_no_grad_around_one": 3, "blocks_no_grad_around_last": 3,

@@ -93,6 +93,22 @@ def _(n=4):
     return fn(Stack([Block(math.nan), Block(-math.nan), Block(math.nan)]), r(n, 4, rg=True))
 
 
+class HoldsTensor(Block):
+    """A plain tensor attribute, not a buffer (no structural key stands for it: its blocks run flat)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.linspace(0.5, 2.0, 4)
+
+    def forward(self, x, eps=None):
+        return x + self.fc(x).tanh() * self.scale
+
+
+@program("blocks_hold_a_plain_tensor_attribute", G, must_match=True)
+def _(n=4):
+    return fn(Stack([HoldsTensor() for _ in range(3)]), r(n, 4, rg=True))
+
+
 class Trained(Block):
     def forward(self, x, eps=None):
         h = self.fc(x).tanh()
