@@ -227,37 +227,28 @@ def _forward_frames(anchors) -> str:
 
 def fresh_fakes(mode, metas) -> list:
     """New fake tensors of ``(shape, stride, dtype, device)`` in ``mode``, made from meta tensors
-    directly: a fake kernel's outputs without one dispatch through the fake mode each."""
+    directly: a fake kernel's outputs without one dispatch through the fake mode each. Each is made as a
+    plain subclass of its meta tensor with a copy of the state ``FakeTensor(mode, meta, device)`` gives
+    every new fake of that device (a quarter of the constructor's time; a deep model's trace makes
+    thousands), that state proven once per mode and device (:func:`_proven_fake_state`); torch's
+    constructor where it is not, in FakeTensor's debug mode and while exporting (its extras then)."""
+    fast = not (torch.compiler.is_exporting() or FakeTensorConfig.debug)
+    states = _FAKE_STATES.setdefault(mode, {}) if fast else None
+    unsafe = mode._allow_unsafe_data_ptr_access
     with torch._C._DisableTorchDispatch():
         out = []
         for shape, stride, dtype, device in metas:
             meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            state = _fake_state(mode, device)
-            if state is None:
-                out.append(FakeTensor(mode, meta, device))
-                continue
-            out.append(_made_fake(meta, state, mode._allow_unsafe_data_ptr_access))
+            state = None
+            if states is not None:
+                if device not in states:
+                    states[device] = _proven_fake_state(mode, device)
+                state = states[device]
+            out.append(FakeTensor(mode, meta, device) if state is None else _made_fake(meta, state, unsafe))
         return out
 
 
 _FAKE_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # mode -> {device: (device, __dict__) or None}
-
-
-def _fake_state(mode, device):
-    """``(device, __dict__)`` that ``FakeTensor(mode, meta, device)`` gives every new fake tensor of
-    ``device``, so one is made as a plain subclass of its meta tensor with a copy of that state
-    (a quarter of the constructor's time; a deep model's trace makes thousands). Proven once per mode
-    and device: a fake made so must equal, attribute by attribute and in its dispatch keys, the one
-    torch's constructor makes; None (torch's constructor then) where it does not, for a fake meta
-    tensor, in FakeTensor's debug mode, or while exporting."""
-    states = _FAKE_STATES.get(mode)
-    if states is None:
-        states = _FAKE_STATES[mode] = {}
-    if device not in states:
-        states[device] = _proven_fake_state(mode, device)
-    if torch.compiler.is_exporting() or FakeTensorConfig.debug:    # (the constructor's extras then)
-        return None
-    return states[device]
 
 
 def _made_fake(meta, state, unsafe):
@@ -272,7 +263,10 @@ def _made_fake(meta, state, unsafe):
 
 
 def _proven_fake_state(mode, device):
-    if torch.device(device).type == "meta" or FakeTensorConfig.debug:
+    """``(device, __dict__)`` of ``FakeTensor(mode, meta, device)``, where a fake made from it by
+    :func:`_made_fake` equals the constructor's attribute by attribute, in its dispatch keys and data
+    pointer policy; None where it does not, and for a fake meta tensor."""
+    if torch.device(device).type == "meta":
         return None
     real = FakeTensor(mode, torch.empty_strided((2, 3), (3, 1), device="meta"), device)
     state = (real.fake_device, dict(real.__dict__))

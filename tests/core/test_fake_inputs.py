@@ -69,6 +69,10 @@ def test_fresh_fakes_fall_back_where_the_proof_fails(monkeypatch):
         FakeTensor, meta, False, dispatch_device=True, device_for_backend_keys=state[0]))   # no state copied
     fake, = fresh_fakes(mode, [((2, 2), (2, 1), torch.float32, cpu)])
     assert _torch._FAKE_STATES[mode][cpu] is None and fake.fake_mode is mode
+    monkeypatch.undo()
+    monkeypatch.setattr(_torch.FakeTensorConfig, "debug", True)     # the constructor's traceback then
+    a, b = fresh_fakes(FakeTensorMode(), [((2,), (1,), torch.float32, cpu)] * 2)
+    assert a._debug_trace is not b._debug_trace         # each its own, not a prototype's copied
 
 
 def test_plain_fake_leaves_other_tensors_to_from_tensor():
