@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from aotgrad.ir.records import reach
+
 PROGRAMS: dict[str, "Program"] = {}
 
 
@@ -64,8 +66,7 @@ def r(*shape, rg=False, dtype=torch.float32):
 
 def leaf_with(t, stride, offset):
     """A leaf with ``t``'s values and requires_grad at the given strides and storage offset."""
-    extent = offset + 1 + sum((s - 1) * st for s, st in zip(t.shape, stride)) if t.numel() else offset
-    storage = torch.zeros(max(extent, 1), dtype=t.dtype).untyped_storage()
+    storage = torch.zeros(max(reach(t.shape, stride, offset), offset, 1), dtype=t.dtype).untyped_storage()
     out = torch.empty(0, dtype=t.dtype).set_(storage, offset, t.shape, stride)
     with torch.no_grad():
         out.copy_(t)
