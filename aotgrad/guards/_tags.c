@@ -7,8 +7,8 @@
  *   - each of objects is of the type at its place in types, and
  *   - each of empties (a dict or OrderedDict: the constructor refuses anything else) is empty.
  * A few nanoseconds a value, where a Python pass costs a call each. dict_version(d) is a dict's tag.
- * watch_switches(getters, found) makes this thread's profile function a C one that notes the calls of
- * torch's switch getters alone (guards/reads.py: while an ATen op is dispatched under the read recording).
+ * watch_switches(state) makes this thread's profile function a C one that notes the calls of torch's
+ * switch getters alone (guards/reads.py: while an ATen op is dispatched under the read recording).
  * Built only where CPython keeps ma_version_tag (3.11 to 3.13); elsewhere the module is not built and
  * guards/state.py checks in Python. */
 #define PY_SSIZE_T_CLEAN
@@ -200,26 +200,26 @@ switch_profile(PyObject *state, PyFrameObject *frame, int what, PyObject *arg)
     return has ? PyList_Append(PyTuple_GET_ITEM(state, 1), arg) : 0;
 }
 
-/* watch_switches(getters, found): this thread's profile function becomes switch_profile, noting into
- * the list found each call of one of getters (a frozenset); sys.setprofile puts another back. */
+/* watch_switches(state): this thread's profile function becomes switch_profile over state, a tuple
+ * (getters, found) (a subclass: reads.SwitchWatch, which sys.getprofile() then returns and which, called
+ * as a Python profile function, does the same), noting into the list found each call of one of getters
+ * (a frozenset); sys.setprofile puts another back. */
 static PyObject *
-watch_switches(PyObject *module, PyObject *args)
+watch_switches(PyObject *module, PyObject *state)
 {
-    PyObject *getters, *found;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyFrozenSet_Type, &getters, &PyList_Type, &found))
+    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != 2 || !PyFrozenSet_Check(PyTuple_GET_ITEM(state, 0))
+            || !PyList_Check(PyTuple_GET_ITEM(state, 1))) {
+        PyErr_SetString(PyExc_TypeError, "watch_switches: state must be a tuple (frozenset, list)");
         return NULL;
-    PyObject *state = PyTuple_Pack(2, getters, found);
-    if (state == NULL)
-        return NULL;
+    }
     PyEval_SetProfile(switch_profile, state);      /* holds its own reference */
-    Py_DECREF(state);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"dict_version", dict_version, METH_O, "dict_version(d): d's version tag"},
-    {"watch_switches", watch_switches, METH_VARARGS,
-     "watch_switches(getters, found): this thread's profile function notes calls of getters in found"},
+    {"watch_switches", watch_switches, METH_O,
+     "watch_switches(state): this thread's profile function notes calls of state[0] in state[1]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -397,14 +397,30 @@ def switches_only(watch):
     if _watch_switches is None or type(rec) is not Recording or rec.watch is not None:
         yield
         return
-    found: list = []
-    _watch_switches(_GETTERS, found)
+    state = SwitchWatch((_GETTERS, []))
+    _watch_switches(state)
     try:
         yield
     finally:
         sys.setprofile(watch)
-        for fn in found:
+        for fn in state[1]:
             rec.switch_read(fn)
+
+
+class SwitchWatch(tuple):
+    """``(getters, found)``: the state of the C profile function ``switches_only`` sets, which is what
+    ``sys.getprofile()`` returns while it watches. Code that saves this thread's profile function and
+    puts it back (``runtime.modes`` reading the settings unseen, inside an op) puts this back with
+    ``sys.setprofile``: called as a Python profile function, it notes the same calls."""
+    __slots__ = ()
+
+    def __call__(self, frame, event, arg):
+        if event == "c_call":
+            try:
+                if arg in self[0]:
+                    self[1].append(arg)
+            except TypeError:       # an unhashable callable: not a getter
+                pass
 
 
 try:

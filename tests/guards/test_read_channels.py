@@ -18,6 +18,7 @@ import torch
 
 import aotgrad
 from aotgrad import errors
+from aotgrad.runtime import modes
 
 HEADER = """
 import array, collections, contextlib, contextvars, functools, inspect, operator, threading, weakref
@@ -311,13 +312,18 @@ def test_an_aten_ops_dispatch_is_watched_for_switch_reads_alone(monkeypatch):
             assert sys.getprofile() is not watch
             _deterministic_in_python()      # Python torch's dispatch would run: not an event now
             torch.backends.mkldnn.is_available()
+            # settings read unseen inside an op (runtime.modes: a CUDA op's numerics check) put the
+            # switch watch back after them: it was a C profile function's state, not callable
+            assert modes.numerics() == modes.numerics()
+            torch.get_num_interop_threads()
         assert sys.getprofile() is watch
         with pytest.raises(ZeroDivisionError), reads.switches_only(watch):
             torch.get_num_threads()
             1 / 0
         assert sys.getprofile() is watch
     assert _deterministic_in_python.__code__ not in rec.kinds
-    assert {"_get_deterministic_algorithms", "get_num_threads"} <= set(rec.switches)
+    assert "_get_cudnn_allow_tf32" not in rec.switches     # (the settings read unseen)
+    assert {"_get_deterministic_algorithms", "get_num_threads", "get_num_interop_threads"} <= set(rec.switches)
     assert rec.switches["_get_deterministic_algorithms"][1] is torch.are_deterministic_algorithms_enabled()
 
 
