@@ -691,6 +691,7 @@ SWITCH_GETTERS = {f: name for name in (
     "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads")
     for f in [getattr(torch._C, name, None)] if f is not None}     # (the default dtype is a baked mode)
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
+torch_function_state, set_torch_function_state = torch._C._get_torch_function_state, torch._C._set_torch_function_state
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .._torch import PythonPrinter, TensorGuards, backed_symbols, int_oo, tensors_check
+from .._torch import (PythonPrinter, TensorGuards, backed_symbols, int_oo, set_torch_function_state, tensors_check,
+                      torch_function_state)
 from ..runtime.codegen import compile_source
 from .. import _native
 
@@ -156,12 +157,19 @@ def _static_prefix(specs, descs):
 
 def _no_raise(check):
     """PyTorch's checks raise on a tensor without strides (a nested one) in a strided one's place: a
-    mismatch, which the whole check then names."""
+    mismatch, which the whole check then names. A guard manager's check failing on one leaves
+    ``__torch_function__`` disabled for the whole thread (a subclass's override, fx's tracing of a
+    ``torch.ops`` call, silently off after it): the state is put back."""
     def fast(flat):
+        state = torch_function_state()
         try:
-            return check(flat)
+            if check(flat):
+                return True
         except RuntimeError:
-            return False
+            pass
+        if torch_function_state() != state:
+            set_torch_function_state(state)
+        return False
     return fast
 
 

@@ -298,10 +298,12 @@ def test_the_tensor_check_fails_at_each_metadata_change(change, checker, monkeyp
     flat = fresh()
     with torch.no_grad():
         METADATA_CHANGES[change](flat)
+    state = torch._C._get_torch_function_state()
     if "offset" in change and not offsets:
         assert fast(flat) and flat[2].storage_offset() != 0     # build()'s Python expression checks it
     else:
         assert not fast(flat)
+    assert torch._C._get_torch_function_state() == state       # (a guard manager's left it disabled)
     if change in FAST_ONLY:
         return
     guards = input_guards.build([_spec(t) for t in fresh()], [_Desc(True), _Desc(False), _Desc(False, state=False)], [])
