@@ -156,7 +156,7 @@ def main():
         last = CUDAGRAPHS.last_compiled and CUDAGRAPHS.last_compiled()
         if last is not None and hasattr(last, "recordings"):     # its backward: 1 (the tangent) when it settles
             print("aotgrad cudagraphs, inputs its backward copies in per replay:",
-                  [r.copied for r in last.recordings.values()])
+                  [r.copied for r in last.recordings.values() if r is not None])
     if "llama" not in skip:
         ids = torch.randint(0, 128256, (2, 2048), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
         print(table(f"Llama-3.2-1B layer shape x {a.llama_layers} layers, bf16, batch 2 x 2048",

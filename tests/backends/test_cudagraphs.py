@@ -12,7 +12,7 @@ import aotgrad
 from aotgrad.backends import cudagraphs as cg
 from aotgrad.backends.cudagraphs.mutation import written_inputs
 from aotgrad.backends.cudagraphs.recording import Graphed
-from aotgrad.backends.cudagraphs.runners import NullRunner
+from aotgrad.backends.cudagraphs.runners import CaptureFailed, NullRunner
 from aotgrad.backends.cudagraphs.segments import segment_ids, why_not_capturable
 from aotgrad.backends.cudagraphs.static import static_inputs
 from aotgrad.options import CompileOptions
@@ -129,6 +129,29 @@ def test_warmup_then_record_then_replay_on_static_copies():
     (rec,) = g.recordings.values()
     assert rec.calls == 4 and rec.replays == 2
     assert rec.inputs[0] is not x and fn.calls == 4
+
+
+class FailsToCapture(NullRunner):
+    """A runner whose capture fails for inputs of 2 elements (a CUDA capture of an op that syncs):
+    it raises before running anything, as a failed CUDA capture records kernels it never runs."""
+    def record(self, fn, inputs):
+        if inputs[0].numel() == 2:
+            raise CaptureFailed(RuntimeError("operation not permitted when stream is capturing"))
+        return super().record(fn, inputs)
+
+
+def test_a_failed_capture_runs_that_shape_without_graphs_and_never_records_it_again():
+    fn = Counting(lambda x: (x * 2, x.sum()))
+    g = Graphed(fn, "g", cg.Config(warmup=0), (), (), FailsToCapture)
+    with pytest.warns(UserWarning, match="could not be recorded.*operation not permitted"):
+        out = g(torch.ones(2))
+    calls = fn.calls
+    for k in range(3):
+        torch.testing.assert_close(g(torch.full((2,), float(k)))[0], torch.full((2,), 2. * k))
+        torch.testing.assert_close(g(torch.full((3,), float(k)))[1], torch.tensor(3. * k))
+    torch.testing.assert_close(out[0], torch.full((2,), 2.))        # not overwritten by later calls
+    assert fn.calls == calls + 3 + 3 and g.eager_calls == 4         # 2 elements: eagerly each call
+    assert [r is None for r in g.recordings.values()] == [True, False]
 
 
 def test_in_place_inputs_are_not_copied_and_writes_reach_the_caller():

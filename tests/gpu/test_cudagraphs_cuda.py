@@ -82,3 +82,33 @@ def test_a_replay_of_another_shape_does_not_overwrite_saved_tensors():
     for x in xs:
         f(x, w).backward()
     torch.testing.assert_close(got, w.grad, rtol=1e-4, atol=1e-4)
+
+
+@torch.library.custom_op("aotgrad_test::scaled_by_its_max", mutates_args=())
+def _scaled_by_its_max(x: torch.Tensor) -> torch.Tensor:
+    return x / float(x.abs().max())         # a host sync: no CUDA graph can capture it
+
+
+@_scaled_by_its_max.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_scaled_by_its_max.register_autograd(lambda ctx, g: g * ctx.scale,
+                                     setup_context=lambda ctx, inputs, output: setattr(
+                                         ctx, "scale", 1 / inputs[0].detach().abs().max()))
+
+
+def test_a_capture_that_fails_runs_without_graphs_and_leaves_cuda_usable():
+    """An op that syncs inside a graph aotgrad takes for capturable fails its capture: that shape
+    runs without CUDA graphs (a warning names the op's error), the numbers and the random stream are
+    eager's, and the process is left usable: the current stream is the caller's, and eager draws
+    do not raise "Offset increment outside graph capture" (the failed capture's generator state)."""
+    def f(x):
+        return torch.nn.functional.dropout(_scaled_by_its_max(x.sin()), 0.5) * 2
+    before = torch.cuda.current_stream()
+    with pytest.warns(UserWarning, match="could not be recorded"):
+        check(f, (torch.randn(64, device="cuda", requires_grad=True),), calls=3,
+              fw_compiler=cg.configure(warmup=0), rtol=1e-6, atol=1e-6)
+    assert torch.cuda.current_stream() == before
+    torch.rand(4, device="cuda")

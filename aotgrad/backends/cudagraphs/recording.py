@@ -18,7 +18,9 @@ import torch
 
 from ...ir.records import reach, reached_bytes
 from .lifetime import evacuate, hand_out, homes, over
-from .runners import Pool
+from .runners import CaptureFailed, Pool
+
+_NEW = object()
 
 
 def input_key(args, in_place) -> tuple:
@@ -172,18 +174,26 @@ class Graphed:
         self._warned = False
 
     def __call__(self, *args):
-        rec = self._lookup(input_key(args, self.in_place))
+        key = input_key(args, self.in_place)
+        rec = self._lookup(key)
         if rec is None:
             self.eager_calls += 1
             return self.fn(*args)
-        outs = rec(args)
+        try:
+            outs = rec(args)
+        except CaptureFailed as e:      # nothing ran: this key runs without CUDA graphs from now on
+            self.recordings[key] = None
+            warnings.warn(f"aotgrad cudagraphs: {self.name} could not be recorded for these input shapes "
+                          f"({e}); they run without CUDA graphs", stacklevel=2)
+            self.eager_calls += 1
+            return self.fn(*args)
         if rec.calls <= self.config.warmup:
             return outs
         return hand_out(rec, outs, args, self.saved, self.pool)
 
     def _lookup(self, key):
-        rec = self.recordings.get(key)
-        if rec is not None:
+        rec = self.recordings.get(key, _NEW)
+        if rec is not _NEW:             # (None: a key whose capture failed)
             self.recordings.move_to_end(key)
             return rec
         if len(self.recordings) >= self.config.max_recordings:

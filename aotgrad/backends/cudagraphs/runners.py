@@ -20,6 +20,8 @@ import weakref
 
 import torch
 
+from ..._torch import cuda_end_allocate_to_pool
+
 
 class Pool:
     """One memory pool shared by a compiled function's graphs. A recording's replays may write
@@ -128,10 +130,50 @@ class CudaRunner:
     def record(self, fn, inputs):
         self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
-            outputs = tuple(fn(*inputs))
+        caller = torch.cuda.current_stream()
+        try:
+            # thread_local: another thread's CUDA calls (a DataLoader pinning memory, NCCL's watchdog)
+            # do not invalidate this capture, as in torch's own CUDA graph trees
+            with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream,
+                                  capture_error_mode="thread_local"):
+                outputs = tuple(fn(*inputs))
+        except Exception as e:
+            _end_failed_capture(caller, self.stream, self.pool)
+            raise CaptureFailed(_first_cause(e)) from e
         self.graph.replay()          # capture only records; this computes the first outputs
         return outputs
 
     def replay(self):
         self.graph.replay()
+
+
+class CaptureFailed(Exception):
+    """A CUDA graph capture failed (``cause``: the op's error, or CUDA's invalidated capture). Its
+    kernels were recorded, never run: the call runs without CUDA graphs instead (``recording``)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+        self.cause = cause
+
+
+def _first_cause(e: BaseException) -> BaseException:
+    """The error a failed capture began with: ``torch.cuda.graph``'s exit raises CUDA's "capture
+    invalidated" over the op's own error, which it then holds as its context."""
+    return e.__context__ if e.__context__ is not None and e.__cause__ is None else e
+
+
+def _end_failed_capture(caller, stream, pool) -> None:
+    """Put back what a failed capture leaves behind. ``CUDAGraph.capture_end`` raises before it
+    ends the default generator's capture, so every later eager draw would raise "Offset increment
+    outside graph capture": an empty capture on the same stream begins and ends it again (no offset
+    moves: eager's random stream is unchanged); its exit never left the capture's stream either,
+    and its pool stays open to the failed capture's allocations."""
+    torch.cuda.set_stream(caller)
+    try:        # (where the capture did end, the pool was closed with it)
+        cuda_end_allocate_to_pool(caller.device.index, pool)
+    except (TypeError, RuntimeError):
+        pass
+    torch.cuda.synchronize()
+    with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream, capture_error_mode="thread_local"):
+        torch.empty(1, device=caller.device).zero_()
+    torch.cuda.set_stream(caller)
