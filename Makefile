@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # One stamp per torch spec: asking for another torch reinstalls it into the venv.
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'A-Za-z0-9.\n' _)
 
-.PHONY: venv test test-differential test-models test-distributed demo conformance bench bench-distributed clean
+.PHONY: venv test test-gpu test-differential test-models test-distributed demo conformance bench bench-distributed clean
 
 $(STAMP): pyproject.toml setup.py aotgrad/guards/_tags.c aotgrad/_tensors.cpp aotgrad/_native.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
 		|| echo "no chromium: the HTML report's browser test will skip"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) tests
+
+# tests/gpu (skipped without CUDA) where a CUDA torch is already installed and nothing can be fetched:
+# GPU_PY's torch, the package from this tree (its entry point and its C/C++ checks built in place).
+GPU_PY ?= python3
+GPU_WORKERS ?= 16
+test-gpu:
+	$(GPU_PY) setup.py -q egg_info > /dev/null
+	$(GPU_PY) setup.py -q build_ext --inplace -j 8 > /dev/null
+	PYTHONPATH=$(CURDIR) TORCHINDUCTOR_COMPILE_THREADS=1 $(GPU_PY) -m pytest -q -p no:cacheprovider -m "not slow" \
+		-n $(GPU_WORKERS) -rfE tests/gpu
 
 # Every real model of tests/models x entry point (make test runs one text and one vision model).
 test-models: $(STAMP)
