@@ -258,6 +258,7 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     # emulate_precision_casts: a cast to bf16/fp16 inside a fused kernel rounds as eager's does
     # (dropout of x.bfloat16() gave x * 2 unrounded); torch versions without it keep the default.
     exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+    constant = _fixed_sizes(example_inputs)
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
         relative, watched = _relative_offsets(gm, example_inputs)
@@ -270,14 +271,32 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
         compiled = _passing_sizes(compiled, sizes)
     if extra:
         compiled = _dropping_last(compiled)
-    if not watched:
+    pinned = _fixed_sizes(example_inputs)     # (also those an earlier compile fixed: the forward's)
+    if not watched and not pinned:
         return compiled
+    if set(pinned) - set(constant):
+        warnings.warn("aotgrad inductor backend: compiling made sizes the graph was traced with as symbols "
+                      "constants (a decomposition read them as numbers): calls of other sizes run the graph "
+                      "without Inductor", stacklevel=3)
 
-    def offsets_checked(args):     # another storage offset: the ATen graph, whose offsets are absolute
-        if any(args[i].storage_offset() != off for i, off in watched.items()):
+    def checked(args):      # another storage offset (the ATen graph's are absolute), a size the compile fixed
+        if any(args[i].storage_offset() != off for i, off in watched.items()) or \
+                any(getattr(args[i], kind)()[d] != v for i, kind, d, v in pinned):
             return gm.forward(*args)
         return compiled(args)
-    return offsets_checked
+    return checked
+
+
+def _fixed_sizes(examples: list) -> list:
+    """``(input index, "size" or "stride", dim, value)`` of each symbolic size or stride of ``examples``
+    that is a constant now. Where compiling made it one, a decomposition that reads a size as a number
+    (one of ``F.pad``'s modes) guarded it, the shape environment replaced the symbol by that value (a
+    SymInt's expression follows), and the code Inductor generated asserts it. The caller's guards are
+    symbolic, built before (the backward's are the forward's): a call of another size runs the ATen
+    graph instead (a warning says so), where the compiled code would raise in its size assert."""
+    return [(i, kind, d, int(v.node.expr)) for i, ex in enumerate(examples) if isinstance(ex, torch.Tensor)
+            for kind, values in (("size", ex.shape), ("stride", ex.stride()))
+            for d, v in enumerate(values) if isinstance(v, torch.SymInt) and v.node.expr.is_number]
 
 
 def _unbound_sizes(examples: list) -> list:

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 import aotgrad
 from aotgrad._torch import FakeTensorMode
@@ -251,3 +252,23 @@ def test_a_decomposition_laid_out_otherwise_than_eager_is_relaid_before_a_view(e
         warnings.filterwarnings("error", message="aotgrad inductor backend")
         check(f, (torch.randn(2, 16, 8, requires_grad=True), torch.randn(8, 16, requires_grad=True)),
               compile=compile, rtol=1e-5, atol=1e-5)
+
+
+def test_sizes_a_decomposition_fixes_run_other_sizes_without_inductor():
+    """F.pad's modes: one decomposes by reading a size as a number, so compiling jit's symbolic
+    recapture made it a constant, and its code asserted them while the guards still let every size
+    through (the next size raised in the size assert, forward and lazy backward). Calls of other sizes
+    run the ATen graph; each size's outputs and gradients are eager's."""
+    def f(x):
+        return sum((F.pad(x, (2, 1, 1, 2), mode=m) ** 2).sum() for m in ("reflect", "replicate", "circular")) \
+            + F.pad(x, (1, 1), value=0.5).sum()
+    g = aotgrad.jit(f, fw_compiler="inductor")
+    with pytest.warns(UserWarning, match="run the graph without Inductor"):
+        for n in (2, 4, 5, 3, 4):
+            x = torch.randn(n, 3, 5, 6, requires_grad=True)
+            ref = x.detach().clone().requires_grad_()
+            out, want = g(x), f(ref)
+            out.backward()
+            want.backward()
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(x.grad, ref.grad)
