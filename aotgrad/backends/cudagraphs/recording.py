@@ -176,20 +176,17 @@ class Graphed:
     def __call__(self, *args):
         key = input_key(args, self.in_place)
         rec = self._lookup(key)
-        if rec is None:
-            self.eager_calls += 1
-            return self.fn(*args)
-        try:
-            outs = rec(args)
-        except CaptureFailed as e:      # nothing ran: this key runs without CUDA graphs from now on
-            self.recordings[key] = None
-            warnings.warn(f"aotgrad cudagraphs: {self.name} could not be recorded for these input shapes "
-                          f"({e}); they run without CUDA graphs", stacklevel=2)
-            self.eager_calls += 1
-            return self.fn(*args)
-        if rec.calls <= self.config.warmup:
-            return outs
-        return hand_out(rec, outs, args, self.saved, self.pool)
+        if rec is not None:
+            try:
+                outs = rec(args)
+            except CaptureFailed as e:      # nothing ran: this key runs without CUDA graphs from now on
+                self.recordings[key] = None
+                warnings.warn(f"aotgrad cudagraphs: {self.name} could not be recorded for these input shapes "
+                              f"({e}); they run without CUDA graphs", stacklevel=2)
+            else:
+                return outs if rec.calls <= self.config.warmup else hand_out(rec, outs, args, self.saved, self.pool)
+        self.eager_calls += 1
+        return self.fn(*args)
 
     def _lookup(self, key):
         rec = self.recordings.get(key, _NEW)

@@ -175,5 +175,4 @@ def _end_failed_capture(caller, stream, pool) -> None:
         pass
     torch.cuda.synchronize()
     with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream, capture_error_mode="thread_local"):
-        torch.empty(1, device=caller.device).zero_()
-    torch.cuda.set_stream(caller)
+        torch.empty(1, device=caller.device).zero_()        # (its exit puts the caller's stream back)
