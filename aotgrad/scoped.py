@@ -12,6 +12,7 @@ Settings that are process-wide by nature (torch's globals, patched functions) ca
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from contextvars import ContextVar
 
@@ -114,3 +115,23 @@ through one process-wide patcher (``torch.fx._symbolic_trace.CURRENT_PATCHER``),
 in two threads at once undo for each other (an AssertionError, or its patches left installed for
 good). Captures in several threads trace their forwards side by side and take turns here."""
 
+
+def chainable(saved):
+    """What a profile function of ours calls after itself: ``saved`` (``sys.getprofile()``) where
+    it is a Python function; None for none, or for a profiler written in C, which only its own
+    object can be called by (``cProfile.Profile``: ``sys.getprofile()`` returns that object on
+    Python 3.11). That one pauses while ours runs and is put back after (:func:`restore_profile`)."""
+    return saved if callable(saved) else None
+
+
+def restore_profile(saved) -> None:
+    """Make ``saved`` (``sys.getprofile()``, taken earlier) this thread's profiler again. A C profiler's
+    object is not a profile function (``sys.setprofile`` of it raises at the next event): its
+    ``enable()`` installs it again (cProfile's, with its default flags)."""
+    if saved is None or callable(saved):
+        sys.setprofile(saved)
+    elif callable(getattr(saved, "enable", None)):
+        sys.setprofile(None)
+        saved.enable()
+    else:
+        sys.setprofile(None)

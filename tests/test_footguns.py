@@ -652,3 +652,56 @@ def test_refusals_found_after_the_trace_name_the_user_s_line(fn, x, words):
     typed_naming(e.value, *words)
     assert fn.__code__.co_filename in e.value.user_line and "the line the refusal names" in e.value.user_line
     assert torch.equal(before, torch.random.get_rng_state())
+
+
+# --- a profiler the user runs ---------------------------------------------------------------------
+
+class _CProfiler:
+    """``cProfile``'s profiler (on Python 3.11, ``sys.getprofile()`` returns its object, which is not a
+    profile function: it was called as one, and ``sys.setprofile`` of it broke the next event)."""
+    def __enter__(self):
+        import cProfile
+        self.p = cProfile.Profile()
+        self.p.enable()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.disable()
+
+    def saw(self, fn) -> bool:
+        import pstats
+        return any(code[2] == fn.__name__ for code in pstats.Stats(self.p).stats)
+
+
+class _PyProfiler:
+    """A profile function written in Python (``sys.setprofile``), as pure-Python profilers install."""
+    def __enter__(self):
+        import sys
+        self.names = set()
+        self.previous = sys.getprofile()
+        sys.setprofile(lambda frame, event, arg: self.names.add(frame.f_code.co_name) if event == "call" else None)
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+        sys.setprofile(self.previous)
+
+    def saw(self, fn) -> bool:
+        return fn.__name__ in self.names
+
+
+def _called_after_compiling():
+    return 1
+
+
+@pytest.mark.parametrize("profiler", [_CProfiler, _PyProfiler], ids=["cProfile", "python"])
+@pytest.mark.parametrize("compile", [default_compile, jit_compile, dynamo_compile], ids=["capture", "jit", "dynamo"])
+def test_a_user_s_profiler_keeps_running_through_capture_and_compiled_calls(profiler, compile):
+    """Training under a profiler (``python -m cProfile train.py``): every entry point matches eager, and
+    the profiler is still installed afterwards, seeing the calls made after capture."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    with profiler() as p:
+        check(m, (torch.randn(3, 4),), compile=compile)
+        _called_after_compiling()
+    assert p.saw(_called_after_compiling), "the profiler was switched off by the capture"

@@ -28,6 +28,7 @@ from .._torch import MODULE_CALL_CODES, SWITCH_GETTERS
 from . import attribution
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
+from ..scoped import chainable, restore_profile
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _NN = os.path.join(_TORCH, "nn", "modules") + os.sep
@@ -277,7 +278,8 @@ def record(fn=None):
         # or a test has no file to tell by); code it never saw, by its file
         kinds = rec.kinds
         watch.is_user = lambda code: (kinds[code] if code in kinds else kind_of(code, None)) == USER
-    previous = sys.getprofile()
+    saved = sys.getprofile()
+    previous = chainable(saved)
     event = rec.event
     if previous is not None:
         def event(frame, what, arg):
@@ -286,7 +288,7 @@ def record(fn=None):
     if rec.watch is not None:       # this thread is watched while user code runs, not only while recording
         rec.watch.rec = rec
         rec.light = rec.watch.profile(previous)
-    rec.stop = lambda: sys.setprofile(previous)
+    rec.stop = lambda: restore_profile(saved)
     rec.restart = lambda: (setattr(rec, "root_frame", None), sys.setprofile(event))
     outer = getattr(_ACTIVE, "rec", None)
     _ACTIVE.rec = rec
@@ -294,7 +296,7 @@ def record(fn=None):
     try:
         yield rec
     finally:
-        sys.setprofile(previous)
+        restore_profile(saved)
         _ACTIVE.rec = outer
         # Cycles only the collector would free (the recording's frames and copies, hundreds of objects a
         # layer): the restart closure holds the recording, and so does the watch its ``light`` holds.
@@ -330,12 +332,12 @@ def user_code():
 @contextlib.contextmanager
 def _profiled(event):
     """``event`` is this thread's profile function inside the block."""
-    previous = sys.getprofile()
+    saved = sys.getprofile()
     sys.setprofile(event)
     try:
         yield
     finally:
-        sys.setprofile(previous)
+        restore_profile(saved)
 
 
 @contextlib.contextmanager
@@ -362,7 +364,7 @@ def backward_code(runs_user_code: bool):
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them
-    previous = sys.getprofile()
+    previous = chainable(sys.getprofile())
     with _profiled(event):
         yield
 

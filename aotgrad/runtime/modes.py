@@ -14,6 +14,7 @@ import torch
 
 from .._torch import (cudnn_flags, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags,
                       set_mkldnn_enabled)
+from ..scoped import restore_profile
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -214,7 +215,7 @@ def _unwatched(fn, *args):
     try:
         return fn(*args)
     finally:
-        sys.setprofile(watcher)
+        restore_profile(watcher)
 
 
 def _differ(a, b) -> set:
