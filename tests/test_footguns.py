@@ -694,14 +694,30 @@ def _called_after_compiling():
     return 1
 
 
+@contextlib.contextmanager
+def _another_thread_alive():
+    """A thread alive meanwhile (a DataLoader's): captures then also watch this thread while user code
+    runs (``guards.attribution``), with a profile function of their own."""
+    import threading
+    done = threading.Event()
+    t = threading.Thread(target=done.wait, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(timeout=10)
+
+
+@pytest.mark.parametrize("threads", [contextlib.nullcontext, _another_thread_alive], ids=["alone", "other_thread"])
 @pytest.mark.parametrize("profiler", [_CProfiler, _PyProfiler], ids=["cProfile", "python"])
 @pytest.mark.parametrize("compile", [default_compile, jit_compile, dynamo_compile], ids=["capture", "jit", "dynamo"])
-def test_a_user_s_profiler_keeps_running_through_capture_and_compiled_calls(profiler, compile):
+def test_a_user_s_profiler_keeps_running_through_capture_and_compiled_calls(profiler, compile, threads):
     """Training under a profiler (``python -m cProfile train.py``): every entry point matches eager, and
     the profiler is still installed afterwards, seeing the calls made after capture."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
-    with profiler() as p:
+    with threads(), profiler() as p:
         check(m, (torch.randn(3, 4),), compile=compile)
         _called_after_compiling()
     assert p.saw(_called_after_compiling), "the profiler was switched off by the capture"
