@@ -1,7 +1,8 @@
 """The package's compiled parts, both optional (where one does not build, aotgrad runs the same check slower):
 
 * ``aotgrad/guards/_tags.c``: the per-call check of the Python state a compiled entry read (module dicts'
-  version tags, types, empty hook dicts) as one C loop; not built without a compiler or on a Python
+  version tags, types, empty hook dicts) as one C loop, and the taking whole of a user's C profiler
+  (cProfile) that a capture's watch pauses; not built without a compiler or on a Python
   without ``ma_version_tag``, where aotgrad checks the same state in Python.
 * ``aotgrad/_tensors.cpp``: the per-call check of the parameters' and buffers' metadata as one C++
   loop over their TensorImpls; built against the torch installed when the package is (``pip install

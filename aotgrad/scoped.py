@@ -116,22 +116,71 @@ in two threads at once undo for each other (an AssertionError, or its patches le
 good). Captures in several threads trace their forwards side by side and take turns here."""
 
 
+C_PROFILER = None
+"""``(take_profile, CProfile)`` of ``guards/_tags.c`` where it is built (``guards.reads``, which imports it,
+puts them here): a profiler written in C taken whole."""
+
+
+def take_profile():
+    """This thread's profiler, to put back with :func:`restore_profile`: ``sys.getprofile()``'s function, or
+    a profiler written in C (cProfile on Python 3.11, torch.profiler's Python tracer: ``sys.getprofile()``
+    shows only its object, no profile function) taken whole where ``guards/_tags.c`` is built, as a
+    callable that passes each event on to it."""
+    return sys.getprofile() if C_PROFILER is None else C_PROFILER[0]()
+
+
 def chainable(saved):
-    """What a profile function of ours calls after itself: ``saved`` (``sys.getprofile()``) where
-    it is a Python function; None for none, or for a profiler written in C, which only its own
-    object can be called by (``cProfile.Profile``: ``sys.getprofile()`` returns that object on
-    Python 3.11). That one pauses while ours runs and is put back after (:func:`restore_profile`)."""
+    """What a profile function of ours calls after itself: ``saved`` (:func:`take_profile`) where it
+    passes events on; None for none, or for a C profiler's bare object (``_tags`` not built), which
+    then pauses while ours runs and is put back after (:func:`restore_profile`)."""
     return saved if callable(saved) else None
 
 
 def restore_profile(saved) -> None:
-    """Make ``saved`` (``sys.getprofile()``, taken earlier) this thread's profiler again. A C profiler's
-    object is not a profile function (``sys.setprofile`` of it raises at the next event): its
-    ``enable()`` installs it again (cProfile's, with its default flags)."""
-    if saved is None or callable(saved):
+    """Make ``saved`` (:func:`take_profile`, taken earlier) this thread's profiler again: a C profiler
+    taken whole exactly as it was; a bare C profiler's object through its ``enable()`` (cProfile's, with
+    its default flags: ``sys.setprofile`` of the object would raise at the next event); else none."""
+    if C_PROFILER is not None and type(saved) is C_PROFILER[1]:
+        saved.restore()
+    elif saved is None or callable(saved):
         sys.setprofile(saved)
     elif callable(getattr(saved, "enable", None)):
         sys.setprofile(None)
         saved.enable()
     else:
         sys.setprofile(None)
+
+
+_WATCHES = threading.local()    # .users: per aotgrad watch of this thread begun, the profiler it found
+
+
+@contextlib.contextmanager
+def watched(saved):
+    """aotgrad watches this thread with a profile function of its own inside the block; ``saved``
+    (:func:`take_profile`) is the profiler it found, which that function passes events to."""
+    users = getattr(_WATCHES, "users", None)
+    if users is None:
+        users = _WATCHES.users = []
+    users.append(saved)
+    try:
+        yield
+    finally:
+        users.pop()
+
+
+@contextlib.contextmanager
+def look_away():
+    """aotgrad's watch of this thread (if any) sees nothing inside the block, and the user's own
+    profiler (the one the outermost watch found) runs there instead, so it sees every event with
+    no gap: a profiler that pairs calls with returns (Python's ``profile``, torch.profiler's Python
+    tracer) fails on a return whose call it never saw. Outside a watch: nothing changes."""
+    users = getattr(_WATCHES, "users", None)
+    if not users:
+        yield
+        return
+    before = take_profile()
+    restore_profile(users[0])
+    try:
+        yield
+    finally:
+        restore_profile(before)

@@ -24,6 +24,7 @@ from .._torch import (
     _engine_is_caller,
 )
 from .. import tracing
+from ..scoped import look_away
 from ..guards import reads
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..ir.records import reached_bytes
@@ -231,11 +232,8 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                 return super().__torch_dispatch__(func, types, args, kwargs)
         # Another thread's writes are told apart by watching this one (guards.attribution); no
         # user code runs inside an op (subclasses with their own dispatch are refused above).
-        sys.setprofile(None)
-        try:
+        with look_away():
             return super().__torch_dispatch__(func, types, args, kwargs)
-        finally:
-            sys.setprofile(watch)
 
     def _traced_constant_op(self, func, args, kwargs, out):
         """``out`` as a traced value where an op of constants alone made it fresh: functionalization

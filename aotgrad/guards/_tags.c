@@ -9,6 +9,9 @@
  * A few nanoseconds a value, where a Python pass costs a call each. dict_version(d) is a dict's tag.
  * watch_switches(state) makes this thread's profile function a C one that notes the calls of torch's
  * switch getters alone (guards/reads.py: while an ATen op is dispatched under the read recording).
+ * take_profile() takes this thread's profiler: a Python one's function (what sys.getprofile() returns),
+ * or a C one (cProfile on 3.11, torch.profiler's Python tracer) whole, as a CProfile, which restore()
+ * installs again and which, called as a Python profile function, passes the event on (scoped.py).
  * Built only where CPython keeps ma_version_tag (3.11 to 3.13); elsewhere the module is not built and
  * guards/state.py checks in Python. */
 #define PY_SSIZE_T_CLEAN
@@ -216,10 +219,112 @@ watch_switches(PyObject *module, PyObject *state)
     Py_RETURN_NONE;
 }
 
+/* A profile function written in C and its object, taken from this thread (its c_profilefunc and
+ * c_profileobj): sys.getprofile() shows the object alone, which is not a profile function, so what
+ * saves and puts back the profile through sys could not put it back. */
+typedef struct {
+    PyObject_HEAD
+    Py_tracefunc func;
+    PyObject *obj;
+} CProfile;
+
+static Py_tracefunc python_profile;     /* sys.setprofile's trampoline to a Python function */
+static PyObject *event_names[8];        /* "call", "exception", ... by PyTrace_ number */
+
+static void
+cprofile_dealloc(CProfile *self)
+{
+    Py_XDECREF(self->obj);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+cprofile_restore(CProfile *self, PyObject *unused)
+{
+    PyEval_SetProfile(self->func, self->obj);
+    Py_RETURN_NONE;
+}
+
+/* Called as a Python profile function (frame, event, arg): the event goes to the C function. */
+static PyObject *
+cprofile_call(CProfile *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *frame, *event, *arg;
+    if (!PyArg_ParseTuple(args, "OUO", &frame, &event, &arg))
+        return NULL;
+    if (!PyFrame_Check(frame)) {
+        PyErr_SetString(PyExc_TypeError, "CProfile: not a frame");
+        return NULL;
+    }
+    for (int what = 0; what < 8; what++) {
+        if (PyUnicode_Compare(event, event_names[what]) == 0) {
+            if (self->func(self->obj, (PyFrameObject *)frame, what, arg) != 0)
+                return NULL;
+            break;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cprofile_methods[] = {
+    {"restore", (PyCFunction)cprofile_restore, METH_NOARGS, "install this profiler in this thread again"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CProfileType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aotgrad.guards._tags.CProfile",
+    .tp_basicsize = sizeof(CProfile),
+    .tp_dealloc = (destructor)cprofile_dealloc,
+    .tp_call = (ternaryfunc)cprofile_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = cprofile_methods,
+};
+
+/* take_profile(): None, the Python function sys.setprofile installed (or watch_switches' state), or a
+ * CProfile holding a C profiler. */
+static PyObject *
+take_profile(PyObject *module, PyObject *unused)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    if (ts->c_profilefunc == NULL)
+        Py_RETURN_NONE;
+    if (ts->c_profilefunc == python_profile || ts->c_profilefunc == switch_profile)
+        return Py_NewRef(ts->c_profileobj != NULL ? ts->c_profileobj : Py_None);
+    CProfile *p = PyObject_New(CProfile, &CProfileType);
+    if (p == NULL)
+        return NULL;
+    p->func = ts->c_profilefunc;
+    p->obj = Py_XNewRef(ts->c_profileobj);
+    return (PyObject *)p;
+}
+
+/* Which C function sys.setprofile installs for a Python one: set one for a moment, read it, put back
+ * what was there. */
+static int
+find_python_profile(void)
+{
+    PyThreadState *ts = PyThreadState_Get();
+    Py_tracefunc func = ts->c_profilefunc;
+    PyObject *obj = Py_XNewRef(ts->c_profileobj);
+    PyObject *sys = PyImport_ImportModule("sys");
+    PyObject *builtins = PyEval_GetBuiltins();
+    PyObject *len = builtins != NULL ? PyDict_GetItemString(builtins, "len") : NULL;
+    PyObject *r = sys != NULL && len != NULL ? PyObject_CallMethod(sys, "setprofile", "O", len) : NULL;
+    Py_XDECREF(sys);
+    if (r != NULL)
+        python_profile = ts->c_profilefunc;
+    Py_XDECREF(r);
+    PyEval_SetProfile(func, obj);
+    Py_XDECREF(obj);
+    return r != NULL ? 0 : -1;
+}
+
 static PyMethodDef methods[] = {
     {"dict_version", dict_version, METH_O, "dict_version(d): d's version tag"},
     {"watch_switches", watch_switches, METH_O,
      "watch_switches(state): this thread's profile function notes calls of state[0] in state[1]"},
+    {"take_profile", take_profile, METH_NOARGS, "take_profile(): this thread's profiler, a C one whole"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -233,12 +338,20 @@ PyInit__tags(void)
         return NULL;
     ordered_dict = PyObject_GetAttrString(collections, "OrderedDict");
     Py_DECREF(collections);
-    if (ordered_dict == NULL || PyType_Ready(&StateCheckType) < 0)
+    if (ordered_dict == NULL || PyType_Ready(&StateCheckType) < 0 || PyType_Ready(&CProfileType) < 0)
+        return NULL;
+    static const char *names[8] = {"call", "exception", "line", "return", "c_call", "c_exception", "c_return",
+                                   "opcode"};
+    for (int i = 0; i < 8; i++)
+        if ((event_names[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return NULL;
+    if (find_python_profile() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "StateCheck", (PyObject *)&StateCheckType) < 0) {
+    if (PyModule_AddObjectRef(m, "StateCheck", (PyObject *)&StateCheckType) < 0
+            || PyModule_AddObjectRef(m, "CProfile", (PyObject *)&CProfileType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -28,7 +28,8 @@ from .._torch import MODULE_CALL_CODES, SWITCH_GETTERS
 from . import attribution
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
-from ..scoped import chainable, restore_profile
+from .. import scoped
+from ..scoped import chainable, look_away, restore_profile, take_profile
 
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _NN = os.path.join(_TORCH, "nn", "modules") + os.sep
@@ -278,7 +279,7 @@ def record(fn=None):
         # or a test has no file to tell by); code it never saw, by its file
         kinds = rec.kinds
         watch.is_user = lambda code: (kinds[code] if code in kinds else kind_of(code, None)) == USER
-    saved = sys.getprofile()
+    saved = take_profile()
     previous = chainable(saved)
     event = rec.event
     if previous is not None:
@@ -294,7 +295,8 @@ def record(fn=None):
     _ACTIVE.rec = rec
     sys.setprofile(event)
     try:
-        yield rec
+        with scoped.watched(saved):
+            yield rec
     finally:
         restore_profile(saved)
         _ACTIVE.rec = outer
@@ -332,7 +334,7 @@ def user_code():
 @contextlib.contextmanager
 def _profiled(event):
     """``event`` is this thread's profile function inside the block."""
-    saved = sys.getprofile()
+    saved = take_profile()
     sys.setprofile(event)
     try:
         yield
@@ -364,7 +366,7 @@ def backward_code(runs_user_code: bool):
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them
-    previous = chainable(sys.getprofile())
+    previous = chainable(take_profile())
     with _profiled(event):
         yield
 
@@ -426,7 +428,8 @@ class SwitchWatch(tuple):
 
 
 try:
-    from ._tags import watch_switches as _watch_switches
+    from ._tags import CProfile, take_profile as _take_profile, watch_switches as _watch_switches
+    scoped.C_PROFILER = (_take_profile, CProfile)
 except ImportError:     # not built: the recording watches ops' Python as any other
     _watch_switches = None
 _GETTERS = frozenset(SWITCH_GETTERS)
@@ -436,15 +439,12 @@ _GETTERS = frozenset(SWITCH_GETTERS)
 def paused():
     """A recording watching this thread stops inside the block: for library work no user code
     runs in (wrapping inputs, a block call's kernel), where watching only costs. Another
-    profiler (a user's) keeps running."""
-    watcher = sys.getprofile() if watching() is not None else None
-    if watcher is not None:
-        sys.setprofile(None)
-    try:
+    profiler (a user's) keeps running (:func:`..scoped.look_away`)."""
+    if watching() is None:
         yield
-    finally:
-        if watcher is not None:
-            sys.setprofile(watcher)
+        return
+    with look_away():
+        yield
 
 
 # ---------------------------------------------------------------- attribute reads of given objects

@@ -14,7 +14,7 @@ import torch
 
 from .._torch import (cudnn_flags, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags,
                       set_mkldnn_enabled)
-from ..scoped import restore_profile
+from ..scoped import look_away
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -210,12 +210,8 @@ def left_as_found(watch=None):
 def _unwatched(fn, *args):
     """``fn(*args)`` unseen by this thread's profile function: reading and putting back the settings
     around the traced code is not the traced code reading them (``guards.reads`` records its reads)."""
-    watcher = sys.getprofile()
-    sys.setprofile(None)
-    try:
+    with look_away():
         return fn(*args)
-    finally:
-        restore_profile(watcher)
 
 
 def _differ(a, b) -> set:
