@@ -674,9 +674,18 @@ class _PairingProfiler(_CProfiler):
     "Bad return" otherwise, so a gap in the events it is given (aotgrad's watch pausing around library
     work) raised from the user's program."""
     def run(self, fn):
+        import gc
         import profile
         self.p = profile.Profile()
-        self.p.runcall(fn)
+        # The cyclic collector off: a callback it runs (a weakref's, Dynamo's caches hold many) inside a
+        # generator makes this profiler assert "Bad call" on its own, with no aotgrad in the program.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.p.runcall(fn)
+        finally:
+            if enabled:
+                gc.enable()
 
 
 class _PyProfiler:
