@@ -3,6 +3,7 @@ a user must get: eager's result, or a typed ``aotgrad.errors`` refusal that leav
 alone. (tinygrad keeps a file like this: a trap fixed once must stay fixed.)"""
 import contextlib
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -746,3 +747,97 @@ def test_cprofile_keeps_running_where_the_c_checks_are_not_built(compile, monkey
     import aotgrad.scoped
     monkeypatch.setattr(aotgrad.scoped, "C_PROFILER", None)
     test_a_user_s_profiler_keeps_running_through_capture_and_compiled_calls(_CProfiler, compile, contextlib.nullcontext)
+
+
+class _Cfg:
+    scale = 2.0
+
+
+def _profiler_off_inside(x):
+    import sys
+    sys.setprofile(None)                                    # the line the refusal names
+    return _scaled(x)
+
+
+def _profiler_started_inside(x):
+    import cProfile
+    p = cProfile.Profile()
+    p.enable()                                              # the line the refusal names
+    y = _scaled(x)
+    p.disable()
+    return y
+
+
+def _profiler_paused_inside(x):
+    import sys
+    was = sys.getprofile()
+    sys.setprofile(None)                                    # the line the refusal names
+    y = _scaled(x)
+    sys.setprofile(was)
+    return y
+
+
+def _scaled(x):
+    return x * _Cfg.scale       # a read made after the profile function was replaced: unguarded
+
+
+@pytest.mark.parametrize("outer", [contextlib.nullcontext, _another_thread_alive], ids=["alone", "other_thread"])
+@pytest.mark.parametrize("fn", [_profiler_off_inside, _profiler_started_inside, _profiler_paused_inside],
+                         ids=["setprofile_none", "cprofile_enable", "paused_and_put_back"])
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_traced_code_that_replaces_the_profile_function_is_refused(fn, compile, outer):
+    """Capture records what the trace reads through this thread's profile function: code inside that replaces
+    it (a profiler started, stopped or paused there) blinds it, and the reads after went unguarded: a
+    compiled step kept ``_Cfg.scale``'s first value after it changed (a stale graph, both entry points).
+    Refused at capture, naming the line, the user's state and profiler as they were."""
+    import sys
+    before = sys.getprofile()
+    with outer():
+        e = eager_or_typed(fn, (torch.randn(3, requires_grad=True),), compile=compile)
+    typed_naming(e, "profile function")
+    lines, first = inspect.getsourcelines(fn)
+    marked = first + next(i for i, ln in enumerate(lines) if "the line the refusal names" in ln)
+    assert e.user_line.startswith(f"{fn.__code__.co_filename}:{marked} in {fn.__name__}"), e.user_line
+    assert sys.getprofile() is before
+
+
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_traced_code_replacing_the_profile_under_a_user_s_profiler_leaves_that_profiler_running(compile):
+    """The refusal puts the user's own profiler back (the traced code paused it and put it back; eager
+    does the same)."""
+    p = _PyProfiler()
+    errors = []
+
+    def body():
+        try:
+            check(_profiler_paused_inside, (torch.randn(3),), compile=compile)
+        except AotgradError as e:
+            errors.append(e)
+        _called_after_compiling()
+    p.run(body)
+    assert errors and "profile function" in str(errors[0])
+    assert p.saw(_called_after_compiling)
+
+
+class _ProfilerOffInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        import sys
+        was = sys.getprofile()
+        sys.setprofile(None)                                # the line the refusal names
+        out = g * _Cfg.scale
+        sys.setprofile(was)
+        return out
+
+
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_a_custom_backward_that_replaces_the_profile_function_is_refused(compile):
+    """The joint's backward runs a custom Function's ``backward``, recorded too: the same refusal there."""
+    e = eager_or_typed(lambda x: _ProfilerOffInBackward.apply(x).sum(), (torch.randn(3, requires_grad=True),),
+                       compile=compile)
+    typed_naming(e, "profile function")
+    assert "backward" in e.user_line, e.user_line

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import traceback
+import types
 from dataclasses import replace
 
 import sympy
@@ -566,6 +567,8 @@ def _recorded_once(fn, trace, leaves, names):
             written = rec.undo_writes()
     if written:
         raise _refused(written, rec)
+    if rec.replaced is not None:
+        raise _blinded(*rec.replaced)
     return captured, rec
 
 
@@ -577,6 +580,21 @@ COMPILED_INSIDE = (
     "traces the whole function itself; call the uncompiled one inside (a compiled module's `_orig_mod`, a "
     "compiled function's `_torchdynamo_orig_callable`), or compile the outer function with "
     "torch.compile(backend=\"aotgrad\")")
+
+
+def _blinded(fn, code, line) -> errors.UnsupportedError:
+    """The traced code replaced this thread's profile function, through which capture records what the
+    trace reads: the reads after it would not be guarded."""
+    owner = getattr(fn, "__self__", None)
+    name = None if fn is None else f"{owner.__name__}.{fn.__name__}" if isinstance(owner, types.ModuleType) \
+        else f"{type(owner).__module__}.{type(owner).__qualname__}.{fn.__name__}" if owner is not None \
+        else f"{getattr(fn, '__module__', None) or 'builtins'}.{fn.__name__}"
+    return errors.UnsupportedError(
+        f"the traced code replaces this thread's profile function{f' (it calls `{name}`)' if name else ''}: "
+        "a profiler started or stopped inside the captured function. Capture sees the Python state the "
+        "trace reads through that function, so what it read after would go unguarded and a later call "
+        "could run a stale graph; start and stop the profiler outside the compiled function",
+        user_line=f"{code.co_filename}:{line} in {code.co_name}" if code is not None else errors.caller_line())
 
 
 def _refused(written, rec) -> errors.UnsupportedError:

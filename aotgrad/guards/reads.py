@@ -47,6 +47,7 @@ UNFOLLOWED = {eval: _EVALUATED, exec: _EVALUATED, **{f: _CLOCK for f in (
     time.time, time.time_ns, time.perf_counter, time.perf_counter_ns, time.monotonic, time.monotonic_ns,
     time.process_time, time.process_time_ns, time.thread_time, time.thread_time_ns, os.urandom)}}
 _UNFOLLOWED = {id(f): f for f in UNFOLLOWED}
+_SETPROFILE = sys.setprofile
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 
@@ -124,6 +125,9 @@ class Recording:
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (builtin, code, line): reads no guard can follow (``eval``)
     returned: list = field(default_factory=list)    # modules library calls returned to user code
+    stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
+    last_c: tuple | None = None     # (C function, code, line) of the last C call seen
+    replaced: tuple | None = None   # the same, of the call that replaced this recording's profile function
 
     def event(self, frame, event, arg):
         if event != "call":
@@ -160,6 +164,9 @@ class Recording:
         """A C function called while recording: a torch switch's getter is a read of the switch (from
         any frame: ``torch.backends.cudnn.benchmark`` calls it from torch's Python); ``eval``/``exec``
         from user code run text whose reads no guard can follow."""
+        self.last_c = (fn, frame.f_code, frame.f_lineno)
+        if fn is _SETPROFILE and self.replaced is None and not frame.f_code.co_filename.startswith(_OURS):
+            self.replaced = self.last_c
         if not self.switch_read(fn) and _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
             self.reflected.append((fn, frame.f_code, frame.f_lineno))
         if self.watch is not None:
@@ -289,7 +296,11 @@ def record(fn=None):
     if rec.watch is not None:       # this thread is watched while user code runs, not only while recording
         rec.watch.rec = rec
         rec.light = rec.watch.profile(previous)
-    rec.stop = lambda: restore_profile(saved)
+
+    def stop():
+        rec.stopped = True
+        restore_profile(saved)
+    rec.stop = stop
     rec.restart = lambda: (setattr(rec, "root_frame", None), sys.setprofile(event))
     outer = getattr(_ACTIVE, "rec", None)
     _ACTIVE.rec = rec
@@ -298,6 +309,10 @@ def record(fn=None):
         with scoped.watched(saved):
             yield rec
     finally:
+        if not rec.stopped and rec.replaced is None and sys.getprofile() is not event:
+            # The traced code replaced the recording's profile function by C code (a profiler's enable()):
+            # the last C call it saw did.
+            rec.replaced = rec.last_c or (None, None, None)
         restore_profile(saved)
         _ACTIVE.rec = outer
         # Cycles only the collector would free (the recording's frames and copies, hundreds of objects a
@@ -363,12 +378,16 @@ def backward_code(runs_user_code: bool):
                 kind = kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
             if kind:
                 add(frame, code, kind)
+        elif what == "c_call" and arg is _SETPROFILE and not frame.f_code.co_filename.startswith(_OURS):
+            rec.replaced = rec.replaced or (arg, frame.f_code, frame.f_lineno)
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them
     previous = chainable(take_profile())
     with _profiled(event):
         yield
+        if sys.getprofile() is not event:       # replaced in C (a profiler's enable() in a custom backward)
+            rec.replaced = rec.replaced or (None, None, None)
 
 
 def watching() -> Recording | None:
