@@ -316,8 +316,8 @@ def record(fn=None):
         restore_profile(saved)
         _ACTIVE.rec = outer
         # Cycles only the collector would free (the recording's frames and copies, hundreds of objects a
-        # layer): the restart closure holds the recording, and so does the watch its ``light`` holds.
-        rec.restart = None
+        # layer): the stop and restart closures hold the recording, and so does the watch its ``light`` holds.
+        rec.stop = rec.restart = None
         if rec.watch is not None:
             rec.watch.rec = None
 
