@@ -35,7 +35,7 @@ import contextlib
 import itertools
 import types
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -655,7 +655,9 @@ def _rebound(f, self_path, arg_paths, paths):
     """A frame of the template's trace as this block's: its ``self`` and object arguments that are the
     template block's objects (``self_path``, ``arg_paths``) replaced by this block's (``paths``)."""
     obj = paths[self_path] if self_path is not None else f.self_obj
-    return replace(f, self_obj=obj, args={**f.args, **{n: paths[p] for n, p in arg_paths.items()}})
+    # (built directly: ``dataclasses.replace`` reads the fields again each call, twice per frame a twin)
+    return reads.Frame(f.code, f.kind, f.globals, obj, {**f.args, **{n: paths[p] for n, p in arg_paths.items()}},
+                       f.containers)
 
 
 @contextlib.contextmanager
