@@ -165,7 +165,7 @@ class Recording:
         any frame: ``torch.backends.cudnn.benchmark`` calls it from torch's Python); ``eval``/``exec``
         from user code run text whose reads no guard can follow."""
         self.last_c = (fn, frame.f_code, frame.f_lineno)
-        if fn is _SETPROFILE and self.replaced is None and not frame.f_code.co_filename.startswith(_OURS):
+        if self.replaced is None and _replaces_profile(fn, frame):
             self.replaced = self.last_c
         if not self.switch_read(fn) and _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
             self.reflected.append((fn, frame.f_code, frame.f_lineno))
@@ -322,6 +322,12 @@ def record(fn=None):
             rec.watch.rec = None
 
 
+def _replaces_profile(fn, frame) -> bool:
+    """Whether the C call of ``fn`` from ``frame`` replaces this thread's profile function, through which
+    capture records what the trace reads: ``sys.setprofile`` called by code not aotgrad's own."""
+    return fn is _SETPROFILE and not frame.f_code.co_filename.startswith(_OURS)
+
+
 _ACTIVE = threading.local()     # the recording whose block this thread is in
 
 
@@ -378,8 +384,8 @@ def backward_code(runs_user_code: bool):
                 kind = kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
             if kind:
                 add(frame, code, kind)
-        elif what == "c_call" and arg is _SETPROFILE and not frame.f_code.co_filename.startswith(_OURS):
-            rec.replaced = rec.replaced or (arg, frame.f_code, frame.f_lineno)
+        elif what == "c_call" and rec.replaced is None and _replaces_profile(arg, frame):
+            rec.replaced = (arg, frame.f_code, frame.f_lineno)
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them

@@ -8,7 +8,6 @@ with autocast off on every device.
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import torch
 
