@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import sysconfig
 import threading
-import time
 import types
 from dataclasses import dataclass, field
 
 import torch
 
 from .._torch import MODULE_CALL_CODES, SWITCH_GETTERS
-from . import attribution
+from . import attribution, c_calls
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
 from .. import scoped
@@ -40,14 +40,8 @@ _CALL_IMPL = MODULE_CALL_CODES
 
 SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
 _SWITCH_IDS = {id(f): name for f, name in SWITCH_GETTERS.items()}
-# C functions whose answer no guard can check on a later call, by why: refused where user code calls them.
-_EVALUATED = "the text it evaluates reads Python state that aotgrad cannot check on later calls"
-_CLOCK = "its answer changes from call to call and the compiled graph would hold the first one"
-UNFOLLOWED = {eval: _EVALUATED, exec: _EVALUATED, **{f: _CLOCK for f in (
-    time.time, time.time_ns, time.perf_counter, time.perf_counter_ns, time.monotonic, time.monotonic_ns,
-    time.process_time, time.process_time_ns, time.thread_time, time.thread_time_ns, os.urandom)}}
-_UNFOLLOWED = {id(f): f for f in UNFOLLOWED}
 _SETPROFILE = sys.setprofile
+_RANDOM_PY = random.__file__
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 
@@ -123,7 +117,7 @@ class Recording:
     watch: object = None        # other threads ran meanwhile: what this thread ran (``.attribution``)
     ran: set | None = None      # when a set, the code objects run get added (a block's template trace)
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
-    reflected: list = field(default_factory=list)   # (builtin, code, line): reads no guard can follow (``eval``)
+    reflected: list = field(default_factory=list)   # (C function, code, line, why): answers no guard can check
     returned: list = field(default_factory=list)    # modules library calls returned to user code
     stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
     last_c: tuple | None = None     # (C function, code, line) of the last C call seen
@@ -167,10 +161,30 @@ class Recording:
         self.last_c = (fn, frame.f_code, frame.f_lineno)
         if self.replaced is None and _replaces_profile(fn, frame):
             self.replaced = self.last_c
-        if not self.switch_read(fn) and _UNFOLLOWED.get(id(fn)) is fn and self.kinds.get(frame.f_code) == USER:
-            self.reflected.append((fn, frame.f_code, frame.f_lineno))
+        if not self.switch_read(fn):
+            self.c_answer(fn, frame)
         if self.watch is not None:
             self.watch.c_call(fn)
+
+    def c_answer(self, fn, frame):
+        """What a C call's answer depends on (:mod:`.c_calls`), where user code made it: a getter of
+        process state is read as a switch is; one no guard can check is refused (``reflected``); a
+        draw from a ``random.Random`` of the program's own puts its state among the streams undone."""
+        if self.kinds.get(frame.f_code) == USER:
+            why = c_calls.verdict(fn)
+            if why == c_calls.GETTER:
+                name = c_calls.getter_name(fn)
+                if name not in self.switches:
+                    self.switches[name] = (fn, fn())
+            elif why is not None:
+                self.reflected.append((fn, frame.f_code, frame.f_lineno, why))
+        stream = c_calls.draws_from(fn)
+        if stream is not None:
+            while frame is not None and frame.f_code.co_filename == _RANDOM_PY:     # (``rng.randint``'s own steps)
+                frame = frame.f_back
+            if frame is not None and self.kinds.get(frame.f_code) == USER:  # (sympy shuffles with its own)
+                self.writes.own_stream(stream, self.watch, f"{frame.f_code.co_filename}:{frame.f_lineno} in "
+                                                           f"{frame.f_code.co_name}")
 
     def switch_read(self, fn) -> bool:
         """Note a call of ``fn`` if it is one of torch's switch getters (the value it reads now)."""
@@ -384,8 +398,11 @@ def backward_code(runs_user_code: bool):
                 kind = kinds[code] = kind_of(code, frame.f_globals.get("__name__"))
             if kind:
                 add(frame, code, kind)
-        elif what == "c_call" and rec.replaced is None and _replaces_profile(arg, frame):
-            rec.replaced = (arg, frame.f_code, frame.f_lineno)
+        elif what == "c_call":
+            if rec.replaced is None and _replaces_profile(arg, frame):
+                rec.replaced = (arg, frame.f_code, frame.f_lineno)
+            if not rec.switch_read(arg):
+                rec.c_answer(arg, frame)
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them
@@ -598,6 +615,8 @@ def _registers_hook(chain) -> bool:
 
 def store_line(rec: Recording, key) -> str | None:
     """``file:line`` of a recorded code object's assignment to ``key``, for the error message."""
+    if key in rec.writes.lines:
+        return rec.writes.lines[key]
     for f in rec.frames.values():
         for s in chains(f.code)[1]:
             t, k = s.target, str(key)

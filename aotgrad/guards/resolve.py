@@ -27,8 +27,9 @@ import torch
 from .. import errors
 from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
+from . import c_calls
 from .bytecode import attr_names, chains, probed_names
-from .reads import LIBRARY, MODULE_CALL, UNFOLLOWED, USER, Frame, is_library
+from .reads import LIBRARY, MODULE_CALL, USER, Frame, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, checkable, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
@@ -148,23 +149,25 @@ class Resolver:
 
     def _unfollowed(self):
         """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
-        for fn, code, line in self.rec.reflected:
+        for fn, code, line, why in self.rec.reflected:
             raise errors.UnsupportedError(
-                f"the traced code calls `{getattr(fn, '__module__', None) or 'builtins'}.{fn.__name__}`: "
-                f"{UNFOLLOWED[fn]}; compute the value outside the compiled function and pass it in",
-                user_line=f"{code.co_filename}:{line} in {code.co_name}")
+                f"the traced code calls `{c_calls.named(fn)}`: {why}; compute the value outside the compiled "
+                "function and pass it in", user_line=f"{code.co_filename}:{line} in {code.co_name}")
 
     def _switches(self):
-        """torch's switches the trace read (``_torch.SWITCH_GETTERS``): each guarded on the value seen."""
+        """torch's switches the trace read (``_torch.SWITCH_GETTERS``), and the getters of process state
+        user code called (``c_calls.GETTERS``): each guarded on the value seen."""
         for name, (getter, seen) in self.rec.switches.items():
             now = getter()
             if type(now) is not type(seen) or now != seen:
                 raise errors.UnsupportedError(
-                    f"the traced code read torch's switch `{name}` as {seen!r}, and it is {now!r} now: it changed "
+                    f"the traced code read `{name}` as {seen!r}, and it is {now!r} now: it changed "
                     "while the function was captured (another thread, or the function itself); set it before "
                     "the first call")
-            self._add(Read(f"torch switch {switch_name(name)}", ("switch", name), _Called(getter), "value", seen,
-                           guard_kind(seen)))
+            own = name in c_calls.GETTERS
+            kind = guard_kind(seen)
+            self._add(Read(f"{name}()" if own else f"torch switch {switch_name(name)}", ("switch", name),
+                           _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
 
     def _roots(self, fn, leaves):
         if isinstance(fn, torch.nn.Module):
@@ -758,7 +761,7 @@ def _resolve_path(fn, leaves, path):
     """``(where, key)`` that ``path`` names in this process, or None where it leads nowhere."""
     root, arg, *steps = path
     if root == "switch":
-        getter = next((f for f, n in SWITCH_GETTERS.items() if n == arg), None)
+        getter = c_calls.GETTERS.get(arg) or next((f for f, n in SWITCH_GETTERS.items() if n == arg), None)
         return (_Called(getter), "value") if getter is not None else None
     if not steps:
         return None

@@ -64,6 +64,17 @@ class Writes:
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
         self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
         self.made: list = []        # objects aotgrad built for the trace (kept alive: their ids stay theirs)
+        self.lines: dict = {}       # what a message names -> the user's line that wrote it, where seen as it ran
+
+    def own_stream(self, stream, watch, line: str) -> None:
+        """The program drew from ``stream``, a ``random.Random`` of its own, at ``line``: its state before
+        the first draw is put back, and the draw refused, as a global stream's is (``_undo_generators``)."""
+        name = repr(stream)
+        if name not in self.generators:
+            self.generators[name] = (stream.getstate(), stream.getstate, stream.setstate)
+            self.lines[name] = line
+        if watch is not None:
+            watch.drew.add(name)
 
     def made_here(self, *objs) -> None:
         """Objects aotgrad made for the trace to write (a cache layer's copy): not state from before."""
@@ -293,7 +304,7 @@ def _undo_generators(states: dict, watch) -> list:
             done.append((f"draws from `{name}` (Python's or numpy's random stream, not torch's): the compiled "
                          "graph would hold the numbers this trace drew and use them on every call, where eager "
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
-                         name.split(".")[0]))
+                         name if name.startswith("<") else name.split(".")[0]))     # (an own stream: its repr)
     return done
 
 

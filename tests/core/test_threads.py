@@ -160,13 +160,13 @@ def test_eager_use_in_another_thread_while_a_capture_holds_the_model(make):
     inside, release, capturer = threading.Event(), threading.Event(), []
 
     def pause(net):
-        if threading.get_ident() in capturer and not inside.is_set():
+        if threading.current_thread() in capturer and not inside.is_set():
             assert all(_traced(p) for p in net.parameters()) and _traced(next(iter(net.buffers())))
             inside.set()
             assert release.wait(WAIT)
 
     def capture():
-        capturer.append(threading.get_ident())
+        capturer.append(threading.current_thread())
         return aotgrad.capture(model, x).compile()
     model.pause = pause
     join = _start(capture)
@@ -235,14 +235,14 @@ def test_eager_backward_in_another_thread_while_a_jit_compiles():
     inside, release, capturer = threading.Event(), threading.Event(), []
 
     def pause(net):
-        if threading.get_ident() in capturer and not inside.is_set():
+        if threading.current_thread() in capturer and not inside.is_set():
             inside.set()
             assert release.wait(WAIT)
     model.pause = pause
     jitted = aotgrad.jit(model)
 
     def first_call():
-        capturer.append(threading.get_ident())
+        capturer.append(threading.current_thread())
         return _step(jitted, model, x)
     expected = _eager(_detached(model), x)
     join = _start(first_call)
@@ -423,7 +423,7 @@ def _paused(model, where, elsewhere=None):
     inside, release, capturer = threading.Event(), threading.Event(), []
 
     def pause(layer):
-        if threading.get_ident() not in capturer:
+        if threading.current_thread() not in capturer:
             if elsewhere is not None:
                 elsewhere(layer)
         elif where(layer) and not inside.is_set():
@@ -434,7 +434,7 @@ def _paused(model, where, elsewhere=None):
         layer.pause = local
 
     def capture(x, **opts):
-        capturer.append(threading.get_ident())
+        capturer.append(threading.current_thread())
         return aotgrad.capture(model, x, **opts)
     return inside, release, capture
 

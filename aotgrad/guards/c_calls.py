@@ -1,0 +1,126 @@
+"""C functions the traced user code calls, by what their answer depends on.
+
+The read recording sees a C call by its function alone (the profile's ``c_call`` carries no
+arguments and no result), and nothing of what the C code reads inside. So a C function called from
+user code is let through only where its answer is known to depend on its arguments alone, which the
+trace's other reads already guard (``len``, ``math.sqrt``, a ``dict``'s ``get``, a ``str``'s
+``join``, torch's ops and functions): one kind of answer per function, by the module of the
+function (or of the class that defines the method):
+
+* a known getter of process state that takes no arguments (``gc.get_threshold``,
+  ``sys.getrecursionlimit``, ``os.getcwd``, ``threading.get_ident``): guarded by calling it again
+  on every call, as torch's switches are;
+* anything else (a module or class not on the list: ``random.Random``'s draws, a file's ``read``,
+  ``queue.SimpleQueue.get``, ``time.strftime``, a C extension's own functions): refused at capture,
+  naming the call and the user's line. Its answer is not something a guard can check.
+
+torch's own C functions are on the list: torch's process-wide state is read through its switches and
+modes (:mod:`..runtime.modes`), its ops are traced. Draws from a ``random.Random`` of the program's
+own are refused where its methods run too (``rng.randint`` is Python calling ``getrandbits``):
+:func:`draws_from`.
+"""
+from __future__ import annotations
+
+import _random
+import _thread
+import gc
+import os
+import random
+import sys
+import types
+import weakref
+
+# Modules (top-level names) whose C functions answer from their arguments alone.
+_PURE = frozenset((
+    "builtins", "math", "cmath", "_operator", "operator", "itertools", "_functools", "functools", "_collections",
+    "collections", "_bisect", "bisect", "_heapq", "heapq", "_struct", "struct", "_json", "json", "_string", "string",
+    "_sre", "re", "_abc", "abc", "_weakref", "weakref", "_codecs", "codecs", "binascii", "zlib", "_hashlib",
+    "hashlib", "_sha1", "_sha2", "_sha256", "_sha512", "_sha3", "_md5", "_blake2", "unicodedata",
+    "_contextvars", "contextvars", "_typing", "typing", "array", "_warnings", "warnings",
+    "_stat", "types", "enum", "dataclasses", "copy", "fractions", "numbers", "torch", "numpy", "aotgrad",
+))
+# Functions of other modules that answer from their arguments alone, or read nothing (``time.sleep``).
+_PURE_FUNCTIONS = frozenset(("sys.getsizeof", "sys.intern", "sys.exc_info", "sys.exception", "sys._getframe",
+                             "sys.is_finalizing", "os.fspath", "time.sleep", "_thread.allocate_lock",
+                             "_thread.RLock"))
+# Getters of process state, called with no arguments: guarded by their answer on every call.
+GETTERS = {f"{getattr(f, '__module__', None) or m.__name__}.{f.__name__}": f for m, f in (
+    (gc, gc.get_threshold), (gc, gc.isenabled), (sys, sys.getrecursionlimit), (sys, sys.getswitchinterval),
+    (sys, sys.getdefaultencoding), (sys, sys.getfilesystemencoding), (os, os.getcwd), (os, os.getpid),
+    (os, os.getppid), (os, os.cpu_count), (_thread, _thread.get_ident), (_thread, _thread.get_native_id),
+)}
+_GETTER_IDS = {id(f): name for name, f in GETTERS.items()}
+_UNSET = object()
+_EVALUATED = "the text it evaluates reads Python state that aotgrad cannot check on later calls"
+_BUILTINS_READING = {"eval": _EVALUATED, "exec": _EVALUATED, "input": "it reads the program's standard input"}
+_CLOCKS = "its answer changes from call to call and the compiled graph would hold the first one"
+
+GETTER = "getter"
+_verdicts = weakref.WeakKeyDictionary()     # module or class -> {name: verdict}
+_FREE = types.ModuleType("builtins")       # (the key of C functions bound to nothing)
+
+
+def verdict(fn) -> str | None:
+    """What the answer of a C call of ``fn`` by user code depends on: None (its arguments: let
+    through), :data:`GETTER` (process state :data:`GETTERS` reads again), else why it is refused."""
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    free = owner is None or isinstance(owner, types.ModuleType)
+    key = (owner or _FREE) if free else owner if isinstance(owner, type) else type(owner)
+    known = _verdicts.get(key)
+    if known is None:
+        known = _verdicts[key] = {}
+    hit = known.get(name, _UNSET)
+    if hit is _UNSET:
+        hit = known[name] = _of_function(fn, owner, name) if free else \
+            _of_method(next((c for c in key.__mro__ if name in vars(c)), key), name)
+    return hit
+
+
+def _of_function(fn, owner, name):
+    if id(fn) in _GETTER_IDS:
+        return GETTER
+    module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
+    if module == "builtins" and name in _BUILTINS_READING:
+        return _BUILTINS_READING[name]
+    if module.split(".")[0] in _PURE or f"{module}.{name}" in _PURE_FUNCTIONS:
+        return None
+    if module == "time":
+        return _CLOCKS
+    return "its answer comes from state outside its arguments that aotgrad cannot see or check on later calls"
+
+
+def _of_method(cls, name):
+    module = getattr(cls, "__module__", None) or "builtins"
+    if issubclass(cls, _random.Random):
+        return None     # (draws_from: a stream of the program's own, refused where any code draws)
+    if module.split(".")[0] in _PURE:
+        return None
+    return f"a method of `{module}.{cls.__qualname__}`, whose answer comes from the object's state inside C, " \
+        "which aotgrad cannot see or check on later calls"
+
+
+def getter_name(fn) -> str | None:
+    return _GETTER_IDS.get(id(fn))
+
+
+def draws_from(fn):
+    """The ``random.Random`` of the program's own that a C call of ``fn`` draws from (its C
+    methods: ``random``, ``getrandbits``, ``seed``...), or None. Python's global stream
+    (``random.random()``) is another's (:mod:`.writes`, by its state)."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, random.Random) and owner is not random._inst:
+        return owner
+    return None
+
+
+def named(fn) -> str:
+    """How a refusal names ``fn``: ``module.function`` or ``module.Class.method``."""
+    owner = getattr(fn, "__self__", None)
+    if owner is None or isinstance(owner, types.ModuleType):
+        module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
+        return f"{module}.{fn.__name__}"
+    cls = owner if isinstance(owner, type) else type(owner)
+    return f"{cls.__module__}.{cls.__qualname__}.{fn.__name__}"

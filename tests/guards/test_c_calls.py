@@ -1,0 +1,178 @@
+"""C functions the traced code calls (``aotgrad.guards.c_calls``): the recording sees a C call by its
+function alone, never what the C code reads. Each is let through where its answer depends on its
+arguments alone (compared with eager, staged and jit), guarded where it is a getter of process state
+(changing that state recompiles under jit, fails the staged step's check), refused at capture
+otherwise, naming the call and the user's line and leaving the program's state as it was. Every
+guarded or refused case gave a stale graph before (no error)."""
+import gc
+import os
+import random
+import sys
+import threading
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad import errors
+from tests.guards.test_read_channels import _check, _module
+
+X = torch.tensor([1.0, -2.0])
+
+
+@pytest.fixture(autouse=True)
+def _no_disk_cache(monkeypatch):
+    monkeypatch.setenv("AOTGRAD_CACHE", "0")
+
+
+# getter: (the program's read, the change, how the change is undone)
+GETTERS = {
+    "gc.get_threshold": ("gc.get_threshold()[0] % 7", lambda: gc.set_threshold(gc.get_threshold()[0] + 1),
+                         lambda old=gc.get_threshold(): gc.set_threshold(*old)),
+    "sys.getrecursionlimit": ("sys.getrecursionlimit() % 7", lambda: sys.setrecursionlimit(sys.getrecursionlimit() + 1),
+                              lambda old=sys.getrecursionlimit(): sys.setrecursionlimit(old)),
+    "os.getcwd": ("len(os.getcwd())", lambda: os.chdir(os.path.dirname(os.getcwd()) or "/"),
+                  lambda old=os.getcwd(): os.chdir(old)),
+}
+
+
+@pytest.mark.parametrize("getter", GETTERS)
+def test_a_getter_of_process_state_is_guarded_by_its_answer(getter):
+    read, change, undo = GETTERS[getter]
+    ns = _module(f"import gc, os, sys\n\ndef f(x):\n    return x * ({read} + 1)\n")
+    try:
+        _check(ns, ns["f"], change, X)
+    finally:
+        undo()
+
+
+def test_the_thread_ident_is_read_in_the_calling_thread():
+    """``threading.get_ident()`` answers per thread: a step captured in one thread and called in
+    another checks the caller's (a stale graph would return the first thread's number)."""
+    ns = _module("import threading\n\ndef f(x):\n    return x * (threading.get_ident() % 9973 + 1)\n")
+    f = ns["f"]
+    staged, jit = aotgrad.capture(f, X).compile(), aotgrad.jit(f)
+    torch.testing.assert_close(staged(X), f(X))
+    torch.testing.assert_close(jit(X), f(X))
+    got = {}
+
+    def other():
+        got["eager"] = f(X)
+        got["jit"] = jit(X)
+        try:
+            staged(X)
+        except errors.InputMismatchError as e:
+            got["staged"] = e
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(60)
+    assert not torch.equal(got["eager"], f(X)), "the idents must differ"
+    torch.testing.assert_close(got["jit"], got["eager"])
+    assert isinstance(got.get("staged"), errors.InputMismatchError)
+
+
+# the program's read (``{h}`` is the module's holder), what the refusal names
+REFUSED = {
+    "a file's read": ("len(open(PATH).read())", "io.open"),
+    "time.strftime": ("float(time.strftime('%S'))", "time.strftime"),
+    "sys.getrefcount": ("sys.getrefcount(OBJ)", "sys.getrefcount"),
+    "socket.gethostname": ("len(socket.gethostname())", "_socket.gethostname"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_c_call_whose_answer_no_guard_can_check_is_refused(case, entry, tmp_path):
+    read, named = REFUSED[case]
+    path = tmp_path / "v.txt"
+    path.write_text("abc")
+    ns = _module(f"import socket, sys, time\nPATH = {str(path)!r}\nOBJ = object()\n\n"
+                 f"def f(x):\n    return x * {read}\n")
+    run = (lambda: aotgrad.capture(ns["f"], X)) if entry == "capture" else (lambda: aotgrad.jit(ns["f"])(X))
+    with pytest.raises(errors.UnsupportedError, match=f"calls `{named}`") as info:
+        run()
+    assert info.value.user_line and " in f" in info.value.user_line
+
+
+RNG_DRAWS = {"random()": "RNG.random()", "randint": "RNG.randint(0, 1000)", "choice": "RNG.choice([1.0, 2.0, 3.0])",
+             "uniform": "RNG.uniform(0.0, 1.0)", "a subclass": "SUB.random()"}
+
+
+@pytest.mark.parametrize("draw", RNG_DRAWS)
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_draw_from_a_random_of_the_programs_own_is_refused_and_put_back(draw, entry):
+    """Python's ``random.Random`` objects of the program's own: a trace would hold the numbers it drew
+    (eager draws new ones each call). The stream is left where it was, the global one untouched."""
+    ns = _module("import random\nRNG = random.Random(0)\nclass R(random.Random): pass\nSUB = R(1)\n\n"
+                 f"def f(x):\n    return x * {RNG_DRAWS[draw]}\n")
+    states = ns["RNG"].getstate(), ns["SUB"].getstate(), random.getstate()
+    run = (lambda: aotgrad.capture(ns["f"], X)) if entry == "capture" else (lambda: aotgrad.jit(ns["f"])(X))
+    with pytest.raises(errors.UnsupportedError, match="draws from `<") as info:
+        run()
+    assert info.value.user_line and " in f" in info.value.user_line
+    assert (ns["RNG"].getstate(), ns["SUB"].getstate(), random.getstate()) == states
+
+
+def test_a_random_of_the_programs_own_drawn_outside_the_trace_is_not_refused():
+    """The draw decides an argument before the call: nothing of the stream is in the trace."""
+    ns = _module("import random\nRNG = random.Random(0)\n\ndef f(x, s):\n    return x * s\n")
+    s = ns["RNG"].random()
+    step = aotgrad.capture(ns["f"], X, s).compile()
+    torch.testing.assert_close(step(X, s), ns["f"](X, s))
+
+
+# C functions whose answer depends on their arguments alone: let through, exactly eager's
+PURE = {
+    "math": "math.sqrt(H[0]) + math.floor(2.5)",
+    "builtins": "len(L) + sum(L) + max(L) + abs(-H[0]) + round(2.4) + sorted(L)[0]",
+    "str methods": "len(' '.join(['a', 'bc']).upper().split())",
+    "dict methods": "D.get('k', 0.0) + len(list(D.items()))",
+    "a dict subclass's C method": "DS.get('k')",
+    "struct": "struct.unpack('f', struct.pack('f', 1.5))[0]",
+    "re": "re.match('a+', 'aaab').end()",
+    "json": "json.loads('[2.0]')[0]",
+    "hashing": "len(hashlib.sha256(b'x').hexdigest())",
+    "operator/functools/itertools": "functools.reduce(operator.mul, itertools.repeat(2.0, 2))",
+    "sys.getsizeof": "float(sys.getsizeof(0) > 0)",
+    "torch": "float(torch.get_default_dtype() is torch.float32) + torch.tensor(3.0).item()",
+}
+
+
+@pytest.mark.parametrize("case", PURE)
+def test_a_c_call_pure_in_its_arguments_is_let_through(case):
+    ns = _module("import functools, hashlib, itertools, json, math, operator, re, struct, sys\n"
+                 "H = [4.0]\nL = [1.0, 3.0]\nD = {'k': 2.0}\nclass DS(dict): pass\nDS = DS(k=5.0)\n\n"
+                 f"def f(x):\n    return x * ({PURE[case]})\n")
+    f = ns["f"]
+    torch.testing.assert_close(aotgrad.capture(f, X).compile()(X), f(X))
+    jit = aotgrad.jit(f)
+    torch.testing.assert_close(jit(X), f(X))
+    torch.testing.assert_close(jit(X), f(X))
+    assert len(jit.entries) == 1
+
+
+class _Scaled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (sys.getrecursionlimit() % 7 + 1)
+
+
+def test_a_getter_in_a_custom_backward_is_guarded():
+    """The joint's recorded backward (a custom ``Function``'s) reads the getter: guarded the same way."""
+    old = sys.getrecursionlimit()
+
+    def f(x):
+        return _Scaled.apply(x).sum()
+
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    staged = aotgrad.capture(f, x).compile()
+    try:
+        sys.setrecursionlimit(old + 1)
+        with pytest.raises(errors.InputMismatchError, match="getrecursionlimit"):
+            staged(x)
+    finally:
+        sys.setrecursionlimit(old)
