@@ -63,7 +63,7 @@ _FREE = types.ModuleType("builtins")       # (the key of C functions bound to no
 def verdict(fn) -> str | None:
     """What the answer of a C call of ``fn`` by user code depends on: None (its arguments: let
     through), :data:`GETTER` (process state :data:`GETTERS` reads again), else why it is refused."""
-    owner = getattr(fn, "__self__", None)
+    owner = getattr(fn, "__self__", None) or getattr(fn, "__objclass__", None)    # (``str.join(...)``: unbound)
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str):
         return None
@@ -118,7 +118,7 @@ def draws_from(fn):
 
 def named(fn) -> str:
     """How a refusal names ``fn``: ``module.function`` or ``module.Class.method``."""
-    owner = getattr(fn, "__self__", None)
+    owner = getattr(fn, "__self__", None) or getattr(fn, "__objclass__", None)
     if owner is None or isinstance(owner, types.ModuleType):
         module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
         return f"{module}.{fn.__name__}"

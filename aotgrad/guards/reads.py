@@ -175,7 +175,10 @@ class Recording:
             if why == c_calls.GETTER:
                 name = c_calls.getter_name(fn)
                 if name not in self.switches:
-                    self.switches[name] = (fn, fn())
+                    try:
+                        self.switches[name] = (fn, fn())
+                    except Exception:       # (``os.getcwd()`` of a removed directory): the call raises it too
+                        pass
             elif why is not None:
                 self.reflected.append((fn, frame.f_code, frame.f_lineno, why))
         stream = c_calls.draws_from(fn)
