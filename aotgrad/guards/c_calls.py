@@ -63,7 +63,7 @@ _FREE = types.ModuleType("builtins")       # (the key of C functions bound to no
 def verdict(fn) -> str | None:
     """What the answer of a C call of ``fn`` by user code depends on: None (its arguments: let
     through), :data:`GETTER` (process state :data:`GETTERS` reads again), else why it is refused."""
-    owner = getattr(fn, "__self__", None) or getattr(fn, "__objclass__", None)    # (``str.join(...)``: unbound)
+    owner = _owner(fn)
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str):
         return None
@@ -77,6 +77,13 @@ def verdict(fn) -> str | None:
         hit = known[name] = _of_function(fn, owner, name) if free else \
             _of_method(next((c for c in key.__mro__ if name in vars(c)), key), name)
     return hit
+
+
+def _owner(fn):
+    """What ``fn`` is bound to: a module, a class, an object; the class of an unbound method
+    (``str.join(...)``); None."""
+    owner = getattr(fn, "__self__", None)
+    return getattr(fn, "__objclass__", None) if owner is None else owner
 
 
 def _of_function(fn, owner, name):
@@ -118,7 +125,7 @@ def draws_from(fn):
 
 def named(fn) -> str:
     """How a refusal names ``fn``: ``module.function`` or ``module.Class.method``."""
-    owner = getattr(fn, "__self__", None) or getattr(fn, "__objclass__", None)
+    owner = _owner(fn)
     if owner is None or isinstance(owner, types.ModuleType):
         module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
         return f"{module}.{fn.__name__}"
