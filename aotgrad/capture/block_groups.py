@@ -116,11 +116,18 @@ def _module_key(m: torch.nn.Module, keys: dict):
     return key
 
 
-def _scalars(where: list) -> tuple:
+def _scalars(where: list, own: dict) -> tuple:
     """``((path, attr), value key)`` of every plain scalar attribute of a module and its submodules
-    (``where``: its :func:`_walk`), in the order the structural key lists them (the same for every twin)."""
-    return tuple(((path, k), (type(v), bits(v))) for path, sub in where
-                 for k, v in sub.__dict__.items() if k not in _OWN and type(v) in _SCALARS)
+    (``where``: its :func:`_walk`), in the order the structural key lists them (the same for every twin);
+    each module's own found once (``own``, by id: a block's walk and its inner blocks' share them)."""
+    out = []
+    for path, sub in where:
+        mine = own.get(id(sub))
+        if mine is None:
+            mine = own[id(sub)] = tuple((k, (type(v), bits(v))) for k, v in sub.__dict__.items()
+                                        if k not in _OWN and type(v) in _SCALARS)
+        out += [((path, k), v) for k, v in mine]
+    return tuple(out)
 
 
 def _ties(where: list) -> tuple:
@@ -188,9 +195,9 @@ def _global_hooks() -> bool:
     return any(getattr(g, name, None) for name in _GLOBAL_HOOKS)
 
 
-def _varying(grp, walks: dict) -> tuple:
+def _varying(grp, walks: dict, own: dict) -> tuple:
     """Positions among the twins' scalars (:func:`_scalars`) where their values differ."""
-    scalars = [_scalars(_walk(m, walks)) for _, m in grp]
+    scalars = [_scalars(_walk(m, walks), own) for _, m in grp]
     return tuple(i for i in range(len(scalars[0])) if len({s[i][1] for s in scalars}) > 1), scalars
 
 
@@ -227,8 +234,9 @@ def find_groups(root: torch.nn.Module) -> dict:
     chosen = sorted((grp for grp in by_key.values() if len(grp) > 1), key=lambda grp: grp[0][0].count("."))
     members: dict = {}
     taken: list = []
+    held: dict = {}         # id(module) -> its own scalars (_scalars)
     for gid, grp in enumerate(chosen):
-        where, scalars = _varying(grp, walks)
+        where, scalars = _varying(grp, walks, held)
         varying = tuple(scalars[0][i][0] for i in where)
         for (name, m), own in zip(grp, scalars):
             inner = any(name.startswith(t + ".") for t in taken)
