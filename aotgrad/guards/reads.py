@@ -38,7 +38,9 @@ _STDLIB = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["std
                                                        sysconfig.get_paths()["platstdlib"]})
 _CALL_IMPL = MODULE_CALL_CODES
 
-SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY = 0, 1, 2, 3, 4
+SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY, STDLIB, HELD = 0, 1, 2, 3, 4, 5, 6
+# (STDLIB: the standard library's code, whose reads matter only in a method user code calls on an object
+# it holds; HELD: such a frame, its ``self.x`` read as a user method's: ``EVENT.is_set()``, ``len(WEAK)``)
 _SWITCH_IDS = {id(f): name for f, name in SWITCH_GETTERS.items()}
 _SETPROFILE = sys.setprofile
 _RANDOM_PY = random.__file__
@@ -72,7 +74,7 @@ def kind_of(code, module_name) -> int:
         # ``self.training``) read the user's settings as torch's own modules do: their ``self.x``;
         # its functions read its own settings (a flag its ``set_...`` function assigns): plain globals.
         return LIBRARY
-    return SKIP if path.startswith(_STDLIB) else USER
+    return STDLIB if path.startswith(_STDLIB) else USER
 
 
 def is_library(obj) -> bool:
@@ -116,6 +118,7 @@ class Recording:
     light: object = None        # the watch alone (``user_code``), where other threads run
     watch: object = None        # other threads ran meanwhile: what this thread ran (``.attribution``)
     ran: set | None = None      # when a set, the code objects run get added (a block's template trace)
+    held: set = field(default_factory=set)      # code of the HELD frames recorded (library methods on user objects)
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (C function, code, line, why): answers no guard can check
     returned: list = field(default_factory=list)    # modules library calls returned to user code
@@ -130,7 +133,8 @@ class Recording:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
                     self.writes.memoizes(frame.f_code, arg)
-                if type(arg) is types.ModuleType and not self.kinds.get(frame.f_code) and frame.f_back is not None \
+                if type(arg) is types.ModuleType and self.kinds.get(frame.f_code, SKIP) in (SKIP, STDLIB) \
+                        and frame.f_back is not None \
                         and self.kinds.get(frame.f_back.f_code) == USER:
                     # a module a library call handed user code (``importlib.import_module(name)``):
                     # what the code then loads from it is read, as from a module it named
@@ -199,6 +203,15 @@ class Recording:
         return True
 
     def _add(self, frame, code, kind):
+        if kind == STDLIB:
+            if code.co_name in _BUILDING and code.co_argcount:      # (an object made in the trace is not held)
+                self.writes.built.add(id(frame.f_locals.get(code.co_varnames[0])))
+            elif self._held_method(frame, code):
+                obj = frame.f_locals.get("self")
+                if _holds_state(obj) and id(obj) not in self.writes.built:
+                    self.frames.setdefault((code, None, id(obj), ()), Frame(code, HELD, None, obj))
+                    self.held.add(code)
+            return
         f_locals = frame.f_locals
         n_args = code.co_argcount + code.co_kwonlyargcount
         names = code.co_varnames[:n_args]
@@ -207,7 +220,11 @@ class Recording:
             else None
         if kind == LIBRARY:
             g = frame.f_globals
-            self_obj = self_obj if isinstance(self_obj, torch.nn.Module) else None
+            if code.co_name in _BUILDING and self_obj is not None:
+                self.writes.built.add(id(self_obj))
+            if not isinstance(self_obj, torch.nn.Module):
+                self_obj = self_obj if self._held_method(frame, code) and _holds_state(self_obj) \
+                    and id(self_obj) not in self.writes.built else None
             self.frames.setdefault((code, id(g), id(self_obj), ()), Frame(code, kind, g, self_obj))
             return
         if kind != USER:
@@ -238,6 +255,16 @@ class Recording:
                 self.writes.built.add(id(self_obj))
             return
         self._writable(frame, code, f_locals, g)
+
+    def _held_method(self, frame, code) -> bool:
+        """Whether ``frame`` runs a library method (not a constructor) that user code called directly on
+        an object (a property's getter too), or that such a method called on the same object (``Queue.qsize``
+        asks ``self._qsize()``): what it reads of ``self`` is the user's object's state."""
+        back = frame.f_back
+        if back is None or not code.co_argcount or code.co_varnames[0] != "self" or code.co_name in _CONSTRUCTORS:
+            return False
+        return self.kinds.get(back.f_code) == USER or back.f_code in self.held \
+            and back.f_locals.get("self") is frame.f_locals.get("self")
 
     def _writable(self, frame, code, f_locals, g):
         """Copy the state this code could write that may outlive the call (see :mod:`.writes`)."""
@@ -287,6 +314,13 @@ def _encloses(outer, inner) -> bool:
 
 
 _GONE = object()
+
+
+def _holds_state(obj) -> bool:
+    """An object whose own attributes hold state (not a class, module, tensor or torch module, which
+    are read elsewhere): a ``threading.Event``, a logger, a ``WeakValueDictionary``, a config."""
+    return obj is not None and type(obj) not in _PLAIN and isinstance(getattr(obj, "__dict__", None), dict) \
+        and not isinstance(obj, (type, types.ModuleType, torch.Tensor, torch.nn.Module))
 
 
 @contextlib.contextmanager

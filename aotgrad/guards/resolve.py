@@ -527,6 +527,8 @@ class Resolver:
                                                                      types.FunctionType):
             self._cached(v, path, source)
         if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES) and not _settings(v):
+            if path is not None and _state_of_library(v):   # where a library method it ran was called from
+                self.paths.setdefault(id(v), (path, source))
             return
         self.done.add(id(v))
         if path is not None:

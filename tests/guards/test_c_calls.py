@@ -176,3 +176,47 @@ def test_a_getter_in_a_custom_backward_is_guarded():
             staged(x)
     finally:
         sys.setrecursionlimit(old)
+
+
+# A library method the program calls on an object it holds reads that object's state (``self.x``), as
+# a method of its own would: (the holder, the program's read, the change, its undo)
+HELD = {
+    "threading.Event.is_set": ("EV = threading.Event()", "(2.0 if EV.is_set() else 3.0)", "EV.set()", "EV.clear()"),
+    "an Event subclass": ("class E(threading.Event): pass\nEV = E()", "(2.0 if EV.is_set() else 3.0)", "EV.set()",
+                          "EV.clear()"),
+    "Logger.isEnabledFor": ("LOG = logging.getLogger('aotgrad.test_c_calls')\nLOG.setLevel(logging.INFO)",
+                            "(2.0 if LOG.isEnabledFor(logging.DEBUG) else 3.0)", "LOG.setLevel(logging.DEBUG)",
+                            "LOG.setLevel(logging.INFO)"),
+    "len of a WeakValueDictionary": ("class O: pass\nKEEP = [O(), O()]\nWD = weakref.WeakValueDictionary(a=KEEP[0])",
+                                     "len(WD)", "WD['b'] = KEEP[1]", "WD.pop('b')"),
+    "Queue.qsize (a method it calls on itself)": ("Q = queue.Queue()\nQ.put(1)", "Q.qsize()", "Q.put(2)", "Q.get()"),
+    "a thread's name (a property)": ("T = threading.Thread(target=print, name='ab')", "len(T.name)",
+                                     "T.name = 'abc'", "T.name = 'ab'"),
+    "UserDict item": ("D = collections.UserDict(k=2.0)", "D['k']", "D['k'] = 3.0", "D['k'] = 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", HELD)
+def test_a_library_method_on_a_held_object_reads_its_state(case):
+    make, read, change, undo = HELD[case]
+    ns = _module(f"import collections, logging, queue, weakref\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
+                 f"def change():\n    {change}\n\ndef undo():\n    {undo}\n")
+    try:
+        _check(ns, ns["f"], ns["change"], X)
+    finally:
+        ns["undo"]()
+
+
+def test_an_object_the_trace_builds_is_not_held():
+    """A library object made inside the function (an ``Event``, a ``contextlib.suppress``) is the call's
+    own: its state is not guarded (the guard would hold a dead object), and the step runs again."""
+    ns = _module("import contextlib\n\ndef f(x):\n    e = threading.Event()\n    e.set()\n"
+                 "    with contextlib.suppress(KeyError):\n        x = x * (2.0 if e.is_set() else 3.0)\n    return x\n")
+    f = ns["f"]
+    step = aotgrad.capture(f, X).compile()
+    for _ in range(2):
+        torch.testing.assert_close(step(X), f(X))
+    jit = aotgrad.jit(f)
+    for _ in range(2):
+        torch.testing.assert_close(jit(X), f(X))
+    assert len(jit.entries) == 1
