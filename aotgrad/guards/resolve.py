@@ -30,7 +30,7 @@ from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, probed_names
 from .reads import LIBRARY, MODULE_CALL, USER, Frame, is_library
-from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, freeze, checkable, guard_kind
+from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, freeze, checkable, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
@@ -745,7 +745,7 @@ def _cell_chains(code, executed) -> list:
 def read_at(where, key):
     if isinstance(where, types.CellType):
         return where.cell_contents
-    return where[key] if isinstance(where, (dict, types.MappingProxyType, tuple)) else getattr(where, key)
+    return where[key] if isinstance(where, tuple) or by_item(where, key) else getattr(where, key)
 
 
 def _anon(obj) -> str:

@@ -62,9 +62,15 @@ class Read:
 def _get(where, key):
     if isinstance(where, types.CellType):
         return where.cell_contents
-    if isinstance(where, (dict, types.MappingProxyType)):
-        return where[key]
-    return getattr(where, key)
+    return where[key] if by_item(where, key) else getattr(where, key)
+
+
+def by_item(where, key) -> bool:
+    """Whether a read of ``key`` at ``where`` is ``where[key]``: a dict's or mappingproxy's entry; not the
+    own ``__dict__`` of an object that is also a dict (``class Cfg(dict)`` holding attributes: its
+    attribute, ``where.__dict__``)."""
+    return isinstance(where, (dict, types.MappingProxyType)) and (
+        key != "__dict__" or type(where) in (dict, types.MappingProxyType))
 
 
 def _held(reads) -> tuple:
@@ -232,8 +238,9 @@ def _thaw(f):
     if isinstance(f, _Same):
         return f.obj
     t, body = f
-    if t is dict:
-        return {_thaw(k): _thaw(x) for k, x in body}
+    if issubclass(t, dict):     # (a subclass made without its own __init__: what it held, as it was)
+        out = {_thaw(k): _thaw(x) for k, x in body}
+        return out if t is dict else dict.__new__(t).__ior__(out)
     if t in _EQ_TYPES:
         return _unbits(t, body)
     if isinstance(body, tuple) and body[:1] in ((_BYTES,), (_ARRAY,), (_NUMPY,)):
@@ -274,8 +281,8 @@ _CELL = operator.attrgetter("cell_contents")
 def _gatherer(reads):
     """A function returning the current values of ``reads`` in order, in three C-level passes
     (dict items, attributes, cells); the reads are ordered to match by ``build``."""
-    items = [(r.where, r.key) for r in reads if isinstance(r.where, (dict, types.MappingProxyType))]
-    attrs = [(r.where, r.key) for r in reads if not isinstance(r.where, (dict, types.MappingProxyType, types.CellType))]
+    items = [(r.where, r.key) for r in reads if by_item(r.where, r.key)]
+    attrs = [(r.where, r.key) for r in reads if not by_item(r.where, r.key) and not isinstance(r.where, types.CellType)]
     cells = tuple(r.where for r in reads if isinstance(r.where, types.CellType))
     wi, ki = tuple(w for w, _ in items), tuple(k for _, k in items)
     wa, ka = tuple(w for w, _ in attrs), tuple(k for _, k in attrs)
@@ -292,7 +299,7 @@ def _gatherer(reads):
 
 
 def _access_order(r):
-    return 0 if isinstance(r.where, (dict, types.MappingProxyType)) else 2 if isinstance(r.where, types.CellType) else 1
+    return 0 if by_item(r.where, r.key) else 2 if isinstance(r.where, types.CellType) else 1
 
 
 def _fast_check(kind, reads):
@@ -314,7 +321,7 @@ def _fast_check(kind, reads):
     if kind == "dict" and dict_version is not None:
         return _by_version(reads)
     if kind in ("same", "dict", "through") or kind == "absent" and all(
-            isinstance(r.where, (dict, types.MappingProxyType)) for r in reads):
+            by_item(r.where, r.key) for r in reads):
         return _generated(reads, kind)
     gather = _gatherer(reads)
     return lambda: all(holds(r, v) for r, v in zip(reads, gather()))
@@ -352,7 +359,7 @@ def _access(i, r, holders) -> str:
     h = "h%d" % holders.setdefault(id(r.where), (len(holders), r.where))[0]
     if isinstance(r.where, types.CellType):
         return f"{h}.cell_contents"
-    if isinstance(r.where, (dict, types.MappingProxyType)):
+    if by_item(r.where, r.key):
         return f"{h}[{_key(i, r)}]"
     return f"{h}.{r.key}" if r.key.isidentifier() and not keyword.iskeyword(r.key) else f"getattr({h}, k{i})"
 

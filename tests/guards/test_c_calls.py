@@ -220,3 +220,12 @@ def test_an_object_the_trace_builds_is_not_held():
     for _ in range(2):
         torch.testing.assert_close(jit(X), f(X))
     assert len(jit.entries) == 1
+
+
+def test_a_dict_subclass_holding_attributes_is_guarded_as_an_object():
+    """``class Cfg(dict)`` with attributes (EasyDict, HF's ModelOutput): its ``__dict__`` is its
+    attribute, not its entry ``'__dict__'``. Before, every call of the staged step failed its check
+    ("now it is gone") and jit crashed storing the entry."""
+    ns = _module("class Cfg(dict): pass\nCFG = Cfg(a=1)\nCFG.scale = 2.0\n\ndef f(x):\n    return x * CFG.scale\n\n"
+                 "def change():\n    CFG.scale = 3.0\n")
+    _check(ns, ns["f"], ns["change"], X)
