@@ -117,6 +117,7 @@ class Resolver:
         self.fn, self.root_name = fn, root_name
         self.line = None        # the user line of the chain being followed, for refusals
         self.cached: list = []  # frames standing for a cached function's body (an ``lru_cache`` hit runs none)
+        self.switched: set = set()  # the switches and getters read
         self._roots(fn, leaves)
 
     def resolve(self) -> list:
@@ -164,10 +165,26 @@ class Resolver:
                     f"the traced code read `{name}` as {seen!r}, and it is {now!r} now: it changed "
                     "while the function was captured (another thread, or the function itself); set it before "
                     "the first call")
-            own = name in c_calls.GETTERS
-            kind = guard_kind(seen)
-            self._add(Read(f"{name}()" if own else f"torch switch {switch_name(name)}", ("switch", name),
-                           _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
+            self._switch(name, getter, seen)
+
+    def _switch(self, name, getter, seen):
+        if name in self.switched:
+            return
+        self.switched.add(name)
+        kind = guard_kind(seen)
+        self._add(Read(f"{name}()" if name in c_calls.GETTERS else f"torch switch {switch_name(name)}",
+                       ("switch", name), _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
+
+    def _c_function(self, fn):
+        """A C function the code loads: called where the recording cannot see the call (handed to
+        ``functools.partial``, ``map``, a ``key=``), it answers as a direct call does (:mod:`.c_calls`)."""
+        why = c_calls.verdict(fn)
+        if why == c_calls.GETTER:
+            self._switch(c_calls.getter_name(fn), fn, fn())
+        elif why is not None:
+            raise errors.UnsupportedError(
+                f"the traced code calls `{c_calls.named(fn)}`: {why}; compute the value outside the compiled "
+                "function and pass it in", user_line=self.line)
 
     def _roots(self, fn, leaves):
         if isinstance(fn, torch.nn.Module):
@@ -353,7 +370,10 @@ class Resolver:
             if library_module:
                 # a library's module: a plain value or module the code loads from it (``mylib.FLAG``,
                 # ``torch.nn.functional``) is read like a user module's; its functions and classes are constant
-                if kind != "attr" or not _module_state(vars(obj).get(key, _UNSET)):
+                value = vars(obj).get(key, _UNSET)
+                if kind != "attr" or not _module_state(value):
+                    if isinstance(value, types.BuiltinFunctionType) and self.structure:
+                        self._c_function(value)
                     return
             elif _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
@@ -529,6 +549,8 @@ class Resolver:
         if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES) and not _settings(v):
             if path is not None and _state_of_library(v):   # where a library method it ran was called from
                 self.paths.setdefault(id(v), (path, source))
+            elif isinstance(v, types.BuiltinFunctionType) and self.structure:      # ``from gc import get_threshold``
+                self._c_function(v)
             return
         self.done.add(id(v))
         if path is not None:

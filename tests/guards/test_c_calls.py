@@ -229,3 +229,28 @@ def test_a_dict_subclass_holding_attributes_is_guarded_as_an_object():
     ns = _module("class Cfg(dict): pass\nCFG = Cfg(a=1)\nCFG.scale = 2.0\n\ndef f(x):\n    return x * CFG.scale\n\n"
                  "def change():\n    CFG.scale = 3.0\n")
     _check(ns, ns["f"], ns["change"], X)
+
+
+# A C function called where the recording sees no call (from C: functools.partial, map, a sort key)
+# answers as a direct call does: the resolver classifies the C functions the code loads.
+INDIRECT_GETTERS = {"functools.partial": "functools.partial(gc.get_threshold)()[0] % 7",
+                    "map": "list(map(lambda g: g()[0] % 7, [gc.get_threshold]))[0]"}
+
+
+@pytest.mark.parametrize("call", INDIRECT_GETTERS)
+def test_a_getter_called_from_c_is_guarded(call):
+    read, change, undo = GETTERS["gc.get_threshold"]
+    ns = _module(f"import functools, gc\n\ndef f(x):\n    return x * ({INDIRECT_GETTERS[call]} + 1)\n")
+    try:
+        _check(ns, ns["f"], change, X)
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize("read", ["list(map(sys.getrefcount, [OBJ]))[0]",
+                                  "len(sorted([OBJ, [1]], key=sys.getrefcount))"])
+def test_a_c_function_called_from_c_is_refused(read):
+    ns = _module(f"import sys\nOBJ = object()\n\ndef f(x):\n    return x * {read}\n")
+    with pytest.raises(errors.UnsupportedError, match="calls `sys.getrefcount`") as info:
+        aotgrad.capture(ns["f"], X)
+    assert info.value.user_line and " in f" in info.value.user_line
