@@ -135,12 +135,13 @@ PURE = {
     "operator/functools/itertools": "functools.reduce(operator.mul, itertools.repeat(2.0, 2))",
     "sys.getsizeof": "float(sys.getsizeof(0) > 0)",
     "torch": "float(torch.get_default_dtype() is torch.float32) + torch.tensor(3.0).item()",
+    "side effects, as print": "float(sys.stdout.write('') + 0 * gc.collect() + 2)",
 }
 
 
 @pytest.mark.parametrize("case", PURE)
 def test_a_c_call_pure_in_its_arguments_is_let_through(case):
-    ns = _module("import functools, hashlib, itertools, json, math, operator, re, struct, sys\n"
+    ns = _module("import functools, gc, hashlib, itertools, json, math, operator, re, struct, sys\n"
                  "H = [4.0]\nL = [1.0, 3.0]\nD = {'k': 2.0}\nclass DS(dict): pass\nDS = DS(k=5.0)\n\n"
                  f"def f(x):\n    return x * ({PURE[case]})\n")
     f = ns["f"]
