@@ -59,7 +59,6 @@ _CLOCKS = "its answer changes from call to call and the compiled graph would hol
 
 GETTER = "getter"
 _verdicts = weakref.WeakKeyDictionary()     # module or class -> {name: verdict}
-_FREE = types.ModuleType("builtins")       # (the key of C functions bound to nothing)
 
 
 def verdict(fn) -> str | None:
@@ -69,8 +68,10 @@ def verdict(fn) -> str | None:
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str):
         return None
-    free = owner is None or isinstance(owner, types.ModuleType)
-    key = (owner or _FREE) if free else owner if isinstance(owner, type) else type(owner)
+    if owner is None:       # (bound to nothing: rare, not cached)
+        return _of_function(fn, None, name)
+    free = isinstance(owner, types.ModuleType)
+    key = owner if free or isinstance(owner, type) else type(owner)
     known = _verdicts.get(key)
     if known is None:
         known = _verdicts[key] = {}
