@@ -46,6 +46,9 @@ _SETPROFILE = sys.setprofile
 _RANDOM_PY = random.__file__
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
+# Library methods whose ``self`` is no object the program holds: a constructor's, a descriptor's (an enum
+# member's ``value``, a ``cached_property``: the descriptor is the class's, what it gets is read where it is)
+_NOT_HELD = frozenset((*_CONSTRUCTORS, "__get__", "__set__", "__delete__", "__set_name__"))
 
 
 def kind_of(code, module_name) -> int:
@@ -261,7 +264,7 @@ class Recording:
         an object (a property's getter too), or that such a method called on the same object (``Queue.qsize``
         asks ``self._qsize()``): what it reads of ``self`` is the user's object's state."""
         back = frame.f_back
-        if back is None or not code.co_argcount or code.co_varnames[0] != "self" or code.co_name in _CONSTRUCTORS:
+        if back is None or not code.co_argcount or code.co_varnames[0] != "self" or code.co_name in _NOT_HELD:
             return False
         return self.kinds.get(back.f_code) == USER or back.f_code in self.held \
             and back.f_locals.get("self") is frame.f_locals.get("self")

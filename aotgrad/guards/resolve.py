@@ -11,6 +11,7 @@ code loads by name.
 """
 from __future__ import annotations
 
+import builtins
 import collections
 import contextvars
 import dataclasses
@@ -311,6 +312,13 @@ class Resolver:
         path = _global_path(g, c.name)
         if c.name not in g:
             self._add(Read(source, path, g, c.name, None, "absent"))
+            # found among the builtins (``builtins.SCALE = 2.0``; ``len``): read there, where it may change
+            b = g.get("__builtins__", builtins)
+            b = vars(b) if isinstance(b, types.ModuleType) else b
+            if isinstance(b, dict) and c.name in b:
+                path = ("G", "builtins", ("attr", c.name)) if b is vars(builtins) else None
+                self._add_value(b, c.name, f"builtins.{c.name}", path)
+                self._follow(b[c.name], path, f"builtins.{c.name}", c.steps)
             return
         self._add_value(g, c.name, source, path)
         self._follow(g[c.name], path, source, c.steps)

@@ -255,3 +255,16 @@ def test_a_c_function_called_from_c_is_refused(read):
     with pytest.raises(errors.UnsupportedError, match="calls `sys.getrefcount`") as info:
         aotgrad.capture(ns["f"], X)
     assert info.value.user_line and " in f" in info.value.user_line
+
+
+def test_a_global_found_among_the_builtins_is_read_there():
+    """``builtins.SCALE = 2.0`` (a notebook's or a launcher's injected setting): the module's globals
+    lack the name, so the absence there was the only read, and a changed builtin ran the old graph."""
+    import builtins
+    builtins.AOTGRAD_TEST_SCALE = 2.0
+    ns = _module("def f(x):\n    return x * AOTGRAD_TEST_SCALE\n\ndef change():\n    import builtins\n"
+                 "    builtins.AOTGRAD_TEST_SCALE = 3.0\n")
+    try:
+        _check(ns, ns["f"], ns["change"], X)
+    finally:
+        del builtins.AOTGRAD_TEST_SCALE
