@@ -89,10 +89,15 @@ def _owner(fn):
     return getattr(fn, "__objclass__", None) if owner is None else owner
 
 
+def _module_of(fn, owner) -> str:
+    """The module a C function bound to a module (or to nothing) belongs to."""
+    return getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
+
+
 def _of_function(fn, owner, name):
     if id(fn) in _GETTER_IDS:
         return GETTER
-    module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
+    module = _module_of(fn, owner)
     if module == "builtins" and name in _BUILTINS_READING:
         return _BUILTINS_READING[name]
     if module.split(".")[0] in _PURE or f"{module}.{name}" in _PURE_FUNCTIONS:
@@ -130,7 +135,6 @@ def named(fn) -> str:
     """How a refusal names ``fn``: ``module.function`` or ``module.Class.method``."""
     owner = _owner(fn)
     if owner is None or isinstance(owner, types.ModuleType):
-        module = getattr(owner, "__name__", None) or getattr(fn, "__module__", None) or "builtins"
-        return f"{module}.{fn.__name__}"
+        return f"{_module_of(fn, owner)}.{fn.__name__}"
     cls = owner if isinstance(owner, type) else type(owner)
     return f"{cls.__module__}.{cls.__qualname__}.{fn.__name__}"

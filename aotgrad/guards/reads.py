@@ -166,12 +166,17 @@ class Recording:
         any frame: ``torch.backends.cudnn.benchmark`` calls it from torch's Python); ``eval``/``exec``
         from user code run text whose reads no guard can follow."""
         self.last_c = (fn, frame.f_code, frame.f_lineno)
-        if self.replaced is None and _replaces_profile(fn, frame):
-            self.replaced = self.last_c
-        if not self.switch_read(fn):
-            self.c_answer(fn, frame)
+        self.c_event(fn, frame)
         if self.watch is not None:
             self.watch.c_call(fn)
+
+    def c_event(self, fn, frame):
+        """A C call the trace (or the joint's recorded backward) made: one that replaces the profile
+        function is noted; a switch's getter read; any other's answer classified (``c_answer``)."""
+        if self.replaced is None and _replaces_profile(fn, frame):
+            self.replaced = (fn, frame.f_code, frame.f_lineno)
+        if not self.switch_read(fn):
+            self.c_answer(fn, frame)
 
     def c_answer(self, fn, frame):
         """What a C call's answer depends on (:mod:`.c_calls`), where user code made it: a getter of
@@ -439,10 +444,7 @@ def backward_code(runs_user_code: bool):
             if kind:
                 add(frame, code, kind)
         elif what == "c_call":
-            if rec.replaced is None and _replaces_profile(arg, frame):
-                rec.replaced = (arg, frame.f_code, frame.f_lineno)
-            if not rec.switch_read(arg):
-                rec.c_answer(arg, frame)
+            rec.c_event(arg, frame)
         if previous is not None:
             previous(frame, what, arg)
     event.between_user_code = True      # ops pause it (capture.session): no user code runs in them

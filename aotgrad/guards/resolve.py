@@ -152,9 +152,7 @@ class Resolver:
     def _unfollowed(self):
         """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
         for fn, code, line, why in self.rec.reflected:
-            raise errors.UnsupportedError(
-                f"the traced code calls `{c_calls.named(fn)}`: {why}; compute the value outside the compiled "
-                "function and pass it in", user_line=f"{code.co_filename}:{line} in {code.co_name}")
+            raise _unchecked_call(fn, why, f"{code.co_filename}:{line} in {code.co_name}")
 
     def _switches(self):
         """torch's switches the trace read (``_torch.SWITCH_GETTERS``), and the getters of process state
@@ -183,9 +181,7 @@ class Resolver:
         if why == c_calls.GETTER:
             self._switch(c_calls.getter_name(fn), fn, fn())
         elif why is not None:
-            raise errors.UnsupportedError(
-                f"the traced code calls `{c_calls.named(fn)}`: {why}; compute the value outside the compiled "
-                "function and pass it in", user_line=self.line)
+            raise _unchecked_call(fn, why, self.line)
 
     def _roots(self, fn, leaves):
         if isinstance(fn, torch.nn.Module):
@@ -633,6 +629,12 @@ class Resolver:
 # ``super(C, self).k`` too: the bytecode names neither the object nor the classes searched.
 _REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__", "super",
                          "vars"))
+
+
+def _unchecked_call(fn, why: str, line) -> errors.UnsupportedError:
+    """The refusal of a C call whose answer no guard can check (:func:`.c_calls.verdict`)."""
+    return errors.UnsupportedError(f"the traced code calls `{c_calls.named(fn)}`: {why}; compute the value outside "
+                                   "the compiled function and pass it in", user_line=line)
 
 
 def _reach(obj, steps):

@@ -238,9 +238,13 @@ def _thaw(f):
     if isinstance(f, _Same):
         return f.obj
     t, body = f
-    if issubclass(t, dict):     # (a subclass made without its own __init__: what it held, as it was)
+    if issubclass(t, dict):     # (a subclass made and filled without its own methods: what it held, as it was)
         out = {_thaw(k): _thaw(x) for k, x in body}
-        return out if t is dict else dict.__new__(t).__ior__(out)
+        if t is dict:
+            return out
+        sub = dict.__new__(t)
+        dict.update(sub, out)
+        return sub
     if t in _EQ_TYPES:
         return _unbits(t, body)
     if isinstance(body, tuple) and body[:1] in ((_BYTES,), (_ARRAY,), (_NUMPY,)):
