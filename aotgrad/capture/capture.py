@@ -21,6 +21,8 @@ import torch
 from .._torch import FakeTensor, pytree
 from .. import errors
 from ..ir.ops import is_random
+from ..ir.records import ViewMeta
+from ..runtime.call import unbound_size
 from ..inputs import fsdp_graph
 from ..inputs.distributed import refuse_wrapped
 from ..inputs.flatten import find_groups, flat_function, rebase, signature
@@ -190,10 +192,10 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
             info["views folded"] = fold_views_owned(joint, lay.n_fw)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
         info["nodes"] = len(joint.graph.nodes)
-    analysis = _settled_resizes(analysis, setup.session.shape_env)
+    analysis = _settled(analysis, setup.session.shape_env)
     with timed(history, "input guards"):
         guards = _input_guards(setup, analysis)
-        _refuse_unbound_resizes(analysis, guards)
+        _refuse_unbound_sizes(analysis, guards)
     seeds = tracing.current().seeds
     if seeds and any(is_random(n) for n in joint.graph.nodes):
         raise errors.UnsupportedError(
@@ -440,36 +442,43 @@ def _unread_freed_inputs(joint, analysis) -> None:
     joint.recompile()
 
 
-def _settled_resizes(analysis, shape_env):
-    """``analysis`` with each storage resize's size over the symbols the trace settled after it was recorded
-    (a number Dynamo passed as a symbol that a later guard made equal to another or to a constant)."""
-    if shape_env is None or not any(i.storage_resize and not isinstance(i.storage_resize[1], int)
-                                    for i in analysis.inputs):
+def _settled(analysis, shape_env):
+    """``analysis`` with every size it recorded (a storage resize's, a view's layout) over the symbols the
+    trace settled after it was recorded: a number Dynamo passed as a symbol that a later guard made equal
+    to another or to a constant (``x.split(2)`` of 7 rows pins it, after the last view's ``s0 - 6``). A
+    stored entry sizes its views from these alone: the replay that sized them in process is not stored."""
+    if shape_env is None or not shape_env.replacements:
         return analysis
-    inputs = []
-    for info in analysis.inputs:
-        size = info.storage_resize[1] if info.storage_resize else 0
+
+    def size(v):
         for _ in range(8):      # replacements may name symbols replaced in turn
-            if isinstance(size, int) or not size.free_symbols & shape_env.replacements.keys():
+            if isinstance(v, (int, float)) or not v.free_symbols & shape_env.replacements.keys():
                 break
-            size = sympy.expand(size.xreplace(shape_env.replacements))
-            size = int(size) if size.is_number else size
-        inputs.append(info if not info.storage_resize else replace(info, storage_resize=(info.storage_resize[0], size)))
-    return replace(analysis, inputs=tuple(inputs))
+            v = sympy.expand(v.xreplace(shape_env.replacements))
+            v = int(v) if v.is_number else v
+        return v
+
+    def meta(m):
+        return m and ViewMeta(tuple(map(size, m.size)), tuple(map(size, m.stride)), size(m.offset))
+
+    def output(o):
+        return o and replace(o, view=meta(o.view))
+
+    inputs = tuple(replace(i, new_meta=meta(i.new_meta), new_storage=output(i.new_storage),
+                           storage_resize=i.storage_resize and (i.storage_resize[0], size(i.storage_resize[1])))
+                   for i in analysis.inputs)
+    return replace(analysis, inputs=inputs, outputs=tuple(map(output, analysis.outputs)))
 
 
-def _refuse_unbound_resizes(analysis, guards) -> None:
-    """A storage resized to a symbolic size is resized per call to that size over the symbols the input
-    guards bind; one over a symbol they do not (a stride Dynamo made symbolic) cannot be evaluated."""
-    names = {str(v) for spec in guards.specs if spec is not None for v in (*spec.size, *spec.layout)
-             if isinstance(v, sympy.Symbol)} | {str(sym) for _, sym in guards.numbers}
-    for info in analysis.inputs:
-        size = info.storage_resize[1] if info.storage_resize else 0
-        if not isinstance(size, int) and not {str(s) for s in size.free_symbols} <= names:
-            raise errors.UnsupportedError(
-                f"an input's storage is resized to {size} bytes, over sizes or strides no input guard binds (a "
-                "layout Dynamo made symbolic): mark the input static (torch._dynamo.mark_static) or resize it to a "
-                "size that depends on its shape alone")
+def _refuse_unbound_sizes(analysis, guards) -> None:
+    """A size the epilogue computes per call (a storage resize, a view's layout) is computed over the
+    symbols the input guards bind; one over a symbol they do not (a stride Dynamo made symbolic) cannot be."""
+    size = unbound_size(analysis, guards.bound)
+    if size is not None:
+        raise errors.UnsupportedError(
+            f"an input's storage, or a view the function returns, is sized {size}, over sizes or strides no input "
+            "guard binds (a layout Dynamo made symbolic): mark the input static (torch._dynamo.mark_static) or "
+            "size it by its shape alone")
 
 
 def _input_guards(setup: Setup, analysis):

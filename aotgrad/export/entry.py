@@ -27,6 +27,7 @@ from ..ir.graphs import Unserializable
 from ..ir.records import Analysis, JointLayout
 from ..ir.values import FakeValues
 from ..runtime.hooks import has_opaque_calls
+from ..runtime.call import unbound_size
 from ..store import codec, disk, tensors as tensor_io
 from ..store import schema     # also registers the stage metadata classes with the codec
 from ..options import keywords_checked
@@ -43,6 +44,8 @@ def dump_compiled(compiled) -> tuple:
         raise Unserializable("inputs with synthetic bases (aliased, mutated inputs) are not cached")
     if has_opaque_calls(c):
         raise Unserializable("a function that registers hooks is not cached (the hooks are live Python objects)")
+    if unbound_size(c.analysis, c.guards.bound, replayed=True) is not None:
+        raise Unserializable("a view sized over symbols no input guard binds (replayed in process only)")
     part = compiled.partition
     g, tensors = c.guards, {}
     doc = {

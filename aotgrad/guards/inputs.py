@@ -70,6 +70,12 @@ class InputGuards:
     bind: object            # (flat) -> {symbol name: int}
     numbers: tuple = ()     # (index, symbol) of number inputs that are symbols
 
+    @property
+    def bound(self) -> set:
+        """The names of the symbols ``bind`` gives values to."""
+        return {str(v) for spec in self.specs if spec is not None for v in (*spec.size, *spec.layout)
+                if isinstance(v, sympy.Symbol)} | {str(sym) for _, sym in self.numbers}
+
     def explain(self, flat, failed) -> str:
         if isinstance(failed, str):
             return f"inputs violate the shape assumption {failed} made while tracing (sizes {self.bind(flat)})"

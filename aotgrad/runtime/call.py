@@ -432,6 +432,18 @@ def _needs_symbols(analysis) -> bool:
         i.storage_resize is not None and not isinstance(i.storage_resize[1], int) for i in analysis.inputs)
 
 
+def unbound_size(analysis, bound: set, replayed: bool = False):
+    """A size the epilogue computes per call over a symbol outside ``bound`` (what the input guards bind),
+    or None: a storage resize, a layout set on an input, a view it regenerates with ``as_strided``
+    (``replayed``: also one it replays in process, as a stored entry has no replays)."""
+    metas = [o.view for o in analysis.outputs if o.view is not None and (replayed or o.replay is None)]
+    metas += [m for i in analysis.inputs for m in (i.new_meta, i.new_storage and i.new_storage.view) if m]
+    sizes = [v for m in metas for v in (*m.size, *m.stride, m.offset)]
+    sizes += [i.storage_resize[1] for i in analysis.inputs if i.storage_resize]
+    return next((v for v in sizes if not isinstance(v, (int, float)) and
+                 not {str(s) for s in v.free_symbols} <= bound), None)
+
+
 def _symbol_map(symbols) -> dict:
     return {sympy.Symbol(k, integer=True, positive=True): v for k, v in symbols.items()} | \
         {sympy.Symbol(k, integer=True): v for k, v in symbols.items()}
