@@ -124,7 +124,7 @@ class Recording:
     held: set = field(default_factory=set)      # code of the HELD frames recorded (library methods on user objects)
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (C function, code, line, why): answers no guard can check
-    returned: list = field(default_factory=list)    # modules library calls returned to user code
+    returned: list = field(default_factory=list)    # modules and stateful objects library calls returned to user code
     stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
     last_c: tuple | None = None     # (C function, code, line) of the last C call seen
     replaced: tuple | None = None   # the same, of the call that replaced this recording's profile function
@@ -136,11 +136,12 @@ class Recording:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
                     self.writes.memoizes(frame.f_code, arg)
-                if type(arg) is types.ModuleType and self.kinds.get(frame.f_code, SKIP) in (SKIP, STDLIB) \
-                        and frame.f_back is not None \
-                        and self.kinds.get(frame.f_back.f_code) == USER:
-                    # a module a library call handed user code (``importlib.import_module(name)``):
-                    # what the code then loads from it is read, as from a module it named
+                if type(arg) not in _PLAIN and frame.f_back is not None and self.kinds.get(frame.f_back.f_code) == USER \
+                        and (type(arg) is types.ModuleType and self.kinds.get(frame.f_code, SKIP) in (SKIP, STDLIB)
+                             or self.kinds.get(frame.f_code) in (STDLIB, LIBRARY) and holds_state(arg)
+                             and id(arg) not in self.writes.built):
+                    # a module, or a stateful object, a library call handed user code (``importlib.import_module(
+                    # name)``, ``logging.getLogger(name)``): what the code then loads from it is read
                     self.returned.append(arg)
             elif event == "c_call":
                 self._c_call(frame, arg)
@@ -216,7 +217,7 @@ class Recording:
                 self.writes.built.add(id(frame.f_locals.get(code.co_varnames[0])))
             elif self._held_method(frame, code):
                 obj = frame.f_locals.get("self")
-                if _holds_state(obj) and id(obj) not in self.writes.built:
+                if holds_state(obj) and id(obj) not in self.writes.built:
                     self.frames.setdefault((code, None, id(obj), ()), Frame(code, HELD, None, obj))
                     self.held.add(code)
             return
@@ -231,7 +232,7 @@ class Recording:
             if code.co_name in _BUILDING and self_obj is not None:
                 self.writes.built.add(id(self_obj))
             if not isinstance(self_obj, torch.nn.Module):
-                self_obj = self_obj if self._held_method(frame, code) and _holds_state(self_obj) \
+                self_obj = self_obj if self._held_method(frame, code) and holds_state(self_obj) \
                     and id(self_obj) not in self.writes.built else None
             self.frames.setdefault((code, id(g), id(self_obj), ()), Frame(code, kind, g, self_obj))
             return
@@ -324,11 +325,12 @@ def _encloses(outer, inner) -> bool:
 _GONE = object()
 
 
-def _holds_state(obj) -> bool:
+def holds_state(obj) -> bool:
     """An object whose own attributes hold state (not a class, module, tensor or torch module, which
     are read elsewhere): a ``threading.Event``, a logger, a ``WeakValueDictionary``, a config."""
-    return obj is not None and type(obj) not in _PLAIN and isinstance(getattr(obj, "__dict__", None), dict) \
-        and not isinstance(obj, (type, types.ModuleType, torch.Tensor, torch.nn.Module))
+    t = type(obj)       # (by its type alone: no attribute of the object runs its class's code in a profile event)
+    return t.__dictoffset__ != 0 and t not in _PLAIN and obj is not None \
+        and not issubclass(t, (type, types.ModuleType, torch.Tensor, torch.nn.Module))
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from .._torch import SWITCH_GETTERS
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, probed_names
-from .reads import LIBRARY, MODULE_CALL, USER, Frame, is_library
+from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, freeze, checkable, guard_kind
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
@@ -135,10 +135,20 @@ class Resolver:
                 looked[id(f)] = now
                 self._frame(f)
             for v in getattr(self.rec, "returned", ()):
-                self._value(v, None, v.__name__)
+                self._returned(v)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
         return list(self.reads.values())
+
+    def _returned(self, v):
+        """A module or a stateful object a library call handed user code (``importlib.import_module(name)``,
+        ``logging.getLogger(name)``): what the code loads from it is read, as from one it named. (The call's
+        answer itself is trusted: the same object on every call.)"""
+        if isinstance(v, types.ModuleType):
+            self._value(v, None, v.__name__)
+        elif id(v) not in self.done:
+            self.done.add(id(v))
+            self._loaded_from(v, *self.paths.get(id(v), (None, _anon(v))))
 
     def _looked(self, f):
         """What ``_frame`` looks up in ``paths`` for ``f``: the paths of its ``self`` and of its arguments
@@ -256,6 +266,25 @@ class Resolver:
                 self._globals(f.globals)
             elif c.root == "global" and f.kind == LIBRARY:
                 self._setting(f.globals, c)
+        if f.kind == HELD:
+            self._held_reach(f.self_obj, path, source or _anon(f.self_obj), f.code)
+
+    def _held_reach(self, obj, path, source, code):
+        """What a library method reads of its ``self`` through a local alias, and of the objects it reaches
+        from it (``logger = self; while logger: logger.level ...; logger = logger.parent``): the attributes
+        its code loads, of ``self`` and of each stateful object those hold, a few levels down."""
+        names = attr_names((code,))
+        todo, seen = [(obj, path, source, 0)], set()
+        while todo:
+            o, p, s, depth = todo.pop()
+            if id(o) in seen or depth > 4:
+                continue
+            seen.add(id(o))
+            d = vars(o)
+            for name in sorted(names & set(d)):
+                self._follow(o, p, s, (("attr", name),))
+                if holds_state(d.get(name)):
+                    todo.append((d[name], p + (("attr", name),) if p else None, f"{s}.{name}", depth + 1))
 
     def _reflective(self, f, found):
         """Code that reads attributes in a way the bytecode does not name (``operator.attrgetter(n)(x)``,
@@ -572,21 +601,25 @@ class Resolver:
                 self._add_value(v, key, f"{source}.{key}", path + (("attr", key),) if path else None)
         elif not isinstance(v, (torch.nn.Module, type, types.ModuleType)) and (
                 isinstance(getattr(v, "__dict__", None), dict) or _slots(v)):
-            held = set(getattr(v, "__dict__", ())) | _slots(v)
-            names = self.names & held
-            if dataclasses.is_dataclass(v):     # a config: library code reads its fields too (``asdict``)
-                names |= {f.name for f in dataclasses.fields(v)} & held
-            for name in sorted(names):
+            self._loaded_from(v, path, source)
+
+    def _loaded_from(self, v, path, source):
+        """An object reached by value: the attributes the traced code loads by name that it holds."""
+        held = set(getattr(v, "__dict__", ())) | _slots(v)
+        names = self.names & held
+        if dataclasses.is_dataclass(v):     # a config: library code reads its fields too (``asdict``)
+            names |= {f.name for f in dataclasses.fields(v)} & held
+        for name in sorted(names):
+            self._follow(v, path, source, (("attr", name),))
+        # A loaded name it does not hold: its user class's value (that the class still has it, that
+        # the object has none of its own), else, where code asks with getattr/hasattr or loads it where an
+        # exception is caught (``bytecode.probed_names``), its absence.
+        in_classes = {k for _, c in _user_classes(v) for k in vars(c)}
+        for name in sorted(self.names - held):
+            if name in in_classes:
                 self._follow(v, path, source, (("attr", name),))
-            # A loaded name it does not hold: its user class's value (that the class still has it, that
-            # the object has none of its own), else, where code asks with getattr/hasattr or loads it where an
-            # exception is caught (``bytecode.probed_names``), its absence.
-            in_classes = {k for _, c in _user_classes(v) for k in vars(c)}
-            for name in sorted(self.names - held):
-                if name in in_classes:
-                    self._follow(v, path, source, (("attr", name),))
-                elif name in self.probed:
-                    self._absent(v, "attr", name, path, source)
+            elif name in self.probed:
+                self._absent(v, "attr", name, path, source)
 
     def _cached(self, wrapper, path, source):
         """A ``functools.lru_cache``'d function: a call answered from its cache ran none of its body, so
@@ -679,8 +712,12 @@ def _settings(obj) -> bool:
 
 def _module_state(value) -> bool:
     """Whether a value loaded from a library's module is followed: a plain value (a flag its
-    ``set_...`` function assigns) or a module."""
-    return type(value) in _EQ_TYPES or isinstance(value, types.ModuleType)
+    ``set_...`` function assigns), a module, a container (``sys.argv``, ``warnings.filters``) or an
+    object holding its own attributes (``logging.root``, ``torch._tensor_str.PRINT_OPTS``), as the
+    same object is where a user global names it (``from torch._tensor_str import PRINT_OPTS``).
+    Functions, classes and other callables are the library's code: constant."""
+    return type(value) in _EQ_TYPES or isinstance(value, (types.ModuleType, list, dict, set)) or (
+        _state_of_library(value) and not callable(value))
 
 
 class _Names:

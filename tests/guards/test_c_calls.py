@@ -188,6 +188,11 @@ HELD = {
     "Logger.isEnabledFor": ("LOG = logging.getLogger('aotgrad.test_c_calls')\nLOG.setLevel(logging.INFO)",
                             "(2.0 if LOG.isEnabledFor(logging.DEBUG) else 3.0)", "LOG.setLevel(logging.DEBUG)",
                             "LOG.setLevel(logging.INFO)"),
+    "Logger.getEffectiveLevel (self through a local, up to its parent)": (
+        "PARENT = logging.getLogger('aotgrad.test_eff')\nPARENT.setLevel(logging.INFO)\n"
+        "LOG = logging.getLogger('aotgrad.test_eff.child')",
+        "(2.0 if LOG.getEffectiveLevel() == logging.INFO else 3.0)", "PARENT.setLevel(logging.DEBUG)",
+        "PARENT.setLevel(logging.INFO)"),
     "len of a WeakValueDictionary": ("class O: pass\nKEEP = [O(), O()]\nWD = weakref.WeakValueDictionary(a=KEEP[0])",
                                      "len(WD)", "WD['b'] = KEEP[1]", "WD.pop('b')"),
     "Queue.qsize (a method it calls on itself)": ("Q = queue.Queue()\nQ.put(1)", "Q.qsize()", "Q.put(2)", "Q.get()"),
@@ -201,6 +206,30 @@ HELD = {
 def test_a_library_method_on_a_held_object_reads_its_state(case):
     make, read, change, undo = HELD[case]
     ns = _module(f"import collections, logging, queue, weakref\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
+                 f"def change():\n    {change}\n\ndef undo():\n    {undo}\n")
+    try:
+        _check(ns, ns["f"], ns["change"], X)
+    finally:
+        ns["undo"]()
+
+
+# An object a library function hands the program (not one it built in the call): what the program then
+# loads from it is read, as from an object it named. (the holder, the program's read, the change, its undo)
+RETURNED = {
+    "logging.getLogger(name).level": (
+        "LOG = logging.getLogger('aotgrad.test_returned')\nLOG.setLevel(logging.INFO)",
+        "(2.0 if logging.getLogger('aotgrad.test_returned').level == logging.INFO else 3.0)",
+        "LOG.setLevel(logging.DEBUG)", "LOG.setLevel(logging.INFO)"),
+    "inspect.getattr_static(o, name).x": (
+        "class C: pass\nHOLDER = C()\nHOLDER.cfg = C()\nHOLDER.cfg.scale = 2.0",
+        "inspect.getattr_static(HOLDER, 'cfg').scale", "HOLDER.cfg.scale = 3.0", "HOLDER.cfg.scale = 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", RETURNED)
+def test_an_object_a_library_function_returns_is_read(case):
+    make, read, change, undo = RETURNED[case]
+    ns = _module(f"import inspect, logging\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
                  f"def change():\n    {change}\n\ndef undo():\n    {undo}\n")
     try:
         _check(ns, ns["f"], ns["change"], X)

@@ -141,6 +141,49 @@ def test_torch_switch_read_by_the_trace(name):
         put(was)
 
 
+# State a library's module holds as an object or a container, read through the module by the
+# user's code: followed as the same object is where a user global names it (it was a stale graph
+# before). (the library module's setup, the read, the change, its undo)
+LIBRARY_STATE = {
+    "an object's attribute (torch's print options)": (
+        "", "torch._tensor_str.PRINT_OPTS.precision", "torch.set_printoptions(precision=2)",
+        "torch.set_printoptions(precision=4)"),
+    "the root logger's level": ("", "(2.0 if logging.root.level == logging.WARNING else 3.0)",
+                                "logging.root.setLevel(logging.DEBUG)", "logging.root.setLevel(logging.WARNING)"),
+    "a list (sys.argv)": ("", "len(sys.argv)", "sys.argv.append('z')", "sys.argv.pop()"),
+    "a list another library fills (warnings.filters)": (
+        "", "len(warnings.filters)", "warnings.simplefilter('ignore', UserWarning)", "warnings.filters.pop(0)"),
+    "a dict in a library's module": ("LIB.TABLE = {'k': 2.0}", "LIB.TABLE['k']", "LIB.TABLE['k'] = 3.0",
+                                     "LIB.TABLE['k'] = 2.0"),
+    "a plain object in a library's module": ("LIB.CFG = types.SimpleNamespace(scale=2.0)", "LIB.CFG.scale",
+                                             "LIB.CFG.scale = 3.0", "LIB.CFG.scale = 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", LIBRARY_STATE)
+def test_library_module_state_read_through_the_module(case):
+    setup, read, change, undo = LIBRARY_STATE[case]
+    lib = types.ModuleType("json._aotgrad_test_lib")     # a library's module (under the standard library's)
+    sys.modules[lib.__name__] = lib
+    ns = _module(f"import logging, sys, types, warnings\nLIB = sys.modules['{lib.__name__}']\n{setup}\n\n"
+                 f"def f(x):\n    return x * {read}\n\ndef change():\n    {change}\n\ndef undo():\n    {undo}\n")
+    try:
+        _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+    finally:
+        ns["undo"]()
+        del sys.modules[lib.__name__]
+
+
+def test_a_library_modules_functions_and_classes_are_not_guarded():
+    """Its callables are its code (``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``): constant, no read."""
+    ns = _module("import logging\nimport torch.nn.functional as F\n\n"
+                 "def f(x):\n    return F.relu(torch.ops.aten.mul.Tensor(x, x)) * (logging.Logger is not None)\n")
+    f, x = aotgrad.jit(ns["f"]), torch.tensor([1.0, -2.0])
+    torch.testing.assert_close(f(x), ns["f"](x))
+    sources = [r.source for r in aotgrad.capture(ns["f"], x).state.reads]
+    assert not any(s in src for src in sources for s in ("relu", "Logger", "aten.mul")), sources
+
+
 def test_a_switch_the_trace_did_not_read_recompiles_nothing():
     ns = _module("def f(x):\n    return x * 2.0\n")
     f, x = aotgrad.jit(ns["f"]), torch.tensor([1.0])
