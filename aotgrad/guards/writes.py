@@ -152,8 +152,21 @@ class Writes:
             self.attrs(v)
             return True
         if made_before:
-            self._library_object(v)
+            if not self._numpy_stream(v, source):
+                self._library_object(v)
         return False
+
+    def _numpy_stream(self, v, source) -> bool:
+        """A NumPy ``Generator``, ``RandomState`` or bit generator the code reaches: its draws run in Cython,
+        where no profile event shows them, so its state is taken now and, changed after the trace, put
+        back and the draw refused, as a global stream's is (``_undo_generators``)."""
+        get_put = _numpy_state(v)
+        if get_put is None:
+            return False
+        name = f"<{type(v).__name__} {source}>"
+        if name not in self.generators:
+            self.generators[name] = (get_put[0](), *get_put)
+        return True
 
     def _library_object(self, v):
         """A library object's own entries and the dicts it holds (GradScaler's lazily made ``_scale``, its
@@ -191,7 +204,7 @@ class Writes:
         """Copy an object the traced function was given (a non-tensor argument leaf: HF's
         ``DynamicCache``) and what it holds, library objects included: their code is not
         watched (``value`` stops at them), but a write to them is a write to the caller's."""
-        if depth > 3 or len(self.snaps) > 4096 or not _may_hold_state(v):
+        if depth > 3 or len(self.snaps) > 4096 or not _may_hold_state(v) or self._numpy_stream(v, source):
             return
         if isinstance(v, (list, dict)):
             if id(v) in self.snaps:
@@ -221,16 +234,29 @@ class Writes:
         else:
             consumed = False
         if not self.value(obj, source, made_before=not argument) and not (consumed and not steps):
+            self._streams_beyond(obj, steps, source)
             return
-        for kind, key in steps:
+        for i, (kind, key) in enumerate(steps):
             obj = peek(obj, kind, key, self.is_library)
             if obj is _GONE:
                 return
             source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
             if not self.value(obj, source) and not (consumed and (kind, key) == steps[-1]):
+                self._streams_beyond(obj, steps[i + 1:], source)
                 return
         if consumed:
             self.iterator(obj, source)
+
+    def _streams_beyond(self, obj, steps, source):
+        """A NumPy stream the rest of a chain reaches through objects whose state is not copied (a library's
+        ``SimpleNamespace`` holding the program's generator)."""
+        for kind, key in steps:
+            obj = peek(obj, kind, key, self.is_library)
+            if obj is _GONE:
+                return
+            source = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
+            if self._numpy_stream(obj, source):
+                return
 
     def iterator(self, it, source):
         """The position of an iterator that outlives the call (a library's: a list iterator,
@@ -284,7 +310,23 @@ def _generator_states() -> dict:
     return {name: (get(), get, put) for name, (get, put) in states.items()}
 
 
+def _numpy_state(v):
+    """``(get, put)`` of a NumPy random stream's state, or None for anything else."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if isinstance(v, np.random.RandomState):
+        return v.get_state, v.set_state
+    if isinstance(v, np.random.Generator):
+        v = v.bit_generator
+    if isinstance(v, np.random.BitGenerator):
+        return (lambda: v.state), (lambda state: setattr(v, "state", state))
+    return None
+
+
 def _same_state(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):     # a bit generator's state
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
     eq = a == b

@@ -121,6 +121,40 @@ def test_a_random_of_the_programs_own_drawn_outside_the_trace_is_not_refused():
     torch.testing.assert_close(step(X, s), ns["f"](X, s))
 
 
+# A NumPy stream of the program's own: its draws run in Cython, which no profile event shows; its state
+# taken before the trace tells. (the program's read)
+NUMPY_DRAWS = {"a Generator": "G.random()", "its integers": "float(G.integers(0, 1000))",
+               "a RandomState": "RS.rand()", "a bit generator's Generator": "np.random.Generator(BG).random()",
+               "a module attribute": "HOLDER.rng.normal()"}
+
+
+@pytest.mark.parametrize("draw", NUMPY_DRAWS)
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_draw_from_a_numpy_stream_of_the_programs_own_is_refused_and_put_back(draw, entry):
+    np = pytest.importorskip("numpy")
+    ns = _module("import numpy as np, types\nG = np.random.default_rng(0)\nRS = np.random.RandomState(0)\n"
+                 "BG = np.random.PCG64(1)\nHOLDER = types.SimpleNamespace(rng=np.random.default_rng(2))\n\n"
+                 f"def f(x):\n    return x * {NUMPY_DRAWS[draw]}\n")
+    state = lambda: repr((ns["G"].bit_generator.state, ns["RS"].get_state(), ns["BG"].state,
+                          ns["HOLDER"].rng.bit_generator.state, np.random.get_state()))
+    before = state()
+    run = (lambda: aotgrad.capture(ns["f"], X)) if entry == "capture" else (lambda: aotgrad.jit(ns["f"])(X))
+    with pytest.raises(errors.UnsupportedError, match="draws from `<"):
+        run()
+    assert state() == before
+
+
+def test_a_numpy_stream_the_function_makes_or_only_holds_is_not_refused():
+    """A Generator made inside from a seed draws the same numbers on every call, as eager does; one
+    held and not drawn from is not a draw."""
+    pytest.importorskip("numpy")
+    ns = _module("import numpy as np\nG = np.random.default_rng(0)\n\n"
+                 "def f(x):\n    return x * np.random.default_rng(7).random() * (G is not None)\n")
+    step = aotgrad.capture(ns["f"], X).compile()
+    for _ in range(2):
+        torch.testing.assert_close(step(X), ns["f"](X))
+
+
 # C functions whose answer depends on their arguments alone: let through, exactly eager's
 PURE = {
     "math": "math.sqrt(H[0]) + math.floor(2.5)",
