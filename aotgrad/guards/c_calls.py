@@ -42,9 +42,12 @@ _PURE = frozenset((
 # Functions and methods of other modules that answer from their arguments alone, or whose answer is
 # no value a program computes with (``time.sleep``, ``gc.collect``, a stream's ``write``: as ``print``).
 _PURE_FUNCTIONS = frozenset(("sys.getsizeof", "sys.intern", "sys.exc_info", "sys.exception", "sys._getframe",
-                             "sys.is_finalizing", "os.fspath", "time.sleep", "_thread.allocate_lock",
-                             "_thread.RLock", "gc.collect", "gc.enable", "gc.disable"))
-_PURE_METHODS = frozenset(("write", "writelines", "flush"))      # of ``_io``'s streams (``sys.stdout.write``)
+                             "sys.is_finalizing", "posix.fspath", "nt.fspath", "time.sleep", "_thread.allocate_lock",
+                             "_thread.RLock", "_thread.start_new_thread", "_thread.start_joinable_thread", "gc.collect",
+                             "gc.enable", "gc.disable"))
+_PURE_METHODS = {"_io": frozenset(("write", "writelines", "flush")),     # a stream's (``sys.stdout.write``)
+                 # a lock held for a block (``with self.mutex:`` in ``Queue.qsize``): it waits, and answers nothing
+                 "_thread": frozenset(("__enter__", "__exit__", "release"))}
 # Getters of process state, called with no arguments: guarded by their answer on every call.
 GETTERS = {f"{getattr(f, '__module__', None) or m.__name__}.{f.__name__}": f for m, f in (
     (gc, gc.get_threshold), (gc, gc.isenabled), (sys, sys.getrecursionlimit), (sys, sys.getswitchinterval),
@@ -111,7 +114,7 @@ def _of_method(cls, name):
     module = getattr(cls, "__module__", None) or "builtins"
     if issubclass(cls, _random.Random):
         return None     # (draws_from: a stream of the program's own, refused where any code draws)
-    if module.split(".")[0] in _PURE or module == "_io" and name in _PURE_METHODS:
+    if module.split(".")[0] in _PURE or name in _PURE_METHODS.get(module, ()):
         return None
     return f"a method of `{module}.{cls.__qualname__}`, whose answer comes from the object's state inside C, " \
         "which aotgrad cannot see or check on later calls"

@@ -183,9 +183,12 @@ class Recording:
         """What a C call's answer depends on (:mod:`.c_calls`), where user code made it: a getter of
         process state is read as a switch is; one no guard can check is refused (``reflected``); a
         draw from a ``random.Random`` of the program's own puts its state among the streams undone."""
-        if self.kinds.get(frame.f_code) == USER:
+        at = self._user_call_site(frame)
+        if at is not None:
             why = c_calls.verdict(fn)
-            if why == c_calls.GETTER:
+            if why == c_calls.GETTER and at is not frame:
+                pass    # (the standard library's bookkeeping: a lock's owner, ``current_thread()``'s key)
+            elif why == c_calls.GETTER:
                 name = c_calls.getter_name(fn)
                 if name not in self.switches:
                     try:
@@ -193,7 +196,7 @@ class Recording:
                     except Exception:       # (``os.getcwd()`` of a removed directory): the call raises it too
                         pass
             elif why is not None:
-                self.reflected.append((fn, frame.f_code, frame.f_lineno, why))
+                self.reflected.append((fn, at.f_code, at.f_lineno, why))
         stream = c_calls.draws_from(fn)
         if stream is not None:
             while frame is not None and frame.f_code.co_filename == _RANDOM_PY:     # (``rng.randint``'s own steps)
@@ -201,6 +204,19 @@ class Recording:
             if frame is not None and self.kinds.get(frame.f_code) == USER:  # (sympy shuffles with its own)
                 self.writes.own_stream(stream, self.watch, f"{frame.f_code.co_filename}:{frame.f_lineno} in "
                                                            f"{frame.f_code.co_name}")
+
+    def _user_call_site(self, frame):
+        """The user frame a C call made from ``frame`` answers to: ``frame`` itself where it is user code,
+        its caller where it is a standard-library function user code called (``os.path.exists`` asks
+        ``os.stat``, ``uuid.uuid4`` asks ``os.urandom``: refused); None for library code deeper down (a
+        ``LogRecord`` reading the clock for ``LOG.info``: an answer no program computes with). A getter of
+        process state the standard library asks (the thread's ident) is its bookkeeping, not guarded."""
+        kind = self.kinds.get(frame.f_code)
+        if kind == USER:
+            return frame
+        back = frame.f_back
+        stdlib = kind == STDLIB or _frozen_stdlib(frame.f_code)
+        return back if stdlib and back is not None and self.kinds.get(back.f_code) == USER else None
 
     def switch_read(self, fn) -> bool:
         """Note a call of ``fn`` if it is one of torch's switch getters (the value it reads now)."""
@@ -323,6 +339,13 @@ def _encloses(outer, inner) -> bool:
 
 
 _GONE = object()
+
+
+def _frozen_stdlib(code) -> bool:
+    """Standard-library code Python froze into itself (``os``, ``genericpath``, ``_collections_abc``), the
+    import system's aside (an ``import`` inside the function runs it for the user's line)."""
+    name = code.co_filename
+    return name.startswith("<frozen ") and not name.startswith(("<frozen importlib", "<frozen zipimport"))
 
 
 def holds_state(obj) -> bool:

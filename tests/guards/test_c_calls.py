@@ -121,6 +121,49 @@ def test_a_random_of_the_programs_own_drawn_outside_the_trace_is_not_refused():
     torch.testing.assert_close(step(X, s), ns["f"](X, s))
 
 
+# A standard-library function the program calls, asking C for state outside its arguments: answered
+# as the C call would be from the program's own line (the library's deeper frames are its own).
+THROUGH_STDLIB = {"os.path.exists": ("float(os.path.exists(PATH))", "posix.stat"),
+                  "os.path.getsize": ("float(os.path.getsize(HERE) > 0)", "posix.stat"),
+                  "uuid.uuid4": ("float(uuid.uuid4().int % 5)", "posix.urandom"),
+                  "random.SystemRandom": ("random.SystemRandom().random()", "posix.urandom")}
+
+
+@pytest.mark.parametrize("case", THROUGH_STDLIB)
+def test_a_stdlib_function_asking_c_for_outside_state_is_refused(case, tmp_path):
+    read, call = THROUGH_STDLIB[case]
+    (tmp_path / "here").write_text("x")
+    ns = _module(f"import os, random, uuid\nPATH = {str(tmp_path / 'flag')!r}\nHERE = {str(tmp_path / 'here')!r}\n\n"
+                 f"def f(x):\n    return x * {read}\n")
+    with pytest.raises(errors.UnsupportedError, match=f"calls `{call}`") as info:
+        aotgrad.capture(ns["f"], X)
+    assert info.value.user_line and " in f" in info.value.user_line
+
+
+# Standard-library work whose C calls answer from their arguments, or whose answers no program computes
+# with (a log record's clock): let through, exactly eager's
+STDLIB_PURE = {
+    "logging inside": "(LOG.info('step') or 2.0)", "os.path.join": "len(os.path.join('a', 'b'))",
+    "copy.deepcopy": "copy.deepcopy([2.0])[0]", "collections.Counter": "collections.Counter('aab')['a']",
+    "string.Template": "len(string.Template('$a').substitute(a='xy'))",
+    "os.environ.get": "len(os.environ.get('AOTGRAD_NOT_SET', 'ab'))",
+    "an import inside": "__import__('math').sqrt(4.0)",
+    "isinstance of an ABC": "float(isinstance({}, collections.abc.Mapping))",
+    "dataclasses.replace": "dataclasses.replace(CFG, scale=3.0).scale",
+}
+
+
+@pytest.mark.parametrize("case", STDLIB_PURE)
+def test_stdlib_work_with_pure_c_calls_is_let_through(case):
+    ns = _module("import collections, collections.abc, copy, dataclasses, logging, os, string\n"
+                 "LOG = logging.getLogger('aotgrad.test_stdlib_pure')\n"
+                 "@dataclasses.dataclass\nclass Cfg:\n    scale: float = 2.0\nCFG = Cfg()\n\n"
+                 f"def f(x):\n    return x * {STDLIB_PURE[case]}\n")
+    step = aotgrad.capture(ns["f"], X).compile()
+    for _ in range(2):
+        torch.testing.assert_close(step(X), ns["f"](X))
+
+
 # A NumPy stream of the program's own: its draws run in Cython, which no profile event shows; its state
 # taken before the trace tells. (the program's read)
 NUMPY_DRAWS = {"a Generator": "G.random()", "its integers": "float(G.integers(0, 1000))",
