@@ -163,7 +163,7 @@ class Writes:
         get_put = _numpy_state(v)
         if get_put is None:
             return False
-        name = f"<{type(v).__name__} {source}>"
+        name = f"{_UNSEEN}{type(v).__name__} {source}>"
         if name not in self.generators:
             self.generators[name] = (get_put[0](), *get_put)
         return True
@@ -310,6 +310,9 @@ def _generator_states() -> dict:
     return {name: (get(), get, put) for name, (get, put) in states.items()}
 
 
+_UNSEEN = "<NumPy "     # the name of a stream whose draws no event shows
+
+
 def _numpy_state(v):
     """``(get, put)`` of a NumPy random stream's state, or None for anything else."""
     np = sys.modules.get("numpy")
@@ -336,13 +339,17 @@ def _same_state(a, b) -> bool:
 def _undo_generators(states: dict, watch) -> list:
     """A trace that drew from such a stream: the graph holds the numbers it drew, the same on every
     call, where eager draws new ones; the stream is put back where it was. (Where other threads ran
-    meanwhile, only if the capturing thread drew: :mod:`.attribution`.)"""
+    meanwhile, only if the capturing thread drew: :mod:`.attribution`. A NumPy stream of the program's
+    own, whose draws no watch sees, is refused either way, and put back only where no thread ran.)"""
     done = []
     for name, (before, get, put) in states.items():
         if not _same_state(get(), before):
             if watch is not None and not watch.drew_from(name):
-                continue
-            put(before)
+                if not name.startswith(_UNSEEN):
+                    continue
+                # (a NumPy stream's draws no watch sees: refused, and left as the threads left it)
+            else:
+                put(before)
             done.append((f"draws from `{name}` (Python's or numpy's random stream, not torch's): the compiled "
                          "graph would hold the numbers this trace drew and use them on every call, where eager "
                          "draws new ones; draw with torch (torch.rand, torch.randperm: traced on eager's stream)",
