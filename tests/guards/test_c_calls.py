@@ -140,30 +140,6 @@ def test_a_stdlib_function_asking_c_for_outside_state_is_refused(case, tmp_path)
     assert info.value.user_line and " in f" in info.value.user_line
 
 
-# Standard-library work whose C calls answer from their arguments, or whose answers no program computes
-# with (a log record's clock): let through, exactly eager's
-STDLIB_PURE = {
-    "logging inside": "(LOG.info('step') or 2.0)", "os.path.join": "len(os.path.join('a', 'b'))",
-    "copy.deepcopy": "copy.deepcopy([2.0])[0]", "collections.Counter": "collections.Counter('aab')['a']",
-    "string.Template": "len(string.Template('$a').substitute(a='xy'))",
-    "os.environ.get": "len(os.environ.get('AOTGRAD_NOT_SET', 'ab'))",
-    "an import inside": "__import__('math').sqrt(4.0)",
-    "isinstance of an ABC": "float(isinstance({}, collections.abc.Mapping))",
-    "dataclasses.replace": "dataclasses.replace(CFG, scale=3.0).scale",
-}
-
-
-@pytest.mark.parametrize("case", STDLIB_PURE)
-def test_stdlib_work_with_pure_c_calls_is_let_through(case):
-    ns = _module("import collections, collections.abc, copy, dataclasses, logging, os, string\n"
-                 "LOG = logging.getLogger('aotgrad.test_stdlib_pure')\n"
-                 "@dataclasses.dataclass\nclass Cfg:\n    scale: float = 2.0\nCFG = Cfg()\n\n"
-                 f"def f(x):\n    return x * {STDLIB_PURE[case]}\n")
-    step = aotgrad.capture(ns["f"], X).compile()
-    for _ in range(2):
-        torch.testing.assert_close(step(X), ns["f"](X))
-
-
 # A NumPy stream of the program's own: its draws run in Cython, which no profile event shows; its state
 # taken before the trace tells. (the program's read)
 NUMPY_DRAWS = {"a Generator": "G.random()", "its integers": "float(G.integers(0, 1000))",
@@ -230,13 +206,25 @@ PURE = {
     "sys.getsizeof": "float(sys.getsizeof(0) > 0)",
     "torch": "float(torch.get_default_dtype() is torch.float32) + torch.tensor(3.0).item()",
     "side effects, as print": "float(sys.stdout.write('') + 0 * gc.collect() + 2)",
+    # standard-library work whose C calls answer from their arguments, or whose answers no program
+    # computes with (a log record's clock: a frame below the function the program called)
+    "logging inside": "(LOG.info('step') or 2.0)", "os.path.join": "len(os.path.join('a', 'b'))",
+    "copy.deepcopy": "copy.deepcopy([2.0])[0]", "collections.Counter": "collections.Counter('aab')['a']",
+    "string.Template": "len(string.Template('$a').substitute(a='xy'))",
+    "os.environ.get": "len(os.environ.get('AOTGRAD_NOT_SET', 'ab'))",
+    "an import inside": "__import__('math').sqrt(4.0)",
+    "isinstance of an ABC": "float(isinstance({}, collections.abc.Mapping))",
+    "dataclasses.replace": "dataclasses.replace(CFG, scale=3.0).scale",
 }
 
 
 @pytest.mark.parametrize("case", PURE)
 def test_a_c_call_pure_in_its_arguments_is_let_through(case):
-    ns = _module("import functools, gc, hashlib, itertools, json, math, operator, re, struct, sys\n"
-                 "H = [4.0]\nL = [1.0, 3.0]\nD = {'k': 2.0}\nclass DS(dict): pass\nDS = DS(k=5.0)\n\n"
+    ns = _module("import collections, collections.abc, copy, dataclasses, functools, gc, hashlib, itertools, json, "
+                 "logging, math, operator, os, re, string, struct, sys\n"
+                 "H = [4.0]\nL = [1.0, 3.0]\nD = {'k': 2.0}\nclass DS(dict): pass\nDS = DS(k=5.0)\n"
+                 "LOG = logging.getLogger('aotgrad.test_stdlib_pure')\n"
+                 "@dataclasses.dataclass\nclass Cfg:\n    scale: float = 2.0\nCFG = Cfg()\n\n"
                  f"def f(x):\n    return x * ({PURE[case]})\n")
     f = ns["f"]
     torch.testing.assert_close(aotgrad.capture(f, X).compile()(X), f(X))
@@ -296,17 +284,6 @@ HELD = {
 }
 
 
-@pytest.mark.parametrize("case", HELD)
-def test_a_library_method_on_a_held_object_reads_its_state(case):
-    make, read, change, undo = HELD[case]
-    ns = _module(f"import collections, logging, queue, weakref\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
-                 f"def change():\n    {change}\n\ndef undo():\n    {undo}\n")
-    try:
-        _check(ns, ns["f"], ns["change"], X)
-    finally:
-        ns["undo"]()
-
-
 # An object a library function hands the program (not one it built in the call): what the program then
 # loads from it is read, as from an object it named. (the holder, the program's read, the change, its undo)
 RETURNED = {
@@ -320,10 +297,10 @@ RETURNED = {
 }
 
 
-@pytest.mark.parametrize("case", RETURNED)
-def test_an_object_a_library_function_returns_is_read(case):
-    make, read, change, undo = RETURNED[case]
-    ns = _module(f"import inspect, logging\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
+@pytest.mark.parametrize("case", [*HELD, *RETURNED])
+def test_library_state_a_held_method_or_a_returned_object_reads_is_guarded(case):
+    make, read, change, undo = HELD.get(case) or RETURNED[case]
+    ns = _module(f"import collections, inspect, logging, queue, weakref\n{make}\n\ndef f(x):\n    return x * {read}\n\n"
                  f"def change():\n    {change}\n\ndef undo():\n    {undo}\n")
     try:
         _check(ns, ns["f"], ns["change"], X)
