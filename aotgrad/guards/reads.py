@@ -186,11 +186,10 @@ class Recording:
         at = self._user_call_site(frame)
         if at is not None:
             why = c_calls.verdict(fn)
-            if why == c_calls.GETTER and at is not frame:
-                pass    # (the standard library's bookkeeping: a lock's owner, ``current_thread()``'s key)
-            elif why == c_calls.GETTER:
-                name = c_calls.getter_name(fn)
-                if name not in self.switches:
+            if why == c_calls.GETTER:
+                # (asked by the standard library, it is its bookkeeping: a lock's owner, ``current_thread()``'s key)
+                name = c_calls.getter_name(fn) if at is frame else None
+                if name is not None and name not in self.switches:
                     try:
                         self.switches[name] = (fn, fn())
                     except Exception:       # (``os.getcwd()`` of a removed directory): the call raises it too
