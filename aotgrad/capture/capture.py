@@ -566,6 +566,8 @@ def _recorded_once(fn, trace, leaves, names):
             captured = trace()
     except Exception as e:
         written = rec.undo_writes() if rec is not None else []
+        if rec is not None and rec.reflected and not isinstance(e, errors.GraphBreakError):
+            raise resolve.reflected_call(*rec.reflected[0]) from e    # (a C call no guard can check: the cause)
         # The write is the cause (a buffer registered in the first trace broke the next), except where a
         # graph break (a value read) stopped the trace: Dynamo, which jit hands that to, repeats it eagerly.
         if written and not isinstance(e, errors.GraphBreakError):

@@ -30,6 +30,8 @@ import sys
 import types
 import weakref
 
+import torch
+
 # Modules (top-level names) whose C functions answer from their arguments alone.
 _PURE = frozenset((
     "builtins", "math", "cmath", "_operator", "operator", "itertools", "_functools", "functools", "_collections",
@@ -54,7 +56,21 @@ GETTERS = {f"{getattr(f, '__module__', None) or m.__name__}.{f.__name__}": f for
     (sys, sys.getdefaultencoding), (sys, sys.getfilesystemencoding), (os, os.getcwd), (os, os.getpid),
     (os, os.getppid), (os, os.cpu_count), (_thread, _thread.get_ident), (_thread, _thread.get_native_id),
 )}
+# A torch.Generator's seed, read through torch's Python too (``torch.initial_seed()``): guarded as a getter;
+# any other method of a generator reads or sets its stream, which no guard sees and no graph replays.
+GETTERS["torch.default_generator.initial_seed"] = torch.default_generator.initial_seed
+_GENERATOR_GETTERS = frozenset(("initial_seed",))
+_GENERATOR_STATE = "it reads or sets a torch.Generator's stream, which the compiled graph neither holds nor " \
+    "replays (its draws would run on from where the trace left the generator); seed or restore the generator " \
+    "outside the compiled function (the default generator's state saved and restored inside it, with " \
+    "`torch.get_rng_state`/`set_rng_state` or `torch.random.fork_rng`, is replayed)"
 _GETTER_IDS = {id(f): name for name, f in GETTERS.items()}
+# torch's functions whose calls of the default generators' methods aotgrad replays (``passes.rng_positions``,
+# ``tracing.patches``: the seeds the code sets, the states it saves and restores)
+REPLAYED = frozenset(f.__code__ for m in (torch.random, getattr(torch.cuda, "random", None)) if m is not None
+                     for f in vars(m).values() if isinstance(f, types.FunctionType)
+                     and f.__name__ in ("manual_seed", "manual_seed_all", "get_rng_state", "set_rng_state",
+                                        "get_rng_state_all", "set_rng_state_all"))
 _UNSET = object()
 _EVALUATED = "the text it evaluates reads Python state that aotgrad cannot check on later calls"
 _BUILTINS_READING = {"eval": _EVALUATED, "exec": _EVALUATED, "input": "it reads the program's standard input"}
@@ -118,6 +134,19 @@ def _of_method(cls, name):
         return None
     return f"a method of `{module}.{cls.__qualname__}`, whose answer comes from the object's state inside C, " \
         "which aotgrad cannot see or check on later calls"
+
+
+def generator_call(fn):
+    """For a method of a ``torch.Generator`` (``g.manual_seed``, ``torch.initial_seed()``'s call of the
+    default generator's): ``(name, getter)`` of its seed, guarded as a getter, or why it is refused;
+    None for any other function."""
+    gen = getattr(fn, "__self__", None)
+    if not isinstance(gen, torch.Generator):
+        return None
+    if fn.__name__ not in _GENERATOR_GETTERS:
+        return _GENERATOR_STATE
+    name = "torch.default_generator" if gen is torch.default_generator else f"<torch.Generator at {id(gen):#x}>"
+    return f"{name}.{fn.__name__}", getattr(gen, fn.__name__)
 
 
 def getter_name(fn) -> str | None:

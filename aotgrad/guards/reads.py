@@ -183,6 +183,8 @@ class Recording:
         """What a C call's answer depends on (:mod:`.c_calls`), where user code made it: a getter of
         process state is read as a switch is; one no guard can check is refused (``reflected``); a
         draw from a ``random.Random`` of the program's own puts its state among the streams undone."""
+        if (gen := c_calls.generator_call(fn)) is not None:
+            return self._generator_call(fn, gen, frame)
         at = self._user_call_site(frame)
         if at is not None:
             why = c_calls.verdict(fn)
@@ -203,6 +205,23 @@ class Recording:
             if frame is not None and self.kinds.get(frame.f_code) == USER:  # (sympy shuffles with its own)
                 self.writes.own_stream(stream, self.watch, f"{frame.f_code.co_filename}:{frame.f_lineno} in "
                                                            f"{frame.f_code.co_name}")
+
+    def _generator_call(self, fn, verdict, frame):
+        """A ``torch.Generator``'s method the program called, itself or through torch's Python
+        (``torch.initial_seed()``): its seed is guarded as a getter, anything else refused
+        (:func:`.c_calls.generator_call`). aotgrad's own calls, and torch's RNG-state functions it
+        replays (``c_calls.REPLAYED``), are not the program's."""
+        while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
+            if frame.f_code in c_calls.REPLAYED:
+                return
+            frame = frame.f_back
+        if frame is None or frame.f_code.co_filename.startswith(_OURS):
+            return
+        if isinstance(verdict, str):
+            self.reflected.append((fn, frame.f_code, frame.f_lineno, verdict))
+            self.writes.torch_stream(fn.__self__)
+        elif verdict[0] not in self.switches:
+            self.switches[verdict[0]] = (verdict[1], fn())
 
     def _user_call_site(self, frame):
         """The user frame a C call made from ``frame`` answers to: ``frame`` itself where it is user code,

@@ -161,8 +161,8 @@ class Resolver:
 
     def _unfollowed(self):
         """Reads no guard can follow are refused (:mod:`.reads` observes them as the trace runs)."""
-        for fn, code, line, why in self.rec.reflected:
-            raise _unchecked_call(fn, why, f"{code.co_filename}:{line} in {code.co_name}")
+        for seen in self.rec.reflected:
+            raise reflected_call(*seen)
 
     def _switches(self):
         """torch's switches the trace read (``_torch.SWITCH_GETTERS``), and the getters of process state
@@ -181,7 +181,7 @@ class Resolver:
             return
         self.switched.add(name)
         kind = guard_kind(seen)
-        self._add(Read(f"{name}()" if name in c_calls.GETTERS else f"torch switch {switch_name(name)}",
+        self._add(Read(f"torch switch {switch_name(name)}" if name.startswith("_") else f"{name}()",
                        ("switch", name), _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
 
     def _c_function(self, fn):
@@ -662,6 +662,11 @@ class Resolver:
 # ``super(C, self).k`` too: the bytecode names neither the object nor the classes searched.
 _REFLECTING = frozenset(("attrgetter", "methodcaller", "getattr_static", "__getattribute__", "__getattr__", "super",
                          "vars"))
+
+
+def reflected_call(fn, code, line, why) -> errors.UnsupportedError:
+    """The refusal of a C call the recording saw user code make (``reads.Recording.reflected``)."""
+    return _unchecked_call(fn, why, f"{code.co_filename}:{line} in {code.co_name}")
 
 
 def _unchecked_call(fn, why: str, line) -> errors.UnsupportedError:

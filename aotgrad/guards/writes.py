@@ -60,6 +60,7 @@ class Writes:
         self.hooked: set = set()    # ids of the module dicts whose hook dicts are copied
         self.is_library = is_library
         self.generators = _generator_states()       # Python's and numpy's global random streams
+        self.torch_streams: dict = {}   # id -> (torch.Generator, its state) whose own methods the code called
         self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
         self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
@@ -75,6 +76,12 @@ class Writes:
             self.lines[name] = line
         if watch is not None:
             watch.drew.add(name)
+
+    def torch_stream(self, gen) -> None:
+        """The program called a method of ``gen``, a ``torch.Generator`` (refused: ``reads.Recording.
+        _generator_call``), about to run: its state before the first such call is put back."""
+        if id(gen) not in self.torch_streams:
+            self.torch_streams[id(gen)] = (gen, gen.get_state())
 
     def made_here(self, *objs) -> None:
         """Objects aotgrad made for the trace to write (a cache layer's copy): not state from before."""
@@ -297,6 +304,8 @@ class Writes:
                          "arguments before compiling, so the trace reads the cached tensor", source))
         for s in self.snaps.values():
             done += _UNDO[s.kind](s, (self.snaps, self.built) if s.kind in ("items", "argument") else self.is_library)
+        for gen, state in self.torch_streams.values() if watch is None else ():     # (else: as the threads left it)
+            gen.set_state(state)
         return done + _undo_generators(self.generators, watch)
 
 

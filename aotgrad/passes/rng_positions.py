@@ -36,6 +36,7 @@ class _Log:
     as they appear: a node is tagged before the next save or restore of the RNG state."""
     pos: dict = field(default_factory=dict)      # device -> (epoch, index) the next draw takes
     states: dict = field(default_factory=dict)   # id(state tensor) -> (tensor, (epoch, index))
+    lines: dict = field(default_factory=dict)    # its storage -> the user's line that took it
     ends: dict = field(default_factory=dict)     # (device, phase) -> (epoch, index) when the phase ended
     phase: str = "fw"
     seen: set = field(default_factory=set)       # nodes already walked
@@ -77,6 +78,7 @@ class _Log:
         """``get_rng_state`` returned ``state``: it stands where the stream is now."""
         if self.sync():
             self.states[id(state)] = (state, self.pos.get(_device(device, default), (self.phase, 0)))
+            self.lines[state.untyped_storage().data_ptr()] = errors.caller_line()
 
     def setting(self, new_state, device, default: str) -> None:
         """``set_rng_state(new_state)``: the stream goes back to where that state was taken."""
@@ -146,7 +148,20 @@ def traced_with_positions(trace) -> fx.GraphModule:
     with _recording(log):
         gm = trace()
     log.sync_final(gm)
+    _refuse_computed_states(gm, log)
     return gm
+
+
+def _refuse_computed_states(gm: fx.GraphModule, log: _Log) -> None:
+    """A state ``get_rng_state`` returned is a real tensor: computed with, it is a constant of the
+    graph, which would hold the stream as it stood at capture on every call."""
+    for node in gm.graph.find_nodes(op="get_attr") if log.lines else ():
+        t = getattr(gm, node.target, None)
+        if type(t) is torch.Tensor and t.device.type != "meta" and t.untyped_storage().data_ptr() in log.lines:
+            raise errors.UnsupportedError(
+                "the traced code computes with an RNG state it took (torch.get_rng_state()): the graph would hold "
+                "the state as it stood at capture on every call; only restoring it (set_rng_state) is replayed",
+                user_line=log.lines[t.untyped_storage().data_ptr()])
 
 
 def node_device(n: fx.Node) -> str:

@@ -191,6 +191,95 @@ def test_a_numpy_stream_the_function_makes_or_only_holds_is_not_refused():
         torch.testing.assert_close(step(X), ns["f"](X))
 
 
+# A torch.Generator's seed, read by the program or through torch's Python: guarded as a getter.
+# (the program's read, the change; ``G`` a generator of the program's own, ``H.gen`` one it holds)
+GENERATOR_SEEDS = {"torch.initial_seed()": ("torch.initial_seed()", "torch.manual_seed(torch.initial_seed() + 1)"),
+                   "torch.random.initial_seed()": ("torch.random.initial_seed()",
+                                                   "torch.manual_seed(torch.initial_seed() + 1)"),
+                   "the default generator's": ("torch.default_generator.initial_seed()",
+                                               "torch.default_generator.manual_seed(torch.initial_seed() + 1)"),
+                   "a generator of its own": ("G.initial_seed()", "G.manual_seed(G.initial_seed() + 1)"),
+                   "a held generator": ("H.gen.initial_seed()", "H.gen.manual_seed(H.gen.initial_seed() + 1)")}
+_GENERATORS = "import types\nG = torch.Generator().manual_seed(3)\nH = types.SimpleNamespace(gen=torch.Generator())\n"
+
+
+@pytest.fixture
+def _rng_kept():
+    state = torch.get_rng_state()
+    yield
+    torch.set_rng_state(state)
+
+
+@pytest.mark.parametrize("case", GENERATOR_SEEDS)
+def test_a_generators_seed_is_guarded_by_its_answer(case, _rng_kept):
+    read, change = GENERATOR_SEEDS[case]
+    ns = _module(_GENERATORS + f"\ndef f(x):\n    return x * ({read} % 97 + 1)\n\n"
+                 f"def change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], X)
+
+
+# Any other method of a torch.Generator reads or sets its stream, which the graph neither holds nor
+# replays (the draws after it would run on from where the trace left the generator): refused, naming
+# the method and the line, every generator's state put back. (the program's expression, the refusal)
+GENERATOR_STATE = {
+    "a generator made and seeded inside": ("torch.rand(2, generator=torch.Generator().manual_seed(0))", "calls `torch._C.Generator.manual_seed`"),
+    "its own generator reseeded": ("(G.manual_seed(7), torch.rand(2, generator=G))[1]", "calls `torch._C.Generator.manual_seed`"),
+    "its state saved and restored": ("(S := G.get_state(), torch.rand(2, generator=G), G.set_state(S), "
+                                     "torch.rand(2, generator=G))[3]", "calls `torch._C.Generator.get_state`"),
+    "its seed()": ("(G.seed() % 7 + 1)", "calls `torch._C.Generator.seed`"),
+    "a held generator reseeded": ("(H.gen.manual_seed(1), torch.randn(2, generator=H.gen))[1]", "calls `torch._C.Generator.manual_seed`"),
+    "the default generator's state": ("(S := torch.default_generator.get_state(), torch.rand(2), "
+                                      "torch.default_generator.set_state(S), torch.rand(2))[3]", "calls `torch._C.Generator.get_state`"),
+    # (its change is also the global stream's: refused as torch.manual_seed's would be, whichever is seen first)
+    "the default generator's manual_seed": ("(torch.default_generator.manual_seed(3), torch.rand(2))[1]",
+                                            "calls `torch._C.Generator.manual_seed`|changed the global RNG"),
+}
+
+
+@pytest.mark.parametrize("case", GENERATOR_STATE)
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_generators_stream_read_or_set_is_refused_and_put_back(case, entry, _rng_kept):
+    read, refusal = GENERATOR_STATE[case]
+    ns = _module(_GENERATORS + f"\ndef f(x):\n    return x * {read}\n")
+    states = ns["G"].get_state(), ns["H"].gen.get_state(), torch.get_rng_state()
+    run = (lambda: aotgrad.capture(ns["f"], X)) if entry == "capture" else (lambda: aotgrad.jit(ns["f"])(X))
+    with pytest.raises(errors.UnsupportedError, match=refusal) as info:
+        run()
+    assert info.value.user_line and " in f" in info.value.user_line
+    after = ns["G"].get_state(), ns["H"].gen.get_state(), torch.get_rng_state()
+    assert all(torch.equal(a, b) for a, b in zip(states, after))
+
+
+def test_a_generators_draws_and_the_replayed_rng_functions_are_not_refused(_rng_kept):
+    """Draws with a generator (the graph's op draws from it on each call, as eager does), and the
+    default generator's state saved and restored through torch's functions (replayed): exactly
+    eager's, call after call."""
+    ns = _module(_GENERATORS + "\ndef f(x):\n    s = torch.get_rng_state()\n    a = torch.rand(2)\n"
+                 "    torch.set_rng_state(s)\n    with torch.random.fork_rng():\n"
+                 "        b = torch.rand(2)\n    return x * a * torch.rand(2) * b * torch.rand(2, generator=G)\n")
+    f = ns["f"]
+    for step in (aotgrad.capture(f, X).compile(), aotgrad.jit(f)):
+        torch.manual_seed(0)
+        ns["G"].manual_seed(3)
+        got = [step(X) for _ in range(3)]
+        torch.manual_seed(0)
+        ns["G"].manual_seed(3)
+        for g in got:
+            torch.testing.assert_close(g, f(X))
+
+
+def test_computing_with_a_taken_rng_state_is_refused(_rng_kept):
+    """``torch.get_rng_state()`` is a real tensor: computed with, the graph would hold the state as it
+    stood at capture (eager's changes with every draw)."""
+    with pytest.raises(errors.UnsupportedError, match="computes with an RNG state") as info:
+        aotgrad.capture(_computes_with_the_state, X)
+    assert info.value.user_line and " in _computes_with_the_state" in info.value.user_line
+
+
+def _computes_with_the_state(x):
+    return x * torch.get_rng_state()[:2].float()
+
+
 # C functions whose answer depends on their arguments alone: let through, exactly eager's
 PURE = {
     "math": "math.sqrt(H[0]) + math.floor(2.5)",
