@@ -402,11 +402,15 @@ class Resolver:
             library_module = isinstance(obj, types.ModuleType) and _stops(obj)
             if library_module:
                 # a library's module: a plain value or module the code loads from it (``mylib.FLAG``,
-                # ``torch.nn.functional``) is read like a user module's; its functions and classes are constant
+                # ``torch.nn.functional``) is read like a user module's; its functions and classes by
+                # identity (``F.gelu = mine`` rebinds it: its module's tag covers the read), not followed
                 value = vars(obj).get(key, _UNSET)
                 if kind != "attr" or not _module_state(value):
                     if isinstance(value, types.BuiltinFunctionType) and self.structure:
                         self._c_function(value)
+                    if kind == "attr" and callable(value):
+                        self._add(Read(f"{source}.{key}", path + ((kind, key),) if path is not None else None,
+                                       vars(obj), key, value, "id"))
                     return
             elif _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
                 return
@@ -720,7 +724,7 @@ def _module_state(value) -> bool:
     ``set_...`` function assigns), a module, a container (``sys.argv``, ``warnings.filters``) or an
     object holding its own attributes (``logging.root``, ``torch._tensor_str.PRINT_OPTS``), as the
     same object is where a user global names it (``from torch._tensor_str import PRINT_OPTS``).
-    Functions, classes and other callables are the library's code: constant."""
+    Functions, classes and other callables are the library's code: read by identity, not followed."""
     return type(value) in _EQ_TYPES or isinstance(value, (types.ModuleType, list, dict, set)) or (
         _state_of_library(value) and not callable(value))
 
@@ -864,7 +868,8 @@ def _step(obj, kind, key):
     if kind == "own":
         return vars(obj), key
     if isinstance(obj, types.ModuleType) and _stops(obj):     # a library's module (see Resolver._follow)
-        return (vars(obj), key) if kind == "attr" and _module_state(vars(obj).get(key, _UNSET)) else None
+        value = vars(obj).get(key, _UNSET)
+        return (vars(obj), key) if kind == "attr" and (_module_state(value) or callable(value)) else None
     if _stops(obj) and kind == "attr" and not isinstance(obj, _CALLABLES) and not _state_of_library(obj):
         return None
     if kind == "item" and isinstance(obj, dict) and key not in obj:

@@ -174,14 +174,44 @@ def test_library_module_state_read_through_the_module(case):
         del sys.modules[lib.__name__]
 
 
-def test_a_library_modules_functions_and_classes_are_not_guarded():
-    """Its callables are its code (``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``): constant, no read."""
+# A library's function or class the user's code loads from its module is its code, read by identity
+# and not followed: rebinding it (a monkeypatch after the first call) recompiles; it was a stale graph
+# before. (the read, the module attribute the change rebinds, what it rebinds it to)
+LIBRARY_CODE = {
+    "torch.nn.functional's function (F.gelu)": ("F.gelu(x)", "F", "gelu", "lambda t: t * 3"),
+    "the same through the package (torch.nn.functional.silu)": ("torch.nn.functional.silu(x)", "F", "silu",
+                                                                "lambda t: t * 3"),
+    "torch's own (torch.tanh)": ("torch.tanh(x)", "torch", "tanh", "torch.sigmoid"),
+    "a builtin function of the standard library (math.cos)": ("x * math.cos(1.0)", "math", "cos",
+                                                              "lambda v: 5.0"),
+    "a library's class (string.Formatter)": ("x * len(string.Formatter().format('{}', 'ab'))", "string",
+                                             "Formatter", "type('F', (), {'format': lambda *a: 'abc'})"),
+}
+
+
+@pytest.mark.parametrize("case", LIBRARY_CODE)
+def test_a_library_function_rebound_after_capture_recompiles(case):
+    read, module, name, new = LIBRARY_CODE[case]
+    ns = _module(f"import math, string\nimport torch.nn.functional as F\n\ndef f(x):\n    return {read}\n")
+    owner = sys.modules[ns[module].__name__]
+    was = getattr(owner, name)
+    try:
+        _check(ns, ns["f"], lambda: setattr(owner, name, eval(new, ns)), torch.tensor([1.0, -2.0]))
+    finally:
+        setattr(owner, name, was)
+
+
+def test_a_library_function_is_read_by_identity_not_followed():
+    """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
+    nothing inside (its code, cells, defaults, attributes) is read."""
     ns = _module("import logging\nimport torch.nn.functional as F\n\n"
                  "def f(x):\n    return F.relu(torch.ops.aten.mul.Tensor(x, x)) * (logging.Logger is not None)\n")
     f, x = aotgrad.jit(ns["f"]), torch.tensor([1.0, -2.0])
     torch.testing.assert_close(f(x), ns["f"](x))
-    sources = [r.source for r in aotgrad.capture(ns["f"], x).state.reads]
-    assert not any(s in src for src in sources for s in ("relu", "Logger", "aten.mul")), sources
+    reads = [r for r in aotgrad.capture(ns["f"], x).state.reads
+             if any(s in r.source for s in ("relu", "Logger", "aten.mul"))]
+    assert sorted(r.source for r in reads) == ["F.relu", "logging.Logger", "torch.ops.aten.mul"], reads
+    assert all(r.kind == "id" for r in reads)
 
 
 def test_a_switch_the_trace_did_not_read_recompiles_nothing():
