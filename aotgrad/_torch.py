@@ -694,6 +694,7 @@ are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 torch_function_state, set_torch_function_state = torch._C._get_torch_function_state, torch._C._set_torch_function_state
 cuda_end_allocate_to_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)     # (None: a torch without CUDA)
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
+len_torch_function_stack, function_stack_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks
 
 

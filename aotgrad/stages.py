@@ -36,6 +36,7 @@ class Modes:
     dynamic: bool | None
     grad_enabled: bool
     baked: tuple | None = None     # runtime.modes.baked() when traced; None: not known (a jit disk-cache entry: jit keys its entries by modes)
+    function_modes: tuple | None = None     # runtime.modes.function_modes() when traced (None: not known, as baked)
 
 
 @dataclass(frozen=True, repr=False)
@@ -60,7 +61,8 @@ class Setup:
         """What a ``Captured`` keeps: no example batch, no fake inputs, no live session (its fake
         mode and shape environment live on only in the graph's node values)."""
         return replace(self, session=Modes(self.session.dynamic, self.session.grad_enabled,
-                                                 getattr(self.session, "baked", None)),
+                                                 getattr(self.session, "baked", None),
+                                                 getattr(self.session, "function_modes", None)),
                        fake_inputs=(), real_inputs=())
 
     def __repr__(self) -> str:
@@ -167,8 +169,8 @@ class Compiled:
         return self._call(*args, **kwargs)
 
     def _call(self, *args, **kwargs):
-        was = self.captured.setup.session.baked
-        why = mismatch(was) if was is not None else None
+        session = self.captured.setup.session
+        why = mismatch(session.baked, session.function_modes) if session.baked is not None else None
         if why is not None:
             raise errors.InputMismatchError(f"{why}; capture again under these modes (aotgrad.jit recompiles "
                                             "for you)", user_line=caller_line())

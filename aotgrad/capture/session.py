@@ -29,7 +29,7 @@ from ..guards import reads
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
 from ..ir.records import reached_bytes
 from ..runtime import modes
-from ..runtime.modes import baked
+from ..runtime.modes import baked, function_modes
 from ..tracing.patches import TRACEABLE
 from .block_graph import UnseenUsed
 from .stale_views import StaleViews
@@ -43,6 +43,7 @@ class Session:
     shape_env: ShapeEnv = field(default_factory=ShapeEnv)
     fake_mode: FakeTensorMode | None = None
     baked: tuple = field(default_factory=baked)   # autocast and default dtype when captured (runtime.modes)
+    function_modes: tuple | None = field(default_factory=function_modes)    # torch function modes then (None: not checked)
 
     def __post_init__(self):
         if self.fake_mode is None:

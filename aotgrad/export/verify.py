@@ -134,6 +134,10 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
             0 <= o.index < len(infos) and infos[o.index].kind == "plain" if o.kind == "output_view" else
             True for p, o in enumerate(infos)):
         raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
+    if specs is not None and (len(specs) != len(analysis.inputs) or any(
+            bool(info.requires_grad) != bool(spec.requires_grad) for info, spec in zip(analysis.inputs, specs))):
+        raise ExportFormatError("the artifact's input guards and its analysis disagree on which inputs require grad "
+                                "(the graphs differentiate the analysis's)")
     if any(info.mutates_metadata != (info.new_meta is not None) for info in analysis.inputs):
         raise ExportFormatError("the artifact's analysis has a metadata mutation without its new metadata")
     if not all(0 <= i < lay.n_primals for i in analysis.eager_saved) \

@@ -11,8 +11,8 @@ import contextlib
 
 import torch
 
-from .._torch import (cudnn_flags, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled, set_cudnn_flags,
-                      set_mkldnn_enabled)
+from .._torch import (cudnn_flags, function_stack_at, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled,
+                      len_torch_function_stack, set_cudnn_flags, set_mkldnn_enabled)
 from ..scoped import look_away
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
@@ -53,15 +53,33 @@ def is_baked(value) -> bool:
             and dtype(value[3], True) and dtype(value[4], True) and dtype(value[5], False))
 
 
-def mismatch(was) -> str | None:
-    """Why a graph traced under the modes ``was`` (``baked()`` then) cannot run under the caller's modes,
-    or None when they are the same: the casts autocast chose, inference tensors and the default dtype
-    are in the graph, so running it under others would silently compute something else."""
+def function_modes() -> tuple:
+    """The torch function modes entered (a ``TorchFunctionMode``, ``torch.device(...)`` as a context,
+    ``set_default_device``), innermost last, each by its class and its plain settings (a
+    ``DeviceContext``'s device): what they made of the torch functions a trace called is in its graph."""
+    n = len_torch_function_stack()
+    return () if n == 0 else tuple(_described(function_stack_at(i)) for i in range(n))
+
+
+_SETTINGS = (bool, int, float, str, type(None), torch.device, torch.dtype)
+
+
+def _described(mode) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(getattr(mode, "__dict__", {}).items()) if type(v) in _SETTINGS)
+    return f"{type(mode).__module__}.{type(mode).__qualname__}({settings})"
+
+
+def mismatch(was, function_modes_were=None) -> str | None:
+    """Why a graph traced under the modes ``was`` (``baked()`` then; and the torch function modes
+    ``function_modes_were``, where given) cannot run under the caller's modes, or None when they are
+    the same: the casts autocast chose, inference tensors, the default dtype and what a function mode
+    did are in the graph, so running it under others would silently compute something else."""
     now = baked()
-    if was == now:
+    modes = function_modes() if function_modes_were is not None else None
+    if was == now and modes == function_modes_were:
         return None
-    return (f"called under other modes than captured ({describe(BAKED_NAMES, was, now)}): the graph has the "
-            "casts of the captured modes baked in")
+    return (f"called under other modes than captured ({describe((*BAKED_NAMES, 'torch function modes'), (*was, function_modes_were), (*now, modes))}): "
+            "the graph has the captured modes baked in")
 
 
 def describe(names, was, now) -> str:
@@ -72,18 +90,19 @@ def describe(names, was, now) -> str:
 
 
 def traced() -> tuple:
-    """The modes a trace depends on (``TRACED_NAMES``): grad mode (which outputs require grad) and
-    the baked ones; a jit entry or a Dynamo graph's cache entry runs only under its own."""
-    return (torch.is_grad_enabled(), *baked())
+    """The modes a trace depends on (``TRACED_NAMES``): grad mode (which outputs require grad), the
+    baked ones and the torch function modes; a jit entry or a Dynamo graph's cache entry runs only
+    under its own."""
+    return (torch.is_grad_enabled(), *baked(), function_modes())
 
 
-TRACED_NAMES = ("grad mode", *BAKED_NAMES)
+TRACED_NAMES = ("grad mode", *BAKED_NAMES, "torch function modes")
 
 
 def global_state() -> tuple:
     """The settings a function can change and leave changed for the code after it (``GLOBAL_NAMES``):
-    the modes a trace depends on and process-wide switches of torch's numerics."""
-    return (*traced(), torch.are_deterministic_algorithms_enabled(),
+    grad mode, the baked modes and process-wide switches of torch's numerics."""
+    return (torch.is_grad_enabled(), *baked(), torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
             *(get() for get in cudnn_flags), get_mkldnn_enabled(), _autocast_nesting())
@@ -117,7 +136,7 @@ def _autocast_nesting() -> int:
     return torch.autocast_decrement_nesting()
 
 
-GLOBAL_NAMES = (*TRACED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
+GLOBAL_NAMES = ("grad mode", *BAKED_NAMES, "deterministic algorithms", "deterministic algorithms warn_only",
                 "anomaly mode", "anomaly mode check_nan", "float32 matmul precision", "the number of threads",
                 "cuDNN", "cuDNN benchmark", "cuDNN deterministic", "oneDNN", "open autocast regions")
 

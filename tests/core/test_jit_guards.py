@@ -257,6 +257,32 @@ def test_autocast_dtype_is_a_mode():
     assert "CPU autocast dtype was torch.bfloat16, now torch.float16" in _reasons(f)[1]
 
 
+class _Doubling(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.relu else out
+
+
+def test_a_torch_function_mode_entered_around_the_call_is_a_mode():
+    """A ``TorchFunctionMode`` (or ``torch.device(...)`` as a context) changes what torch's functions do:
+    its effect on the trace is in the graph. jit recompiles under it, and again without it; the staged
+    step refuses a call under other modes (a stale graph before: the mode was ignored)."""
+    def f(x):
+        return torch.relu(x) + 1
+    g = aotgrad.jit(f)
+    x = torch.tensor([1.0, -2.0])
+    staged = aotgrad.capture(f, x).compile()
+    _same(g, f, x)
+    for enter in (_Doubling, lambda: torch.device("cpu"), _Doubling):
+        with enter():
+            _same(g, f, x)
+            with pytest.raises(errors.InputMismatchError, match=r"torch function modes was \(\), now \('"):
+                staged(x)
+        _same(g, f, x)
+    assert len(g.entries) == 3 and "_Doubling()" in _reasons(g)[1] and "DeviceContext(device=cpu" in _reasons(g)[2]
+    torch.testing.assert_close(staged(x), f(x))
+
+
 def test_assigning_python_state_in_the_trace_is_refused_and_undone():
     class Counter(nn.Module):
         def __init__(self):

@@ -126,7 +126,7 @@ def test_captured_keeps_modes_not_the_tracing_session():
     m, x = Net(), torch.randn(5, 4)
     c = aotgrad.capture(m, x)
     assert c.setup.session == Modes(dynamic=False, grad_enabled=True,
-                                    baked=(False, False, False, None, None, torch.float32))
+                                    baked=(False, False, False, None, None, torch.float32), function_modes=())
     assert c.setup.fake_inputs == () and c.setup.real_inputs == ()
     held = [getattr(c.setup, f.name) for f in dataclasses.fields(c.setup)]
     assert not any(isinstance(v, (list, dict, set)) for v in held)     # nothing a later call appends to
