@@ -453,6 +453,22 @@ def test_value_an_operator_refuses_is_typed_when_it_runs(artifacts, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
+def test_an_input_guard_flipping_requires_grad_is_refused_at_load(artifacts, name, tmp_path):
+    """The graphs differentiate the inputs the analysis says require grad: a guard saying otherwise
+    (found by the sweep: it loaded, then refused every call) is an inconsistent artifact."""
+    why = []
+    for i, guard in enumerate(_json_members(artifacts[name])["manifest.json"]["guards"]):
+        docs = _json_members(artifacts[name])
+        docs["manifest.json"]["guards"][i]["requires_grad"] = not guard["requires_grad"]
+        path = str(tmp_path / f"g{i}.aotgrad")
+        _write(path, _with_json(artifacts[name], docs))
+        with pytest.raises(ExportFormatError) as info:      # (a parameter's entry, an int input: refused before)
+            aotgrad.load(path)
+        why.append(str(info.value))
+    assert any("disagree on which inputs require grad" in w for w in why), why
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_fuzz_fast(artifacts, name, tmp_path, monkeypatch):
     counts = sweep(artifacts, name, 40, tmp_path, monkeypatch)
     print(f"\n{name}: {dict(counts)}")
