@@ -305,6 +305,25 @@ def test_leafness_of_an_input_is_eager_s_or_refused(fn, x, compile):
           (torch.randn(3, requires_grad=True),), compile=compile)
 
 
+def _written():
+    t = torch.randn(3)
+    t.add_(1)
+    return t
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: x * (x._version + 1), _written()),
+    (lambda x: x * (2 if x._base is None else 3), torch.randn(4)[:3]),
+    (lambda x: x * (2 if x.is_inference() else 3), torch.inference_mode()(torch.randn)(3)),
+], ids=["version counter of a written input", "base of a view", "an inference tensor"])
+@pytest.mark.parametrize("compile", [default_compile, jit_compile], ids=["capture", "jit"])
+def test_a_traced_tensors_own_counter_base_or_flag_is_eager_s_or_refused(fn, x, compile):
+    """The trace's tensor has its own ``_version``, ``_base`` and inference flag, not the caller's
+    (written before the call, a view, made in inference mode): a graph held the trace's answer,
+    silently, on every call."""
+    typed_naming(eager_or_typed(fn, (x,), compile=compile), "of a traced tensor")
+
+
 @pytest.mark.parametrize("fn,args", [
     (nn.LazyLinear(2), (torch.randn(3, 4),)),
     (lambda x, a: x * torch.from_numpy(a), (torch.randn(3), __import__("numpy").ones(3, dtype="float32"))),

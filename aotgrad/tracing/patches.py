@@ -25,8 +25,9 @@ patch                  what it replaces                                         
                        runs as the non-reentrant one)
 ``RNG_STATE``          ``torch[.random|.cuda].get_rng_state``/``set_rng_state``;   ``rng``
                        ``torch.utils.checkpoint``'s ``_is_compiling``
-``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad``, ``.is_leaf`` and     ``backward``
-                       ``.grad_fn`` of a FunctionalTensor; its ``untyped_storage()``
+``FORWARD_ONLY``       ``torch.autograd.backward``; ``.grad``, ``.is_leaf``,        ``backward``
+                       ``.grad_fn``, ``._version``, ``._base`` and ``is_inference()``
+                       of a FunctionalTensor; its ``untyped_storage()``
                        (``resize_`` is ``resize_storage_bytes_``)
 ``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
 _OFF                   ``autograd.grad`` is traced, not compiled)
@@ -317,14 +318,31 @@ def _forward_only():
                     user_line=errors.caller_line())
             return real(self)
         return property(read)
+    def unseen(name, what, method=False):
+        """``._version``, ``._base``, ``is_inference()`` of a traced tensor, read by the user's code: the
+        trace's tensor has its own counter, base and flag, not the caller's (an input written before the
+        call, a view, an inference tensor), so the graph would hold the answer of a tensor eager never had."""
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *a):
+            if current().backward is REFUSE and not errors.in_packages(sys._getframe(1).f_code.co_filename):
+                raise errors.UnsupportedError(
+                    f"reading {what} of a traced tensor inside the captured function: the trace's tensor stands in "
+                    "for eager's and has its own, so the graph would hold an answer eager's tensor need not give; "
+                    "read it outside and pass what you need as an argument", user_line=errors.caller_line())
+            return real(self, *a) if method else real.__get__(self)
+        return read if method else property(read)
     torch.autograd.backward = checked_backward
     FunctionalTensor.grad = property(grad, grad)
     FunctionalTensor.is_leaf, FunctionalTensor.grad_fn = history("is_leaf"), history("grad_fn")
+    FunctionalTensor._version, FunctionalTensor._base = unseen("_version", "._version"), unseen("_base", "._base")
+    FunctionalTensor.is_inference = unseen("is_inference", ".is_inference()", method=True)
     FunctionalTensor.untyped_storage = lambda self: _TracedStorage(self)
 
     def restore():
         torch.autograd.backward = backward
         del FunctionalTensor.grad, FunctionalTensor.is_leaf, FunctionalTensor.grad_fn, FunctionalTensor.untyped_storage
+        del FunctionalTensor._version, FunctionalTensor._base, FunctionalTensor.is_inference
     return restore
 
 
