@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 import collections
 import dataclasses
+import dis
 import enum
 import functools
 import hashlib
@@ -129,24 +130,45 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKe
 
 def code_fp(code: types.CodeType) -> str:
     """A digest of what ``code`` does, equal in every process: its bytecode, names, flags and
-    constants (nested code by its own digest, sets in sorted order), not its line numbers.
+    constants (nested code by its own digest, sets in the order they iterate), not its line numbers;
+    and where the code builds a set, the process's string hash seed (:func:`_in_order`).
     (``marshal.dumps`` is not: it flags objects by their reference counts, which differ between
     processes, so a second process missed every entry whose code built a generator or a set.)"""
     return hashlib.sha256(repr(_code_parts(code)).encode()).hexdigest()
 
 
 def _code_parts(code):
+    builds_sets = not _SET_OPS.isdisjoint(code.co_code[::2]) or not _SET_NAMES.isdisjoint(code.co_names)
     return (code.co_code, tuple(_const(c) for c in code.co_consts), code.co_names, code.co_varnames,
             code.co_freevars, code.co_cellvars, code.co_argcount, code.co_posonlyargcount,
-            code.co_kwonlyargcount, code.co_flags, getattr(code, "co_qualname", code.co_name))
+            code.co_kwonlyargcount, code.co_flags, getattr(code, "co_qualname", code.co_name),
+            *([_HASH_SEED] if builds_sets else []))
+
+
+# A set of strings or bytes iterates in an order its items' hashes decide, which the process's hash seed
+# (random in each process unless PYTHONHASHSEED is set) changes: code that builds a set, and a set a read
+# holds, are the same in another process only under the same seed (a loop over one, traced, is unrolled
+# in this process's order).
+_SET_OPS = frozenset(dis.opmap[n] for n in ("BUILD_SET", "SET_ADD", "SET_UPDATE"))
+_SET_NAMES = frozenset(("set", "frozenset"))
+_HASH_SEED = ("string hash seed", hash("aotgrad: the string hash seed"))
+
+
+def _in_order(items, fp) -> tuple:
+    """A set's items (fingerprinted by ``fp``) in the order it iterates, with the hash seed where that
+    order is the seed's."""
+    out = tuple(fp(x) for x in items)
+    return (*out, _HASH_SEED) if any(isinstance(x, (str, bytes)) or isinstance(x, tuple) and
+                                     any(isinstance(y, (str, bytes)) for y in x) for x in items) else out
 
 
 def _const(c):
     if isinstance(c, types.CodeType):
         return ("code", _code_parts(c))
-    if isinstance(c, (tuple, frozenset)):
-        items = tuple(_const(x) for x in c)
-        return (type(c).__name__, tuple(sorted(items, key=repr)) if isinstance(c, frozenset) else items)
+    if isinstance(c, frozenset):
+        return ("frozenset", _in_order(c, _const))
+    if isinstance(c, tuple):
+        return ("tuple", tuple(_const(x) for x in c))
     return (type(c).__name__, float_bits(c) if isinstance(c, float) else repr(c))
 
 
@@ -177,8 +199,10 @@ def _value_fp(v):
         return ("code", code_fp(v))
     if isinstance(v, functools.partial):     # called by C code no read sees: what it calls, and with what
         return ("partial", _value_fp(v.func), _value_fp(v.args), _value_fp(v.keywords), _value_fp(vars(v)))
-    if isinstance(v, (tuple, list, frozenset, set, dict, collections.deque)) and not isinstance(v, enum.Enum):
-        items = v.items() if isinstance(v, dict) else sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+    if isinstance(v, (set, frozenset)):
+        return (_type_name(type(v)), _in_order(v, _value_fp))
+    if isinstance(v, (tuple, list, dict, collections.deque)) and not isinstance(v, enum.Enum):
+        items = v.items() if isinstance(v, dict) else v
         maxlen = (v.maxlen,) if isinstance(v, collections.deque) else ()
         return (_type_name(type(v)), *maxlen, tuple(_value_fp(x) for x in items))
     try:
@@ -498,9 +522,10 @@ def _fp(v, seen: dict):
         return data
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
         return (type(v).__name__, repr(v))
-    if isinstance(v, (tuple, list, frozenset, set)):
-        items = sorted(map(repr, v)) if isinstance(v, (set, frozenset)) else v
-        return (type(v).__name__, tuple(_fp(x, seen) for x in items))
+    if isinstance(v, (set, frozenset)):
+        return (type(v).__name__, _in_order(v, lambda x: _fp(x, seen)))
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_fp(x, seen) for x in v))
     if isinstance(v, dict):
         return ("dict", tuple((repr(k), _fp(x, seen)) for k, x in v.items()))
     if isinstance(v, (torch.dtype, torch.device, torch.memory_format, torch.layout, slice, type(Ellipsis))):

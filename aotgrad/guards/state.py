@@ -90,8 +90,7 @@ def freeze(v, depth=0):
     if isinstance(v, _CONTAINER_TYPES) and depth < _FROZEN_DEPTH and len(v) <= _FROZEN_LIMIT:
         if isinstance(v, dict):
             return (type(v), tuple((freeze(k, depth + 1), freeze(x, depth + 1)) for k, x in v.items()))
-        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
-        body = tuple(freeze(x, depth + 1) for x in items)
+        body = tuple(freeze(x, depth + 1) for x in v)     # (a set in the order it iterates: a loop sees that)
         return (type(v), (_MAXLEN, v.maxlen, body) if isinstance(v, collections.deque) else body)
     return _Same(v, v._version) if _versioned(v) else _Same(v)
 
