@@ -328,6 +328,15 @@ def library_code(rec) -> list:
     return list(out.values())
 
 
+def process_answers(rec) -> list:
+    """Each ``id()`` or ``hash()`` call of the user's code: its answer (an address, a string's hash under
+    this process's seed) holds in this process alone, so the entry gets a read without a path, which
+    keeps it off the disk."""
+    from .state import Read
+    return [Read(f"`{fn.__name__}()` at {code.co_filename}:{line} (this process's answer)", None, _Ran(fn), "code",
+                 fn, "id") for fn, code, line in dict.fromkeys(rec.process_local)]
+
+
 class _Ran:
     """Where code that a fresh process cannot find is held (its guard always holds in this process)."""
     __slots__ = ("code",)

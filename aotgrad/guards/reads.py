@@ -44,6 +44,7 @@ SKIP, USER, NN_METHOD, MODULE_CALL, LIBRARY, STDLIB, HELD = 0, 1, 2, 3, 4, 5, 6
 _SWITCH_IDS = {id(f): name for f, name in SWITCH_GETTERS.items()}
 _SETPROFILE = sys.setprofile
 _RANDOM_PY = random.__file__
+_ID, _HASH = id, hash
 _CONSTRUCTORS = ("__init__", "__new__", "__post_init__", "__setstate__")
 _BUILDING = ("__init__", "__post_init__", "__setstate__")      # their first argument is the object being built
 # Library methods whose ``self`` is no object the program holds: a constructor's, a descriptor's (an enum
@@ -125,6 +126,7 @@ class Recording:
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (C function, code, line, why): answers no guard can check
     returned: list = field(default_factory=list)    # modules and stateful objects library calls returned to user code
+    process_local: list = field(default_factory=list)   # (C function, code, line): ``id()``/``hash()`` answers (c_calls)
     stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
     last_c: tuple | None = None     # (C function, code, line) of the last C call seen
     replaced: tuple | None = None   # the same, of the call that replaced this recording's profile function
@@ -187,6 +189,8 @@ class Recording:
             return self._generator_call(fn, gen, frame)
         at = self._user_call_site(frame)
         if at is not None:
+            if (fn is _ID or fn is _HASH) and at is frame:  # this process's answer (an address, a string's
+                self.process_local.append((fn, at.f_code, at.f_lineno))     # seeded hash); deepcopy's memo is not
             why = c_calls.verdict(fn)
             if why == c_calls.GETTER:
                 # (asked by the standard library, it is its bookkeeping: a lock's owner, ``current_thread()``'s key)

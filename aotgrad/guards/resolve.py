@@ -833,8 +833,8 @@ def _anon(obj) -> str:
 def assumed(fn, leaves, root_name, rec) -> list:
     """Every read the traced call made, as guardable ``Read`` s, and the installed libraries' code
     it ran (``cache.library_code``: held by identity here, by contents in another process)."""
-    from .cache import library_code
-    return Resolver(fn, leaves, root_name, rec).resolve() + library_code(rec)
+    from .cache import library_code, process_answers
+    return Resolver(fn, leaves, root_name, rec).resolve() + library_code(rec) + process_answers(rec)
 
 
 def _resolve_path(fn, leaves, path):
