@@ -61,6 +61,7 @@ class Writes:
         self.is_library = is_library
         self.generators = _generator_states()       # Python's and numpy's global random streams
         self.torch_streams: dict = {}   # id -> (torch.Generator, its state) whose own methods the code called
+        self.numpy_streams: set = set()     # ids of the NumPy bit generators (or RandomStates) snapshotted
         self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
         self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
@@ -170,9 +171,10 @@ class Writes:
         get_put = _numpy_state(v)
         if get_put is None:
             return False
-        name = f"{_UNSEEN}{type(v).__name__} {source}>"
-        if name not in self.generators:
-            self.generators[name] = (get_put[0](), *get_put)
+        stream = id(getattr(v, "bit_generator", v))     # (one stream, however many chains reach it: named by the first)
+        if stream not in self.numpy_streams:
+            self.numpy_streams.add(stream)
+            self.generators[f"{_UNSEEN}{type(v).__name__} {source}>"] = (get_put[0](), *get_put)
         return True
 
     def _library_object(self, v):

@@ -144,7 +144,8 @@ def test_a_stdlib_function_asking_c_for_outside_state_is_refused(case, tmp_path)
 # taken before the trace tells. (the program's read)
 NUMPY_DRAWS = {"a Generator": "G.random()", "its integers": "float(G.integers(0, 1000))",
                "a RandomState": "RS.rand()", "a bit generator's Generator": "np.random.Generator(BG).random()",
-               "a module attribute": "HOLDER.rng.normal()"}
+               "a module attribute": "HOLDER.rng.normal()",
+               "one stream by two names": "G.random() * SAME.rng.random()"}
 
 
 @pytest.mark.parametrize("draw", NUMPY_DRAWS)
@@ -152,7 +153,8 @@ NUMPY_DRAWS = {"a Generator": "G.random()", "its integers": "float(G.integers(0,
 def test_a_draw_from_a_numpy_stream_of_the_programs_own_is_refused_and_put_back(draw, entry):
     np = pytest.importorskip("numpy")
     ns = _module("import numpy as np, types\nG = np.random.default_rng(0)\nRS = np.random.RandomState(0)\n"
-                 "BG = np.random.PCG64(1)\nHOLDER = types.SimpleNamespace(rng=np.random.default_rng(2))\n\n"
+                 "BG = np.random.PCG64(1)\nHOLDER = types.SimpleNamespace(rng=np.random.default_rng(2))\n"
+                 "SAME = types.SimpleNamespace(rng=G)\n\n"
                  f"def f(x):\n    return x * {NUMPY_DRAWS[draw]}\n")
     state = lambda: repr((ns["G"].bit_generator.state, ns["RS"].get_state(), ns["BG"].state,
                           ns["HOLDER"].rng.bit_generator.state, np.random.get_state()))
