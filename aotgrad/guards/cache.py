@@ -158,8 +158,12 @@ def _in_order(items, fp) -> tuple:
     """A set's items (fingerprinted by ``fp``) in the order it iterates, with the hash seed where that
     order is the seed's."""
     out = tuple(fp(x) for x in items)
-    return (*out, _HASH_SEED) if any(isinstance(x, (str, bytes)) or isinstance(x, tuple) and
-                                     any(isinstance(y, (str, bytes)) for y in x) for x in items) else out
+    return (*out, _HASH_SEED) if any(map(_seeded, items)) else out
+
+
+def _seeded(x) -> bool:
+    """Whether ``x``'s hash is the string hash seed's: a string, bytes, or a tuple or frozenset holding one."""
+    return isinstance(x, (str, bytes)) or isinstance(x, (tuple, frozenset)) and any(map(_seeded, x))
 
 
 def _const(c):

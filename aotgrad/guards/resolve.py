@@ -78,6 +78,7 @@ def locate(obj, kind, key):
     return None
 
 
+_SWITCH_NAMES = frozenset(SWITCH_GETTERS.values())     # (a getter of process state is named by its call)
 _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    # modules whose state is constant
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
@@ -181,7 +182,7 @@ class Resolver:
             return
         self.switched.add(name)
         kind = guard_kind(seen)
-        self._add(Read(f"torch switch {switch_name(name)}" if name.startswith("_") else f"{name}()",
+        self._add(Read(f"torch switch {switch_name(name)}" if name in _SWITCH_NAMES else f"{name}()",
                        ("switch", name), _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
 
     def _c_function(self, fn):
@@ -403,7 +404,7 @@ class Resolver:
             if library_module:
                 # a library's module: a plain value or module the code loads from it (``mylib.FLAG``,
                 # ``torch.nn.functional``) is read like a user module's; its functions and classes by
-                # identity (``F.gelu = mine`` rebinds it: its module's tag covers the read), not followed
+                # identity (``F.gelu = mine`` rebinds it), not followed
                 value = vars(obj).get(key, _UNSET)
                 if kind != "attr" or not _module_state(value):
                     if isinstance(value, types.BuiltinFunctionType) and self.structure:

@@ -74,12 +74,11 @@ def mismatch(was, function_modes_were=None) -> str | None:
     ``function_modes_were``, where given) cannot run under the caller's modes, or None when they are
     the same: the casts autocast chose, inference tensors, the default dtype and what a function mode
     did are in the graph, so running it under others would silently compute something else."""
-    now = baked()
-    modes = function_modes() if function_modes_were is not None else None
-    if was == now and modes == function_modes_were:
+    was, now = (*was, function_modes_were), (*baked(), function_modes() if function_modes_were is not None else None)
+    if was == now:
         return None
-    return (f"called under other modes than captured ({describe((*BAKED_NAMES, 'torch function modes'), (*was, function_modes_were), (*now, modes))}): "
-            "the graph has the captured modes baked in")
+    return f"called under other modes than captured ({describe(TRACED_NAMES[1:], was, now)}): the graph has the " \
+        "captured modes baked in"
 
 
 def describe(names, was, now) -> str:

@@ -318,6 +318,7 @@ def _forward_only():
                     user_line=errors.caller_line())
             return real(self)
         return property(read)
+
     def unseen(name, what, method=False):
         """``._version``, ``._base``, ``is_inference()`` of a traced tensor, read by the user's code: the
         trace's tensor has its own counter, base and flag, not the caller's (an input written before the
