@@ -553,6 +553,8 @@ def _fp(v, seen: dict):
         return ("lib", getattr(v, "__module__", ""), getattr(v, "__qualname__", repr(v)))
     if isinstance(v, (OpOverload, OpOverloadPacket)):
         return ("op", str(v))
+    if isinstance(v, _DESCRIPTORS) and _is_lib(v.__objclass__):     # ``TensorBase.relu``, ``.shape``
+        return ("descriptor", v.__objclass__.__module__, v.__qualname__)
     if isinstance(v, types.BuiltinFunctionType):
         owner = getattr(v, "__self__", None)
         return ("builtin", getattr(v, "__module__", None), getattr(owner, "__name__", None), v.__qualname__)
@@ -569,6 +571,8 @@ def _fp(v, seen: dict):
 
 
 _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+_DESCRIPTORS = (types.MethodDescriptorType, types.GetSetDescriptorType, types.WrapperDescriptorType,
+                types.MemberDescriptorType, types.ClassMethodDescriptorType)
 
 
 def _is_lib(v) -> bool:

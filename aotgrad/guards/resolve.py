@@ -83,6 +83,8 @@ _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    #
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
 _LRU = type(functools.lru_cache(lambda: None))
+_TENSOR_CLASSES = (("torch", torch.Tensor), ("torch._C", torch._C.TensorBase))
+_TENSOR_NAMES = frozenset(name for _, c in _TENSOR_CLASSES for name in vars(c))
 
 
 def _state_of_library(obj) -> bool:
@@ -139,7 +141,23 @@ class Resolver:
                 self._returned(v)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
+        if self.structure:
+            self._tensor_attributes()
         return list(self.reads.values())
+
+    def _tensor_attributes(self):
+        """A tensor's attribute the code loads (``h.relu()``, ``x.view``, ``x.shape``), where torch's classes
+        answer it: its entry in ``torch.Tensor``'s dict or ``TensorBase``'s, by identity, and its absence
+        from ``torch.Tensor``'s where ``TensorBase`` answers. A traced tensor is no root any chain starts
+        from, so a method patched onto ``torch.Tensor`` after the capture would go unseen."""
+        for name in sorted(self.names & _TENSOR_NAMES):
+            for module, cls in _TENSOR_CLASSES:
+                d, path = vars(cls), ("G", module, ("attr", cls.__name__), ("own", name))
+                if name in d:
+                    kind = "eq" if guard_kind(d[name]) == "eq" else "id"
+                    self._add(Read(f"{module}.{cls.__name__}.{name}", path, d, name, d[name], kind))
+                    break
+                self._add(Read(f"{module}.{cls.__name__}.{name}", path, d, name, None, "absent"))
 
     def _returned(self, v):
         """A module or a stateful object a library call handed user code (``importlib.import_module(name)``,

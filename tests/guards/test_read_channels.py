@@ -20,6 +20,8 @@ import aotgrad
 from aotgrad import errors
 from aotgrad.runtime import modes
 
+_UNSET = object()
+
 HEADER = """
 import array, collections, contextlib, contextvars, functools, inspect, operator, threading, weakref
 import numpy as np
@@ -201,6 +203,31 @@ def test_a_library_function_rebound_after_capture_recompiles(case):
         setattr(owner, name, was)
 
 
+# A tensor's method or attribute the user's code loads, patched onto torch.Tensor after the first call
+# (a debugging hook, a library's fused kernel): a traced tensor is no root a read chain starts from, so
+# it was a stale graph before. (the expression, the name set on torch.Tensor, what it is set to)
+TENSOR_ATTRIBUTES = {
+    "a TensorBase method shadowed on torch.Tensor (x.relu())": ("x.relu()", "relu", "lambda s: s * 3"),
+    "torch.Tensor's own Python method (x.norm())": ("x * x.norm()", "norm", "lambda s, *a, **k: s.sum()"),
+    "a TensorBase attribute made a property (x.real)": ("x.real * 2", "real", "property(lambda s: s * 3)"),
+    "a method on an intermediate (h.sigmoid())": ("(x * 2).sigmoid()", "sigmoid", "lambda s: s + 1"),
+}
+
+
+@pytest.mark.parametrize("case", TENSOR_ATTRIBUTES)
+def test_a_tensor_method_patched_after_capture_recompiles(case):
+    read, name, new = TENSOR_ATTRIBUTES[case]
+    ns = _module(f"def f(x):\n    return {read}\n")
+    had = vars(torch.Tensor).get(name, _UNSET)
+    try:
+        _check(ns, ns["f"], lambda: setattr(torch.Tensor, name, eval(new, ns)), torch.tensor([1.0, -2.0]))
+    finally:
+        if had is _UNSET:
+            delattr(torch.Tensor, name)
+        else:
+            setattr(torch.Tensor, name, had)
+
+
 def test_a_library_function_is_read_by_identity_not_followed():
     """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
     nothing inside (its code, cells, defaults, attributes) is read."""
@@ -209,7 +236,8 @@ def test_a_library_function_is_read_by_identity_not_followed():
     f, x = aotgrad.jit(ns["f"]), torch.tensor([1.0, -2.0])
     torch.testing.assert_close(f(x), ns["f"](x))
     reads = [r for r in aotgrad.capture(ns["f"], x).state.reads
-             if any(s in r.source for s in ("relu", "Logger", "aten.mul"))]
+             if any(s in r.source for s in ("relu", "Logger", "aten.mul"))
+             and not r.source.startswith(("torch.Tensor.", "torch._C.TensorBase."))]   # (a tensor's relu)
     assert sorted(r.source for r in reads) == ["F.relu", "logging.Logger", "torch.ops.aten.mul"], reads
     assert all(r.kind == "id" for r in reads)
 
