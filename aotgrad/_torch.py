@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as sympy_functions
 from torch._C import _autograd as C_autograd
 from torch._C import _dynamo as C_dynamo
+from torch._C import TensorBase
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._library.simple_registry import singleton as simple_registry
@@ -37,7 +38,7 @@ from torch.utils._sympy.printers import PythonPrinter
 # Re-exported as they are (everything below is a wrapper or a version switch).
 __all__ = [
     "C_autograd", "C_dynamo", "FakeTensor", "FakeTensorMode", "FunctionalTensor", "FunctionalTensorMode",
-    "OpOverload", "OpOverloadPacket", "PythonPrinter", "TorchDispatchMode", "TracingContext",
+    "OpOverload", "OpOverloadPacket", "PythonPrinter", "TensorBase", "TorchDispatchMode", "TracingContext",
     "detect_fake_mode", "disable_current_modes", "enable_python_dispatcher", "fx_symbolic_trace", "int_oo",
     "is_non_overlapping_and_dense_or_false", "pytree", "simple_registry", "suppress_guards", "sympy_functions",
     "tracing",

@@ -84,7 +84,7 @@ class Traced:
     effects: tuple = ()     # caches.Update/Ask/SetItem of its cache arguments, in order; updates' tensors end the outputs
     watched: frozenset = frozenset()    # sources of the varying scalars the watch saw read (``_Entry.read``'s)
     proof: tuple = ()       # every frame its trace ran, as ``frames`` (a twin's reads are found again from them)
-    reads: tuple = ()       # ``(source, kind, value)`` of each read its trace made, on the owner (``_reads_in``)
+    reads: tuple = ()       # each read its trace made, on the owner (``_reads_in``)
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,9 @@ class Reuse:
     objects: frozenset | None = None                # ids of every member's modules (_block_objects)
     refused: dict = field(default_factory=dict)     # call -> why it runs flat (block_graph.FlatCall)
     seen: dict = field(default_factory=dict)        # member id -> its calls so far in this trace
-    # (call, template key) -> whether the template's reads are proven the call's (``_proven``); and
-    # the calls whose reads were replayed: each trace runs the same Python, so the first trace's
-    # answers stand for the later ones (a deep model's joint trace would redo both per layer)
+    # (call, template key) -> the call's reads where the template's are proven its own, else None
+    # (``_proven``); and the calls whose reads were replayed: each trace runs the same Python, so the
+    # first trace's answers stand for the later ones (a deep model's joint trace would redo both per layer)
     proofs: dict = field(default_factory=dict)
     replayed: set = field(default_factory=set)
 
@@ -165,7 +165,7 @@ class Reuse:
         with reads.paused():        # our Function and kernel: no user code runs in them
             if module is not hit.owner and self.recording is not None and (origin, hit.template.key) not in self.replayed:
                 self.replayed.add((origin, hit.template.key))
-                _replay_reads(self.recording, hit.frames, m.paths)
+                _replay_reads(self.recording, hit.frames, m.paths, module, self.proofs[origin, hit.template.key])
             ins = [*state, *call.tensors]
             outs = _with_views(block_graph.apply(hit.template, ins, origin), hit.template.views, ins)
             caches.replay(steps, call.leaves, outs[n:])
@@ -235,30 +235,32 @@ class Reuse:
         k = (origin, e.traced.template.key)
         if k not in self.proofs:
             self.proofs[k] = self._proven(e, module, m)
-        return self.proofs[k]
+        return self.proofs[k] is not None
 
-    def _proven(self, e: _Entry, module, m: Member) -> bool:
+    def _proven(self, e: _Entry, module, m: Member) -> tuple | None:
         """Whether every read the template's trace made has the same value for this block now as it
         had for the template's (a global the parent sets per layer, a ``ContextVar``, a class
         attribute, a value read with ``object.__getattribute__``): else the block gets a template of its
-        own, or runs flat. The varying scalars the watch saw are ``_Entry.stands_for``'s."""
+        own, or runs flat. The varying scalars the watch saw are ``_Entry.stands_for``'s. Proven, the
+        block's reads (its own values, rooted at the block): the capture's guards take them as they are
+        (``Resolver._twin``), where resolving the block's frames again would find the same."""
         t = e.traced
-        if t is None or module is t.owner:
-            return True
         with reads.paused():    # the resolver's walk and comparisons of plain values: no user code runs
             now = _reads_in(module, t.proof, m.paths)
             if now is None or len(now) != len(t.reads):
-                return False
+                return None
             same, at = self._same_reads(t, module, now, 0, plain=True)
         # From the first read of children or hooks on: compared by identity, else by ``==`` (a module
         # class's own ``__eq__`` is user code: watched, as everywhere).
-        return same if same is not None else self._same_reads(t, module, now, at, plain=False)[0]
+        if same is None:
+            same = self._same_reads(t, module, now, at, plain=False)[0]
+        return now if same else None
 
     def _same_reads(self, t: Traced, module, now, start: int, plain: bool):
         """``(verdict, index)``: whether the reads from ``start`` on are the template's; None (and the
         index) at a read of children or hooks where ``plain``."""
         for i in range(start, len(now)):
-            (source, kind, was), (source2, kind2, value) = t.reads[i], now[i]
+            (source, kind, was), (source2, kind2, value) = _facets(t.reads[i]), _facets(now[i])
             if source != source2:
                 return False, i
             if source in t.watched:
@@ -614,16 +616,19 @@ def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
 
 
 def _reads_in(module, frames, paths) -> tuple | None:
-    """``(source, kind, value)`` of each read the frames of a template's trace make when the block is
-    ``module`` (submodules by path: ``paths``), the module tree's structure aside (the twins' key
-    compares it); None where a read cannot be resolved (it would be refused at capture)."""
+    """Each read the frames of a template's trace make when the block is ``module`` (submodules by
+    path: ``paths``), rooted at the block (``block.attn.n_head``), the module tree's structure aside
+    (the twins' key compares it); None where a read cannot be resolved (it would be refused at capture)."""
     ran = {i: _rebound(f, self_path, arg_paths, paths) for i, (f, self_path, arg_paths) in enumerate(frames)}
     rec = types.SimpleNamespace(frames=ran, switches={}, reflected=[])
     try:
-        found = resolve.Resolver(module, (), "block", rec, structure=False).resolve()
+        return tuple(resolve.Resolver(module, (), resolve.TWIN, rec, structure=False).resolve())
     except AotgradError:
         return None
-    return tuple((r.source, r.kind, r.value) for r in found)
+
+
+def _facets(r) -> tuple:
+    return r.source, r.kind, r.value
 
 
 def _same_read(kind, was, now) -> bool:
@@ -638,17 +643,25 @@ def _same_read(kind, was, now) -> bool:
 
 def _varying_source(m: Member, i: int) -> str:
     path, attr = m.varying[i]
-    return ".".join(filter(None, ("block", path, attr)))
+    return ".".join(filter(None, (resolve.TWIN, path, attr)))
 
 
-def _replay_reads(rec, frames, paths) -> None:
-    """Record on this block's objects the reads the template's trace recorded on the first block's."""
+def _replay_reads(rec, frames, paths, block, found) -> None:
+    """Record on this block's objects the calls of its modules the template's trace recorded on the
+    first block's; the reads of the rest of its frames are its proof's (``found``: ``Reuse._proven``),
+    which the capture's resolver takes where they still hold, else it resolves those frames
+    (``Resolver.resolve``)."""
+    rest = []
     for f, self_path, arg_paths in frames:
         f = _rebound(f, self_path, arg_paths, paths)
+        if f.kind != reads.MODULE_CALL:
+            rest.append(f)
+            continue
         g = f.globals
         key = (f.code, id(g) if g is not None else None, id(f.self_obj),
                tuple(sorted((n, id(v)) for n, v in f.args.items())) if f.kind == reads.USER else ())
         rec.frames.setdefault(key, f)
+    rec.twins.append((block, found, tuple(rest)))
 
 
 def _rebound(f, self_path, arg_paths, paths):

@@ -126,6 +126,7 @@ class Recording:
     switches: dict = field(default_factory=dict)    # torch switch read -> (its getter, the value the trace saw)
     reflected: list = field(default_factory=list)   # (C function, code, line, why): answers no guard can check
     returned: list = field(default_factory=list)    # modules and stateful objects library calls returned to user code
+    twins: list = field(default_factory=list)       # (block, its proof's reads, its frames): ``Resolver.resolve``
     process_local: list = field(default_factory=list)   # (C function, code, line): ``id()``/``hash()`` answers (c_calls)
     stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
     last_c: tuple | None = None     # (C function, code, line) of the last C call seen

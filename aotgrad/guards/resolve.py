@@ -26,12 +26,13 @@ import weakref
 import torch
 
 from .. import errors
-from .._torch import SWITCH_GETTERS
+from .._torch import SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, probed_names
 from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, is_library
-from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, freeze, checkable, guard_kind
+from .state import (_EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, checkable, current, freeze, guard_kind,
+                    holds)
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
 
@@ -83,7 +84,8 @@ _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    #
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _CALLABLES = (types.FunctionType, functools.partial)     # followed though library-made: their code, cells, arguments
 _LRU = type(functools.lru_cache(lambda: None))
-_TENSOR_CLASSES = (("torch", torch.Tensor), ("torch._C", torch._C.TensorBase))
+TWIN = "<block>"    # the root a twin block's proof is resolved from (``_twin`` puts the block's own in its place)
+_TENSOR_CLASSES = (("torch", torch.Tensor), ("torch._C", TensorBase))
 _TENSOR_NAMES = frozenset(name for _, c in _TENSOR_CLASSES for name in vars(c))
 
 
@@ -120,6 +122,7 @@ class Resolver:
         self.probed = probed_names(self.executed)
         self.fn, self.root_name = fn, root_name
         self.line = None        # the user line of the chain being followed, for refusals
+        self.called: set = set()   # (id, path) of each module whose call's reads were made (``_called``)
         self.cached: list = []  # frames standing for a cached function's body (an ``lru_cache`` hit runs none)
         self.switched: set = set()  # the switches and getters read
         self._roots(fn, leaves)
@@ -127,7 +130,14 @@ class Resolver:
     def resolve(self) -> list:
         self._unfollowed()
         self._switches()
-        frames = list(self.rec.frames.values())
+        frames, twins = list(self.rec.frames.values()), []
+        # A twin block's reads found when it was called (its proof) are the reads now where each holds
+        # now; else (a scope its parent set around the call: a ContextVar) its frames are resolved here.
+        for block, found, rest in getattr(self.rec, "twins", ()):
+            if all(holds(r, current(r)) for r in found):
+                twins.append((block, found))
+            else:
+                frames += rest
         looked: dict = {}       # id(frame) -> the paths its self and arguments had when it was resolved
         for _ in range(3):      # a self or argument reached later gets its path on the next round
             known = len(self.paths)
@@ -141,9 +151,21 @@ class Resolver:
                 self._returned(v)
             if len(self.paths) == known:
                 break           # no path was added: another round would make the same calls, all no-ops
+        for block, found in twins:
+            self._twin(block, found)
         if self.structure:
             self._tensor_attributes()
         return list(self.reads.values())
+
+    def _twin(self, block, found):
+        """The reads a repeated block's proof found (``capture.blocks.Reuse._proven``: what the frames of its
+        template's trace read when the block is this one, rooted at the block) at the block's place here."""
+        path, source = self.paths.get(id(block), (None, _anon(block)))
+        for r in found:
+            at = r.path
+            if at is not None and at[:2] == ("fn", None):
+                at = path + at[2:] if path is not None else None
+            self._add(Read(r.source.replace(TWIN, source, 1), at, r.where, r.key, r.value, r.kind))
 
     def _tensor_attributes(self):
         """A tensor's attribute the code loads (``h.relu()``, ``x.view``, ``x.shape``), where torch's classes
@@ -259,7 +281,9 @@ class Resolver:
     def _frame(self, f):
         path, source = self.paths.get(id(f.self_obj), (None, None)) if f.self_obj is not None else (None, None)
         if f.kind == MODULE_CALL:
-            if self.structure:
+            # (one call records two frames, ``_wrapped_call_impl``'s and ``_call_impl``'s: the same reads)
+            if self.structure and (id(f.self_obj), path) not in self.called:
+                self.called.add((id(f.self_obj), path))
                 self._called(f.self_obj, path, source or _anon(f.self_obj))
             return
         found, _ = chains(f.code)
