@@ -63,10 +63,13 @@ def kind_of(code, module_name) -> int:
         return SKIP
     if path.startswith("<"):
         # Code made by exec (a user's, or a user dataclass's methods) belongs to the module whose
-        # globals it runs with; FX's generated graphs and library dataclasses do not.
-        generated = path.startswith(("<eval_with_key", "<aotgrad")) or not isinstance(module_name, str) \
-            or module_name.startswith("namedtuple_")        # torch's eval'd lambdas, namedtuple's __new__
-        return SKIP if generated or is_library(module_name) else USER
+        # globals it runs with; FX's generated graphs and library dataclasses do not. Source the
+        # program exec'd with globals of its own (``exec(src, {"torch": torch})``: no ``__name__``,
+        # the file ``<string>``) is the user's: its globals are read, in this process alone.
+        named = isinstance(module_name, str)
+        generated = path.startswith(("<eval_with_key", "<aotgrad")) or not named and path != "<string>" \
+            or named and module_name.startswith("namedtuple_")      # torch's eval'd lambdas, namedtuple's __new__
+        return SKIP if generated or named and is_library(module_name) else USER
     path = os.path.abspath(path)
     if path.startswith(_NN):    # a torch module's own methods read its settings; the base class's, its internals
         is_method = code.co_argcount and code.co_varnames[0] == "self" and path != _NN + "module.py"

@@ -228,6 +228,18 @@ def test_a_tensor_method_patched_after_capture_recompiles(case):
             setattr(torch.Tensor, name, had)
 
 
+@pytest.mark.parametrize("called", ["itself", "from the user's function"])
+def test_code_exec_d_with_globals_of_its_own_reads_them(called):
+    """``exec(src, {"torch": torch, "SCALE": 2.0})``: globals with no module name, the file ``<string>``.
+    It was classed as generated code and its globals went unread: a stale graph."""
+    g = {"torch": torch, "SCALE": 2.0}
+    exec("def f(x):\n    return x * SCALE\n", g)
+    fn = g["f"] if called == "itself" else _module("def f(x):\n    return G['f'](x) + 1\n")["f"]
+    if called != "itself":
+        fn.__globals__["G"] = g
+    _check(g, fn, lambda: g.__setitem__("SCALE", 3.0), torch.tensor([1.0, -2.0]))
+
+
 def test_a_library_function_is_read_by_identity_not_followed():
     """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
     nothing inside (its code, cells, defaults, attributes) is read."""
