@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Chain:
-    root: str            # "global", "deref" (a free variable), "fast" (an argument), "globals" (every global)
+    root: str            # "global", "deref" (a free variable), "fast" (an argument), "globals" (every global),
+    #                      "import" (a module the code imports: ``name`` its dotted name, relative ones led by dots)
     name: str
     steps: tuple         # ("attr", name) or ("item", constant), in load order
     line: int | None
@@ -45,6 +46,7 @@ def _scan(code, instructions=None):
     args, free = set(code.co_varnames[:n_args]), set(code.co_freevars)
     found, stores, cur, line, pending = [], [], None, None, None
     ins_list = _normalized(dis.get_instructions(code) if instructions is None else instructions)
+    imports = _imports(ins_list, args)
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
     skip = 0
     for at, ins in enumerate(ins_list):
@@ -100,7 +102,9 @@ def _scan(code, instructions=None):
             root = "fast"
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
-        if root is not None:
+        if root is None and op == "LOAD_FAST" and ins.argval in imports:
+            cur = Chain("import", *imports[ins.argval], line)
+        elif root is not None:
             callee = ended if ended in _THROUGH else None    # the reading function loaded just before this chain
             cur = Chain(root, ins.argval, (), line)
         elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
@@ -108,6 +112,32 @@ def _scan(code, instructions=None):
     if cur is not None:
         found.append(cur)
     return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+def _imports(ins, args) -> dict:
+    """The local names only ``import`` statements bind: name -> (the module's name, led by a dot per
+    level of a relative import; the steps from it). ``import a.b`` binds ``a``; ``import a.b as c``
+    binds ``a.b``; ``from a import x`` binds ``a``'s ``x``."""
+    bound: dict = {}        # name -> what each import binding it binds
+    stored = [i.argval for i in ins if i.opname in ("STORE_FAST", "DELETE_FAST")]
+    for at, i in enumerate(ins):
+        if i.opname != "IMPORT_NAME" or at < 2 or ins[at - 2].opname != "LOAD_CONST":
+            continue
+        level, fromlist, name = ins[at - 2].argval, ins[at - 1].argval, "." * ins[at - 2].argval + i.argval
+        k = at + 1
+        if fromlist is None and k < len(ins) and ins[k].opname == "STORE_FAST":
+            bound.setdefault(ins[k].argval, []).append((name.split(".")[0] if not level else name, ()))
+            continue
+        while k < len(ins) and ins[k].opname in ("IMPORT_FROM", "SWAP", "POP_TOP"):
+            k += 1      # ``import a.b as c``: each IMPORT_FROM steps into a submodule
+            if fromlist is not None and ins[k - 1].opname == "IMPORT_FROM" and k < len(ins) \
+                    and ins[k].opname == "STORE_FAST":
+                bound.setdefault(ins[k].argval, []).append((name, (("attr", ins[k - 1].argval),)))
+                k += 1
+        if fromlist is None and k < len(ins) and ins[k].opname == "STORE_FAST":
+            bound.setdefault(ins[k].argval, []).append((name, ()))
+    # a name also bound otherwise (assigned, an argument, imports of two things) is a plain local
+    return {n: v[0] for n, v in bound.items() if n not in args and stored.count(n) == len(v) and len(set(v)) == 1}
 
 
 _PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"), "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),

@@ -14,6 +14,7 @@ not repeat it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import sys
@@ -82,6 +83,18 @@ def kind_of(code, module_name) -> int:
         # its functions read its own settings (a flag its ``set_...`` function assigns): plain globals.
         return LIBRARY
     return STDLIB if path.startswith(_STDLIB) else USER
+
+
+def imported_name(name: str, g) -> str | None:
+    """The absolute name of a module code whose globals are ``g`` imports as ``name`` (a relative import's
+    led by dots, resolved against the code's package), None where it cannot be."""
+    if not name.startswith("."):
+        return name
+    package = g.get("__package__") if isinstance(g, dict) else None
+    try:
+        return importlib.util.resolve_name(name, package) if isinstance(package, str) else None
+    except (ImportError, ValueError):
+        return None
 
 
 def is_library(obj) -> bool:
@@ -329,7 +342,8 @@ class Recording:
                 w.argument(f_locals.get(n), n)
         found, stores = chains(code)
         for c in found:
-            v = g.get(c.name, _GONE) if c.root == "global" else f_locals.get(c.name, _GONE)
+            v = g.get(c.name, _GONE) if c.root == "global" else \
+                sys.modules.get(imported_name(c.name, g), _GONE) if c.root == "import" else f_locals.get(c.name, _GONE)
             if v is not _GONE:
                 w.chain(v, c.steps, c.name, argument=c.root == "fast")
         assigned = [s.target for s in stores if s.target in code.co_freevars]

@@ -30,7 +30,7 @@ from .._torch import SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, probed_names
-from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, is_library
+from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, imported_name, is_library
 from .state import (_EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, checkable, current, freeze, guard_kind,
                     holds)
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
@@ -305,6 +305,8 @@ class Resolver:
                     self._follow(obj, p, s, c.steps)
             elif c.root == "global" and f.kind == USER:
                 self._global(f.globals, c)
+            elif c.root == "import" and f.kind == USER:
+                self._imported(f.globals, c)
             elif c.root == "globals" and f.kind == USER and f.globals is not None:
                 self._globals(f.globals)
             elif c.root == "global" and f.kind == LIBRARY:
@@ -390,6 +392,18 @@ class Resolver:
             return
         self._add_value(g, c.name, source, path)
         self._follow(g[c.name], path, source, c.steps)
+
+    def _imported(self, g, c):
+        """A module the code imports inside itself (``import helpers``, ``from .utils import act``): the
+        module ``sys.modules`` holds under its name, by identity (what the import statement finds), and
+        the chain from it, as from a global naming it."""
+        name = imported_name(c.name, g)
+        module = sys.modules.get(name) if name is not None else None
+        if module is None:
+            return
+        self._add(Read(f"sys.modules[{name!r}]", ("G", "sys", ("attr", "modules"), ("item", name)), sys.modules,
+                       name, module, "id"))
+        self._follow(module, ("G", name), name, c.steps)
 
     def _globals(self, g):
         """``globals()`` read whole (a name computed at run time, iterated): every plain value among

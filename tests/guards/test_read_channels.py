@@ -240,6 +240,46 @@ def test_code_exec_d_with_globals_of_its_own_reads_them(called):
     _check(g, fn, lambda: g.__setitem__("SCALE", 3.0), torch.tensor([1.0, -2.0]))
 
 
+# A module the user's code imports inside the function (to break an import cycle, to import lazily):
+# the module ``sys.modules`` holds, and what the code reads of it, as from a global naming it. Each was
+# a stale graph before. (the import and the read, the change: an attribute of the module set, or
+# another module put in ``sys.modules`` under its name)
+IMPORTS = {
+    "import m; m.K": ("import {m}\n    return x * {m}.K", "set"),
+    "from m import K": ("from {m} import K\n    return x * K", "set"),
+    "import m as alias": ("import {m} as alias\n    return x * alias.K", "set"),
+    "from a package, relatively (from . import m)": ("from . import {leaf}\n    return x * {leaf}.K", "set"),
+    "a module swapped in sys.modules": ("import {m}\n    return x * {m}.K", "swap"),
+}
+
+
+@pytest.mark.parametrize("case", IMPORTS)
+def test_a_module_imported_inside_the_function_is_read(case):
+    body, change = IMPORTS[case]
+    n = next(_n)
+    pkg, leaf = f"_read_channels_pkg{n}", "inner"
+    package = types.ModuleType(pkg)
+    package.__path__ = []
+    inner = types.ModuleType(f"{pkg}.{leaf}")
+    inner.K = 2.0
+    package.inner = inner
+    sys.modules[pkg], sys.modules[inner.__name__] = package, inner
+    ns = _module(f"def f(x):\n    {body.format(m=inner.__name__, leaf=leaf)}\n")
+    ns["__package__"] = pkg
+    other = types.ModuleType(inner.__name__)
+    other.K = 3.0
+
+    def swap():
+        if change == "set":
+            inner.K = 3.0
+        else:
+            sys.modules[inner.__name__] = package.inner = other
+    try:
+        _check(ns, ns["f"], swap, torch.tensor([1.0, -2.0]))
+    finally:
+        sys.modules.pop(pkg), sys.modules.pop(inner.__name__)
+
+
 def test_a_library_function_is_read_by_identity_not_followed():
     """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
     nothing inside (its code, cells, defaults, attributes) is read."""
