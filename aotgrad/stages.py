@@ -255,10 +255,12 @@ class Exported:
         return dict(zip(self.binding.keys, self.binding.optimizers)) if self.binding is not None else {}
 
     def _call(self, args, kwargs):
-        why = mismatch(self.compiled.captured.setup.session.baked)
+        session = self.compiled.captured.setup.session
+        why = mismatch(session.baked, session.function_modes)
         if why is not None:
-            raise errors.InputMismatchError(f"{why}; export the step again under these modes",
-                                            user_line=caller_line())
+            raise errors.InputMismatchError(f"{why}; an exported step runs under the modes it was exported under, "
+                                            "and under no torch function mode: export it again under these "
+                                            "modes, or call it outside the function modes", user_line=caller_line())
         flat, why = self.compiled.path.match(args, kwargs)
         if why is not None:
             raise errors.InputMismatchError(f"{why}; an exported step runs only the inputs and grad mode it "

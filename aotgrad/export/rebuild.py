@@ -46,7 +46,7 @@ def build_exported(path: str, m: dict, graphs: dict, tensors: dict, state: dict 
         analysis = dataclasses.replace(analysis, out_spec=out_spec)
     setup = _make(Setup, fn=module, signature=sig, input_descs=tuple(in_descs[:lay.n_primals]),
                   flat_fn=_no_code(m["name"]),
-                  session=Modes(False, bool(m["grad_enabled"]), _modes(m["modes"])), fake_inputs=(),
+                  session=Modes(False, bool(m["grad_enabled"]), _modes(m["modes"]), ()), fake_inputs=(),
                   real_inputs=())
     guards = input_guards.build(specs, in_descs[:lay.n_primals], ())
     step = Step("load export", time.perf_counter() - start, {"path": path})

@@ -79,11 +79,17 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
 
 
 def _modes(captured) -> tuple:
-    baked = captured.setup.session.baked
-    if baked is None:
+    """The modes the capture was traced under. A loaded step runs under no torch function mode (its
+    graph calls the operators, which no mode intercepts): one traced under such modes is not exported."""
+    baked, functions = captured.setup.session.baked, captured.setup.session.function_modes
+    if baked is None or functions is None:
         raise errors.UnsupportedError("cannot export this capture: the modes it was traced under (autocast, inference "
                                "mode, the default dtype) are not known (it was loaded from the disk cache); "
                                "capture it again", user_line=errors.caller_line())
+    if functions:
+        raise errors.UnsupportedError(f"cannot export this capture: it was traced under torch function modes "
+                                      f"({', '.join(functions)}), which a loaded step cannot enter; capture it "
+                                      "outside them", user_line=errors.caller_line())
     return baked
 
 

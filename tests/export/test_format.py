@@ -77,6 +77,27 @@ def test_guards_and_constants_still_checked(artifact):
         step(x, 4.0)
 
 
+class _Doubling(torch.overrides.TorchFunctionMode):
+    """A torch function mode that changes what ``relu`` computes: eager under it gives other numbers."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func in (torch.relu, torch.Tensor.relu) else out
+
+
+def test_torch_function_modes_a_loaded_step_cannot_enter(artifact, tmp_path):
+    """A loaded step's graph calls the operators, which no torch function mode intercepts: a call
+    under one is refused (it ran the graph before, where eager doubles); a capture traced under one is
+    not exported."""
+    path, net, x = artifact
+    step = aotgrad.load(path)
+    with _Doubling(), pytest.raises(InputMismatchError, match="torch function modes"):
+        step(x, 3.0)
+    step(x, 3.0)        # outside it, as captured
+    with _Doubling(), pytest.raises(UnsupportedError, match="traced under torch function modes"):
+        aotgrad.capture(net, x, 3.0).export(str(tmp_path / "moded.aotgrad"))
+
+
 def test_values_left_out_are_taken_from_state(artifact, tmp_path):
     path, net, x = artifact
     bare = str(tmp_path / "bare.aotgrad")
