@@ -222,8 +222,8 @@ class Reuse:
         frames = tuple((f, where.get(id(f.self_obj)), {n: where[id(v)] for n, v in f.args.items() if id(v) in where})
                        for f in new)
         e.traced.frames = tuple(x for x in frames if x[1] is not None or x[2])
-        e.traced.proof = frames
-        e.traced.reads = _reads_in(module, frames, m.paths)
+        e.traced.proof = tuple(x for x in frames if x[0].kind != reads.MODULE_CALL)    # (structure: the twins' key)
+        e.traced.reads = _reads_in(module, e.traced.proof, m.paths)
         if e.traced.reads is None:
             return _Entry((), None, "its trace read Python state that cannot be compared between its twins")
         return e
