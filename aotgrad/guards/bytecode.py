@@ -313,6 +313,40 @@ def _probed(code) -> frozenset:
     return frozenset(names)
 
 
+def operator_names(codes) -> set:
+    """The special methods the given code objects' operators may call (``a * b``: ``__mul__``, ``__rmul__``;
+    ``a[i]``: ``__getitem__``): for a tensor's, which ``torch.Tensor`` may have patched."""
+    names: set = set()
+    for code in codes:
+        names |= _operators(code)
+    return names
+
+
+_BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow",
+           "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift"}
+_COMPARE = {"<": ("lt", "gt"), "<=": ("le", "ge"), ">": ("gt", "lt"), ">=": ("ge", "le"), "==": ("eq", "eq"),
+            "!=": ("ne", "ne")}
+_UNARY = {"UNARY_NEGATIVE": "neg", "UNARY_POSITIVE": "pos", "UNARY_INVERT": "invert", "BINARY_SUBSCR": "getitem",
+          "STORE_SUBSCR": "setitem", "DELETE_SUBSCR": "delitem"}
+
+
+@functools.cache
+def _operators(code) -> frozenset:
+    names = set()
+    for i in _normalized(dis.get_instructions(code)):
+        sym = i.argrepr.removeprefix("bool(").removesuffix(")")
+        if i.opname == "BINARY_OP" and sym == "[]":        # 3.14's subscript
+            names.add("__getitem__")
+        elif i.opname == "BINARY_OP" and sym.rstrip("=") in _BINARY:
+            op = _BINARY[sym.rstrip("=")]
+            names.update((f"__{op}__", f"__r{op}__", f"__i{op}__"))
+        elif i.opname == "COMPARE_OP" and sym in _COMPARE:
+            names.update(f"__{op}__" for op in _COMPARE[sym])
+        elif i.opname in _UNARY:
+            names.add(f"__{_UNARY[i.opname]}__")
+    return frozenset(names)
+
+
 _ASKS_NAMES = frozenset({"type", "id"})
 _ASKS_ATTRS = frozenset({"is_", "is_not"})      # operator.is_
 

@@ -29,7 +29,7 @@ from .. import errors
 from .._torch import SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
-from .bytecode import attr_names, chains, probed_names
+from .bytecode import attr_names, chains, operator_names, probed_names
 from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, imported_name, is_library
 from .state import (_EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, by_item, checkable, current, freeze, guard_kind,
                     holds)
@@ -168,11 +168,12 @@ class Resolver:
             self._add(Read(r.source.replace(TWIN, source, 1), at, r.where, r.key, r.value, r.kind))
 
     def _tensor_attributes(self):
-        """A tensor's attribute the code loads (``h.relu()``, ``x.view``, ``x.shape``), where torch's classes
+        """A tensor's attribute the code loads (``h.relu()``, ``x.view``, ``x.shape``) or operator it uses
+        (``x * 2``: ``__mul__``, ``__rmul__``; ``x[i]``), where torch's classes
         answer it: its entry in ``torch.Tensor``'s dict or ``TensorBase``'s, by identity, and its absence
         from ``torch.Tensor``'s where ``TensorBase`` answers. A traced tensor is no root any chain starts
         from, so a method patched onto ``torch.Tensor`` after the capture would go unseen."""
-        for name in sorted(self.names & _TENSOR_NAMES):
+        for name in sorted((self.names | operator_names(self.executed)) & _TENSOR_NAMES):
             for module, cls in _TENSOR_CLASSES:
                 d, path = vars(cls), ("G", module, ("attr", cls.__name__), ("own", name))
                 if name in d:

@@ -211,6 +211,9 @@ TENSOR_ATTRIBUTES = {
     "torch.Tensor's own Python method (x.norm())": ("x * x.norm()", "norm", "lambda s, *a, **k: s.sum()"),
     "a TensorBase attribute made a property (x.real)": ("x.real * 2", "real", "property(lambda s: s * 3)"),
     "a method on an intermediate (h.sigmoid())": ("(x * 2).sigmoid()", "sigmoid", "lambda s: s + 1"),
+    "an operator (x * 2)": ("x * 2", "__mul__", "lambda s, o: torch.add(s, o)"),
+    "a reflected operator (2 - x)": ("2 - x", "__rsub__", "lambda s, o: torch.add(s, o)"),
+    "an index (x[1:])": ("x[1:] * 2", "__getitem__", "lambda s, i: torch.neg(s)"),
 }
 
 
