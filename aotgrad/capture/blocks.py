@@ -47,7 +47,7 @@ from ..ir.ops import is_random
 from ..tracing.views import holding
 from ..guards import bytecode, reads
 from ..guards import resolve
-from ..guards.resolve import locate, read_at
+from ..guards.places import locate, read_at
 from ..guards.state import freeze
 from ..errors import AotgradError
 from .. import tracing

@@ -29,7 +29,7 @@ from ..capture.capture import call_leaves, capture_call, leaf_names, recorded, r
 from ..observe import timed
 from ..export.entry import LOADABLE_BACKENDS, dump_compiled, load_compiled
 from ..ir.graphs import Unserializable
-from ..guards import cache, resolve
+from ..guards import cache, places
 from ..store import disk
 from ..guards import state as state_guards
 from ..inputs.flatten import signature
@@ -246,7 +246,7 @@ class Jit:
 
     def _load(self, key, args, kwargs, leaves, why: list):
         """``(compiled, state guards)`` of a stored entry whose reads all hold here, or None (and why)."""
-        found = disk.load_jit(key, lambda paths: resolve.reresolve(self.fn, leaves, self.name, paths), why)
+        found = disk.load_jit(key, lambda paths: places.reresolve(self.fn, leaves, self.name, paths), why)
         if found is None:
             return None
         record, assumed = found

@@ -231,7 +231,7 @@ def _holding(record, same, reresolve, why):
 # ---------------------------------------------------------------- what a well-formed index holds
 
 _HEX = re.compile(r"[0-9a-f]{64}")
-_STEPS = frozenset(("attr", "item", "cell", "class", "own"))     # the steps ``guards.resolve`` writes in a path
+_STEPS = frozenset(("attr", "item", "cell", "class", "own"))     # the steps ``guards.resolve`` writes in a path (``guards.places``)
 
 
 def _records(index, key: JitKey) -> list:
