@@ -354,8 +354,10 @@ class Resolver:
 
     def _setting(self, g, c):
         """A plain value an installed library's code loads from its module (or a module it imports):
-        a setting such as timm's ``_USE_FUSED_ATTN`` that its ``set_...`` function assigns. Torch's,
-        numpy's and the standard library's modules are constant."""
+        a setting such as timm's ``_USE_FUSED_ATTN`` that its ``set_...`` function assigns (torch's,
+        numpy's and the standard library's modules' are constant); and a function it loads from a
+        module, by identity (``F.scaled_dot_product_attention`` rebound after the capture: the library
+        calls the new one)."""
         where, key = g, c.name
         for kind, name in c.steps:
             value = where.get(key)
@@ -363,9 +365,13 @@ class Resolver:
                 break
             where, key = vars(value), name
         module = where.get("__name__")
-        if isinstance(module, str) and module.split(".")[0] not in _FIXED and key in where and not key.startswith("__") \
-                and type(where.get(key)) in _EQ_TYPES:
-            self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, where[key], "eq"))
+        if not isinstance(module, str) or key not in where or key.startswith("__"):
+            return
+        value = where[key]
+        if module.split(".")[0] not in _FIXED and type(value) in _EQ_TYPES:
+            self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, value, "eq"))
+        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+            self._add(Read(f"{module}.{key}", _global_path(where, key), where, key, value, "id"))
 
     def _follow(self, obj, path, source, steps):
         whole = None        # (object, its path, its source) whose ``__dict__`` (``vars(x)``) was just reached

@@ -283,6 +283,29 @@ def test_a_module_imported_inside_the_function_is_read(case):
         sys.modules.pop(pkg), sys.modules.pop(inner.__name__)
 
 
+def test_a_torch_function_an_installed_library_calls_rebound_after_capture_recompiles():
+    """HF's attention calls ``torch.nn.functional.scaled_dot_product_attention`` from its own module: a
+    patch of it after the first call (a kernel swapped in) was not seen there, a stale graph."""
+    pytest.importorskip("transformers")
+    import torch.nn.functional as F
+    from tests.models import zoo
+    model, batch = zoo._hf("LlamaConfig", "LlamaForCausalLM", ("input_ids", "labels"), zoo.batch_lm,
+                           num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=zoo.VOCAB, max_position_embeddings=16)
+    step = aotgrad.jit(model)
+    before = model(*batch)
+    torch.testing.assert_close(step(*batch), before)
+    sdpa = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = lambda *a, **k: sdpa(*a, **k) * 2
+    try:
+        expected = model(*batch)
+        assert not torch.allclose(expected, before), "the patch must change eager's result"
+        torch.testing.assert_close(step(*batch), expected)
+        assert len(step.entries) == 2, [e.reason for e in step.entries]
+    finally:
+        F.scaled_dot_product_attention = sdpa
+
+
 def test_a_library_function_is_read_by_identity_not_followed():
     """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
     nothing inside (its code, cells, defaults, attributes) is read."""
