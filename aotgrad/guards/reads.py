@@ -354,8 +354,8 @@ class Recording:
     def undo_writes(self) -> list:
         """Put back every change the traced code made to state that outlives the call; ``(text, key)`` each."""
         self.root_frame = None      # its locals are the call's own state, not the user's
-        for f in self.frames.values():      # a local list held here would look like lasting state
-            f.containers = ()
+        for f in (*self.frames.values(), *(f for _, _, rest in self.twins for f in rest)):
+            f.containers = ()       # a local list held here would look like lasting state
         return self.writes.undo(self.watch)
 
     def raced(self, reads) -> str | None:
