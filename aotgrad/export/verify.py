@@ -135,7 +135,8 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
             True for p, o in enumerate(infos)):
         raise ExportFormatError("the artifact's analysis of its inputs and outputs disagrees with its layout")
     if specs is not None and (len(specs) != len(analysis.inputs) or any(
-            bool(info.requires_grad) != bool(spec.requires_grad) for info, spec in zip(analysis.inputs, specs))):
+            bool(info.requires_grad) != (bool(spec.requires_grad) or info.sets_requires_grad)
+            for info, spec in zip(analysis.inputs, specs))):       # (``requires_grad_()`` inside: set before the graph)
         raise ExportFormatError("the artifact's input guards and its analysis disagree on which inputs require grad "
                                 "(the graphs differentiate the analysis's)")
     if any(info.mutates_metadata != (info.new_meta is not None) for info in analysis.inputs):
