@@ -123,10 +123,10 @@ def _imports(ins, args) -> dict:
     for at, i in enumerate(ins):
         if i.opname != "IMPORT_NAME" or at < 2 or ins[at - 2].opname != "LOAD_CONST":
             continue
-        level, fromlist, name = ins[at - 2].argval, ins[at - 1].argval, "." * ins[at - 2].argval + i.argval
+        fromlist, name = ins[at - 1].argval, "." * ins[at - 2].argval + i.argval
         k = at + 1
-        if fromlist is None and k < len(ins) and ins[k].opname == "STORE_FAST":
-            bound.setdefault(ins[k].argval, []).append((name.split(".")[0] if not level else name, ()))
+        if fromlist is None and k < len(ins) and ins[k].opname == "STORE_FAST":     # (no relative form)
+            bound.setdefault(ins[k].argval, []).append((name.split(".")[0], ()))
             continue
         while k < len(ins) and ins[k].opname in ("IMPORT_FROM", "SWAP", "POP_TOP"):
             k += 1      # ``import a.b as c``: each IMPORT_FROM steps into a submodule

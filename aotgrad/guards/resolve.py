@@ -42,8 +42,8 @@ _FIXED = frozenset(("torch", "numpy", "aotgrad", *sys.stdlib_module_names))    #
 _KEYED = (dict, types.MappingProxyType, tuple)       # whose items are followed though they are library objects
 _LRU = type(functools.lru_cache(lambda: None))
 TWIN = "<block>"    # the root a twin block's proof is resolved from (``_twin`` puts the block's own in its place)
-_TENSOR_CLASSES = (("torch", torch.Tensor), ("torch._C", TensorBase))
-_TENSOR_NAMES = frozenset(name for _, c in _TENSOR_CLASSES for name in vars(c))
+_TENSOR_CLASSES = (torch.Tensor, TensorBase)
+_TENSOR_NAMES = frozenset(name for c in _TENSOR_CLASSES for name in vars(c))
 
 
 class Resolver:
@@ -112,13 +112,14 @@ class Resolver:
         from ``torch.Tensor``'s where ``TensorBase`` answers. A traced tensor is no root any chain starts
         from, so a method patched onto ``torch.Tensor`` after the capture would go unseen."""
         for name in sorted((self.names | operator_names(self.executed)) & _TENSOR_NAMES):
-            for module, cls in _TENSOR_CLASSES:
-                d, path = vars(cls), ("G", module, ("attr", cls.__name__), ("own", name))
+            for cls in _TENSOR_CLASSES:
+                d, source = vars(cls), f"{cls.__module__}.{cls.__name__}.{name}"
+                path = ("G", cls.__module__, ("attr", cls.__name__), ("own", name))
                 if name in d:
                     kind = "eq" if guard_kind(d[name]) == "eq" else "id"
-                    self._add(Read(f"{module}.{cls.__name__}.{name}", path, d, name, d[name], kind))
+                    self._add(Read(source, path, d, name, d[name], kind))
                     break
-                self._add(Read(f"{module}.{cls.__name__}.{name}", path, d, name, None, "absent"))
+                self._add(Read(source, path, d, name, None, "absent"))
 
     def _returned(self, v):
         """A module or a stateful object a library call handed user code (``importlib.import_module(name)``,
