@@ -624,6 +624,25 @@ def lazy_graph_modules():
     return lazy(True) if lazy is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def modules_called_as_now():
+    """A context in which make_fx's tracer calls a module through ``Module.__call__`` as the class
+    has it now. fx keeps the one it found at import (``_orig_module_call``) and calls that, so a call
+    machinery patched since (a profiler's ``__call__``, aotgrad's block dispatch) would run in the
+    metadata pass and not in the joint trace. Callers hold ``scoped.FX_TRACING``."""
+    old = getattr(fx_symbolic_trace, "_orig_module_call", None)
+    now = torch.nn.Module.__dict__["__call__"]
+    if old is None:
+        yield
+        return
+    fx_symbolic_trace._orig_module_call = now
+    try:
+        yield
+    finally:
+        if fx_symbolic_trace._orig_module_call is now:
+            fx_symbolic_trace._orig_module_call = old
+
+
 def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, transform: Callable = lambda a: a) -> torch.fx.Node:
     """``graph.node_copy(node, transform)`` without ``Graph.create_node``'s scan of every argument
     for raw symbolic values (torch >= 2.13), a third of copying a deep model's graph, needless for

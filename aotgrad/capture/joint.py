@@ -13,7 +13,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._torch import (
-    as_traced_by_make_fx, fake_like, lazy_graph_modules, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
+    as_traced_by_make_fx, fake_like, lazy_graph_modules, modules_called_as_now, traceable_subclass, register_stack_trace_anchor, symbolic_dispatch, tracing_graph, user_stack_traces,
     version_counter,
 )
 from ..ir.records import Analysis, JointLayout, forward_values
@@ -280,7 +280,8 @@ def trace_joint(session: Session, flat_fn, fake_inputs, analysis: Analysis,
     # with it every torch function the program calls (``F.linear``, ``x.view``) went through a Python
     # ``__torch_function__`` first, about a seventh of a deep model's joint trace.
     try:
-        with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules(), symbolic_dispatch(session.shape_env):
+        with FX_TRACING, session.fake_mode, traceable_ops(), lazy_graph_modules(), modules_called_as_now(), \
+                symbolic_dispatch(session.shape_env):
             gm = make_fx(as_traced_by_make_fx(fn), decomposition_table={}, pre_dispatch=False, record_stack_traces=True,
                          _allow_non_fake_inputs=True, _disable_torch_fn_metadata_mode=True)(*seen, *tangents)
     except Exception:

@@ -296,23 +296,31 @@ class Resolver:
         if d.get("_forward_hooks") or d.get("_forward_pre_hooks"):
             # a library's hook (spectral norm's power iteration) reads the module's mode, unrecorded
             self._add_value(d, "training", f"{source}.training", _own_item(path, "training"))
-        # Which ``forward`` the call ran: one set on the instance (``m.forward = ...``: patched,
+        # Which ``forward`` the call ran, and which call machinery ran it (``Module.__call__`` or
+        # ``_call_impl`` patched by a profiler): one set on the instance (``m.forward = ...``: patched,
         # wrapped by a library's hooks) or its absence, the module's class (``m.__class__ = ...``), and
         # the class's by identity, with its absence from every class before it in the MRO (a subclass
-        # given a ``forward`` of its own after capture).
-        if "forward" in d:
-            self._add_value(d, "forward", f"{source}.forward", _own_item(path, "forward"))
-        else:
-            self._add(Read(f"{source}.forward", _own_item(path, "forward"), d, "forward", None, "absent"))
+        # given a ``forward`` of its own after capture). ``__call__`` is looked up on the type alone.
         cls = type(module)
         self._add(Read(f"type({source})", path + (("attr", "__class__"),) if path else None, module, "__class__",
                        cls, "type"))
+        for name in ("forward", "_call_impl"):
+            if name in d:
+                self._add_value(d, name, f"{source}.{name}", _own_item(path, name))
+            else:
+                self._add(Read(f"{source}.{name}", _own_item(path, name), d, name, None, "absent"))
+                self._class_lookup(cls, name, path)
+        self._class_lookup(cls, "__call__", path)
+
+    def _class_lookup(self, cls, name, path):
+        """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
+        it, that one by identity, and the function's own state (its defaults, its code)."""
         for i, c in enumerate(cls.__mro__):
-            found = "forward" in vars(c)
-            self._add(Read(f"{c.__qualname__}.forward", _class_item(path, i, "forward"), vars(c), "forward",
-                           vars(c)["forward"] if found else None, "id" if found else "absent"))
-            if found:       # and the function's own: its defaults (``scale=2.0`` not passed), its code
-                self._value(vars(c)["forward"], _class_item(path, i, "forward"), f"{c.__qualname__}.forward")
+            found = name in vars(c)
+            self._add(Read(f"{c.__qualname__}.{name}", _class_item(path, i, name), vars(c), name,
+                           vars(c)[name] if found else None, "id" if found else "absent"))
+            if found:
+                self._value(vars(c)[name], _class_item(path, i, name), f"{c.__qualname__}.{name}")
                 break
 
     def _global(self, g, c):

@@ -17,8 +17,7 @@ patch                  what it replaces                                         
                        ``aten::_linalg_check_errors``/``aten::_print``
 ``ONEDNN_OFF``         oneDNN's switch, off for as long as some thread dispatches   ``traceable``
                        a traced RNN op (RNNs trace into plain ATen ops)
-``MODULE_CALLS``       ``torch.nn.Module.__call__`` (and the copy ``torch.fx``'s    ``blocks``
-                       tracer calls modules through)
+``MODULE_CALLS``       ``torch.nn.Module.__call__``                                 ``blocks``
 ``TENSOR_HOOKS``       ``Tensor.register_hook``, ``register_post_accumulate_grad_   ``hooks``
                        hook``, ``retain_grad``
 ``FUNCTIONS``          ``torch.autograd.Function.apply`` (reentrant checkpointing   ``hooks``
@@ -53,7 +52,7 @@ import torch
 
 from .. import errors
 from .._torch import (
-    ERROR_NODE, VF, FunctionalTensor, compiled_autograd_engine, fx_symbolic_trace, get_mkldnn_enabled,
+    ERROR_NODE, VF, FunctionalTensor, compiled_autograd_engine, get_mkldnn_enabled,
     reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
@@ -137,8 +136,8 @@ def _onednn_off():
 
 
 def _module_calls():
-    """Module calls go to this thread's block reuse (``Trace.blocks.call``)."""
-    fx_call = getattr(fx_symbolic_trace, "_orig_module_call", None)
+    """Module calls go to this thread's block reuse (``Trace.blocks.call``); make_fx's tracer calls
+    them through the class's ``__call__`` too (``_torch.modules_called_as_now``)."""
     before = _BEFORE["call"] = torch.nn.Module.__dict__["__call__"]
 
     def dispatch(module, *args, **kwargs):
@@ -147,13 +146,9 @@ def _module_calls():
             return reuse.call(module, args, kwargs)
         return before(module, *args, **kwargs)
     torch.nn.Module.__call__ = dispatch
-    if fx_call is not None:     # make_fx's tracer calls modules through the __call__ it keeps
-        fx_symbolic_trace._orig_module_call = dispatch
 
     def restore():
         torch.nn.Module.__call__ = before
-        if fx_call is not None:
-            fx_symbolic_trace._orig_module_call = fx_call
     return restore
 
 
