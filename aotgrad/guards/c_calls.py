@@ -44,7 +44,7 @@ _PURE = frozenset((
 # Functions and methods of other modules that answer from their arguments alone, or whose answer is
 # no value a program computes with (``time.sleep``, ``gc.collect``, a stream's ``write``: as ``print``).
 _PURE_FUNCTIONS = frozenset(("sys.getsizeof", "sys.intern", "sys.exc_info", "sys.exception", "sys._getframe",
-                             "sys.is_finalizing", "posix.fspath", "nt.fspath", "time.sleep", "_thread.allocate_lock",
+                             "sys.is_finalizing", "sys.audit", "posix.fspath", "nt.fspath", "time.sleep", "_thread.allocate_lock",
                              "_thread.RLock", "_thread.start_new_thread", "_thread.start_joinable_thread", "gc.collect",
                              "gc.enable", "gc.disable"))
 _PURE_METHODS = {"_io": frozenset(("write", "writelines", "flush")),     # a stream's (``sys.stdout.write``)

@@ -253,9 +253,14 @@ class Recording:
         kind = self.kinds.get(frame.f_code)
         if kind == USER:
             return frame
+        if not (kind == STDLIB or _frozen_stdlib(frame.f_code)):
+            return None
         back = frame.f_back
-        stdlib = kind == STDLIB or _frozen_stdlib(frame.f_code)
-        return back if stdlib and back is not None and self.kinds.get(back.f_code) == USER else None
+        # up through the standard library's file-system layers (``Path.exists`` asks ``Path.stat``,
+        # which asks ``os.stat``): the file system's answer, which the user's code computes with
+        while back is not None and _in_file_system(frame) and _in_file_system(back):
+            frame, back = back, back.f_back
+        return back if back is not None and self.kinds.get(back.f_code) == USER else None
 
     def switch_read(self, fn) -> bool:
         """Note a call of ``fn`` if it is one of torch's switch getters (the value it reads now)."""
@@ -379,6 +384,14 @@ def _encloses(outer, inner) -> bool:
 
 
 _GONE = object()
+
+
+_FILE_SYSTEM = frozenset(("pathlib", "os", "posixpath", "ntpath", "genericpath", "glob", "fnmatch", "shutil"))
+
+
+def _in_file_system(frame) -> bool:
+    """Whether ``frame`` runs one of the standard library's file-system modules."""
+    return str(frame.f_globals.get("__name__")).partition(".")[0] in _FILE_SYSTEM
 
 
 def _frozen_stdlib(code) -> bool:

@@ -231,6 +231,38 @@ def test_a_tensor_method_patched_after_capture_recompiles(case):
             setattr(torch.Tensor, name, had)
 
 
+# The machinery that calls a module, patched after capture so that a block class's calls return twice
+# their value (a profiler's wrapper): on ``nn.Module`` itself, or on the block's class. Each was a stale
+# graph, and a jit recompile under the patch traced the joint without it (make_fx calls modules
+# through the ``__call__`` it kept at import).
+CALL_MACHINERY = ("__call__", "_call_impl")
+
+
+@pytest.mark.parametrize("owner", ["nn.Module", "the block's class"])
+@pytest.mark.parametrize("name", CALL_MACHINERY)
+@pytest.mark.parametrize("blocks", [1, 3], ids=["one block", "three twin blocks"])
+def test_a_module_call_machinery_patched_after_capture_recompiles(name, owner, blocks):
+    ns = _module("class Blk(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                 "        self.lin = torch.nn.Linear(3, 3)\n    def forward(self, x):\n"
+                 "        return torch.relu(self.lin(x)) + x\n")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(ns["Blk"]() for _ in range(blocks)), torch.nn.Linear(3, 2))
+    holder = torch.nn.Module if owner == "nn.Module" else ns["Blk"]
+    had = vars(holder).get(name, _UNSET)
+    real = getattr(torch.nn.Module, name)
+
+    def doubled(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        return out * 2 if isinstance(self, ns["Blk"]) else out
+    try:
+        _check(ns, model, lambda: setattr(holder, name, doubled), torch.randn(4, 3))
+    finally:
+        if had is _UNSET:
+            delattr(holder, name)
+        else:
+            setattr(holder, name, had)
+
+
 @pytest.mark.parametrize("called", ["itself", "from the user's function"])
 def test_code_exec_d_with_globals_of_its_own_reads_them(called):
     """``exec(src, {"torch": torch, "SCALE": 2.0})``: globals with no module name, the file ``<string>``.
@@ -427,6 +459,24 @@ class M(torch.nn.Module):
                                                          r"time.perf_counter)`") as info:
             compile_()
         assert info.value.user_line and "forward" in info.value.user_line
+
+
+# The file system, read through the standard library's layers (``Path.exists`` asks ``Path.stat``, which
+# asks ``os.stat``): a graph would hold the first answer. ``os.path.exists`` was refused; these were stale.
+FILE_SYSTEM = ["P.exists()", "P.is_file()", "P.stat().st_size > 0", "bool(glob.glob(str(P)))",
+               "bool(shutil.which('sh'))", "P.read_text() == '1'"]
+
+
+@pytest.mark.parametrize("expr", FILE_SYSTEM)
+def test_the_file_system_read_through_the_standard_library_is_refused(expr, tmp_path):
+    ns = _module(f"import glob, shutil\n\ndef f(x):\n    return x * 2 if {expr} else x * 3\n")
+    ns["P"] = tmp_path / "flag"
+    ns["P"].write_text("1")
+    x = torch.tensor([1.0])
+    for compile_ in (lambda: aotgrad.jit(ns["f"])(x), lambda: aotgrad.capture(ns["f"], x)):
+        with pytest.raises(errors.UnsupportedError, match=r"calls `(posix|nt|io|_io)\.") as info:
+            compile_()
+        assert info.value.user_line and "in f" in info.value.user_line
 
 
 def test_reordered_module_dict_runs_in_the_new_order():
