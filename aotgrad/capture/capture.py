@@ -73,12 +73,12 @@ def capture(fn, *args, dynamic: bool | None = False, reuse_blocks: bool = True, 
         captured = capture(root, root.binding.gather(), *args, dynamic=dynamic, reuse_blocks=reuse_blocks, **kwargs)
         return replace(captured, step=root.binding)
     with GC_PAUSED():
-        captured, assumed = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
-                                                              reuse_blocks=reuse_blocks),
-                                     call_leaves(args, kwargs), root_name(fn, depth=1), leaf_names(args, kwargs))
+        captured, assumed, since = recorded(fn, lambda: capture_call(fn, args, kwargs, dynamic=dynamic,
+                                                                     reuse_blocks=reuse_blocks),
+                                            call_leaves(args, kwargs), root_name(fn, depth=1), leaf_names(args, kwargs))
         # The Python state the trace read (globals, attributes, m.training, hooks) is checked by every
         # call of what this compiles: a change raises instead of running a graph that assumed otherwise.
-        return replace(captured, state=state_guards.build(assumed))
+        return replace(captured, state=state_guards.build(assumed, since))
 
 
 def capture_call(fn, args, kwargs, *, dynamic=False, dynamic_dims=None, reuse_blocks=True) -> Captured:
@@ -536,18 +536,20 @@ _ATTEMPTS = 3
 
 
 def recorded(fn, trace, leaves, name, names=()):
-    """``(trace(), reads)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace that
-    read a global another thread changed meanwhile runs again (its graph may hold either value).
-    FSDP2 units in ``fn`` are traced with their collectives in the graph, their settings guarded."""
+    """``(trace(), reads, since)``: run ``trace`` (a capture of ``fn``) recording what it read. A trace
+    that read a global another thread changed meanwhile runs again (its graph may hold either value).
+    FSDP2 units in ``fn`` are traced with their collectives in the graph, their settings guarded.
+    ``since``: a ``state.watermark`` taken before the reads' values were (``state.build``'s)."""
     for _ in range(_ATTEMPTS):
         with fsdp_graph.lowering(fn) as fsdp_reads:
             captured, rec = _recorded_once(fn, trace, leaves, names)
+        since = state_guards.watermark() if not fsdp_reads else None    # (its reads' values were taken earlier)
         reads_ = [*without_rebound(fn, captured, resolve.assumed(fn, leaves, name, rec)), *(fsdp_reads or ())]
         if getattr(fn, "whole_step", False):     # what a step's state argument carries is not guarded
             reads_ = step_reads(fn, reads_)
         raced = rec.raced(reads_)
         if raced is None:
-            return captured, reads_
+            return captured, reads_, since
     raise errors.UnsupportedError(
         f"another thread changed `{raced}`, which the traced code reads, while it was captured, "
         f"{_ATTEMPTS} times: the graph may hold either value. Change it outside the first call, or "

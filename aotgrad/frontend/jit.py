@@ -216,7 +216,7 @@ class Jit:
             if hit is not None:
                 return (*hit, True, None)
             log.info("disk cache miss for %s: %s", _name(self.fn), "; ".join(why))
-        captured, assumed = self._capture(args, kwargs, leaves)
+        captured, assumed, since = self._capture(args, kwargs, leaves)
         compiled = captured.compile(options=self.options)
         if key is not None:
             try:
@@ -224,7 +224,7 @@ class Jit:
                     disk.store_jit(key, assumed, dump_compiled(compiled))
             except Unserializable as e:
                 log.info("not caching %s on disk: %s", _name(self.fn), e)
-        return compiled, state_guards.build(assumed), False, "; ".join(why) or None
+        return compiled, state_guards.build(assumed, since), False, "; ".join(why) or None
 
     def _capture(self, args, kwargs, leaves):
         """Capture while recording the Python state the trace reads (``capture.recorded``)."""

@@ -469,9 +469,22 @@ def _rule(r: Read) -> str:
     return "not defined" if r.kind == "absent" else f"is the same {type(r.value).__name__} object"
 
 
-def build(reads) -> StateGuards:
+def build(reads, since=None) -> StateGuards:
+    """The guards of ``reads``. ``since``: a ``watermark`` taken before their values were taken from the
+    objects as they were then: a module dict written since (its version above it) is verified on the
+    first call, every other's version is the expected one at once."""
     reads = tuple(sorted((*reads, *_dict_reads(reads)), key=lambda r: (_group(r), _access_order(r))))
-    return StateGuards(reads, _Check(reads).check if reads else (lambda: None))
+    return StateGuards(reads, _Check(reads, since).check if reads else (lambda: None))
+
+
+def watermark():
+    """A version that every dict written before now has at most, and every dict written after exceeds
+    (CPython counts every dict write process-wide, 3.11 to 3.13), or None where this Python keeps none."""
+    if dict_version is None:
+        return None
+    d = {}
+    d[0] = 0
+    return dict_version(d)
 
 
 _COVERED = ("id", "eq", "absent")     # kinds a holder's unchanged version tag proves by itself
@@ -519,9 +532,12 @@ class _Check:
 
     CALM, BUILDS = 3, 4     # calls the tags must hold before the C check is built; builds at most
 
-    def __init__(self, reads):
+    def __init__(self, reads, since=None):
         self.reads = reads
         self._reset()
+        if since is not None and self.dicts:    # (in place: the fused check holds the list)
+            self.tags[:] = [v if d is t and v <= since else None for d, t, v in
+                            zip(self._dicts_now(), self.dicts, map(dict_version, self._dicts_now()))]
 
     def _reset(self):
         """Everything derived from the reads' holders as they are now: which dicts are held, no tag
@@ -535,7 +551,7 @@ class _Check:
         self.owners = tuple(m for m, _ in mods.values())     # the first dicts are theirs: read through them
         self.dicts = (*(d for _, d in mods.values()), *{id(d): d for d in kids.values()}.values())
         # No tag is expected at first: the first call checks every read of each dict (reads resolved
-        # again from the disk cache are not known to hold).
+        # again from the disk cache are not known to hold), but where ``build`` was given ``since``.
         self.tags = [None] * len(self.dicts)
         self.held = {i: _get(r.where, r.key) for i, r in enumerate(reads)
                      if r.kind in ("empty", "len") and id(r.where) in mods}

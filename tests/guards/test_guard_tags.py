@@ -279,23 +279,32 @@ def test_reads_resolved_again_are_checked_before_their_tags_are_trusted():
     assert guards.check() is not None
 
 
+@pytest.mark.parametrize("when", ["after the resolver", "before the build"])
 @pytest.mark.parametrize("change", ["scale", "training", "forward"])
-def test_a_write_after_the_resolver_read_the_module_is_found_at_the_first_check(change, monkeypatch):
-    """A write between the resolver's reads and the check's build (another thread's) is found at the
-    staged step's first call: a shortcut that expected the tags the modules have at the build would
-    miss it. (``jit`` checks a new entry's state as it builds it.)"""
-    from aotgrad.guards import state
+def test_a_write_after_the_resolver_read_the_module_is_found_at_the_first_check(change, when, monkeypatch):
+    """A write after the resolver read the module (another thread's) is found at the staged step's
+    first call: the build trusts a module's tag only where its dict was not written since the
+    watermark taken before the resolver read it, and a shortcut that expected the tags the modules
+    have at the build would miss it. (``jit`` checks a new entry's state as it builds it.)"""
+    from aotgrad.guards import resolve, state
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 3)
-    real = state.build
     write = {"scale": lambda: setattr(model, "scale", 3.0), "training": lambda: model.c.train(False),
              "forward": lambda: setattr(model.b, "forward", lambda t: t)}[change]
+    owner, name = (resolve, "assumed") if when == "after the resolver" else (state, "build")
+    real = getattr(owner, name)
 
-    def build(reads):
-        write()
-        return real(reads)
-    monkeypatch.setattr(state, "build", build)
+    def late(*args, **kwargs):
+        if owner is state:
+            write()
+        out = real(*args, **kwargs)
+        if owner is resolve:
+            write()
+        return out
+    monkeypatch.setattr(owner, name, late)
     step = aotgrad.capture(model, x).compile()
+    assert state.watermark() is None or step.captured.state.check.__self__.tags != [None] * len(
+        step.captured.state.check.__self__.tags), "the tags of the dicts not written are trusted"
     with pytest.raises(InputMismatchError):
         step(x)
 
