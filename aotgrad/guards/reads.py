@@ -302,7 +302,9 @@ class Recording:
             if kind == MODULE_CALL:     # a module being called is the user's (methods may build new ones)
                 self.writes.attrs(self_obj)
                 self.writes.module_hooks(self_obj)
-            self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, None, self_obj))
+            # (a torch module's method loads functions from its module: ``F.linear``, read by identity)
+            g = frame.f_globals if kind == NN_METHOD else None
+            self.frames.setdefault((code, None, id(self_obj), ()), Frame(code, kind, g, self_obj))
             return
         # Arguments and the free variables nested code (a comprehension, a generator expression, a
         # lambda, an inner function) sees: loads from them are followed like loads from ``self``.

@@ -32,7 +32,7 @@ from . import c_calls
 from .bytecode import attr_names, chains, operator_names, probed_names
 from .places import (_CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _global_path, _module_state,
                      _own_item, _state_of_library, _stops, locate, read_at)
-from .reads import HELD, LIBRARY, MODULE_CALL, USER, Frame, holds_state, imported_name, is_library
+from .reads import HELD, LIBRARY, MODULE_CALL, NN_METHOD, USER, Frame, holds_state, imported_name, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, checkable, current, freeze, guard_kind, holds
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
@@ -249,8 +249,8 @@ class Resolver:
                 self._imported(f.globals, c)
             elif c.root == "globals" and f.kind == USER and f.globals is not None:
                 self._globals(f.globals)
-            elif c.root == "global" and f.kind == LIBRARY:
-                self._setting(f.globals, c)
+            elif c.root == "global" and f.kind in (LIBRARY, NN_METHOD):
+                self._setting(f.globals, c)     # (``F.linear`` in ``nn.Linear.forward``: by identity)
         if f.kind == HELD:
             self._held_reach(f.self_obj, path, source or _anon(f.self_obj), f.code)
 

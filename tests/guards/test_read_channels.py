@@ -338,6 +338,24 @@ def test_a_torch_function_an_installed_library_calls_rebound_after_capture_recom
         F.scaled_dot_product_attention = sdpa
 
 
+# A function torch's own module calls from ``torch.nn.functional`` (``nn.Linear.forward`` calls
+# ``F.linear``), rebound after the capture (a kernel swapped in): each was a stale graph.
+NN_FUNCTIONS = {"linear": lambda: torch.nn.Linear(3, 3), "relu": torch.nn.ReLU, "gelu": torch.nn.GELU,
+                "layer_norm": lambda: torch.nn.LayerNorm(3), "softmax": lambda: torch.nn.Softmax(-1)}
+
+
+@pytest.mark.parametrize("name", NN_FUNCTIONS)
+def test_a_functional_a_torch_module_calls_rebound_after_capture_recompiles(name):
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    real = getattr(F, name)
+    try:
+        _check({}, NN_FUNCTIONS[name](), lambda: setattr(F, name, lambda *a, **k: real(*a, **k) * 2),
+               torch.randn(2, 3))
+    finally:
+        setattr(F, name, real)
+
+
 def test_a_library_function_is_read_by_identity_not_followed():
     """``F.relu``, ``torch.ops.aten.mul``, ``logging.Logger``: one read each, of the name in its module;
     nothing inside (its code, cells, defaults, attributes) is read."""
