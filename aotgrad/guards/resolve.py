@@ -229,6 +229,8 @@ class Resolver:
         found, _ = chains(f.code)
         if f.kind == USER and _reflects(f, found):
             self._reflective(f, found)
+        if f.kind == USER and f.self_obj is not None and _is_special(f.code.co_name):
+            self._special(f, path)
         for c in found:
             self.line = f"{f.code.co_filename}:{c.line} in {f.code.co_name}"
             if c.root == "fast" and c.name == "self" and f.self_obj is not None:
@@ -311,6 +313,17 @@ class Resolver:
                 self._add(Read(f"{source}.{name}", _own_item(path, name), d, name, None, "absent"))
                 self._class_lookup(cls, name, path)
         self._class_lookup(cls, "__call__", path)
+
+    def _special(self, f, path):
+        """A special method of a user class that ran (``self.block(x)`` calls ``type(block).__call__``,
+        ``Helper(x)`` its ``__init__``, ``a + b`` its ``__add__``): looked up on the type, where no
+        load names it. Read where the type answers it, if that is the code that ran."""
+        cls, name = type(f.self_obj), f.code.co_name
+        for c in cls.__mro__:
+            if name in vars(c):
+                if getattr(vars(c)[name], "__code__", None) is f.code:
+                    self._class_lookup(cls, name, path)
+                return
 
     def _class_lookup(self, cls, name, path):
         """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
@@ -727,6 +740,10 @@ def _settings(obj) -> bool:
     d = getattr(obj, "__dict__", None)
     return _state_of_library(obj) and len(d) <= _FROZEN_LIMIT and all(
         type(x) in _EQ_TYPES or type(x) in (list, tuple, dict, set, frozenset) for x in d.values())
+
+
+def _is_special(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and len(name) > 4
 
 
 def switch_name(name: str) -> str:

@@ -263,6 +263,31 @@ def test_a_module_call_machinery_patched_after_capture_recompiles(name, owner, b
             setattr(holder, name, had)
 
 
+# A special method of the user's class, which the interpreter looks up on the type where no load names
+# it, patched on the class after the capture: each was a stale graph.
+SPECIAL_METHODS = {
+    "__call__ of an object the code calls": ("class K:\n    def __call__(self, x):\n        return x * 2\nOBJ = K()",
+                                             "OBJ(x)", "__call__", "lambda self, x: x * 3"),
+    "__init__ of an object built in the trace": ("class K:\n    def __init__(self, x):\n        self.v = x * 2\n"
+                                                 "def __init__(self, x):\n    self.v = x * 3",
+                                                 "K(x).v", "__init__", "__init__"),
+    "__getitem__ (obj[x])": ("class K:\n    def __getitem__(self, x):\n        return x * 2\nOBJ = K()",
+                             "OBJ[x]", "__getitem__", "lambda self, x: x * 3"),
+    "__add__ (obj + x)": ("class K:\n    def __add__(self, x):\n        return x * 2\nOBJ = K()",
+                          "OBJ + x", "__add__", "lambda self, x: x * 3"),
+    "__enter__ (with obj as s)": ("class K:\n    def __enter__(self):\n        return 2\n    def __exit__(self, *a):\n"
+                                  "        return None\nOBJ = K()\ndef use(x):\n    with OBJ as s:\n        return x * s",
+                                  "use(x)", "__enter__", "lambda self: 3"),
+}
+
+
+@pytest.mark.parametrize("case", SPECIAL_METHODS)
+def test_a_special_method_patched_on_the_class_after_capture_recompiles(case):
+    define, expr, name, new = SPECIAL_METHODS[case]
+    ns = _module(f"{define}\n\ndef f(x):\n    return {expr}\n")
+    _check(ns, ns["f"], lambda: setattr(ns["K"], name, eval(new, ns)), torch.tensor([1.0, -2.0]))
+
+
 @pytest.mark.parametrize("called", ["itself", "from the user's function"])
 def test_code_exec_d_with_globals_of_its_own_reads_them(called):
     """``exec(src, {"torch": torch, "SCALE": 2.0})``: globals with no module name, the file ``<string>``.
