@@ -13,6 +13,7 @@ import types
 import torch
 
 from .._torch import SWITCH_GETTERS
+from ..tracing.patches import module_call
 from ..tracing.views import real
 from . import c_calls
 from .reads import is_library
@@ -139,6 +140,10 @@ class _ContextValue:
         return self.var.get(_UNSET)
 
 
+MODULE_CALLER = _Called(module_call)
+"""Where ``Module.__call__`` is read (path ``("module call", None)``): as the program has it."""
+
+
 def _global_path(g: dict, name: str):
     """The path of global ``name`` of the module whose globals are ``g`` (None where it has no name)."""
     module = g.get("__name__")
@@ -167,14 +172,17 @@ def _resolve_path(fn, leaves, path):
     if root == "switch":
         getter = c_calls.GETTERS.get(arg) or next((f for f, n in SWITCH_GETTERS.items() if n == arg), None)
         return (_Called(getter), "value") if getter is not None else None
-    if not steps:
+    if root == "module call":
+        loc = MODULE_CALLER, "value"
+    elif not steps:
         return None
-    (kind, key), steps = steps[0], steps[1:]
-    if root == "G":
-        module = sys.modules.get(arg)
-        loc = None if module is None else (vars(module), key)
     else:
-        loc = _step(fn if root == "fn" else leaves[arg] if arg < len(leaves) else None, kind, key)
+        (kind, key), steps = steps[0], steps[1:]
+        if root == "G":
+            module = sys.modules.get(arg)
+            loc = None if module is None else (vars(module), key)
+        else:
+            loc = _step(fn if root == "fn" else leaves[arg] if arg < len(leaves) else None, kind, key)
     for kind, key in steps:
         if loc is None:
             return None

@@ -30,7 +30,7 @@ from .._torch import SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, operator_names, probed_names
-from .places import (_CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _global_path, _module_state,
+from .places import (MODULE_CALLER, _CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _global_path, _module_state,
                      _own_item, _state_of_library, _stops, locate, read_at)
 from .reads import HELD, LIBRARY, MODULE_CALL, NN_METHOD, USER, Frame, holds_state, imported_name, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, checkable, current, freeze, guard_kind, holds
@@ -329,6 +329,11 @@ class Resolver:
         """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
         it, that one by identity, and the function's own state (its defaults, its code)."""
         for i, c in enumerate(cls.__mro__):
+            if c is torch.nn.Module and name == "__call__":     # (read through what stands in for it a while)
+                self._add(Read("torch.nn.Module.__call__", ("module call", None), MODULE_CALLER, "value",
+                               MODULE_CALLER.value, "id"))
+                self._value(MODULE_CALLER.value, ("module call", None), "torch.nn.Module.__call__")
+                break
             found = name in vars(c)
             self._add(Read(f"{c.__qualname__}.{name}", _class_item(path, i, name), vars(c), name,
                            vars(c)[name] if found else None, "id" if found else "absent"))

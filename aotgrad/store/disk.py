@@ -260,12 +260,14 @@ def _read_ok(x) -> bool:
 
 
 def _path_ok(path) -> bool:
-    """``(root, arg, *steps)``: the function (``fn``, None), an input (``arg``, its index) or a name
-    (``G``, a module's), and ``(kind, key)`` steps whose keys are plain values."""
+    """``(root, arg, *steps)``: the function (``fn``, None), an input (``arg``, its index), a name
+    (``G``, a module's) or ``Module.__call__`` (``module call``, None), and ``(kind, key)`` steps whose
+    keys are plain values."""
     if not isinstance(path, tuple) or len(path) < 2 or not isinstance(path[0], str):
         return False
     root, arg, *steps = path
-    if not (type(arg) is int and arg >= 0 if root == "arg" else arg is None if root == "fn" else type(arg) is str):
+    if not (type(arg) is int and arg >= 0 if root == "arg" else arg is None if root in ("fn", "module call")
+            else type(arg) is str):
         return False
     return all(isinstance(s, tuple) and len(s) == 2 and s[0] in _STEPS and _key_ok(s[1]) for s in steps)
 

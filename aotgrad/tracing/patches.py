@@ -145,14 +145,30 @@ def _module_calls():
         if reuse is not None:
             return reuse.call(module, args, kwargs)
         return before(module, *args, **kwargs)
-    torch.nn.Module.__call__ = dispatch
+    torch.nn.Module.__call__ = _BEFORE["dispatch"] = dispatch
 
     def restore():
         torch.nn.Module.__call__ = before
     return restore
 
 
-_BEFORE: dict = {}      # "call": Module.__call__ as it was before MODULE_CALLS
+_BEFORE: dict = {}      # "call": Module.__call__ as it was before MODULE_CALLS; "dispatch": what it put there
+_FX_WRAPPER = next((c for c in getattr(getattr(torch.fx, "Tracer", None), "trace", lambda: None).__code__.co_consts
+                    if getattr(c, "co_name", None) == "module_call_wrapper"), None)
+
+
+def module_call():
+    """``Module.__call__`` as the program has it, through what stands in for it for a while in any
+    thread: a capture's block dispatch (``MODULE_CALLS``), make_fx's tracer's wrapper of it."""
+    call = torch.nn.Module.__dict__["__call__"]
+    for _ in range(4):
+        if getattr(call, "__code__", None) is _FX_WRAPPER and hasattr(call, "__wrapped__"):
+            call = call.__wrapped__
+        elif call is _BEFORE.get("dispatch"):
+            call = _BEFORE["call"]
+        else:
+            break
+    return call
 
 
 def flat_call(module, *args, **kwargs):
