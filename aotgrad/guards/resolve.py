@@ -325,6 +325,21 @@ class Resolver:
                     self._class_lookup(cls, name, path)
                 return
 
+    def _function_methods(self, cls, path):
+        """What ``Function.apply`` looks up on a custom ``autograd.Function`` (its ``forward``, ``backward``,
+        ...), where no load names it: each where the user's classes in its MRO answer it, by identity,
+        absent from each class before that one (torch's own base is constant)."""
+        for name in ("forward", "setup_context", "backward", "jvp", "vmap"):
+            for i, c in enumerate(cls.__mro__):
+                if is_library(c):
+                    break
+                found = name in vars(c)
+                self._add(Read(f"{c.__qualname__}.{name}", path + (("attr", "__mro__"), ("item", i), ("own", name))
+                               if path is not None else None, vars(c), name, vars(c)[name] if found else None,
+                               "id" if found else "absent"))
+                if found:
+                    break
+
     def _class_lookup(self, cls, name, path):
         """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
         it, that one by identity, and the function's own state (its defaults, its code)."""
@@ -445,6 +460,8 @@ class Resolver:
                 return
             if kind in ("next", "iter"):        # consumed, not read: the write undo tells whether it moved
                 return
+            if (kind, key) == ("attr", "apply") and isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+                self._function_methods(obj, path)
             if kind == "any":
                 self._any(obj, path, source)
                 return

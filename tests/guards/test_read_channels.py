@@ -288,6 +288,42 @@ def test_a_special_method_patched_on_the_class_after_capture_recompiles(case):
     _check(ns, ns["f"], lambda: setattr(ns["K"], name, eval(new, ns)), torch.tensor([1.0, -2.0]))
 
 
+# What ``Function.apply`` looks up on the user's custom ``autograd.Function``, patched on the class after
+# the capture (a kernel swapped in): the output or the gradient was a wrong number.
+FUNCTION_METHODS = {
+    "forward": ("Base", "forward", "staticmethod(lambda ctx, x: x * 3)"),
+    "backward": ("Base", "backward", "staticmethod(lambda ctx, g: g * 5)"),
+    "forward given by the subclass after capture": ("Fn", "forward", "staticmethod(lambda ctx, x: x * 3)"),
+}
+
+
+@pytest.mark.parametrize("case", FUNCTION_METHODS)
+def test_a_custom_functions_method_patched_after_capture_recompiles(case):
+    owner, name, new = FUNCTION_METHODS[case]
+    ns = _module("class Base(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+                 "        return x * 2\n    @staticmethod\n    def backward(ctx, g):\n        return g * 2\n"
+                 "class Fn(Base):\n    pass\n\ndef f(x):\n    return Fn.apply(x).sum()\n")
+    target = ns[owner]
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+
+    def grads(fn):
+        x.grad = None
+        out = fn(x)
+        out.backward()
+        return out.detach(), x.grad.clone()
+    jit, staged = aotgrad.jit(ns["f"]), aotgrad.capture(ns["f"], x).compile()
+    before = grads(ns["f"])
+    for fn in (jit, staged):
+        torch.testing.assert_close(grads(fn), before)
+    setattr(target, name, eval(new))
+    expected = grads(ns["f"])
+    assert not all(map(torch.equal, expected, before)), "the change must change eager's result"
+    torch.testing.assert_close(grads(jit), expected)
+    assert len(jit.entries) == 2
+    with pytest.raises(errors.InputMismatchError):
+        staged(x)
+
+
 @pytest.mark.parametrize("called", ["itself", "from the user's function"])
 def test_code_exec_d_with_globals_of_its_own_reads_them(called):
     """``exec(src, {"torch": torch, "SCALE": 2.0})``: globals with no module name, the file ``<string>``.
