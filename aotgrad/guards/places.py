@@ -39,6 +39,8 @@ def locate(obj, kind, key):
             getattr(obj, "__dict__", None), dict) else (obj, key)
     if isinstance(obj, types.FunctionType):
         return (obj, key) if key in ("__defaults__", "__kwdefaults__", "__code__") else None
+    if isinstance(obj, types.MethodType):
+        return (obj, key) if key in ("__self__", "__func__") else None
     if isinstance(obj, functools.partial):
         return (obj, key) if key in ("func", "args", "keywords") else None
     if isinstance(obj, types.ModuleType):

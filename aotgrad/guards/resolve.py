@@ -639,6 +639,8 @@ class Resolver:
         if path is not None:
             self.paths.setdefault(id(v), (path, source))
         if isinstance(v, types.MethodType):
+            if isinstance(v.__self__, type) and issubclass(v.__self__, torch.autograd.Function):    # ``f = Fn.apply``
+                self._function_methods(v.__self__, path + (("attr", "__self__"),) if path is not None else None)
             self._value(v.__func__, None, f"{source}.__func__")
             return
         if isinstance(v, types.FunctionType):

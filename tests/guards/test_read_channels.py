@@ -297,12 +297,13 @@ FUNCTION_METHODS = {
 }
 
 
+@pytest.mark.parametrize("call", ["Fn.apply(x)", "APPLY(x)"], ids=["Fn.apply", "APPLY = Fn.apply"])
 @pytest.mark.parametrize("case", FUNCTION_METHODS)
-def test_a_custom_functions_method_patched_after_capture_recompiles(case):
+def test_a_custom_functions_method_patched_after_capture_recompiles(case, call):
     owner, name, new = FUNCTION_METHODS[case]
     ns = _module("class Base(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
                  "        return x * 2\n    @staticmethod\n    def backward(ctx, g):\n        return g * 2\n"
-                 "class Fn(Base):\n    pass\n\ndef f(x):\n    return Fn.apply(x).sum()\n")
+                 f"class Fn(Base):\n    pass\nAPPLY = Fn.apply\n\ndef f(x):\n    return {call}.sum()\n")
     target = ns[owner]
     x = torch.tensor([1.0, -2.0], requires_grad=True)
 
