@@ -563,10 +563,17 @@ def _code_owner(fn):
     return fn if isinstance(fn, types.FunctionType) else type(fn)
 
 
+# Class attributes Python's own machinery caches, a function of the class alone (``copy.copy`` of an
+# instance sets ``__slotnames__`` through ``copyreg._slotnames``): eager's first call sets the same.
+_PYTHON_CACHES = frozenset(("__slotnames__",))
+
+
 def _undo_class(s, is_library):
     cls, before, now = s.obj, s.before, dict(vars(s.obj))
     done = []
     for key in changed_keys(now, before):
+        if key in _PYTHON_CACHES and key not in before:
+            continue
         if key in before:
             setattr(cls, key, before[key])
         else:

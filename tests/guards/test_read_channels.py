@@ -325,6 +325,15 @@ def test_a_custom_functions_method_patched_after_capture_recompiles(case, call):
         staged(x)
 
 
+@pytest.mark.parametrize("copy", ["copy.copy", "copy.deepcopy"])
+def test_a_copy_of_a_users_object_made_in_the_trace_runs_and_is_read(copy):
+    """``copy.copy(CFG)`` caches ``__slotnames__`` on the class (``copyreg``), a write the capture refused;
+    eager's first call makes the same. The copied value is read where the object holds it."""
+    ns = _module(f"import copy\nclass Cfg:\n    def __init__(self):\n        self.s = 2.0\nCFG = Cfg()\n\n"
+                 f"def f(x):\n    return x * {copy}(CFG).s\n")
+    _check(ns, ns["f"], lambda: setattr(ns["CFG"], "s", 3.0), torch.tensor([1.0, -2.0]))
+
+
 @pytest.mark.parametrize("called", ["itself", "from the user's function"])
 def test_code_exec_d_with_globals_of_its_own_reads_them(called):
     """``exec(src, {"torch": torch, "SCALE": 2.0})``: globals with no module name, the file ``<string>``.
