@@ -162,6 +162,18 @@ def _class_item(path, i, key):
     return path + (("class", i), ("own", key)) if path else None
 
 
+def _mro_item(path, i, key):
+    """The path of entry ``key`` of the own dict of class ``cls.__mro__[i]`` of the class at ``path``."""
+    return path + (("attr", "__mro__"), ("item", i), ("own", key)) if path else None
+
+
+def _class_path(cls):
+    """The path of a class its module holds under its name (None where it holds another, or none)."""
+    module = sys.modules.get(getattr(cls, "__module__", None))
+    return ("G", cls.__module__, ("attr", cls.__name__)) if module is not None and \
+        vars(module).get(cls.__name__) is cls else None
+
+
 def read_at(where, key):
     if isinstance(where, types.CellType):
         return where.cell_contents

@@ -30,8 +30,8 @@ from .._torch import SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, operator_names, probed_names
-from .places import (MODULE_CALLER, _CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _global_path, _module_state,
-                     _own_item, _state_of_library, _stops, locate, read_at)
+from .places import (MODULE_CALLER, _CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _class_path,
+                     _global_path, _module_state, _mro_item, _own_item, _state_of_library, _stops, locate, read_at)
 from .reads import HELD, LIBRARY, MODULE_CALL, NN_METHOD, USER, Frame, holds_state, imported_name, is_library
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, checkable, current, freeze, guard_kind, holds
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
@@ -321,8 +321,11 @@ class Resolver:
         cls, name = type(f.self_obj), f.code.co_name
         for c in cls.__mro__:
             if name in vars(c):
-                if getattr(vars(c)[name], "__code__", None) is f.code:
-                    self._class_lookup(cls, name, path)
+                if getattr(vars(c)[name], "__code__", None) is f.code:     # (an object built in the trace:
+                    if path is None:                                        # its class where its module has it)
+                        self._class_lookup(cls, name, _class_path(cls), _mro_item)
+                    else:
+                        self._class_lookup(cls, name, path)
                 return
 
     def _function_methods(self, cls, path):
@@ -334,15 +337,15 @@ class Resolver:
                 if is_library(c):
                     break
                 found = name in vars(c)
-                self._add(Read(f"{c.__qualname__}.{name}", path + (("attr", "__mro__"), ("item", i), ("own", name))
-                               if path is not None else None, vars(c), name, vars(c)[name] if found else None,
-                               "id" if found else "absent"))
+                self._add(Read(f"{c.__qualname__}.{name}", _mro_item(path, i, name), vars(c), name,
+                               vars(c)[name] if found else None, "id" if found else "absent"))
                 if found:
                     break
 
-    def _class_lookup(self, cls, name, path):
+    def _class_lookup(self, cls, name, path, item=_class_item):
         """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
-        it, that one by identity, and the function's own state (its defaults, its code)."""
+        it, that one by identity, and the function's own state (its defaults, its code). ``path``: of an
+        instance of ``cls`` (``item``: ``_class_item``), or of ``cls`` itself (``_mro_item``)."""
         for i, c in enumerate(cls.__mro__):
             if c is torch.nn.Module and name == "__call__":     # (read through what stands in for it a while)
                 self._add(Read("torch.nn.Module.__call__", ("module call", None), MODULE_CALLER, "value",
@@ -350,10 +353,10 @@ class Resolver:
                 self._value(MODULE_CALLER.value, ("module call", None), "torch.nn.Module.__call__")
                 break
             found = name in vars(c)
-            self._add(Read(f"{c.__qualname__}.{name}", _class_item(path, i, name), vars(c), name,
+            self._add(Read(f"{c.__qualname__}.{name}", item(path, i, name), vars(c), name,
                            vars(c)[name] if found else None, "id" if found else "absent"))
             if found:
-                self._value(vars(c)[name], _class_item(path, i, name), f"{c.__qualname__}.{name}")
+                self._value(vars(c)[name], item(path, i, name), f"{c.__qualname__}.{name}")
                 break
 
     def _global(self, g, c):

@@ -51,6 +51,48 @@ def test_module_hit_trains_like_eager(cache_dir):
     assert run.compiled.entries[0].compiled.captured.history[0].name == "load from disk cache"
 
 
+class _Holder:
+    def __init__(self, x):
+        self.x = x * 2
+
+
+class _Caller:
+    def __call__(self, y):
+        return y + 1
+
+
+_CALL = _Caller()
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+_TWICE = _Twice.apply
+
+
+def built_and_called(x):
+    """Reads at the paths of a class's own dict: an object built in the trace (its class's ``__init__``,
+    reached through its module), an object's ``__call__``, a custom Function's methods (through ``apply``
+    held in a global)."""
+    return _TWICE(_CALL(_Holder(x).x)).sin()
+
+
+@pytest.mark.parametrize("fn", [built_and_called, mlp], ids=["class dicts", "Module.__call__"])
+def test_reads_of_classes_and_the_module_call_are_stored_and_loaded(cache_dir, fn):
+    args = (torch.randn(3, 4, requires_grad=True),)
+    fn = fn if fn is built_and_called else fn()
+    check(fn, args, compile=jit_compile)
+    run = check(fn, args, compile=jit_compile)
+    assert run.compiled.entries[0].loaded
+
+
 def test_inference_entry_loads(cache_dir):
     x = torch.randn(5, 4)
     with torch.no_grad():
