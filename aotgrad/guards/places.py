@@ -39,8 +39,8 @@ def locate(obj, kind, key):
             getattr(obj, "__dict__", None), dict) else (obj, key)
     if isinstance(obj, types.FunctionType):
         return (obj, key) if key in ("__defaults__", "__kwdefaults__", "__code__") else None
-    if isinstance(obj, types.MethodType):
-        return (obj, key) if key in ("__self__", "__func__") else None
+    if isinstance(obj, (types.MethodType, types.BuiltinMethodType)):     # (``Fn.apply``, a builtin on torch 2.14)
+        return (obj, key) if key in ("__self__", "__func__") and hasattr(obj, key) else None
     if isinstance(obj, functools.partial):
         return (obj, key) if key in ("func", "args", "keywords") else None
     if isinstance(obj, types.ModuleType):
@@ -213,6 +213,8 @@ def _step(obj, kind, key):
         return type(obj).__mro__, key
     if kind == "own":
         return vars(obj), key
+    if isinstance(obj, (types.MethodType, types.BuiltinMethodType)):    # (``Fn.apply`` held: its ``__self__``)
+        return locate(obj, kind, key)
     if isinstance(obj, types.ModuleType) and _stops(obj):     # a library's module (see Resolver._follow)
         value = vars(obj).get(key, _UNSET)
         return (vars(obj), key) if kind == "attr" and (_module_state(value) or callable(value)) else None

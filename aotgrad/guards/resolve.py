@@ -625,6 +625,10 @@ class Resolver:
     def _value(self, v, path, source):
         """Something reached by value: remember its path; a function that ran adds its cells and
         defaults; an object adds the attributes the traced code loads by name."""
+        owner = getattr(v, "__self__", None) if isinstance(v, (types.MethodType, types.BuiltinMethodType)) else None
+        if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and id(v) not in self.done:
+            # ``f = Fn.apply`` (a bound method, a builtin one from torch 2.14 on): what apply looks up on it
+            self._function_methods(owner, path + (("attr", "__self__"),) if path is not None else None)
         if isinstance(v, weakref.ref) and id(v) not in self.done:       # ``REF().k``: what it points to
             self.done.add(id(v))
             self._add_value(_Called(v), "value", f"{source}()", None)
@@ -642,8 +646,6 @@ class Resolver:
         if path is not None:
             self.paths.setdefault(id(v), (path, source))
         if isinstance(v, types.MethodType):
-            if isinstance(v.__self__, type) and issubclass(v.__self__, torch.autograd.Function):    # ``f = Fn.apply``
-                self._function_methods(v.__self__, path + (("attr", "__self__"),) if path is not None else None)
             self._value(v.__func__, None, f"{source}.__func__")
             return
         if isinstance(v, types.FunctionType):
