@@ -624,6 +624,11 @@ def lazy_graph_modules():
     return lazy(True) if lazy is not None else contextlib.nullcontext()
 
 
+FX_MODULE_CALL_WRAPPER = next((c for c in torch.fx.Tracer.trace.__code__.co_consts
+                               if getattr(c, "co_name", None) == "module_call_wrapper"), None)
+"""The code of the wrapper make_fx's tracer puts in ``Module.__call__``'s place while it traces."""
+
+
 @contextlib.contextmanager
 def modules_called_as_now():
     """A context in which make_fx's tracer calls a module through ``Module.__call__`` as the class

@@ -311,7 +311,7 @@ class Resolver:
                 self._add_value(d, name, f"{source}.{name}", _own_item(path, name))
             else:
                 self._add(Read(f"{source}.{name}", _own_item(path, name), d, name, None, "absent"))
-                self._class_lookup(cls, name, path)
+            self._class_lookup(cls, name, path)
         self._class_lookup(cls, "__call__", path)
 
     def _special(self, f, path):
@@ -333,20 +333,16 @@ class Resolver:
         ...), where no load names it: each where the user's classes in its MRO answer it, by identity,
         absent from each class before that one (torch's own base is constant)."""
         for name in ("forward", "setup_context", "backward", "jvp", "vmap"):
-            for i, c in enumerate(cls.__mro__):
-                if is_library(c):
-                    break
-                found = name in vars(c)
-                self._add(Read(f"{c.__qualname__}.{name}", _mro_item(path, i, name), vars(c), name,
-                               vars(c)[name] if found else None, "id" if found else "absent"))
-                if found:
-                    break
+            self._class_lookup(cls, name, path, _mro_item, users=True)
 
-    def _class_lookup(self, cls, name, path, item=_class_item):
+    def _class_lookup(self, cls, name, path, item=_class_item, users=False):
         """``name`` as ``cls`` answers it: absent from each class in its MRO before the one whose dict holds
         it, that one by identity, and the function's own state (its defaults, its code). ``path``: of an
-        instance of ``cls`` (``item``: ``_class_item``), or of ``cls`` itself (``_mro_item``)."""
+        instance of ``cls`` (``item``: ``_class_item``), or of ``cls`` itself (``_mro_item``). ``users``:
+        the user's classes of the MRO alone (a library's base is constant)."""
         for i, c in enumerate(cls.__mro__):
+            if users and is_library(c):
+                break
             if c is torch.nn.Module and name == "__call__":     # (read through what stands in for it a while)
                 self._add(Read("torch.nn.Module.__call__", ("module call", None), MODULE_CALLER, "value",
                                MODULE_CALLER.value, "id"))

@@ -536,8 +536,8 @@ class _Check:
         self.reads = reads
         self._reset()
         if since is not None and self.dicts:    # (in place: the fused check holds the list)
-            self.tags[:] = [v if d is t and v <= since else None for d, t, v in
-                            zip(self._dicts_now(), self.dicts, map(dict_version, self._dicts_now()))]
+            now = self._dicts_now()
+            self.tags[:] = [v if d is t and v <= since else None for d, t, v in zip(now, self.dicts, map(dict_version, now))]
 
     def _reset(self):
         """Everything derived from the reads' holders as they are now: which dicts are held, no tag

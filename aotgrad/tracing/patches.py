@@ -52,7 +52,7 @@ import torch
 
 from .. import errors
 from .._torch import (
-    ERROR_NODE, VF, FunctionalTensor, compiled_autograd_engine, get_mkldnn_enabled,
+    ERROR_NODE, FX_MODULE_CALL_WRAPPER, VF, FunctionalTensor, compiled_autograd_engine, get_mkldnn_enabled,
     reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
@@ -153,8 +153,6 @@ def _module_calls():
 
 
 _BEFORE: dict = {}      # "call": Module.__call__ as it was before MODULE_CALLS; "dispatch": what it put there
-_FX_WRAPPER = next((c for c in getattr(getattr(torch.fx, "Tracer", None), "trace", lambda: None).__code__.co_consts
-                    if getattr(c, "co_name", None) == "module_call_wrapper"), None)
 
 
 def module_call():
@@ -162,7 +160,7 @@ def module_call():
     thread: a capture's block dispatch (``MODULE_CALLS``), make_fx's tracer's wrapper of it."""
     call = torch.nn.Module.__dict__["__call__"]
     for _ in range(4):
-        if getattr(call, "__code__", None) is _FX_WRAPPER and hasattr(call, "__wrapped__"):
+        if getattr(call, "__code__", None) is FX_MODULE_CALL_WRAPPER and hasattr(call, "__wrapped__"):
             call = call.__wrapped__
         elif call is _BEFORE.get("dispatch"):
             call = _BEFORE["call"]
