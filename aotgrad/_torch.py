@@ -718,6 +718,10 @@ SWITCH_GETTERS = {f: name for name in (
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 torch_function_state, set_torch_function_state = torch._C._get_torch_function_state, torch._C._set_torch_function_state
 cuda_end_allocate_to_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)     # (None: a torch without CUDA)
+# A storage over memory it does not own, and the exchange of two storages' memory (every tensor and
+# view over either follows its storage); None where this torch has no exchange.
+storage_over = torch._C._construct_storage_from_data_pointer
+swap_storage_memory = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
 len_torch_function_stack, function_stack_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
 top_saved_tensors_default_hooks = C_autograd._top_saved_tensors_default_hooks

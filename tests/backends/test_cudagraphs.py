@@ -1,6 +1,7 @@
 """The cudagraphs backend's logic, on CPU through the null graph runner:
 mutation analysis, static inputs, partitioning, warm-up/record/replay with
 a bounded LRU of recordings, output lifetime and the shared memory pool."""
+import contextlib
 import warnings
 
 import pytest
@@ -187,7 +188,6 @@ def test_inputs_at_a_stable_address_are_used_in_place_until_they_move():
 def _saved_by_a_forward(pool, value):
     """A saved tensor as a backward gets it: handed out in the memory of a forward recorded in ``pool``."""
     fwd = Graphed(lambda a: (a * 1,), "fwd", cg.Config(warmup=0), (), (), NullRunner, pool=pool)
-    fwd.saved = frozenset({0})
     return fwd, fwd(value)[0]
 
 
@@ -338,7 +338,6 @@ def test_a_replay_of_another_shape_in_the_pool_moves_saved_tensors_it_may_overwr
     """Only a replay of a recording captured earlier in the pool (or the same one) can write
     over a saved tensor: that one moves it to a copy first, a later one leaves it where it is."""
     g = _graphed(lambda x: (x * 2, x + 1), warmup=0)
-    g.saved = frozenset({1})
     a, b = torch.ones(2), torch.ones(3)
     g(a)                                        # recording 1
     _, saved_b = g(b)                           # recording 2: handed out in its memory
@@ -352,6 +351,103 @@ def test_a_replay_of_another_shape_in_the_pool_moves_saved_tensors_it_may_overwr
     assert saved_a.data_ptr() == at
 
 
+# What a caller may keep of an output across later replays, and how it reads it back.
+KEPT = {
+    "the tensor": (lambda out: out, lambda k: k),
+    "a view beside it": (lambda out: (out, out[1:]), lambda k: torch.cat([k[0][:1], k[1]])),
+    "a view alone": (lambda out: out.view(2, 2), lambda k: k.reshape(-1)),
+    "its storage alone": (lambda out: out.untyped_storage(), lambda k: torch.empty(0).set_(k)),
+    "a view written in place": (lambda out: out[1:].mul_(10), lambda k: torch.cat([k[:1] * 0 + 2, k])),
+}
+
+
+@pytest.fixture(params=["exchange", "copy"])
+def exchange(request, monkeypatch):
+    """Both ways an output leaves recorded memory: its storage given a copy when a replay would write
+    over it, or (a torch without that exchange) a copy at once."""
+    if request.param == "copy":
+        monkeypatch.setattr(cg.runners, "swap_storage_memory", None)
+    return request.param
+
+
+@pytest.mark.parametrize("kept", sorted(KEPT))
+@pytest.mark.parametrize("drop", [None, "evicted", "recorded again"])
+def test_what_the_caller_keeps_of_an_output_outlives_replays_and_its_recording(kept, drop, exchange):
+    """Kept, viewed, written in place, or held by its storage alone: later replays of its recording
+    and of one captured before it, and the recording dropped (evicted, or recorded again for a moved
+    input) with its memory reused, leave the caller's values as they were."""
+    keep, read = KEPT[kept]
+    g = _graphed(lambda p, x: (p[:len(x)] * x * 2, x + 1), warmup=1,
+                 max_recordings=1 if drop == "evicted" else 8, on_full="evict")
+    p = torch.ones(4)
+    for x in (torch.ones(3), torch.ones(3), torch.ones(4)):    # shape 3 captured first (its replays may write
+        g(p, x)                                                 # over later recordings), shape 4 warmed up
+    k = keep(g(p, torch.ones(4))[0])                            # captured: handed out in its memory
+    want = read(k).clone()
+    torch.testing.assert_close(want, torch.tensor([2., 20, 20, 20]) if "written" in kept else torch.full((4,), 2.))
+    first = []
+    if drop == "recorded again":
+        p = torch.full((4,), 3.)                                # a stable input moved: shape 4 recorded again
+        first = [torch.full((4,), 5.)]
+    elif drop == "evicted":
+        first = [torch.ones(3), torch.ones(3)]                  # shape 4's recording evicted, shape 3 captured
+    for x in first + [torch.full((4,), 5.), torch.ones(3), torch.full((4,), 7.)]:
+        fresh = g(p, x)[0]
+        torch.testing.assert_close(fresh, p[:len(x)] * x * 2)
+        torch.testing.assert_close(read(k), want)
+    filler = [torch.full((4,), -1.) for _ in range(64)]         # memory a dropped recording freed is reused
+    torch.testing.assert_close(read(k), want)
+    assert filler
+
+
+def test_outputs_dropped_before_the_next_replay_are_not_copied(exchange):
+    """A training step that lets go of its outputs (the loss, the gradients set to None) before the next
+    call gets them in recorded memory, step after step: nothing is copied out."""
+    m, args = models.make_mlp()
+    backend = cg.configure(warmup=0)
+    compiled = aotgrad.capture(m, *args).compile(fw_compiler=backend)
+    for _ in range(5):
+        loss = compiled(*args)
+        loss.backward()
+        pool = backend.last_compiled().pool
+        in_recorded_memory = [pool.holds(t) for t in (loss, *(p.grad for p in m.parameters()))]
+        assert in_recorded_memory == [exchange == "exchange"] * len(in_recorded_memory)
+        del loss
+        m.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("form", ["accumulated", "retain_graph", "hooks keep views"])
+def test_outputs_and_saved_tensors_kept_across_replays_train_like_eager(form, exchange):
+    """Gradients accumulated in place over micro-batches (zero_grad(set_to_none=False)), a backward run
+    twice (retain_graph), and saved tensors a pack hook keeps as views, two forwards before their
+    backwards: what is kept moves out of recorded memory before a replay writes there."""
+    m, args = models.make_mlp()
+    compiled = aotgrad.capture(m, *args).compile(fw_compiler=cg.configure(warmup=0))
+    hooks = (lambda t: t[...], lambda t: t) if form == "hooks keep views" else None
+
+    def run(f):
+        torch.manual_seed(0)
+        xs = [torch.randn_like(args[0]) for _ in range(3)]
+        for p in m.parameters():
+            p.grad = None
+        context = torch.autograd.graph.saved_tensors_hooks(*hooks) if hooks else contextlib.nullcontext()
+        with context:
+            outs = [f(x, args[1]) for x in xs[:2]]
+        if form == "retain_graph":
+            outs[0].backward(retain_graph=True)
+            f(xs[2], args[1])
+            outs[0].backward()
+        else:
+            for o in reversed(outs):
+                o.backward()
+                f(xs[2], args[1])
+        return [o.detach().clone() for o in outs], [p.grad.clone() for p in m.parameters()]
+
+    run(compiled)                                               # record, so later calls replay
+    got, want = run(compiled), run(m)
+    torch.testing.assert_close(got, want)
+
+
 def test_forward_and_backward_share_one_pool():
     m, args = models.make_mlp()
     c = aotgrad.capture(m, *args).compile()
@@ -361,8 +457,7 @@ def test_forward_and_backward_share_one_pool():
         return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fw1, bw1 = backend(c.forward_graph, examples(c.forward_graph)), backend(c.backward_graph, examples(c.backward_graph))
     fw2 = backend(c.forward_graph, examples(c.forward_graph))
-    assert fw1.pool is bw1.pool and fw2.pool is not fw1.pool
-    assert fw1.saved and fw1.saved <= set(range(len(fw1.output_names)))
+    assert fw1.pool is bw1.pool and bw1.forward is fw1 and fw2.pool is not fw1.pool
 
 
 # --- whole programs, compared with eager --------------------------------------
@@ -415,7 +510,7 @@ def test_a_backward_pairs_only_with_its_own_forward():
         return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fw = backend(other.forward_graph, examples(other.forward_graph))
     bw = backend(c.backward_graph, examples(c.backward_graph))
-    assert bw.forward is None and bw.pool is not fw.pool and not fw.saved
+    assert bw.forward is None and bw.pool is not fw.pool
 
 
 def test_bad_options_are_named():

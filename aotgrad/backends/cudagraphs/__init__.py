@@ -11,17 +11,15 @@ The forward and the backward of one compiled function share one memory pool:
 ``compile`` compiles a function's forward and then its backward, and a
 backward graph (``GraphInfo.kind``) is paired with the forward
 compiled just before it (both carry one ``GraphInfo.function_id``; a plain graph pairs
-when it reads that forward's traced output values). Pairing also tells the forward which of its outputs
-are saved for the backward (handed out in recorded memory when nothing else holds them).
+when it reads that forward's traced output values).
 
 Graphs without CUDA tensors use the :class:`~.runners.NullRunner`: same
 logic, no CUDA graph, useful on CPU and in tests.
 
-Output lifetime (:mod:`.lifetime`): what the caller gets never lives in memory a later
-replay writes, except saved tensors only the backward reads, which a replay first moves
-out of its way; so outputs kept across calls, two forwards before one backward and
-``retain_graph=True`` behave as in eager, and a saved input written in place before the
-backward raises eager's version-counter error.
+Output lifetime (:mod:`.lifetime`): outputs are handed out in recorded memory, and a replay
+first moves what the caller still holds out of its way; so outputs kept across calls, two
+forwards before one backward and ``retain_graph=True`` behave as in eager, and a saved input
+written in place before the backward raises eager's version-counter error.
 """
 from __future__ import annotations
 
@@ -83,8 +81,8 @@ class CudaGraphs:
         return compiled
 
     def _pair(self, bw_gm, info, use_cuda: bool):
-        """The pool of the forward compiled just before ``bw_gm``, if ``bw_gm`` is
-        that forward's backward; tells the forward which outputs it saves."""
+        """The pool of the forward compiled just before ``bw_gm``, and that forward, if ``bw_gm`` is
+        its backward."""
         if self._forward is None:
             return Pool(use_cuda), None
         pool, ref, fw_vals, fw_info = self._forward
@@ -96,17 +94,7 @@ class CudaGraphs:
             ours = all(id(n.meta.get("val")) in fw_vals for n in saved)
         if not ours:
             return Pool(use_cuda), None
-        forward = ref()
-        if isinstance(forward, Graphed):
-            forward.saved = frozenset(fw_info.saved_outputs) or _last_positions(fw_vals, saved)
-        return pool, forward
-
-
-def _last_positions(fw_vals: list, saved) -> frozenset:
-    """For a plain graph: the forward output positions of the backward's ``saved`` placeholders,
-    each the last position of its value (saved values follow the user's outputs)."""
-    last = {v: i for i, v in enumerate(fw_vals)}
-    return frozenset(last[id(n.meta.get("val"))] for n in saved if id(n.meta.get("val")) in last)
+        return pool, ref()
 
 
 def _wrap(gm, config, make_runner, device_type, pool):

@@ -2,33 +2,30 @@
 recording's temporaries (freed when its capture ended) may since hold the outputs of a
 recording captured after it in the same pool, which its replays then overwrite too.
 
-So nothing the caller can keep lives in recorded memory, and the user's tensors behave like
-eager's:
+So what the caller gets behaves like eager's:
 
 * an output in an input's memory is a view of the caller's tensor (the tensor itself when it
   has the same geometry): a saved input shares the caller's version counter, so writing it in
   place before the backward raises as in eager;
-* every other output is copied out, one copy per recorded storage;
-* a saved tensor in the memory of an output so copied is a view of that copy (the same object
-  when it has the same geometry: ``exp``'s result is returned and saved, as in eager);
-* any other saved tensor (read only by the backward) is copied out too while saved-tensor hooks
-  are active (a pack hook may keep a view of it, which could not be moved); otherwise it is
-  handed out in recorded memory and
-  tracked in its pool: before a replay that may overwrite it (of its own recording, or of one
-  captured earlier in the pool) it moves to a copy of its memory, keeping its version. Two
-  forwards before one backward and ``retain_graph=True`` thus pay a copy; a step that runs its
-  backward before the next forward pays nothing.
+* every other output is handed out in recorded memory, under a storage of its own per recorded
+  storage (outputs sharing one are views of one tensor, sharing its version counter: ``exp``'s
+  result returned and saved is one object, as in eager). That storage keeps the recorded one
+  alive and is tracked in the pool: before a replay that may write over it (of its own recording,
+  or of one captured earlier in the pool) a storage still alive gets a copy of its memory in
+  exchange (``_torch.swap_storage_memory``), so every tensor and view over it follows, versions
+  unchanged. A step whose outputs are gone by the next replay (the loss, gradients set to None,
+  saved tensors freed by the backward) copies nothing; one that keeps them (two forwards before
+  one backward, ``retain_graph=True``, gradients accumulated in place) pays a copy of those;
+* on a torch without that exchange every such output is copied out at once.
 
-    y = exp(x); return y (user), y (saved)  ->  user copy c; saved c
+    y = exp(x); return y (user), y (saved)  ->  one tensor over recorded memory, handed out twice
     t = x.t();  return t (saved)            ->  saved: the caller's x.t() (version of x)
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from ..._torch import set_version_counter, top_saved_tensors_default_hooks
+from ..._torch import set_version_counter, swap_storage_memory
 from ...errors import AotgradError
 
 
@@ -40,11 +37,16 @@ class StaleOutputError(AotgradError):
 def over(storage, like: torch.Tensor) -> torch.Tensor:
     """A new tensor (not a view) over ``storage`` with ``like``'s geometry and version 0. (``set_`` on a
     fresh tensor that requires no grad records nothing in any grad mode: no ``no_grad`` needed, which
-    was 40% of this per-replay call.)"""
-    out = torch.empty((0,), dtype=like.dtype, device=like.device).set_(
-        storage, like.storage_offset(), like.shape, like.stride())
+    was 40% of this per-replay call; ``new_empty`` parses no dtype or device.)"""
+    out = like.new_empty((0,)).set_(storage, like.storage_offset(), like.shape, like.stride())
     set_version_counter(out, 0)
     return out
+
+
+def recorded_storage(t: torch.Tensor):
+    """The storage of ``t``'s memory: the recorded one where ``t`` is over a storage handed out."""
+    storage = t.untyped_storage()
+    return getattr(storage, "recorded", storage)
 
 
 def homes(inputs, outputs) -> tuple:
@@ -78,59 +80,40 @@ def _view(base: torch.Tensor, ref: torch.Tensor, o: torch.Tensor, itself: bool =
     return typed.as_strided(o.shape, o.stride(), offset)
 
 
-def _copied(o: torch.Tensor, key, copies: dict) -> torch.Tensor:
-    """``o`` copied out of recorded memory: one copy per storage, and a view (of its base's
-    copy) where ``o`` is a view, as the graph's own outputs (a transposed gradient) are."""
-    if key not in copies:
+def _handed(o: torch.Tensor, key, bases: dict, pool, order: int) -> torch.Tensor:
+    """``o`` as the caller gets it: over one handed storage per recorded storage (``key``), a view of
+    its base where ``o`` is a view (as the graph's own outputs, a transposed gradient, are)."""
+    if key not in bases:
         ref = o if o._base is None else o._base
-        copies[key] = (ref, over(o.untyped_storage().clone(), ref))
-    ref, copy = copies[key]
+        bases[key] = (ref, over(pool.hand(o.untyped_storage(), order), ref))
+    ref, base = bases[key]
     if o._base is not None:
-        return _view(copy, ref, o, itself=False)
-    return copy if o is ref else over(copy.untyped_storage(), o)
+        return _view(base, ref, o, itself=False)
+    return base if o is ref else over(base.untyped_storage(), o)
 
 
-def hand_out(rec, outs, args, saved: frozenset, pool) -> tuple:
+def hand_out(rec, outs, args, pool) -> tuple:
     """What the caller gets for a replay's ``outs`` (see the module docstring)."""
-    result, copies = list(outs), {}
-    # A saved-tensor pack hook may keep its own view of a saved tensor, which no move can reach.
-    hooked = top_saved_tensors_default_hooks(False) is not None
-    for pass_saved in (False, True):
-        for i, (o, home) in enumerate(zip(outs, rec.homes)):
-            if home is None or (i in saved) != pass_saved:
-                continue
+    result, bases = list(outs), {}
+    for i, (o, home) in enumerate(zip(outs, rec.homes)):
+        if home is not None:
             kind, where = home
-            if kind == "input":
-                result[i] = _view(args[where], rec.inputs[where], o)
-            elif where in copies and pass_saved:
-                ref, copy = copies[where]
-                result[i] = _view(copy, ref, o)
-            elif not pass_saved or hooked:
-                result[i] = _copied(o, where, copies)
-            else:
-                result[i] = over(o.untyped_storage(), o)
-                pool.handed.append((rec.order, weakref.ref(result[i])))
+            result[i] = _view(args[where], rec.inputs[where], o) if kind == "input" else \
+                _handed(o, where, bases, pool, rec.order)
     return tuple(result)
 
 
 def evacuate(pool, order: int) -> None:
-    """Before a replay of the recording captured ``order``-th in ``pool``: move every live saved
-    tensor handed out by it or by a recording captured after it to a copy of its memory."""
-    if not pool.handed:
-        return
-    keep, moved = [], {}
+    """Before a replay of the recording captured ``order``-th in ``pool``: every storage handed out by
+    it or by a recording captured after it that is still alive takes a copy of its memory."""
+    keep = []
     for captured, ref in pool.handed:
-        t = ref()
-        if t is None:
+        storage = ref()
+        if storage is None:
             continue
         if captured < order:
             keep.append((captured, ref))
             continue
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in moved:
-            moved[storage.data_ptr()] = storage.clone()
-        version = t._version
-        with torch.no_grad():
-            t.set_(moved[storage.data_ptr()], t.storage_offset(), t.shape, t.stride())
-        set_version_counter(t, version)    # the same values: the backward must not see a write
+        swap_storage_memory(storage, storage.clone())
+        del storage.recorded        # it owns its memory now
     pool.handed = keep

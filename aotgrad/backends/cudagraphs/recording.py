@@ -17,7 +17,7 @@ from collections import OrderedDict
 import torch
 
 from ...ir.records import reach, reached_bytes
-from .lifetime import evacuate, hand_out, homes, over
+from .lifetime import evacuate, hand_out, homes, over, recorded_storage
 from .runners import CaptureFailed, Pool
 
 _NEW = object()
@@ -83,7 +83,8 @@ class Recording:
     def __call__(self, args):
         o = self.owner
         self.calls += 1
-        self._observe(args)
+        if not self.recorded:       # (once recorded, a move or a promotion sets what is stable)
+            self._observe(args)
         if self.calls <= o.config.warmup:
             return tuple(self.runner.warmup(o.fn, args))
         moved = self.recorded and {i for i, p in self.stable.items() if args[i].data_ptr() != p}
@@ -127,10 +128,11 @@ class Recording:
         o = self.owner
         self.recorded, self.order = True, o.pool.next_order()
         self.stable = {i: p for i, p in self.seen.items() if i not in o.in_place}
-        # A stable input is read where it is, through a tensor of our own: the caller's object
-        # (a saved tensor, say) may later move (lifetime.evacuate) while its memory stays.
+        # A stable input is read where it is, through a tensor of our own over the recorded storage
+        # where it was handed out: the caller's storage (a saved tensor's) may later move
+        # (lifetime.evacuate) while that memory stays.
         self.inputs = [a if i in o.in_place or not isinstance(a, torch.Tensor) else
-                       over(a.untyped_storage(), a) if i in self.stable else _static_copy(a)
+                       over(recorded_storage(a), a) if i in self.stable else _static_copy(a)
                        for i, a in enumerate(args)]
         self.outputs = self.runner.record(o.fn, self.inputs)
         o.pool.recorded(self.outputs)
@@ -154,12 +156,8 @@ class Recording:
 
 
 class Graphed:
-    """A callable graphed per input key, its recordings in one memory ``pool``.
-
-    Outputs at the positions in ``saved`` are read by the backward (set when the
-    backward is paired with this forward); what the caller gets is decided by
-    :func:`.lifetime.hand_out`.
-    """
+    """A callable graphed per input key, its recordings in one memory ``pool``; what the caller
+    gets is decided by :func:`.lifetime.hand_out`."""
 
     def __init__(self, fn, name: str, config, in_place, written, make_runner, output_names=(),
                  pool=None):
@@ -168,7 +166,6 @@ class Graphed:
         self.in_place, self.written = frozenset(in_place), tuple(written)
         self.make_runner = make_runner
         self.output_names = tuple(output_names)
-        self.saved: frozenset = frozenset()
         self.recordings: OrderedDict = OrderedDict()
         self.eager_calls = 0
         self._warned = False
@@ -184,7 +181,7 @@ class Graphed:
                 warnings.warn(f"aotgrad cudagraphs: {self.name} could not be recorded for these input shapes "
                               f"({e}); they run without CUDA graphs", stacklevel=2)
             else:
-                return outs if rec.calls <= self.config.warmup else hand_out(rec, outs, args, self.saved, self.pool)
+                return outs if rec.calls <= self.config.warmup else hand_out(rec, outs, args, self.pool)
         self.eager_calls += 1
         return self.fn(*args)
 

@@ -20,14 +20,14 @@ import weakref
 
 import torch
 
-from ..._torch import cuda_end_allocate_to_pool
+from ..._torch import cuda_end_allocate_to_pool, storage_over, swap_storage_memory
 
 
 class Pool:
     """One memory pool shared by a compiled function's graphs. A recording's replays may write
     over the outputs of recordings captured after it (into its freed temporaries), so each
-    recording takes its place in ``captures`` order, and the saved tensors handed out in
-    recorded memory are tracked in ``handed`` (``(order, weakref)``; see :mod:`.lifetime`)."""
+    recording takes its place in ``captures`` order, and the storages handed out over recorded
+    memory are tracked in ``handed`` (``(order, weakref)``; see :mod:`.lifetime`)."""
 
     def __init__(self, cuda: bool = False):
         self.handle = torch.cuda.graph_pool_handle() if cuda else object()
@@ -46,6 +46,18 @@ class Pool:
         for o in outputs:
             if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr():
                 self.outputs[o.untyped_storage().data_ptr()] = weakref.ref(o)
+
+    def hand(self, recorded, order: int):
+        """A storage of the caller's over the memory of ``recorded`` (a storage a recording captured
+        ``order``-th wrote its outputs to), which it keeps alive: a recording dropped meanwhile (recorded
+        again, evicted, collected) frees no memory still handed out. Without the exchange of memory
+        that moves it later (``lifetime.evacuate``), a copy."""
+        if swap_storage_memory is None:
+            return recorded.clone()
+        storage = storage_over(recorded.data_ptr(), recorded.device, recorded.nbytes())
+        storage.recorded = recorded     # (kept with the storage as long as a tensor is over it)
+        self.handed.append((order, weakref.ref(storage)))
+        return storage
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies in memory that a live recording of this pool wrote its outputs to."""
