@@ -49,57 +49,60 @@ def recorded_storage(t: torch.Tensor):
     return getattr(storage, "recorded", storage)
 
 
-def homes(inputs, outputs) -> tuple:
-    """Per recorded output: None (not a tensor), ``("input", j)`` (in input ``j``'s memory) or
-    ``("own", key)`` (recorded memory: the storage pointer, or the position for an empty storage,
-    which has no memory to share)."""
-    by_storage = {}
-    for j, t in enumerate(inputs):
-        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
-            by_storage.setdefault(t.untyped_storage().data_ptr(), j)
-    found = []
-    for i, o in enumerate(outputs):
-        if not isinstance(o, torch.Tensor):
-            found.append(None)
-            continue
-        ptr = o.untyped_storage().data_ptr()
-        found.append(("input", by_storage[ptr]) if ptr in by_storage else ("own", ptr or ("empty", i)))
-    return tuple(found)
+class Plan:
+    """How a recording's outputs are handed out, worked out once when it is recorded: per output
+    (``steps``), nothing (not a tensor), a view of the caller's input ``j`` (``("input", j)``), or
+    over the ``k``-th recorded storage (``storages``: the storage and the output holding its whole
+    geometry, the base): the base itself (``(k, None)``), a view of it where the output is a view
+    (``(k, (dtype, shape, stride, offset))``), or else a tensor of its own over the same storage, like
+    the output ``o`` (``(k, o)``: eager's int view of a float that requires grad is no view)."""
+
+    def __init__(self, inputs, outputs):
+        by_storage, own = {}, {}
+        for j, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
+                by_storage.setdefault(t.untyped_storage().data_ptr(), j)
+        self.storages, self.steps = [], []
+        for i, o in enumerate(outputs):
+            ptr = o.untyped_storage().data_ptr() if isinstance(o, torch.Tensor) else None
+            if ptr is None or ptr in by_storage:
+                self.steps.append(None if ptr is None else ("input", by_storage[ptr]))
+                continue
+            ref = o if o._base is None else o._base
+            k = own.setdefault(ptr or ("empty", i), len(self.storages))
+            if k == len(self.storages):
+                self.storages.append((o.untyped_storage(), ref))
+            base = self.storages[k][1]
+            self.steps.append((k, None) if o is base else (k, o) if o._base is None else
+                              (k, (o.dtype, o.shape, o.stride(), o.storage_offset())))
 
 
-def _view(base: torch.Tensor, ref: torch.Tensor, o: torch.Tensor, itself: bool = True) -> torch.Tensor:
-    """``o``, which lies in ``ref``'s memory, as a view of ``base`` (which holds ``ref``'s
-    values at its own place); ``base`` itself when the geometry is the same and ``itself``."""
-    nbytes = (o.storage_offset() * o.element_size() - ref.storage_offset() * ref.element_size()
-              + base.storage_offset() * base.element_size())
-    offset = nbytes // o.element_size()
-    if itself and base.dtype == o.dtype and (base.shape, base.stride(), base.storage_offset()) == \
-            (o.shape, o.stride(), offset):
+def _view(base: torch.Tensor, ref: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """``o``, which lies in ``ref``'s memory, as a view of ``base`` (which holds ``ref``'s values at its
+    own place); ``base`` itself when the geometry is the same."""
+    offset = (o.storage_offset() * o.element_size() - ref.storage_offset() * ref.element_size()
+              + base.storage_offset() * base.element_size()) // o.element_size()
+    if base.dtype == o.dtype and (base.shape, base.stride(), base.storage_offset()) == (o.shape, o.stride(), offset):
         return base
-    typed = base if base.dtype == o.dtype else base.view(o.dtype)
-    return typed.as_strided(o.shape, o.stride(), offset)
+    return _as(base, o.dtype, o.shape, o.stride(), offset)
 
 
-def _handed(o: torch.Tensor, key, bases: dict, pool, order: int) -> torch.Tensor:
-    """``o`` as the caller gets it: over one handed storage per recorded storage (``key``), a view of
-    its base where ``o`` is a view (as the graph's own outputs, a transposed gradient, are)."""
-    if key not in bases:
-        ref = o if o._base is None else o._base
-        bases[key] = (ref, over(pool.hand(o.untyped_storage(), order), ref))
-    ref, base = bases[key]
-    if o._base is not None:
-        return _view(base, ref, o, itself=False)
-    return base if o is ref else over(base.untyped_storage(), o)
+def _as(base: torch.Tensor, dtype, shape, stride, offset: int) -> torch.Tensor:
+    return (base if base.dtype == dtype else base.view(dtype)).as_strided(shape, stride, offset)
 
 
 def hand_out(rec, outs, args, pool) -> tuple:
-    """What the caller gets for a replay's ``outs`` (see the module docstring)."""
-    result, bases = list(outs), {}
-    for i, (o, home) in enumerate(zip(outs, rec.homes)):
-        if home is not None:
-            kind, where = home
-            result[i] = _view(args[where], rec.inputs[where], o) if kind == "input" else \
-                _handed(o, where, bases, pool, rec.order)
+    """What the caller gets for a replay's ``outs`` (see the module docstring): one tensor over a
+    storage handed out per recorded storage, the outputs in it that base or views of it."""
+    plan = rec.plan
+    bases = [over(pool.hand(storage, rec.order), ref) for storage, ref in plan.storages]
+    result = list(outs)
+    for i, step in enumerate(plan.steps):
+        if step is not None:
+            k, view = step
+            result[i] = _view(args[view], rec.inputs[view], outs[i]) if k == "input" else \
+                bases[k] if view is None else _as(bases[k], *view) if isinstance(view, tuple) else \
+                over(bases[k].untyped_storage(), view)
     return tuple(result)
 
 

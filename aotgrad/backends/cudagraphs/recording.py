@@ -17,7 +17,7 @@ from collections import OrderedDict
 import torch
 
 from ...ir.records import reach, reached_bytes
-from .lifetime import evacuate, hand_out, homes, over, recorded_storage
+from .lifetime import Plan, evacuate, hand_out, over, recorded_storage
 from .runners import CaptureFailed, Pool
 
 _NEW = object()
@@ -136,7 +136,7 @@ class Recording:
                        for i, a in enumerate(args)]
         self.outputs = self.runner.record(o.fn, self.inputs)
         o.pool.recorded(self.outputs)
-        self.homes = homes(self.inputs, self.outputs)
+        self.plan = Plan(self.inputs, self.outputs)
 
     def _copy_in(self, args):
         copied = 0
