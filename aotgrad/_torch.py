@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import types
 import weakref
 from typing import Callable
 
@@ -752,6 +753,19 @@ def functorch_interpreter_active() -> bool:
 # nn.Module's call path (the frames a read recording skips): _wrapped_call_impl is torch >= 2.1.
 MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_call_impl"),
                                                    getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
+
+
+def _nested_code(fn, name: str):
+    return next((c for c in fn.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name), None)
+
+
+# A custom op's autograd kernel (``torch.library.custom_op``'s ``register_autograd``, or
+# ``torch.library.register_autograd`` on a ``Library`` op): the forward of the autograd.Function it makes,
+# whose closure holds the op and what holds the formula (``info``: the CustomOpDef, or an Info).
+import torch._library.autograd as _library_autograd                  # noqa: E402
+import torch._library.custom_ops as _custom_ops                      # noqa: E402
+CUSTOM_OP_FORWARD = _nested_code(_library_autograd.make_autograd_impl, "forward")
+CUSTOM_OPS = _custom_ops.OPDEFS     # qualified name -> CustomOpDef (weakly)
 
 
 def queue_engine_callback(callback) -> None:

@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from .._torch import SWITCH_GETTERS
+from .._torch import CUSTOM_OPS, SWITCH_GETTERS
 from ..tracing.patches import module_call
 from ..tracing.views import real
 from . import c_calls
@@ -146,6 +146,12 @@ MODULE_CALLER = _Called(module_call)
 """Where ``Module.__call__`` is read (path ``("module call", None)``): as the program has it."""
 
 
+def custom_op(name: str) -> _Called:
+    """Where the ``torch.library.custom_op`` named ``name`` is read (path ``("custom op", name)``): as
+    torch's registry of them holds it now (None once it is gone)."""
+    return _Called(functools.partial(CUSTOM_OPS.get, name))
+
+
 def _global_path(g: dict, name: str):
     """The path of global ``name`` of the module whose globals are ``g`` (None where it has no name)."""
     module = g.get("__name__")
@@ -188,6 +194,8 @@ def _resolve_path(fn, leaves, path):
         return (_Called(getter), "value") if getter is not None else None
     if root == "module call":
         loc = MODULE_CALLER, "value"
+    elif root == "custom op":
+        loc = custom_op(arg), "value"
     elif not steps:
         return None
     else:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import MODULE_CALL_CODES, SWITCH_GETTERS
+from .._torch import CUSTOM_OP_FORWARD, MODULE_CALL_CODES, SWITCH_GETTERS
 from . import attribution, c_calls
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
@@ -144,6 +144,7 @@ class Recording:
     returned: list = field(default_factory=list)    # modules and stateful objects library calls returned to user code
     twins: list = field(default_factory=list)       # (block, its proof's reads, its frames): ``Resolver.resolve``
     process_local: list = field(default_factory=list)   # (C function, code, line): ``id()``/``hash()`` answers (c_calls)
+    custom_ops: list = field(default_factory=list)  # (op, what holds its autograd formula, user line): ran
     stopped: bool = False       # the traced function returned and the recording stopped (``stop``)
     last_c: tuple | None = None     # (C function, code, line) of the last C call seen
     replaced: tuple | None = None   # the same, of the call that replaced this recording's profile function
@@ -168,6 +169,8 @@ class Recording:
                 self.watch.c_return(arg)
             return
         code = frame.f_code
+        if code is CUSTOM_OP_FORWARD:
+            self._custom_op(frame)
         if self.watch is not None:
             self.watch.ran.add(code)
         if self.ran is not None:
@@ -243,6 +246,15 @@ class Recording:
             self.writes.torch_stream(fn.__self__)
         elif verdict[0] not in self.switches:
             self.switches[verdict[0]] = (verdict[1], fn())
+
+    def _custom_op(self, frame):
+        """A custom op's autograd formula ran: the joint graph holds what it computed (``Resolver._custom_ops``)."""
+        names = frame.f_locals
+        back = frame.f_back
+        while back is not None and self.kinds.get(back.f_code) != USER:
+            back = back.f_back
+        line = None if back is None else f"{back.f_code.co_filename}:{back.f_lineno} in {back.f_code.co_name}"
+        self.custom_ops.append((names.get("op"), names.get("info"), line))
 
     def _user_call_site(self, frame):
         """The user frame a C call made from ``frame`` answers to: ``frame`` itself where it is user code,

@@ -26,13 +26,14 @@ import weakref
 import torch
 
 from .. import errors
-from .._torch import SWITCH_GETTERS, TensorBase
+from .._torch import CUSTOM_OPS, SWITCH_GETTERS, TensorBase
 from ..tracing.views import real
 from . import c_calls
 from .bytecode import attr_names, chains, operator_names, probed_names
 from .places import (MODULE_CALLER, _CALLABLES, _UNSET, _Called, _ContextValue, _Fixed, _Names, _class_item, _class_path,
-                     _global_path, _module_state, _mro_item, _own_item, _state_of_library, _stops, locate, read_at)
-from .reads import HELD, LIBRARY, MODULE_CALL, NN_METHOD, USER, Frame, holds_state, imported_name, is_library
+                     _global_path, _module_state, _mro_item, _own_item, _state_of_library, _stops, custom_op, locate,
+                     read_at)
+from .reads import HELD, LIBRARY, MODULE_CALL, NN_METHOD, USER, Frame, holds_state, imported_name, is_library, kind_of
 from .state import _EQ_TYPES, _FROZEN_LIMIT, _GLOBAL_HOOKS, Read, checkable, current, freeze, guard_kind, holds
 from .writes import HOOK_EXTRAS, HOOKS, held_dict
 
@@ -68,6 +69,7 @@ class Resolver:
     def resolve(self) -> list:
         self._unfollowed()
         self._switches()
+        self._custom_ops()
         frames, twins = list(self.rec.frames.values()), []
         # A twin block's reads found when it was called (its proof) are the reads now where each holds
         # now; else (a scope its parent set around the call: a ContextVar) its frames are resolved here.
@@ -156,6 +158,30 @@ class Resolver:
                     "while the function was captured (another thread, or the function itself); set it before "
                     "the first call")
             self._switch(name, getter, seen)
+
+    def _custom_ops(self):
+        """The autograd formula of a custom op the trace ran is in the joint graph: read where a
+        ``torch.library.custom_op`` holds it, by identity (``register_autograd`` again after the capture:
+        the backward would be stale). ``torch.library.register_autograd`` of the user's formula on a
+        ``Library`` op leaves it with the dispatcher alone, where no guard can look: refused."""
+        for op, info, line in getattr(self.rec, "custom_ops", ()):
+            name = op._schema.name
+            if CUSTOM_OPS.get(name) is info:
+                path = ("custom op", name)
+                self._add(Read(f"the custom op {name}", path, custom_op(name), "value", info, "id"))
+                for key in ("_backward_fn", "_setup_context_fn"):
+                    self._add_value(vars(info), key, f"{name}'s {key[1:-3]}", _own_item(path, key))
+                continue
+            users = [f for f in (info._backward_fn, info._setup_context_fn) if isinstance(f, types.FunctionType)
+                     and kind_of(f.__code__, f.__module__) == USER]
+            if users:
+                raise errors.UnsupportedError(
+                    f"the traced code calls the custom op `{name}`, whose autograd formula "
+                    f"`{users[0].__qualname__}` was registered with torch.library.register_autograd on a "
+                    "torch.library.Library op: only PyTorch's dispatcher holds it, so a formula registered "
+                    "again after the capture could not be seen and the compiled backward would be stale. "
+                    "Define the op with torch.library.custom_op, whose register_autograd aotgrad reads",
+                    user_line=line)
 
     def _switch(self, name, getter, seen):
         if name in self.switched:

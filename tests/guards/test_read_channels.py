@@ -700,3 +700,66 @@ def test_a_custom_ops_fake_kernel_is_watched_as_user_code(where):
     state = ns.get("STATE", object())
     held = [r for r in aotgrad.capture(ns["f"], x).state.reads if getattr(r.where, "value", None) is state]
     assert len(held) == (where == "closed-over list")
+
+
+# A custom op's autograd formula, registered again after the capture (a notebook cell re-run with the
+# formula fixed): the joint graph holds the one it traced, so the gradient was a wrong number.
+CUSTOM_OP_CHANGES = {
+    "backward": "SCALE.register_autograd(lambda ctx, g: g * 100)",
+    "setup_context": "SCALE.register_autograd(lambda ctx, g: g * ctx.k, "
+                     "setup_context=lambda ctx, inputs, output: setattr(ctx, 'k', 7.0))",
+}
+CUSTOM_OP_CALLS = {
+    "the op's object": "SCALE(x)",
+    "torch.ops": "getattr(getattr(torch.ops, NS), 'scale')(x)",
+    "two twin blocks": "BLOCKS(x)",
+}
+
+
+@pytest.mark.parametrize("call", CUSTOM_OP_CALLS)
+@pytest.mark.parametrize("change", CUSTOM_OP_CHANGES)
+def test_a_custom_ops_autograd_registered_again_after_capture_recompiles(change, call):
+    ns_name = f"read_channels_op{next(_n)}"
+    ns = _module(f"NS = {ns_name!r}\n"
+                 f"@torch.library.custom_op('{ns_name}::scale', mutates_args=())\n"
+                 "def SCALE(x: torch.Tensor) -> torch.Tensor:\n    return x * 2\n"
+                 "@SCALE.register_fake\ndef _(x):\n    return torch.empty_like(x)\n"
+                 "SCALE.register_autograd(lambda ctx, g: g * 2)\n"
+                 "class Block(torch.nn.Module):\n    def forward(self, x):\n        return SCALE(x).sin()\n"
+                 "BLOCKS = torch.nn.Sequential(Block(), Block())\n\n"
+                 f"def f(x):\n    return {CUSTOM_OP_CALLS[call]}.sum()\n"
+                 f"def change():\n    {CUSTOM_OP_CHANGES[change]}\n")
+    x = torch.tensor([0.5, -0.25], requires_grad=True)
+
+    def grads(fn):
+        x.grad = None
+        out = fn(x)
+        out.backward()
+        return out.detach(), x.grad.clone()
+    jit, staged = aotgrad.jit(ns["f"]), aotgrad.capture(ns["f"], x).compile()
+    before = grads(ns["f"])
+    for fn in (jit, staged):
+        torch.testing.assert_close(grads(fn), before)
+    ns["change"]()
+    expected = grads(ns["f"])
+    assert not torch.equal(expected[1], before[1]), "the change must change eager's gradient"
+    torch.testing.assert_close(grads(jit), expected)
+    assert len(jit.entries) == 2
+    with pytest.raises(errors.InputMismatchError, match="backward|setup_context"):
+        staged(x)
+
+
+def test_a_users_autograd_formula_held_by_the_dispatcher_alone_is_refused():
+    """``torch.library.register_autograd`` on a ``torch.library.Library`` op gives the formula to the
+    dispatcher, where no guard can look: refused at capture, naming the op and the user's line."""
+    ns_name = f"read_channels_lib{next(_n)}"
+    ns = _module(f"LIB = torch.library.Library({ns_name!r}, 'DEF')\nLIB.define('scale(Tensor x) -> Tensor')\n"
+                 "LIB.impl('scale', lambda x: x * 2, 'CompositeExplicitAutograd')\n"
+                 "def backward(ctx, g):\n    return g * 2\n"
+                 f"torch.library.register_autograd('{ns_name}::scale', backward, lib=LIB)\n\n"
+                 f"def f(x):\n    return torch.ops.{ns_name}.scale(x).sum()\n")
+    x = torch.tensor([0.5, -0.25], requires_grad=True)
+    for compile_ in (lambda: aotgrad.capture(ns["f"], x), lambda: aotgrad.jit(ns["f"])(x)):
+        with pytest.raises(errors.UnsupportedError, match=f"{ns_name}::scale.*backward.*custom_op") as e:
+            compile_()
+        assert "in f" in str(e.value)
