@@ -304,24 +304,29 @@ def test_a_custom_functions_method_patched_after_capture_recompiles(case, call):
     ns = _module("class Base(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
                  "        return x * 2\n    @staticmethod\n    def backward(ctx, g):\n        return g * 2\n"
                  f"class Fn(Base):\n    pass\nAPPLY = Fn.apply\n\ndef f(x):\n    return {call}.sum()\n")
-    target = ns[owner]
-    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    _check_gradients(ns["f"], lambda: setattr(ns[owner], name, eval(new)), torch.tensor([1.0, -2.0]))
+
+
+def _check_gradients(f, change, x, match=None):
+    """``f``'s output and gradient under ``jit`` and a staged capture equal eager's; after ``change()``
+    (which changes eager's), ``jit`` recompiles to eager's and the staged step raises ``InputMismatchError``."""
+    x.requires_grad_()
 
     def grads(fn):
         x.grad = None
         out = fn(x)
         out.backward()
         return out.detach(), x.grad.clone()
-    jit, staged = aotgrad.jit(ns["f"]), aotgrad.capture(ns["f"], x).compile()
-    before = grads(ns["f"])
+    jit, staged = aotgrad.jit(f), aotgrad.capture(f, x).compile()
+    before = grads(f)
     for fn in (jit, staged):
         torch.testing.assert_close(grads(fn), before)
-    setattr(target, name, eval(new))
-    expected = grads(ns["f"])
+    change()
+    expected = grads(f)
     assert not all(map(torch.equal, expected, before)), "the change must change eager's result"
     torch.testing.assert_close(grads(jit), expected)
     assert len(jit.entries) == 2
-    with pytest.raises(errors.InputMismatchError):
+    with pytest.raises(errors.InputMismatchError, match=match):
         staged(x)
 
 
@@ -729,24 +734,7 @@ def test_a_custom_ops_autograd_registered_again_after_capture_recompiles(change,
                  "BLOCKS = torch.nn.Sequential(Block(), Block())\n\n"
                  f"def f(x):\n    return {CUSTOM_OP_CALLS[call]}.sum()\n"
                  f"def change():\n    {CUSTOM_OP_CHANGES[change]}\n")
-    x = torch.tensor([0.5, -0.25], requires_grad=True)
-
-    def grads(fn):
-        x.grad = None
-        out = fn(x)
-        out.backward()
-        return out.detach(), x.grad.clone()
-    jit, staged = aotgrad.jit(ns["f"]), aotgrad.capture(ns["f"], x).compile()
-    before = grads(ns["f"])
-    for fn in (jit, staged):
-        torch.testing.assert_close(grads(fn), before)
-    ns["change"]()
-    expected = grads(ns["f"])
-    assert not torch.equal(expected[1], before[1]), "the change must change eager's gradient"
-    torch.testing.assert_close(grads(jit), expected)
-    assert len(jit.entries) == 2
-    with pytest.raises(errors.InputMismatchError, match="backward|setup_context"):
-        staged(x)
+    _check_gradients(ns["f"], ns["change"], torch.tensor([0.5, -0.25]), match="backward|setup_context")
 
 
 def test_a_users_autograd_formula_held_by_the_dispatcher_alone_is_refused():
