@@ -17,6 +17,8 @@ import weakref
 from typing import Callable
 
 import torch
+import torch._library.autograd as _library_autograd
+import torch._library.custom_ops as _custom_ops
 import torch.fx._symbolic_trace as fx_symbolic_trace      # make_fx keeps the original Module.__call__ here
 import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as sympy_functions
@@ -625,8 +627,12 @@ def lazy_graph_modules():
     return lazy(True) if lazy is not None else contextlib.nullcontext()
 
 
-FX_MODULE_CALL_WRAPPER = next((c for c in torch.fx.Tracer.trace.__code__.co_consts
-                               if getattr(c, "co_name", None) == "module_call_wrapper"), None)
+def _nested_code(fn, name: str):
+    """The code of the function named ``name`` that ``fn`` defines inside itself (None: it defines none)."""
+    return next((c for c in fn.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name), None)
+
+
+FX_MODULE_CALL_WRAPPER = _nested_code(torch.fx.Tracer.trace, "module_call_wrapper")
 """The code of the wrapper make_fx's tracer puts in ``Module.__call__``'s place while it traces."""
 
 
@@ -755,15 +761,9 @@ MODULE_CALL_CODES = frozenset(f.__code__ for f in (getattr(torch.nn.Module, "_ca
                                                    getattr(torch.nn.Module, "_wrapped_call_impl", None)) if f)
 
 
-def _nested_code(fn, name: str):
-    return next((c for c in fn.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name), None)
-
-
 # A custom op's autograd kernel (``torch.library.custom_op``'s ``register_autograd``, or
 # ``torch.library.register_autograd`` on a ``Library`` op): the forward of the autograd.Function it makes,
 # whose closure holds the op and what holds the formula (``info``: the CustomOpDef, or an Info).
-import torch._library.autograd as _library_autograd                  # noqa: E402
-import torch._library.custom_ops as _custom_ops                      # noqa: E402
 CUSTOM_OP_FORWARD = _nested_code(_library_autograd.make_autograd_impl, "forward")
 CUSTOM_OPS = _custom_ops.OPDEFS     # qualified name -> CustomOpDef (weakly)
 

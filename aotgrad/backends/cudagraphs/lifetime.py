@@ -50,12 +50,15 @@ def recorded_storage(t: torch.Tensor):
 
 
 class Plan:
-    """How a recording's outputs are handed out, worked out once when it is recorded: per output
-    (``steps``), nothing (not a tensor), a view of the caller's input ``j`` (``("input", j)``), or
-    over the ``k``-th recorded storage (``storages``: the storage and the output holding its whole
-    geometry, the base): the base itself (``(k, None)``), a view of it where the output is a view
-    (``(k, (dtype, shape, stride, offset))``), or else a tensor of its own over the same storage, like
-    the output ``o`` (``(k, o)``: eager's int view of a float that requires grad is no view)."""
+    """How a recording's outputs are handed out, worked out once when it is recorded: ``storages``, per
+    recorded storage that outputs lie in, the storage and the tensor holding its whole geometry (its
+    base); ``steps``, per output, None (not a tensor) or one of
+
+    * ``("input", j)``: in the memory of input ``j``, a view of the caller's;
+    * ``("base", k)``: the base of the ``k``-th storage itself;
+    * ``("view", k, (dtype, shape, stride, offset))``: a view of that base, where the output is a view;
+    * ``("over", k, o)``: a tensor of its own over that storage, like the output ``o`` (eager's int view
+      of a float that requires grad is no view)."""
 
     def __init__(self, inputs, outputs):
         by_storage, own = {}, {}
@@ -68,13 +71,11 @@ class Plan:
             if ptr is None or ptr in by_storage:
                 self.steps.append(None if ptr is None else ("input", by_storage[ptr]))
                 continue
-            ref = o if o._base is None else o._base
             k = own.setdefault(ptr or ("empty", i), len(self.storages))
             if k == len(self.storages):
-                self.storages.append((o.untyped_storage(), ref))
-            base = self.storages[k][1]
-            self.steps.append((k, None) if o is base else (k, o) if o._base is None else
-                              (k, (o.dtype, o.shape, o.stride(), o.storage_offset())))
+                self.storages.append((o.untyped_storage(), o if o._base is None else o._base))
+            self.steps.append(("base", k) if o is self.storages[k][1] else ("over", k, o) if o._base is None else
+                              ("view", k, (o.dtype, o.shape, o.stride(), o.storage_offset())))
 
 
 def _view(base: torch.Tensor, ref: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -93,16 +94,21 @@ def _as(base: torch.Tensor, dtype, shape, stride, offset: int) -> torch.Tensor:
 
 def hand_out(rec, outs, args, pool) -> tuple:
     """What the caller gets for a replay's ``outs`` (see the module docstring): one tensor over a
-    storage handed out per recorded storage, the outputs in it that base or views of it."""
-    plan = rec.plan
-    bases = [over(pool.hand(storage, rec.order), ref) for storage, ref in plan.storages]
+    storage handed out per recorded storage, the outputs in it that base, views of it or tensors over it."""
+    bases = [over(pool.hand(storage, rec.order), base) for storage, base in rec.plan.storages]
     result = list(outs)
-    for i, step in enumerate(plan.steps):
-        if step is not None:
-            k, view = step
-            result[i] = _view(args[view], rec.inputs[view], outs[i]) if k == "input" else \
-                bases[k] if view is None else _as(bases[k], *view) if isinstance(view, tuple) else \
-                over(bases[k].untyped_storage(), view)
+    for i, step in enumerate(rec.plan.steps):
+        if step is None:
+            continue
+        kind, k = step[0], step[1]
+        if kind == "input":
+            result[i] = _view(args[k], rec.inputs[k], outs[i])
+        elif kind == "base":
+            result[i] = bases[k]
+        elif kind == "view":
+            result[i] = _as(bases[k], *step[2])
+        else:
+            result[i] = over(bases[k].untyped_storage(), step[2])
     return tuple(result)
 
 
