@@ -784,6 +784,21 @@ def replace_execution_engine(make) -> "Callable[[], None]":
     return restore
 
 
+def replace_swap_tensor_impl(make) -> "Callable[[], None]":
+    """Put ``make(torch's)`` where ``torch.utils.swap_tensors`` finds its last step (the swap of the
+    two objects' C++ tensors); return the undo."""
+    real = torch._C._swap_tensor_impl
+    torch._C._swap_tensor_impl = make(real)
+
+    def restore():
+        torch._C._swap_tensor_impl = real
+    return restore
+
+
+torch_functions_off = torch._C.DisableTorchFunction
+"""No torch function mode or subclass override sees what runs inside (a parameter's own attributes read)."""
+
+
 def ddp_bucket_limits(ddp) -> list:
     """A DistributedDataParallel module's bucket caps in bytes, as DDP hands them to its bucket
     assignment (the last stands for every later bucket): its per-bucket caps where it was given

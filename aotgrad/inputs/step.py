@@ -30,11 +30,12 @@ from collections import defaultdict
 
 import torch
 
-from .._torch import data_dependent_errors, pytree, traceable_subclass
+from .._torch import data_dependent_errors, pytree, torch_functions_off, traceable_subclass
+from torch.overrides import TorchFunctionMode
 from ..guards import reads
 from ..errors import DataDependentError, InputMismatchError, UnsupportedError, caller_line
 from .. import tracing
-from ..tracing.patches import TENSOR_DATA
+from ..tracing.patches import traced_data_write
 from . import flatten
 from .step_reach import calls_backward, hook_dicts, refuse_optimizer, unwrapped, variables, reached
 
@@ -141,7 +142,7 @@ class Root(torch.nn.Module):
             bases = state.get("grad_bases", ())
             for t, name in zip(leaves, b.names):
                 t.grad = _placed(state["grad"][name], bases)
-            with b.bases_named(bases):
+            with b.bases_named(bases), _Held(b.params, leaves):
                 out = self.step_fn(*args, **kwargs)
             out = b.rates_named(out)
             new = ({name: t.grad for name, t in zip(b.names, leaves)}, b.read_states(leaves))
@@ -164,8 +165,39 @@ def _tree(module) -> tuple:
 
 
 def _grad_hooks(p) -> tuple:
-    """The hooks eager's AccumulateGrad runs for ``p``: its tensor hooks, then its post-accumulate ones."""
-    return (*(p._backward_hooks or {}).values(), None, *(getattr(p, "_post_accumulate_grad_hooks", None) or {}).values())
+    """The hooks eager's AccumulateGrad runs for ``p``: its tensor hooks, then its post-accumulate ones
+    (read from ``p`` itself, not the stand-in :class:`_Held` gives for it)."""
+    with torch_functions_off():
+        return (*(p._backward_hooks or {}).values(), None,
+                *(getattr(p, "_post_accumulate_grad_hooks", None) or {}).values())
+
+
+class _Held(TorchFunctionMode):
+    """A parameter the step reaches other than through its module or its optimizer's groups (a list
+    made once, ``params = list(model.parameters())``; ``self.params``; an optimizer's own list) is the
+    tensor its module holds, as in eager: while the step is traced, each torch function and tensor
+    method given it (``p.grad`` and ``p.grad = None``, ``p.add_``, ``clip_grad_norm_``'s foreach ops, a
+    penalty ``p.pow(2).sum()``) is given its stand-in, as ``m.weight`` is. (Its ``.grad`` read the
+    caller's gradient of before the call, and an update of it wrote nothing the graph kept.) Keyed by
+    identity, which no torch function sees: an optimizer's state keyed by it is refused
+    (:meth:`Binding.optimizers_holding`)."""
+
+    def __init__(self, params, stand_ins):
+        super().__init__()
+        self.of = {id(p): s for p, s in zip(params, stand_ins) if p is not s}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _holds(self.of, args) or _holds(self.of, kwargs.values()):
+            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: self.of.get(id(t), t), (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _holds(of: dict, items) -> bool:
+    for a in items:
+        if id(a) in of or type(a) in (list, tuple) and _holds(of, a) or type(a) is dict and _holds(of, a.values()):
+            return True
+    return False
 
 
 def _temporary() -> int:
@@ -197,7 +229,7 @@ def _data_writes(root):
 
     def set_data(own, t, v):
         if id(t) not in held:
-            return own.__set__(t, v)
+            return traced_data_write(own, t, v)
         if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype or v._is_view() \
                 or id(v) in held or sys.getrefcount(v) > _temporary():
             raise UnsupportedError(
@@ -206,7 +238,7 @@ def _data_writes(root):
                 "write its values in place (`with torch.no_grad(): p.copy_(new)`)", user_line=caller_line())
         with torch.no_grad():
             t.copy_(v)
-    with TENSOR_DATA(), tracing.scope(data=set_data):
+    with tracing.scope(data=set_data):
         yield
 
 
@@ -402,6 +434,14 @@ class Binding:
                 ours += [held, *(g["params"] for g in opt.param_groups)]
             yield
             _forget(ours + [st for held in ours if isinstance(held, defaultdict) for st in held.values()])
+            traced = {id(t) for t in live}
+            for opt in self.optimizers:
+                if any(id(k) not in traced for k in opt.state):
+                    raise UnsupportedError(
+                        f"{type(opt).__name__}'s state gets an entry keyed by something other than a parameter of "
+                        "its param_groups (a parameter reached through a list of its own, or a key of another kind): "
+                        "the step takes and returns the state of each of its parameters only; key it by the "
+                        "parameters param_groups holds", user_line=caller_line())
             for gid, (name, k, before, installed) in groups.items():
                 _refuse_group_writes(name, k, next(g for o in self.optimizers for g in o.param_groups if id(g) == gid),
                                      before, installed)

@@ -33,7 +33,7 @@ from .. import errors
 from .. import tracing
 from ..scoped import Stack
 from ..ir.records import HookRecord, InputHook
-from ..tracing.patches import FUNCTIONS, TENSOR_HOOKS
+from ..tracing.patches import FUNCTIONS, TENSOR_DATA, TENSOR_HOOKS
 
 # id -> user hook, read by aotgrad::tensor_hook at run time. A registry, not scoped state: each
 # id comes from _ids once, so threads never share an entry (a backward may run on another thread).
@@ -200,7 +200,7 @@ def observed(flat_fn, records: list):
         if tracing.current().hooks is not None or not _tracing(flat):     # an inner one defers to the outer
             return flat_fn(*flat)
         rec = Recorder(flat)
-        with TENSOR_HOOKS(), FUNCTIONS(), tracing.scope(hooks=rec):
+        with TENSOR_HOOKS(), FUNCTIONS(), TENSOR_DATA(), tracing.scope(hooks=rec):
             outs = flat_fn(*flat)
         rec.check_outputs(outs)
         records.append(rec)

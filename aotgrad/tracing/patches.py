@@ -30,7 +30,8 @@ patch                  what it replaces                                         
                        (``resize_`` is ``resize_storage_bytes_``)
 ``COMPILED_AUTOGRAD``  the autograd engine's compiler slot (off: the capture's      (none: off for all)
 _OFF                   ``autograd.grad`` is traced, not compiled)
-``TENSOR_DATA``        ``torch.Tensor.data``'s setter (``p.data = new`` in a step)   ``data``
+``TENSOR_DATA``        ``torch.Tensor.data``'s setter (``t.data = new``);           ``data``
+                       ``torch.utils.swap_tensors`` (refused on traced tensors)
 =====================  ===========================================================  ======================
 
 What a trace changes elsewhere is per object or per thread, not process-wide: a held module's
@@ -53,7 +54,7 @@ import torch
 from .. import errors
 from .._torch import (
     ERROR_NODE, FX_MODULE_CALL_WRAPPER, VF, FunctionalTensor, compiled_autograd_engine, get_mkldnn_enabled,
-    reentrant_checkpoint, replace_checkpoint_is_compiling, set_mkldnn_enabled, simple_registry,
+    reentrant_checkpoint, replace_checkpoint_is_compiling, replace_swap_tensor_impl, set_mkldnn_enabled, simple_registry,
 )
 from ..scoped import Shared
 from .context import REFUSE, current, scope
@@ -391,17 +392,52 @@ def _refuse_storage_size():
 
 
 def _tensor_data():
-    """``t.data = v`` goes to this thread's step trace (``Trace.data``), else to torch's own setter."""
+    """``t.data = v`` in a traced program goes to this thread's trace (``Trace.data``, a training step's
+    rule for its parameters, else :func:`traced_data_write`); anywhere else, to torch's own setter."""
     own = inspect.getattr_static(torch.Tensor, "data")      # the C getset (Tensor does not define its own)
 
     def set_data(t, v):
-        setter = current().data
-        return own.__set__(t, v) if setter is None else setter(own, t, v)
+        now = current()
+        if now.hooks is None:       # no user program traced in this thread
+            return own.__set__(t, v)
+        return (now.data or traced_data_write)(own, t, v)
     torch.Tensor.data = property(own.__get__, set_data)
+
+    def refusing(swap):
+        def swap_impl(t1, t2):
+            if current().hooks is not None and (isinstance(t1, FunctionalTensor) or isinstance(t2, FunctionalTensor)):
+                raise errors.UnsupportedError(
+                    "torch.utils.swap_tensors on a tensor the captured function takes or computes: it swaps the two "
+                    "Python objects, which the graph does not hold; swap them outside the function, or write values "
+                    "in place (`with torch.no_grad(): t.copy_(new)`)", user_line=errors.caller_line())
+            return swap(t1, t2)
+        return swap_impl
+    undo_swap = replace_swap_tensor_impl(refusing)
 
     def restore():
         del torch.Tensor.data
+        undo_swap()
     return restore
+
+
+def traced_data_write(own, t, v):
+    """``t.data = v`` while a program is traced. Eager points ``t`` at ``v``'s storage and layout,
+    keeping ``t``'s autograd identity: traced as ``with torch.no_grad(): t.set_(v)`` where both are the
+    trace's tensors of one dtype and device. A write between tensors the trace does not hold is
+    torch's own; any other would change a tensor the graph never writes, or be lost: refused."""
+    traced = isinstance(t, FunctionalTensor), isinstance(v, FunctionalTensor)
+    if not any(traced):
+        return own.__set__(t, v)
+    if all(traced) and t.dtype == v.dtype and t.device == v.device:
+        with torch.no_grad():
+            t.set_(v)
+        return None
+    raise errors.UnsupportedError(
+        "`.data = ` inside the captured function " + (
+            "with a tensor of another dtype or device" if all(traced) else
+            "between a tensor the function computes and one it does not hold (a global, a closed-over tensor)")
+        + ": the graph cannot repeat it; write the values in place (`with torch.no_grad(): t.copy_(new)`)",
+        user_line=errors.caller_line())
 
 
 def _is_traced_input(t) -> bool:

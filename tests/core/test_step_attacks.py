@@ -619,3 +619,104 @@ def test_optimizer_argument_of_a_hand_written_step_is_refused_untouched():
     with pytest.raises(errors.UnsupportedError, match="an optimizer passed as an argument"):
         aotgrad.jit(step)(opt, x, y)
     assert not opt.state and all(torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
+
+
+# ---------------------------------------------------------------- parameters held in the user's own lists
+
+class OwnListSGD(torch.optim.Optimizer):
+    """An optimizer that keeps its own list of the parameters and steps through it (not its groups)."""
+
+    def __init__(self, params, lr=0.1, keyed=False):
+        params = list(params)
+        super().__init__(params, dict(lr=lr))
+        self.flat, self.keyed = params, keyed
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for p in self.flat:
+            if p.grad is not None:
+                if self.keyed:      # its state keyed by its own list's tensors
+                    self.state[p]["n"] = self.state[p].get("n", 0) + 1
+                p.add_(p.grad, alpha=-self.param_groups[0]["lr"])
+
+
+def _held_step(use, zero):
+    """A step reaching the parameters through a list made once (``params = list(model.parameters())``),
+    as training scripts hold them, besides the module and the optimizer's groups."""
+    def make():
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = OwnListSGD(params) if use == "own_list_optimizer" else torch.optim.SGD(model.parameters(), lr=0.1)
+        args = (torch.randn(8, 4), torch.randn(8, 1))
+        if zero == "zeros":         # .grad tensors exist before the first call
+            ((model(args[0]) - args[1]) ** 2).mean().backward()
+            opt.zero_grad(set_to_none=False)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            if use == "penalty":
+                loss = loss + 0.01 * sum(p.pow(2).sum() for p in params)
+            loss.backward()
+            extra = torch.zeros(())
+            if use == "clip":
+                extra = torch.nn.utils.clip_grad_norm_(params, max_norm=0.5)
+            elif use == "log_norm":
+                extra = torch.stack([p.grad.norm() for p in params]).norm()
+            if use == "hand_update":
+                with torch.no_grad():
+                    for p in params:
+                        if p.grad is not None:
+                            p -= 0.1 * p.grad
+                            p.grad = None if zero == "none" else p.grad.zero_()
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=zero == "none")
+            return loss.detach(), extra
+        return step, model, args
+    return make
+
+
+@pytest.mark.parametrize("zero", ["none", "zeros"])
+@pytest.mark.parametrize("use", ["clip", "log_norm", "hand_update", "penalty", "own_list_optimizer"])
+def test_parameters_held_in_a_list_are_the_modules(use, zero):
+    """Their ``.grad`` was the caller's gradient of before the call (None: clipping did nothing and
+    returned 0, a hand-written update never ran), and a write to them was lost: every use is now the
+    module's tensor's, as in eager; the ``.grad`` tensors after each step are eager's too."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        step, model, args = _held_step(use, zero)()
+        fn = aotgrad.jit(step) if compiled else step
+        runs.append([(*fn(*args), *(p.detach().clone() for p in model.parameters()),
+                      *(p.grad.clone() for p in model.parameters() if p.grad is not None)) for _ in range(3)])
+    assert all(_equal(a, b) for a, b in zip(*runs))
+
+
+def test_parameters_held_in_a_list_in_a_staged_step():
+    """The staged step (after one eager step) and the exported one train as eager does."""
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        step, model, args = _held_step("clip", "none")()
+        step(*args)
+        fn = aotgrad.capture(step, *args).compile() if compiled else step
+        runs.append([(*fn(*args), *(p.detach().clone() for p in model.parameters())) for _ in range(3)])
+    assert all(_equal(a, b) for a, b in zip(*runs))
+
+
+def test_optimizer_state_keyed_by_its_own_list_is_refused_untouched():
+    """An optimizer's state keyed by tensors of its own list (not its groups'): the step would take and
+    return no state for them; refused before anything runs."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = OwnListSGD(model.parameters(), keyed=True)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+    def step(x, y):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    before = copy.deepcopy(model)
+    with pytest.raises(errors.UnsupportedError, match="state gets an entry keyed by something other"):
+        aotgrad.jit(step)(x, y)
+    assert not opt.state and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
