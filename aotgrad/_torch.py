@@ -709,12 +709,47 @@ cudnn_flags = (torch._C._get_cudnn_enabled, torch._C._get_cudnn_benchmark, torch
 set_cudnn_flags = (torch._C._set_cudnn_enabled, torch._C._set_cudnn_benchmark, torch._C._set_cudnn_deterministic)
 is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
+# torch's float32 precision settings: the legacy matmul one and, where this torch has them, the
+# per-backend ones (``torch.backends.cuda.matmul.fp32_precision = "tf32"``), which a trace reading any of
+# them is guarded on. The legacy getter raises once the two are mixed: what a call runs under
+# (``runtime.modes``) is the legacy setting where it can be read (setting it writes per-backend ones,
+# "none" becoming "ieee", as eager's does), else all of them.
+_FP32_BACKENDS = tuple((b, o) for b in ("generic", "cuda", "mkldnn") for o in ("all", "matmul", "conv", "rnn")
+                       if not (b == "generic" and o != "all"))
+_fp32_get = getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
+def fp32_precisions() -> tuple:
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        legacy = None
+    return (legacy, *(_fp32_get(b, o) for b, o in _FP32_BACKENDS)) if _fp32_get is not None else (legacy,)
+
+
+def fp32_setting():
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return fp32_precisions()
+
+
+def set_fp32_setting(want) -> None:
+    if isinstance(want, str):
+        torch.set_float32_matmul_precision(want)
+        return
+    for (b, o), v in zip(_FP32_BACKENDS, want[1:]):
+        if _fp32_get(b, o) != v:
+            torch._C._set_fp32_precision_setter(b, o, v)
+
+
 # torch's process-wide switches a program can read, by the C getter every way of reading one calls
 # (``torch.are_deterministic_algorithms_enabled()``, ``torch.backends.cudnn.benchmark``...): a trace
 # that called one is guarded on its value (``guards.reads``: the profile's ``c_call`` events).
 SWITCH_GETTERS = {f: name for name in (
     "_get_deterministic_algorithms", "_get_deterministic_algorithms_warn_only",
     "_get_deterministic_fill_uninitialized_memory", "_get_float32_matmul_precision", "_get_cudnn_enabled",
+    "_get_fp32_precision_getter",
     "_get_cudnn_benchmark", "_get_cudnn_deterministic", "_get_cudnn_allow_tf32", "_get_mkldnn_enabled",
     "_get_mkldnn_deterministic", "_get_onednn_allow_tf32", "_get_cublas_allow_tf32",
     "_get_cublas_allow_fp16_reduced_precision_reduction", "_get_cublas_allow_bf16_reduced_precision_reduction",
@@ -722,6 +757,7 @@ SWITCH_GETTERS = {f: name for name in (
     "_get_math_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_nnpack_enabled", "_get_warnAlways",
     "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "get_num_threads", "get_num_interop_threads")
     for f in [getattr(torch._C, name, None)] if f is not None}     # (the default dtype is a baked mode)
+SWITCH_VALUES = {"_get_fp32_precision_getter": fp32_precisions}     # a getter taking arguments: all it can answer
 are_functorch_transforms_active = torch._C._are_functorch_transforms_active
 torch_function_state, set_torch_function_state = torch._C._get_torch_function_state, torch._C._set_torch_function_state
 cuda_end_allocate_to_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)     # (None: a torch without CUDA)

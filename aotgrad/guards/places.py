@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from .._torch import CUSTOM_OPS, SWITCH_GETTERS
+from .._torch import CUSTOM_OPS, SWITCH_GETTERS, SWITCH_VALUES
 from ..tracing.patches import module_call
 from ..tracing.views import real
 from . import c_calls
@@ -190,7 +190,8 @@ def _resolve_path(fn, leaves, path):
     """``(where, key)`` that ``path`` names in this process, or None where it leads nowhere."""
     root, arg, *steps = path
     if root == "switch":
-        getter = c_calls.GETTERS.get(arg) or next((f for f, n in SWITCH_GETTERS.items() if n == arg), None)
+        getter = c_calls.GETTERS.get(arg) or SWITCH_VALUES.get(arg) or next(
+            (f for f, n in SWITCH_GETTERS.items() if n == arg), None)
         return (_Called(getter), "value") if getter is not None else None
     if root == "module call":
         loc = MODULE_CALLER, "value"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._torch import CUSTOM_OP_FORWARD, MODULE_CALL_CODES, SWITCH_GETTERS
+from .._torch import CUSTOM_OP_FORWARD, MODULE_CALL_CODES, SWITCH_GETTERS, SWITCH_VALUES
 from . import attribution, c_calls
 from .bytecode import _text, chains
 from .writes import Writes, held_dict
@@ -280,7 +280,8 @@ class Recording:
         if name is None or SWITCH_GETTERS.get(fn) != name:
             return False
         if name not in self.switches:
-            self.switches[name] = (fn, fn())
+            read = SWITCH_VALUES.get(name, fn)
+            self.switches[name] = (read, read())
         return True
 
     def _add(self, frame, code, kind):

@@ -233,6 +233,11 @@ class Resolver:
                 n = len(d[store])
                 self._add(Read(f"{source}.{store}", path + (("attr", store),), d, store, n or None,
                                "len" if n else "empty"))
+                # An empty slot (``bias=False``, ``register_buffer(name, None)``) filled later keeps the
+                # length, and is no input: that it is still empty is read (``state._is_slot``).
+                for k in [k for k, v in d[store].items() if v is None]:
+                    self._add(Read(f"{source}.{store}[{k!r}]", path + (("attr", store), ("item", k)),
+                                   real(d[store]), k, None, "id"))
 
     def _hook(self, d, key, path, source):
         hooks = d.get(key)

@@ -504,6 +504,12 @@ def _is_dict_read(r: Read, mods) -> bool:
     return r.key == "__dict__" and r.kind == "id" and id(r.value) in mods and mods[id(r.value)][0] is r.where
 
 
+def _is_slot(r: Read) -> bool:
+    """An empty parameter or buffer slot's read (``Resolver._tree``): ``None`` in a module's dict of them."""
+    return r.kind == "id" and r.value is None and type(r.where) is dict and r.path is not None and len(r.path) > 1 \
+        and r.path[-2] in (("attr", "_parameters"), ("attr", "_buffers"))
+
+
 def _module_dicts(reads) -> dict:
     """``{id: (module, dict)}``: each module the reads watch and the ``__dict__`` it had (``_dict_reads``)."""
     if dict_version is None:
@@ -548,8 +554,11 @@ class _Check:
         # holds is covered by the module's tag, its entries (in order) by its own.
         kids = {i: _get(r.where, r.key) for i, r in enumerate(reads) if r.kind == "dict" and id(r.where) in mods}
         kids = {i: d for i, d in kids.items() if type(d) is dict}
+        # A module's parameter or buffer dict holding an empty slot (``bias=False``) is held by its tag too:
+        # that the slot is still empty (its ``None`` read) then costs nothing while the dict is unchanged.
+        slots = {id(r.where): r.where for r in reads if _is_slot(r)} if mods else {}
         self.owners = tuple(m for m, _ in mods.values())     # the first dicts are theirs: read through them
-        self.dicts = (*(d for _, d in mods.values()), *{id(d): d for d in kids.values()}.values())
+        self.dicts = (*(d for _, d in mods.values()), *{id(d): d for d in (*kids.values(), *slots.values())}.values())
         # No tag is expected at first: the first call checks every read of each dict (reads resolved
         # again from the disk cache are not known to hold), but where ``build`` was given ``since``.
         self.tags = [None] * len(self.dicts)
@@ -562,8 +571,8 @@ class _Check:
             for k in (at.get(id(r.where)), at.get(id(kids[i])) if i in kids else None):
                 if k is not None:
                     self.of[k].append(i)
-        self.rest = tuple(r for i, r in enumerate(reads)
-                          if not (id(r.where) in mods and r.kind in _COVERED or i in kids or _is_dict_read(r, mods)))
+        self.rest = tuple(r for i, r in enumerate(reads) if not (id(r.where) in mods and r.kind in _COVERED or i in kids
+                                                                 or _is_dict_read(r, mods) or id(r.where) in slots))
         self.cpp, self.calm, self.builds, self.covers = None, 0, 0, {}
         self._parts()
 

@@ -11,8 +11,9 @@ import contextlib
 
 import torch
 
-from .._torch import (cudnn_flags, function_stack_at, get_cudnn_allow_tf32, get_mkldnn_enabled, is_any_autocast_enabled,
-                      len_torch_function_stack, set_cudnn_flags, set_mkldnn_enabled)
+from .._torch import (cudnn_flags, fp32_setting, function_stack_at, get_cudnn_allow_tf32, get_mkldnn_enabled,
+                      is_any_autocast_enabled, len_torch_function_stack, set_cudnn_flags, set_fp32_setting,
+                      set_mkldnn_enabled)
 from ..scoped import look_away
 
 _DEVICES = ("cpu", "cuda", "xpu", "mps")
@@ -103,7 +104,7 @@ def global_state() -> tuple:
     grad mode, the baked modes and process-wide switches of torch's numerics."""
     return (torch.is_grad_enabled(), *baked(), torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
-            torch.is_anomaly_check_nan_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
+            torch.is_anomaly_check_nan_enabled(), fp32_setting(), torch.get_num_threads(),
             *(get() for get in cudnn_flags), get_mkldnn_enabled(), _autocast_nesting())
 
 
@@ -115,7 +116,7 @@ def numerics() -> tuple:
 
 
 def _numerics() -> tuple:
-    return (torch.get_float32_matmul_precision(), get_cudnn_allow_tf32(),
+    return (fp32_setting(), get_cudnn_allow_tf32(),
             *(get() for get in cudnn_flags[1:]), torch.are_deterministic_algorithms_enabled())
 
 
@@ -160,7 +161,7 @@ def _close_regions(nesting):
 _PUTTERS = (((0,), torch.set_grad_enabled), ((2, 4), _put_autocast("cpu")), ((3, 5), _put_autocast("cuda")),
             ((6,), torch.set_default_dtype), ((7, 8), lambda det, warn: torch.use_deterministic_algorithms(
                 det, warn_only=warn)), ((9, 10), torch.set_anomaly_enabled),
-            ((11,), torch.set_float32_matmul_precision), ((12,), torch.set_num_threads),
+            ((11,), set_fp32_setting), ((12,), torch.set_num_threads),
             *(((13 + k,), put) for k, put in enumerate(set_cudnn_flags)), ((16,), set_mkldnn_enabled),
             ((17,), _close_regions))
 

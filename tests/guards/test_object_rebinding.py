@@ -85,3 +85,57 @@ def test_the_first_jit_entry_is_reused_from_the_disk_cache_only_where_the_partia
     held[0] = functools.partial(_times, -1.0)
     other = aotgrad.jit(f)
     assert torch.equal(other(x), f(x)) and not other.entries[0].loaded
+
+
+class _Shifted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4, bias=False)
+        self.register_buffer("shift", None)
+        self.register_parameter("gain", None)
+
+    def forward(self, x):
+        y = self.fc(x)
+        y = y if self.shift is None else y + self.shift
+        return y if self.gain is None else y * self.gain
+
+
+class _Twins(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Shifted() for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+SLOTS = {     # an empty parameter or buffer slot, filled after the capture: the same length, no input
+    "bias": lambda m: setattr(m.layers[0].fc, "bias", torch.nn.Parameter(torch.full((4,), 0.5))),
+    "buffer": lambda m: setattr(m.layers[0], "shift", torch.full((4,), 0.5)),
+    "parameter": lambda m: setattr(m.layers[0], "gain", torch.nn.Parameter(torch.full((4,), 2.0))),
+    "one twin's buffer": lambda m: setattr(m.layers[1], "shift", torch.ones(4)),
+}
+
+
+@pytest.mark.parametrize("entry", ["jit", "staged"])
+@pytest.mark.parametrize("slot", list(SLOTS))
+def test_an_empty_slot_filled_is_seen(slot, entry):
+    """``nn.Linear(bias=False)`` then ``m.bias = Parameter(...)``, ``register_buffer(name, None)`` then
+    a tensor: the old graph ignored the new tensor (a wrong output, no gradient for it)."""
+    torch.manual_seed(0)
+    m, x = _Twins(), torch.randn(2, 4)
+    step = aotgrad.jit(m) if entry == "jit" else aotgrad.capture(m, x).compile()
+    assert torch.equal(step(x), m(x))
+    SLOTS[slot](m)
+    if entry == "staged":
+        with pytest.raises(InputMismatchError, match="was None when captured"):
+            step(x)
+        return
+    out, want = step(x), m(x)
+    assert torch.equal(out, want), "a stale graph"
+    grads = torch.autograd.grad(out.sum(), list(m.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(want.sum(), list(m.parameters()))))
+    m.layers[0].fc.bias = m.layers[0].shift = m.layers[0].gain = m.layers[1].shift = None
+    assert torch.equal(step(x), m(x)) and len(step.entries) == 2      # emptied again: the first entry

@@ -122,6 +122,13 @@ SWITCHES = {
                                  lambda v: torch.set_float32_matmul_precision("highest" if v else "high"),
                                  lambda: torch.get_float32_matmul_precision() == "highest"),
     "anomaly mode": ("torch.is_anomaly_enabled()", lambda v: torch.set_anomaly_enabled(v), torch.is_anomaly_enabled),
+    # the per-backend precision (a getter taking arguments), set apart from the legacy one
+    "oneDNN matmul fp32 precision": ("torch.backends.mkldnn.matmul.fp32_precision == 'none'",
+                                     lambda v: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "none" if v else "bf16"),
+                                     lambda: torch.backends.mkldnn.matmul.fp32_precision == "none"),
+    "fp32 precision": ("torch.backends.fp32_precision == 'none'",
+                       lambda v: setattr(torch.backends, "fp32_precision", "none" if v else "tf32"),
+                       lambda: torch.backends.fp32_precision == "none"),
     "cudnn benchmark": ("torch.backends.cudnn.benchmark",
                         lambda v: setattr(torch.backends.cudnn, "benchmark", v), lambda: torch.backends.cudnn.benchmark),
     "oneDNN": ("torch.backends.mkldnn.enabled", lambda v: setattr(torch.backends.mkldnn, "enabled", v),
@@ -751,3 +758,22 @@ def test_a_users_autograd_formula_held_by_the_dispatcher_alone_is_refused():
         with pytest.raises(errors.UnsupportedError, match=f"{ns_name}::scale.*backward.*custom_op") as e:
             compile_()
         assert "in f" in str(e.value)
+
+
+def test_precision_set_by_the_per_backend_api_is_no_refusal():
+    """With the per-backend setting mixed with the legacy one, torch's legacy getter raises: every capture
+    read it for the settings a call runs under, and every program was refused. Now a capture runs, and
+    a graph that did not read them runs under the caller's, as eager's ops do."""
+    was = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        f = lambda x: (x @ x.T).tanh()     # noqa: E731
+        x = torch.randn(3, 3)
+        step = aotgrad.jit(f)
+        assert torch.equal(step(x), f(x))
+        staged = aotgrad.capture(f, x).compile()
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        assert torch.equal(step(x), f(x))
+        assert torch.equal(staged(x), f(x))
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = was
