@@ -148,6 +148,23 @@ def functionalize_was_storage_changed(elem) -> bool:
     return bool(changed and changed(elem))
 
 
+def laid_out_as_value(t) -> None:
+    """FunctionalTensor ``t``'s own sizes, strides and offset (what Python code reads) set to its value's.
+    torch updates them for the in-place view ops alone, not where functionalization replaced the value with one
+    laid out otherwise: an out= op that resized its ``out`` (``torch.add(a, b, out=c)`` of an empty ``c``) or
+    ``set_()`` onto another tensor; code reading ``c.shape`` then would follow the old layout. Set on the
+    wrapper's own storage through the meta kernels (no memory), as torch sets a wrapper's in-place view."""
+    e = t.elem
+    with torch.utils._mode_utils.no_dispatch(), torch._C._AutoDispatchBelowADInplaceOrView():
+        meta = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            torch.ops.aten.set_.source_Storage_storage_offset(t, torch.Tensor.untyped_storage(t), e.storage_offset(),
+                                                              e.shape, e.stride())
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta)
+
+
 def register_stack_trace_anchor(fn) -> None:
     """Keep ``fn``'s own frames in the stack traces :func:`user_stack_traces` records (only
     ``forward`` methods' otherwise), so errors found in a traced plain function can name its line."""
@@ -634,6 +651,26 @@ def _nested_code(fn, name: str):
 
 FX_MODULE_CALL_WRAPPER = _nested_code(torch.fx.Tracer.trace, "module_call_wrapper")
 """The code of the wrapper make_fx's tracer puts in ``Module.__call__``'s place while it traces."""
+
+
+def dynamo_saved_values(node) -> tuple:
+    """``(saved, kept)``: what the backward ``node`` of a custom Function Dynamo traced
+    (``autograd_function_apply``'s ``ApplyTemplate``) reads of its forward, a list in its ``backward``'s
+    closure (not on ``ctx``), as the user's forward saved it (``save_for_backward``) or kept it on ``ctx``."""
+    cls = getattr(node, "_forward_cls", None)
+    if getattr(cls, "__name__", None) != "ApplyTemplate":
+        return (), ()
+    values = _closed_over(cls.backward, "saved_values") or ()
+    saved = _closed_over(cls.forward, "saved_for_backward_idx")
+    saved = range(len(values)) if saved is None else saved
+    return (tuple(v for i, v in enumerate(values) if i in saved),
+            tuple(v for i, v in enumerate(values) if i not in saved))
+
+
+def _closed_over(fn, name: str):
+    """The value of the variable ``name`` function ``fn`` closes over (None: it closes over none)."""
+    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    return fn.__closure__[names.index(name)].cell_contents if name in names else None
 
 
 @contextlib.contextmanager

@@ -127,11 +127,13 @@ def _compile_parts(captured, options: CompileOptions) -> tuple:
         fn_class = autograd_function(fw, bw, lay.n_primals, lay.n_fw, part.n_saved_tensors,
                                      lay.tangent_of, lay.grad_of,
                                      name=f"Compiled_{captured.setup.flat_fn.__name__}",
-                                     bw_graph=None if retained else bw_gm,   # needs its ctx: not inlined
+                                     # (not inlined where it needs its ctx)
+                                     bw_graph=None if retained or captured.analysis.rewritten else bw_gm,
                                      double_backward=second_order(captured),
                                      input_hooks=input_hooks(captured), retained=retained,
                                      returned=returned_inputs(captured),
                                      saved_views=saved_views, reruns=captured.analysis.eager_reruns,
+                                     rewritten=captured.analysis.rewritten,
                                      zeroed=None if retained else _zeroed(bw_c, bw_gm, bw_info, len(lay.tangent_of)))
         run = _without_edges(fast_apply(fn_class), ungraded_inputs(captured, lay))
         own = {i for _, i in saved_views}       # saved as the caller's tensor: autograd checks its version

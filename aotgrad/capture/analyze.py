@@ -52,6 +52,8 @@ def analyze(session: Session, flat_fn, fake_inputs: list, names=None, shared=Non
         outputs, bases = _output_infos(f_outs, f_ins, swapped)
         if swapped:
             outputs = _views_of_swapped(f_outs, f_ins, swapped, outputs)
+        if mode.anchors:
+            outputs = _set_onto_inputs(f_outs, f_ins, fake_inputs, swapped, mode, outputs)
         fw = ([f for f, i in zip(f_ins, inputs) if i.mutates_data]
               + [o for o, info in zip(f_outs, outputs) if info.kind == "plain"] + bases)
         # A write autograd did not see, traced under no_grad: the joint's copy of that input (cloned
@@ -204,22 +206,58 @@ def _swap(i, f_ins, fake_inputs, name, mode, shared) -> OutputInfo | None:
         raise MutationError(f"set_() on {name}, which shares storage with other inputs: the graph takes them "
                             "through one base; pass separate tensors", user_line=line)
     now = f.elem
-    # Offsets in a functional storage count from its base value, which a write replaces (at offset 0):
-    # an alias of the whole input, taken at the first set_() (``session``) and regenerated from the base
-    # now, says where the input lies in it, whatever became of the input itself.
-    j, alias = _storages(f_ins, mode.anchors).get(StorageWeakRef(now.untyped_storage()), (None, None))
+    j, at = _landed(now, f_ins, fake_inputs, mode.anchors)
     if j == i and functionalize_has_data_mutation(now):
         raise MutationError(f"{name} is set_() to a view of its own storage and that storage is written: the graph "
                             "replays the write on the caller's tensor only where it holds its old storage; use the "
                             "view itself (v = x[1:]) and return it", user_line=line)
-    if j is not None and isinstance(fake_inputs[j], torch.Tensor) and _same_elements(now, fake_inputs[j]):
-        at = ViewMeta.of(now)
-        sync(alias)
-        return OutputInfo("input_view", j, ViewMeta(at.size, at.stride, at.offset - symbolic(alias.elem.storage_offset())))
+    if at is not None:
+        return OutputInfo("input_view", j, at)
     if j is not None:
         raise MutationError(f"set_() on {name} onto input {j}'s storage seen as another dtype; pass the tensor "
                             "itself", user_line=line)
     return OutputInfo("plain", view=ViewMeta.of(now))
+
+
+def _landed(now, f_ins, fake_inputs, anchors) -> tuple:
+    """``(j, at)``: the input ``j`` in whose storage on entry functional value ``now`` lies, and where relative to
+    that input as called (None where its elements are not the input's: another dtype); ``(None, None)``: in
+    storage the function made. Offsets in a functional storage count from its base value, which a write replaces
+    (at offset 0): an alias of the whole input, taken at the first set_() (``session``) and regenerated from the
+    base now, says where the input lies in it, whatever became of the input itself."""
+    j, alias = _storages(f_ins, anchors).get(StorageWeakRef(now.untyped_storage()), (None, None))
+    if j is None or not isinstance(fake_inputs[j], torch.Tensor) or not _same_elements(now, fake_inputs[j]):
+        return j, None
+    at = ViewMeta.of(now)
+    sync(alias)
+    return j, ViewMeta(at.size, at.stride, at.offset - symbolic(alias.elem.storage_offset()))
+
+
+def _set_onto_inputs(f_outs, f_ins, fake_inputs, swapped, mode, infos) -> tuple:
+    """An output made inside and ``set_()`` onto an input's storage (``y = torch.empty(0); y.set_(x)``), or a view
+    of one: eager's is a tensor of its own over the caller's storage (not ``x``, no view of it, its own version
+    counter), so writes through it land in ``x``. Regenerated so (``input_set``, at ``view`` relative to the
+    input; a view of such a tensor where eager's is a view). Refused where eager's has set_'s history (onto a
+    tensor that requires grad, grad enabled: its backward raises) or lies in the storage of an input the epilogue
+    swaps too."""
+    infos = list(infos)
+    for k, o in enumerate(f_outs):
+        swap = o._base if isinstance(o, FunctionalTensor) and o._is_view() else o
+        if not isinstance(swap, FunctionalTensor) or infos[k].kind in ("input", "input_view", "output") or \
+                not _storage_changed(swap.elem):
+            continue
+        sync(o)
+        j, at = _landed(o.elem, f_ins, fake_inputs, mode.anchors)
+        if at is None:
+            continue
+        line = mode.lines.get(id(swap))
+        if o.requires_grad or j in swapped:
+            why = "onto a tensor that requires grad with grad enabled: eager's has set_'s history, whose backward " \
+                  "raises; call set_() under torch.no_grad()" if o.requires_grad else \
+                  f"onto input {j}'s storage, which set_() gives input {j} another storage too; return a view of it"
+            raise MutationError(f"output {k} is a tensor set_() {why}", user_line=line)
+        infos[k] = OutputInfo("input_set", j, at, is_view=o._is_view())
+    return tuple(infos)
 
 
 def _storage_changed(elem) -> bool:

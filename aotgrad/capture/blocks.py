@@ -604,7 +604,7 @@ def unseen_inputs(reuse: Reuse, setup, analysis) -> frozenset:
         for md, kind, attr in m.firsts:
             tid = id(md[kind][attr])
             owners[tid] = None if k in reuse.ran_flat or tid in owners else 1
-    returned = {o.index for o in analysis.outputs if o.kind in ("input", "input_view", "input_detached")}
+    returned = {o.index for o in analysis.outputs if o.kind in ("input", "input_view", "input_detached", "input_set")}
     unseen = set()
     for tid, count in owners.items():
         i = index.get(tid)

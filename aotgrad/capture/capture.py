@@ -174,7 +174,8 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
     lay = layout(analysis)
     with timed(history, "trace joint") as info:
         joint, info["direct grads"], (saved, quiet, reruns), info["unseen inputs"] = _joint(setup, analysis, lay, reuse)
-        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet, eager_reruns=reruns)
+        analysis = replace(analysis, eager_saved=saved, quiet_writes=quiet, eager_reruns=reruns,
+                           rewritten=records[-1].rewritten[0] if records and records[-1].rewritten else ())
         info["nodes"] = len(joint.graph.nodes)
         info["reused blocks"], info["reused whole blocks"] = (reuse.count(), reuse.whole) if reuse else (0, 0)
         if reuse:

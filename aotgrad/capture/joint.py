@@ -79,15 +79,17 @@ def joint_function(flat_fn, analysis: Analysis, lay: JointLayout, grad_enabled: 
                     # On this thread (not the engine's device threads): the per-thread state the
                     # trace reads (module state, RNG log, hook recorder) holds for a recompute too.
                     sums = EngineSums([fw[i] for i in lay.tangent_of], f_ins) if engine_sums else contextlib.nullcontext()
+                    tangents = tuple(map(to_functional, tangents))
                     with module_state(flat_fn, call_ins), autocast_off(), \
                             torch.autograd.set_multithreading_enabled(False), reads.user_code(), \
-                            reads.backward_code(runs_user_code([fw[i] for i in lay.tangent_of])), sums:
+                            reads.backward_code(runs_user_code([fw[i] for i in lay.tangent_of])), sums, \
+                            tracing.scope(tangents=tangents):
                         # Every differentiated input, unseen stand-ins included: the engine runs
                         # only the backward nodes on a path to an input it is asked for, and a
                         # block's parameters get their gradients from its backward (written directly).
                         got = torch.autograd.grad(
-                            [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of],
-                            [to_functional(t) for t in tangents], allow_unused=True)
+                            [fw[i] for i in lay.tangent_of], [f_ins[i] for i in lay.grad_of], tangents,
+                            allow_unused=True)
                     joint.engine_sums = (sums.names, sums.counts) if engine_sums else None
                     _subclass_grads(got, lay, f_ins)
                     for k, (i, g) in enumerate(zip(lay.grad_of, got)):

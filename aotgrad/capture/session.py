@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._torch import (
     anomaly_nan_check, known_true, functionalize_has_data_mutation, functionalize_was_storage_changed,
     FakeTensor, FakeTensorMode, FunctionalTensor, FunctionalTensorMode, from_functional_tensor,
-    constant_nested_ints, has_own_dispatch, is_functional_tensor, traceable_class, plain_fake,
+    constant_nested_ints, has_own_dispatch, is_functional_tensor, laid_out_as_value, traceable_class, plain_fake,
     pytree, storage_key, symbolic_dispatch, sync, to_functional_tensor, traced_sum, view_meta_sequence,
     _engine_is_caller,
 )
@@ -27,7 +27,7 @@ from .. import tracing
 from ..scoped import look_away
 from ..guards import reads
 from ..ir.ops import FAKE_LAYOUT_DIFFERS, laid_out_as_kernel, returns_fresh
-from ..ir.records import reached_bytes
+from ..ir.records import ViewMeta, reached_bytes
 from ..runtime import modes
 from ..runtime.modes import baked, function_modes
 from ..tracing.patches import TRACEABLE
@@ -164,6 +164,11 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                                            {})
         if func is _RESIZE_STORAGE:
             return self.storages.resize(args[0], args[1])
+        if func is _SET_EMPTY and isinstance(args[0], FunctionalTensor):
+            # x.set_(): a fresh empty storage, as set_() onto a fresh empty tensor (functionalization's own
+            # writes an empty value into the old storage, which the caller's other views of it hold)
+            fresh = self.__torch_dispatch__(_NEW_EMPTY, (FunctionalTensor,), (args[0], [0]), {})
+            return self.__torch_dispatch__(_SET, (FunctionalTensor,), (args[0], fresh), {})
         if self.storages.unreadable:
             self.storages.check(func, args, kwargs or {})
         _refuse_other_numerics(func, args, self.numerics)
@@ -184,18 +189,18 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
         written = _written(func)
         if written and func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
             _refuse_overlapping_foreach(func, args, kwargs or {})
+        swaps = func.__name__.startswith("set_")
         if written:
             for t in _args_at(func, written, args, kwargs or {}):
-                if id(t) in self.watched and id(t) not in self.lines and _changes_layout(func):
+                if (id(t) in self.watched or swaps) and id(t) not in self.lines and _changes_layout(func):
                     from ..errors import caller_line
                     self.lines[id(t)] = caller_line()
-                if id(t) in self.watched and func.__name__.startswith("set_"):
-                    if _written_unswapped(t):
-                        from ..errors import caller_line
-                        self.written_before_swap.setdefault(id(t), caller_line())
-                    if not self.anchors:    # (not made before: an alias of an input stops its resize_)
-                        self.anchors = {id(o): self.__torch_dispatch__(_ALIAS, (FunctionalTensor,), (o,), {})
-                                        for o in self.owners}
+                if swaps and not self.anchors:      # (not made before: an alias of an input stops its resize_)
+                    self.anchors = {id(o): self.__torch_dispatch__(_ALIAS, (FunctionalTensor,), (o,), {})
+                                    for o in self.owners}
+                if id(t) in self.watched and swaps and _written_unswapped(t):
+                    from ..errors import caller_line
+                    self.written_before_swap.setdefault(id(t), caller_line())
                 if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
                     from ..errors import UnsupportedError, caller_line
                     raise UnsupportedError(
@@ -215,6 +220,11 @@ class _CheckedFunctionalMode(FunctionalTensorMode):
                     raise _growth_refused(args[0]) from None
                 raise
         self.stale.after(func, out, layout)
+        if written and (swaps or torch.Tag.out in func.tags):    # (an out= op may resize its out)
+            for t in _args_at(func, written, args, kwargs or {}):
+                if isinstance(t, FunctionalTensor) and t.layout == torch.strided and \
+                        ViewMeta.of(t) != ViewMeta.of(t.elem):
+                    laid_out_as_value(t)
         if type(out) is FakeTensor and not written:
             out = self._traced_constant_op(func, args, kwargs, out)
         if getattr(func, "_overloadpacket", None) in FAKE_LAYOUT_DIFFERS:     # traced after it: eager's layout
@@ -354,6 +364,9 @@ _TORCH_OPS = ("aten", "prim", "prims")     # operators whose dispatch runs torch
 _DEVICE = torch.ops.prim.device.default
 _CLONE = torch.ops.aten.clone.default
 _ALIAS = torch.ops.aten.alias.default
+_SET = torch.ops.aten.set_.source_Tensor
+_SET_EMPTY = torch.ops.aten.set_.default
+_NEW_EMPTY = torch.ops.aten.new_empty.default
 _ADD = torch.ops.aten.add.Tensor
 ENGINE_SUMS = True      # tests turn it off to compare the recorded sums with dispatched ones
 _RESIZE = torch.ops.aten.resize_.default

@@ -122,7 +122,7 @@ def _check_analysis(analysis, lay, specs, fw_values: list) -> None:
     infos, n_mut = analysis.outputs, len(analysis.mutated())
     plain = [o for o in infos if o.kind == "plain"]
     bounds = {"input": lay.n_primals, "input_view": lay.n_primals, "input_detached": lay.n_primals,
-              "intermediate_view": analysis.base_count}
+              "input_set": lay.n_primals, "intermediate_view": analysis.base_count}
     dtypes = tuple(types.SimpleNamespace(dtype=getattr(v, "dtype", torch.int64)) for v in fw_values)
     expected = layout(dataclasses.replace(analysis, fake_outputs=dtypes)) \
         if len(analysis.fw_requires_grad) == lay.n_fw == n_mut + len(plain) + analysis.base_count else None

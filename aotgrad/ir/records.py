@@ -92,7 +92,8 @@ class InputInfo:
 class OutputInfo:
     """``kind``: ``plain`` (computed by the graph), ``input`` (is input ``index``),
     ``input_view`` (a view of input ``index``), ``input_detached`` (``x.detach()``: the input's
-    storage, not a view), ``output`` (the same object as
+    storage, not a view), ``input_set`` (a tensor of its own over input ``index``'s storage: ``y.set_(x)``
+    of a tensor made inside), ``output`` (the same object as
     output ``index``), ``output_view`` (a view of plain output ``index``),
     ``intermediate_view`` (a view of hidden base ``index``, an intermediate the
     graph also returns), ``constant`` (a non-tensor leaf, ``value``)."""
@@ -117,6 +118,8 @@ class Analysis:
     eager_saved: tuple = ()         # inputs eager's autograd saves for the backward (version-checked there)
     quiet_writes: tuple = ()        # inputs the program writes without a version bump (batch norm's statistics)
     eager_reruns: bool = False      # eager's autograd saved no tensor: a second backward through a call runs
+    rewritten: tuple = ()           # (line, saved): a custom backward wrote a tensor it holds, saved or not
+                                    # (runtime.hooks): a second backward through a call raises
 
     def mutated(self):
         return [i for i, info in enumerate(self.inputs) if info.mutates_data]

@@ -482,7 +482,10 @@ def epilogue(analysis: Analysis, traced_with_grad: bool = True):
     lines, scope = ["def epilogue(flat, values, symbols):"], {"_with_grad": traced_with_grad,
         "_meta": _write_metadata, "_data": _write_data, "_detached": _detached, "as_view": as_view,
         "_as_traced": _as_traced, "Tensor": torch.Tensor, "_symbol_map": _symbol_map, "_swap": _swap_storage,
-        "_laid_out": _laid_out, "_resize": _resize_storage, "_concrete": _concrete}
+        "_laid_out": _laid_out, "_resize": _resize_storage, "_concrete": _concrete, "_over": _over}
+    for j, info in enumerate(analysis.outputs):    # over an input's storage as the caller gave it (it keeps it)
+        if info.kind == "input_set":
+            lines.append(f"    o{j} = _over(flat[{info.index}], i{j}, symbols)")
     lines += _swap_lines(analysis, scope)
     k = 0
     for i, info in enumerate(analysis.inputs):
@@ -544,6 +547,17 @@ def _swap_storage(x: torch.Tensor, value: torch.Tensor) -> None:
     others were refused): ``x`` shares ``value``'s storage at its place."""
     with torch.no_grad():
         x.set_(value)
+
+
+def _over(x: torch.Tensor, info, symbols) -> torch.Tensor:
+    """A tensor of its own over ``x``'s storage where ``info.view`` lies, as eager's ``y.set_(x)`` of a tensor the
+    function made leaves ``y``: not ``x``, no view of it, its own version counter; a view of one where eager's
+    output is a view of such a tensor."""
+    size, stride, offset = view_args(info.view, symbols, x)
+    out = x.new_empty(0)
+    with torch.no_grad():
+        out.set_(x.untyped_storage(), offset, size, stride)
+    return out.as_strided(out.shape, out.stride(), out.storage_offset()) if info.is_view else out
 
 
 def _output_lines(analysis: Analysis, scope: dict) -> list:

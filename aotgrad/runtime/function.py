@@ -34,7 +34,7 @@ class BackwardGraph(NamedTuple):
 def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
                       tangent_of: tuple, grad_of: tuple, name: str = "CompiledFunction",
                       bw_graph=None, double_backward=None, input_hooks=(), retained=(), returned=(),
-                      saved_views=(), reruns=False, zeroed=None):
+                      saved_views=(), reruns=False, zeroed=None, rewritten=()):
     """An autograd.Function class whose forward runs ``fw`` and backward ``bw``.
 
     Saved intermediates carry no history (the forward graph runs without
@@ -52,7 +52,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
     autograd saved nothing for this program, so a second backward through a call runs, as eager's does.
     ``zeroed``: ``missing -> backward`` taking only the tangents not at positions ``missing``
     (``passes.zero_tangents``); given, autograd hands ``None`` for an output with no gradient instead
-    of zeros held through the whole backward.
+    of zeros held through the whole backward. ``rewritten``: ``(line, saved)`` of a custom Function whose
+    backward writes a tensor it holds (``Analysis.rewritten``): a second backward through a call raises.
 
     ``fw(*primals) -> (*fw_values, *saved_tensors, *saved_symbols)``;
     ``bw(*saved_tensors, *saved_symbols, *tangents) -> grads of primals in grad_of``.
@@ -90,6 +91,8 @@ def autograd_function(fw, bw, n_primals: int, n_fw: int, n_saved_tensors: int,
         # do; otherwise reading ``ctx.saved_tensors`` of a released node raises eager's "backward through the
         # graph a second time".
         saved = ctx.saved_tensors if n_saved_tensors or not reruns else ()
+        if rewritten:
+            _once(ctx, *rewritten)
         tangents, run = [grad_outputs[k] for k in tangent_of], bw
         if zeroed is not None and any(t is None for t in tangents):
             run = zeroed(tuple(i for i, t in enumerate(tangents) if t is None))
@@ -154,6 +157,24 @@ def check_versions(ctx) -> None:
                 f"[{t.type()} {list(t.shape)}], an input of the compiled function, is at version {t._version}; "
                 f"expected version {version} instead. Hint: the input was written in place after the call that "
                 "saved it for the backward (as eager autograd raises).")
+
+
+def _once(ctx, line, saved: bool) -> None:
+    """A custom backward in the program wrote a tensor it holds: eager's next backward through the call
+    (``retain_graph=True``) raises reading it, a saved one, or reads its written value, where the compiled
+    backward would read the forward's."""
+    if not getattr(ctx, "aotgrad_ran", False):
+        ctx.aotgrad_ran = True
+    elif saved:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"a tensor the custom autograd.Function at {line} saved, written by its backward when it ran before "
+            "(as eager autograd raises).")
+    else:
+        from ..errors import UnsupportedError
+        raise UnsupportedError(
+            "a second backward through a call whose custom autograd.Function's backward wrote a tensor it keeps "
+            "on ctx: eager's reads the written value, the compiled backward the forward's", user_line=line)
 
 
 def _by_primal(grads, grad_of, n_primals) -> tuple:

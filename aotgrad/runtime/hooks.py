@@ -16,9 +16,12 @@ tensors), registration is intercepted instead:
   on one the program returns, an ``aotgrad::retain_grad`` node of the backward
   sets the whole gradient on the real output the forward returned.
 
-A custom Function's backward is traced through; one that writes in place to an
-input or output of the program (``ctx.x.zero_()``, ``buf.add_(1)``) is refused,
-since the traced graph would apply the write at the wrong time or drop it.
+A custom Function's backward is traced through; one that writes in place to a
+tensor the caller holds (an input or output of the program, ``ctx.x.zero_()``, or
+the gradient ``backward(gradient)`` was given) is refused, since the traced graph
+would apply the write at the wrong time or drop it; one that writes a tensor it
+holds only inside the program makes a second backward through the call raise
+(``Analysis.rewritten``), as the functional graph would read the forward's value.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from .._torch import FunctionalTensor
+from .._torch import FunctionalTensor, dynamo_saved_values
 from .. import errors
 from .. import tracing
 from ..scoped import Stack
@@ -117,6 +120,7 @@ class Recorder:
         self.graph_hooks: list[int] = []
         self.retained_outputs: list[tuple[int, int, str | None]] = []     # (output, slot, line)
         self.returned_inputs: list[tuple[int, int]] = []    # (output, input) a custom Function returned as is
+        self.rewritten: list[tuple[str | None, bool]] = []  # (line, saved): a custom backward wrote its state
         self.flat, self.outs = flat, ()
 
     def register(self, original, tensor, hook, method):
@@ -166,10 +170,11 @@ class Recorder:
         return None
 
     def visible(self, t) -> bool:
-        """Whether ``t`` shares storage with an input or an output of the program."""
+        """Whether ``t`` shares storage with an input or an output of the program, or with the gradient
+        of an output as the joint's backward is given it (the caller's ``backward(gradient)``)."""
         key = t.untyped_storage()._cdata
         return any(isinstance(o, torch.Tensor) and o.untyped_storage()._cdata == key
-                   for o in (*self.flat, *self.outs))
+                   for o in (*self.flat, *self.outs, *tracing.current().tangents))
 
     def check_outputs(self, outs):
         """A retained intermediate the program returns gets its whole gradient (from inside the
@@ -221,17 +226,23 @@ def _watch(cls, args, out, line, rec):
     name = "(traced by Dynamo)" if cls.__name__ == "ApplyTemplate" else cls.__name__
 
     def before(grad_outputs):
-        held = given + [v for v in vars(node).values() if isinstance(v, torch.Tensor)]
-        versions[:] = [(t, t._version) for t in held]
+        # Read raw (an unpack runs saved-tensor hooks): a saved output's data shares its version counter.
+        saved, kept = dynamo_saved_values(node)
+        saved = [*(s.data for s in getattr(node, "_raw_saved_tensors", ()) if s.unpack_hook is None), *saved]
+        held = [t for t in (*given, *saved, *kept, *vars(node).values(), *grad_outputs) if isinstance(t, torch.Tensor)]
+        versions[:] = [(t, t._version, any(t is s for s in saved)) for t in held]
 
     def after(grad_inputs, grad_outputs):
-        for t, v in versions:
-            if t._version != v and rec.visible(t):    # a temporary's write is functionalized like any
+        written = [(t, was_saved) for t, v, was_saved in versions if t._version != v]
+        for t, _ in written:
+            if rec.visible(t):      # a temporary's write is functionalized like any
                 raise errors.UnsupportedError(
-                    f"the backward of custom autograd.Function {name} writes in place to a tensor it was "
-                    f"given (shape {tuple(t.shape)}); a compiled backward cannot replay that write when eager "
-                    "does; return a new tensor instead, or keep the Function out of the compiled code",
-                    user_line=line)
+                    f"the backward of custom autograd.Function {name} writes in place to a tensor the caller "
+                    f"holds (shape {tuple(t.shape)}: an input or output of the compiled function, or the gradient "
+                    "backward() was given); a compiled backward cannot replay that write when eager does; "
+                    "return a new tensor instead, or keep the Function out of the compiled code", user_line=line)
+        if any(not any(t is g for g in grad_outputs) for t, _ in written):     # a gradient is fresh each time
+            rec.rewritten.append((line, any(was_saved for _, was_saved in written)))
     node.register_prehook(before)
     node.register_hook(after)
 

@@ -69,8 +69,8 @@ def _desc(v) -> bool:
     return type(v) in d.KINDS
 
 
-_OUTPUT_KINDS = ("plain", "input", "input_view", "input_detached", "output", "output_view", "intermediate_view",
-                 "constant", "symbolic")
+_OUTPUT_KINDS = ("plain", "input", "input_view", "input_detached", "input_set", "output", "output_view",
+                 "intermediate_view", "constant", "symbolic")
 SCHEMAS = {
     # Descriptors nest as data: ``{"@": "TangentDesc", "output": {"@": "OutputDesc", "index": 0}}``.
     d.ParamDesc: {"name": _str}, d.BufferDesc: {"name": _str}, d.InputDesc: {"name": _str},
@@ -90,7 +90,9 @@ SCHEMAS = {
     Analysis: {"inputs": _tuple_of(InputInfo), "outputs": _tuple_of(OutputInfo), "base_count": _int,
                "fake_outputs": lambda v: v == (), "fw_requires_grad": lambda v: type(v) is tuple and all(map(_bool, v)),
                "out_spec": lambda v: v is None,     # written once, as the manifest's out_spec
-               "eager_saved": _ints, "quiet_writes": _ints, "eager_reruns": _bool},
+               "eager_saved": _ints, "quiet_writes": _ints, "eager_reruns": _bool,
+               "rewritten": lambda v: v == () or type(v) is tuple and len(v) == 2 and _optional(str)(v[0])
+               and _bool(v[1])},
     JointLayout: {"n_primals": _int, "tangent_of": _ints, "n_fw": _int, "grad_of": _ints, "mutated": _ints},
     SymText: {"expr": symbolic.text_ok},
     TensorMeta: {"shape": lambda v: type(v) is tuple and all(map(_text_size, v)),

@@ -28,6 +28,7 @@ class Trace:
     direct: object = None       # capture.block_graph.Direct: the joint trace's block parameters
     data: object = None         # inputs.step: what ``t.data = v`` does while a training step is traced
     checkpointed: bool = False  # in a traced reentrant checkpoint's function (its recompute too): nested ones convert
+    tangents: tuple = ()        # while the joint's backward is traced: the gradients it is given (the caller's)
 
 
 REFUSE = True

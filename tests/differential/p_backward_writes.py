@@ -1,11 +1,12 @@
 """A custom ``autograd.Function`` whose backward writes in place to what it was given: the incoming
 gradient (``grad_output.mul_(2); return grad_output``), a tensor it saved that the program made, or one
-of the program's inputs it saved or kept on ``ctx``.
+of the program's inputs or outputs it saved or kept on ``ctx``.
 
 The first two are values of the traced backward, functionalized like any write: exact, through every
-entry point. A write to a program input during the backward changes the caller's tensor when eager's
-backward runs; the compiled backward is functional and cannot (refused naming the Function's line,
-before anything runs: PyTorch's AOTAutograd keeps such writes only for inputs that do not require grad).
+entry point. A write to a program input or output (or a view of one) during the backward changes the
+caller's tensor when eager's backward runs, not before; the compiled backward is functional and cannot
+(refused naming the Function's line, before anything runs: PyTorch's AOTAutograd keeps such writes only
+for inputs that do not require grad). The outputs are compared before the backward runs.
 """
 import torch
 
@@ -64,6 +65,34 @@ class _SavedInputInPlace(torch.autograd.Function):
         return g * x
 
 
+class _SavedOutputInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        y.mul_(2)           # the program's output: eager's caller sees it doubled after the backward, not before
+        return g * y
+
+
+class _SavedBaseOfOutputInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y[1:]
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        y.mul_(2)           # the base of the program's output, a view of it
+        return torch.cat([g.new_zeros(1), g]) * y
+
+
 class _CtxInputInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
@@ -106,3 +135,13 @@ def _(n=3):
 @program("backward_writes_input_on_ctx", C, W)
 def _(n=3):
     return fn(lambda x, w: _CtxInputInPlace.apply(x, w), r(n, rg=True), r(n))
+
+
+@program("backward_writes_saved_output", C, W)
+def _(n=3):
+    return fn(lambda x: _SavedOutputInPlace.apply(x), r(n, rg=True))
+
+
+@program("backward_writes_saved_base_of_output", C, W)
+def _(n=3):
+    return fn(lambda x: _SavedBaseOfOutputInPlace.apply(x), r(n, rg=True))

@@ -13,6 +13,8 @@ follows: nothing, a write through ``x`` (into the other input's storage, or the 
 with a view of it (a view of the caller's ``x``, as eager's). Also refused, naming the line: a write to ``x`` before the swap (the caller's old
 storage must keep it), a swap of an input passed twice.
 """
+import contextlib
+
 import torch
 
 from .programs import fn, program, r
@@ -135,6 +137,96 @@ def _(n=3):
         y.set_(t)           # the two swap storages: the epilogue reads both before either is swapped
         return x + 1, y * 2
     return fn(f, r(n, 4), r(2, n))
+
+
+@program("set__input_size_read", S, D, must_match=True)
+def _(n=3):
+    def f(x, y):
+        x.set_(y)
+        return x.new_ones(x.shape) * x.shape[0] + x     # x's sizes after the swap are y's, as eager reads them
+    return fn(f, r(n, 4), r(2, n))
+
+
+# --- set_() of a tensor made inside onto an input, set_() with no source, out= resizing an input -------------
+# y = torch.empty(0); y.set_(x): eager's y is a tensor of its own over the caller's storage (not x, no view of it),
+# so writes through it land in x, in the call and after it; returned alone, written, next to a view of x, viewed
+# itself; onto x or a view of it; under no_grad onto x requiring grad. x.set_(): the caller's x gets a fresh empty
+# storage. An out= op resizing an input (empty, or of another size): the resize is the caller's before the values,
+# with another input written too; code reading its size after the op reads eager's.
+
+ONTO = {
+    "fresh": lambda x: torch.empty(0).set_(x),
+    "new_empty": lambda x: x.new_empty(0).set_(x),
+    "input_view": lambda x: torch.empty(0).set_(x[1:]),
+}
+
+
+def _onto(onto, then, grad):
+    def f(x, w):
+        with torch.no_grad() if grad else contextlib.nullcontext():
+            y = onto(x)     # (onto x requiring grad: under no_grad, as eager's backward through set_ raises)
+        if then == "write":
+            y.mul_(2)       # writes x
+        out = x * w
+        if then == "with_view":
+            return out, y, x[:1]
+        return (out, y, y[:1]) if then == "viewed" else (out, y)
+    return f
+
+
+# (target, then, x requires grad); y = x[1:] alone or next to a view of x was eager's already (left out)
+ONTO_CASES = [(_o, _then, False) for _o in ("fresh", "new_empty") for _then in ("return", "write", "with_view",
+                                                                                "viewed")] + \
+    [("input_view", "write", False), ("input_view", "viewed", False), ("input_view", "viewed", True)] + \
+    [(_o, "write", True) for _o in ONTO]
+for _o, _then, _grad in ONTO_CASES:
+    @program(f"set__onto_input_{_o}_{_then}{'_no_grad' if _grad else ''}", S, D, must_match=True)
+    def _(n=3, f=_onto(ONTO[_o], _then, _grad), grad=_grad):
+        return fn(f, r(n, 4, rg=grad), r(n, 4, rg=True))
+
+
+def _emptied(then):
+    def f(x, w):
+        x.set_()                    # a fresh empty storage: the caller's other views keep the old one
+        if then == "regrow":
+            x.resize_(4, 2)
+            x.fill_(0.5)
+        out = w * 2 + x.sum()
+        return (out, x) if then != "none" else out
+    return f
+
+
+for _then in ("none", "return", "regrow"):
+    # (regrow: a bigger resize_ is refused where functionalization will not grow the storage: see resize__bigger)
+    @program(f"set__empty_{_then}", S, D, must_match=_then != "regrow")
+    def _(n=3, f=_emptied(_then)):
+        return fn(f, r(n, 4), r(3, rg=True))
+
+
+OUT_OPS = {     # name -> (the out= op on (a, b, c), c's shape for size n)
+    "add_from_empty": (lambda a, b, c: torch.add(a, b, out=c), lambda n: (0,)),
+    "cat_other_size": (lambda a, b, c: torch.cat([a, b], out=c), lambda n: (2,)),
+    "add_from_bigger": (lambda a, b, c: torch.add(a, b, out=c), lambda n: (n + 4,)),
+    "mm_from_empty": (lambda a, b, c: torch.mm(a.view(-1, 1), b.view(1, -1), out=c), lambda n: (0,)),
+}
+
+
+def _out(op, then):
+    def f(a, b, c):
+        if then == "other_written":
+            b.mul_(10)
+        op(a, b, c)
+        if then == "size_read":
+            return c * 2, a.new_ones(c.shape) * c.shape[0]
+        return (c, c.view(-1)[:2]) if then == "viewed" else c
+    return f
+
+
+for _name, (_op, _c_shape) in OUT_OPS.items():
+    for _then in ("none", "other_written", "size_read", "viewed"):
+        @program(f"out__resizes_input_{_name}_{_then}", S, D, must_match=True)
+        def _(n=3, f=_out(_op, _then), c_shape=_c_shape):
+            return fn(f, r(n), r(n), torch.empty(c_shape(n)))
 
 
 # --- resize_() of an input (no grad: eager refuses resizing a tensor that requires grad) ----------------

@@ -1,12 +1,15 @@
 """Storage resizes of inputs (FSDP's free and re-allocate): what is refused, naming the line, before anything
 runs; the start size guarded; versions as eager's. The programs that run (compared with eager through every
-entry point) are the ``resize_storage_*`` family of ``p_storage.py``."""
+entry point) are the ``resize_storage_*`` family of ``p_storage.py``. Also the storages a call leaves the caller
+(``set_()``, out= resizes): what a caller sees through its tensors after the call, which ``check`` cannot."""
 import pytest
 import torch
 
 import aotgrad
 from aotgrad.errors import InputMismatchError, MutationError, UnsupportedError
-from tests.eager_check import assert_refused, check
+from tests.eager_check import assert_refused, check, check_usage
+
+from .entries import ENTRIES
 
 
 def _freed(n=4):
@@ -298,3 +301,82 @@ def test_a_storage_size_read_outside_decides_per_call():
         a = _freed() if freed else torch.randn(4, 3)
         s = torch.randn(4, 3)
         torch.testing.assert_close(step(a, s, a.untyped_storage().size() == 0), s * (2 if freed else 3))
+
+
+# --- the storages a call leaves the caller (set_(), out=), seen through the caller's tensors after it
+
+def _emptied(x, w):
+    x.set_()                # eager: a fresh empty storage; the caller's other views keep the old one
+    return w * 2
+
+
+def _emptied_usage(call, fn, args, kwargs):
+    x = args[0]
+    alias = x.view(-1)
+    out = call(*args)
+    x.resize_(3).fill_(7.0)
+    return out, alias
+
+
+def _set_written(x, w):
+    y = torch.empty(0)
+    y.set_(x)               # eager: y is a tensor of its own over the caller's storage
+    y.mul_(2)
+    return y, x * w
+
+
+def _set_written_usage(call, fn, args, kwargs):
+    y, out = call(*args)
+    y.add_(10)              # writes the caller's x, as eager's
+    return out, y
+
+
+def _set_with_view(x, w):
+    y = x.new_empty(0)
+    y.set_(x)
+    return y, x.view(-1), w * 2
+
+
+def _set_with_view_usage(call, fn, args, kwargs):
+    y, v, out = call(*args)
+    y.unsqueeze_(0)         # y is not x: x keeps its shape
+    return out, v, y
+
+
+def _out_resized(a, b, c):
+    b.mul_(10)              # another input written before the resize is replayed
+    torch.add(a, b, out=c)
+    return c
+
+
+def _out_resized_usage(call, fn, args, kwargs):
+    c = args[2]
+    alias = c.view(-1)      # the caller's view of c's storage, grown with it
+    out = call(*args)
+    c.add_(1)
+    return out, alias
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+@pytest.mark.parametrize("body,usage,inputs", [
+    (_emptied, _emptied_usage, lambda: (torch.randn(3), torch.randn(3, requires_grad=True))),
+    (_set_written, _set_written_usage, lambda: (torch.randn(3), torch.randn(3, requires_grad=True))),
+    (_set_with_view, _set_with_view_usage, lambda: (torch.randn(2, 3), torch.randn(3, requires_grad=True))),
+    (_out_resized, _out_resized_usage, lambda: (torch.randn(3), torch.randn(3), torch.empty(0))),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_the_caller_holds_eagers_storages_after_the_call(body, usage, inputs, entry):
+    check_usage(lambda: (body, inputs(), {}), usage, compile=ENTRIES[entry].compile)
+
+
+def _set_onto_requiring_grad(x):
+    y = torch.empty(0)
+    y.set_(x)                                           # line: eager's y has set_'s history, whose backward raises
+    return y, x * 2
+
+
+@pytest.mark.parametrize("entry", ["capture", "jit"])
+def test_a_tensor_set__onto_an_input_requiring_grad_and_returned_is_refused_at_its_line(entry):
+    e = assert_refused(_set_onto_requiring_grad, (torch.randn(3, requires_grad=True),),
+                       compile=lambda fn, args, kwargs: ENTRIES[entry].compile(fn, args, kwargs))
+    assert isinstance(e, MutationError) and "set_()" in str(e) and "requires grad" in str(e), e
+    assert e.user_line and "# line" in e.user_line, e.user_line

@@ -9,7 +9,7 @@ from torch.autograd.function import once_differentiable
 
 import aotgrad
 from aotgrad.errors import UnsupportedError
-from tests.eager_check import as_is, check, check_training, default_compile
+from tests.eager_check import as_is, check, check_training, check_usage, default_compile
 
 F = torch.autograd.Function
 
@@ -200,8 +200,35 @@ class CountsInBackward(F):
         return g * 2, None
 
 
+class DoublesSaved(F):
+    """Saves ``exp(x)``, a temporary, and doubles it in its backward."""
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        y.mul_(2)
+        return g * y
+
+
+class TriplesGradient(F):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        g.mul_(3)           # backward(t) hands eager's backward the caller's t: t is written
+        return g
+
+
 WRITING_BACKWARDS = {
     "zeroes_saved_input": (lambda x, w: ZeroesSaved.apply(x, w).sum(), lambda: (torch.ones(3), r(3))),
+    "writes_gradient_of_output": (lambda x: TriplesGradient.apply(x), lambda: (r(3),)),
     "add_in_backward": (lambda x, c: CountsInBackward.apply(x, c).sum(), lambda: (r(3), torch.zeros(()))),
     "add_in_backward_and_forward": (lambda x, c: CountsInBackward.apply(x, c.add_(1)).sum(),
                                     lambda: (r(3), torch.zeros(()))),
@@ -412,3 +439,36 @@ class ScratchInBackward(F):
 @pytest.mark.parametrize("entry", list(ENTRIES))
 def test_backward_writing_a_temporary_matches_eager(entry):
     check(lambda x: ScratchInBackward.apply(x.sin()), make=lambda: ((r(3),), {}), compile=ENTRIES[entry])
+
+
+def _twice(call, fn, args, kwargs):
+    out = call(*args)
+    loss = (out * torch.arange(1.0, 4.0)).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    return out, args[0].grad
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_second_backward_through_a_written_saved_tensor_raises_like_eager(entry):
+    """Eager's second backward finds the saved tensor its first one wrote at a new version and raises."""
+    def make():
+        return lambda x: DoublesSaved.apply(x), (r(3),), {}
+    assert isinstance(check_usage(make, _twice, compile=ENTRIES[entry]), RuntimeError)
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_second_backward_through_a_written_scratch_is_refused(entry):
+    """Eager's second backward reads the scratch its first one wrote; the compiled one would read the
+    forward's: the first backward is eager's, the second refused before it runs."""
+    fn, x = lambda x: ScratchInBackward.apply(x.sin()), r(3)
+    out = ENTRIES[entry](fn, (x,), {})(x)
+    loss = (out * torch.arange(1.0, 4.0)).sum()
+    loss.backward(retain_graph=True)
+    x_e = x.detach().clone().requires_grad_()
+    (fn(x_e) * torch.arange(1.0, 4.0)).sum().backward()
+    assert torch.allclose(x.grad, x_e.grad)
+    with pytest.raises(UnsupportedError, match="second backward") as info:
+        loss.backward()
+    assert "test_functions_hooks.py" in str(info.value)
+    assert torch.allclose(x.grad, x_e.grad)
