@@ -6,14 +6,22 @@ change found may be theirs: undoing it would take their write back (and repeat t
 and refusing the capture for it would be a false alarm. So a capture that starts with other threads
 alive watches its own thread while user code runs in it (``sys.setprofile`` is per thread: the read
 recording, then a lighter watch around the joint's forward and backward, paused inside ops): the
-code objects that ran and the calls it made into a global random stream.
+code objects that ran, the objects their stores wrote (as each frame returns) and the calls it made
+into a global random stream or a container's changing methods.
 
-* A changed module global or user class attribute is the capture's when code that ran in its thread
-  could write that name: a ``global`` or attribute store of it; in user code ``globals()``, ``vars()``,
-  ``setattr`` or ``__dict__`` (any name); in library code the name as a constant where those are used;
-  or when it now holds a traced tensor. Otherwise it is left as the other thread made it, and one
-  the trace *read* that changed meanwhile makes the capture run again (its graph may have used
-  either value).
+* A changed module global, class or object attribute is the capture's when code that ran in its thread
+  stores that name *on that object*: the object each of its stores names, as its frame holds it when
+  the code returns (``self``, an argument, a global, a closure variable, and what attributes and items
+  of them lead to: ``CFG.n += 1``, ``self.a.k = v``, ``type(self).k = v``); ``setattr(x, ...)``,
+  ``object.__setattr__(x, ...)``, ``x.__dict__[k] = v``, ``vars(x).update(...)``: that name (any, where
+  it is no constant) of ``x``; ``global`` stores and ``globals()[k] = v``: its module's globals; code at
+  module level: its namespace; or when it now holds a traced tensor. User code writing through an
+  object its bytecode does not name (``for m in mods: m.k = v``, ``setattr(f(), k, v)``) may have
+  written that name (any name) of any object. A library's writes through objects it does not name are
+  to objects of its own, and a name alone is no evidence: torch's ``set_grad_enabled`` stores
+  ``self.mode`` on itself, not on the user's ``CFG``. Otherwise it is left as the other thread made
+  it, and one the trace *read* that changed meanwhile makes the capture run again (its graph may have
+  used either value).
 * A changed ``random`` stream, or torch's global generator, is the capture's when its thread called
   one of the stream's methods (a traced op draws from no real stream: the capture's own changes are
   seeding and setting states); it is then refused and put back as without threads (a draw another
@@ -22,7 +30,8 @@ code objects that ran and the calls it made into a global random stream.
   Cython functions, which profiling does not see): a change is the capture's, as without threads.
 
 * A parameter, buffer or submodule registered on (or dropped from) a traced module is the capture's
-  when it holds a traced tensor or code that ran in its thread could write its name; otherwise it
+  when it holds a traced tensor or code that ran in its thread could write its name on the module (or
+  called one of its dict's changing methods); otherwise it
   stays as the other thread left it, and a trace that read the module's dict runs again.
 
 * A hook registered on (or removed from) a traced module is the capture's when its thread registered
@@ -30,7 +39,7 @@ code objects that ran and the calls it made into a global random stream.
   thread left it, and the trace, which read the module's hook dicts, runs again.
 
 * An object's attribute (``model.eval()``'s ``training`` flags, ``obj.x = v``) is the capture's when
-  code that ran in its thread could write that name (as for a global); a container's items (a
+  code that ran in its thread could write that name on it (as for a global); a container's items (a
   global list appended to, a dict item set, ``set.add``) when its thread called one of the
   container's changing methods (a ``c_call`` whose ``__self__`` it is), or its user code stores
   by subscript or in place anywhere (``d[k] = v`` makes no call: any container may be its
@@ -44,18 +53,24 @@ Cells and iterators stay the capture's.
 from __future__ import annotations
 
 import dis
+import functools
+import inspect
+import os
 import random
 import sys
+import types
 
 import torch
 
 from ..runtime.modes import SETTERS, global_state
-from .writes import _GONE, _changed, _entries, _same, held_dict, state_changes, traced
+from .bytecode import ANY, Chain, Store, chains
+from .writes import _GONE, _changed, _entries, _own_dict, _same, changed_keys, held_dict, peek, state_changes, traced
 
-_STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME", "STORE_ATTR", "DELETE_ATTR"})
-# Whole-dict access (any global may be written); in user code, also setters given the name as data.
-_ANY_NAME = frozenset({"globals", "vars"})
-_NAMED = frozenset({"setattr", "delattr", "__dict__", "__setattr__", "__delattr__"})
+_STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"))
+_NAMESPACE = ((Chain("namespace", "", (), None), frozenset((ANY,))),)
+# (code that may write an attribute with no store instruction: a setter called, a namespace written)
+_REFLECTIVE = frozenset({"setattr", "delattr", "__setattr__", "__delattr__", "globals", "vars", "__dict__"})
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The methods of a torch generator that change its stream (reading its state does not).
 _TORCH_SETTERS = frozenset({"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"})
 _SUBSCRIPT_STORES = frozenset({"STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE", "DELETE_SLICE"})
@@ -65,21 +80,25 @@ _CHANGERS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
                        "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
                        "symmetric_difference_update", "__setitem__", "__delitem__", "__iadd__", "__ior__",
                        "__imul__", "__isub__", "__iand__", "__ixor__"})
-_scanned: dict = {}     # code -> (names it writes, whole-dict access, setters): code is immutable
+_scanned: dict = {}     # code -> ``_writes(code)``: code is immutable
 
 
 class Watch:
     """What the capturing thread ran and drew during one capture."""
 
-    def __init__(self, is_user):
+    def __init__(self, is_user, is_library):
         self.is_user = is_user      # code -> whether it is the user's (library code's globals() are its own)
+        self.is_library = is_library
         self.ran: set = set()       # code objects
+        self.wrote: dict = {}       # id of an object (a module: its dict) -> the names code stored on it (ANY: every)
+        self.loose: dict = {}       # code -> names it stores on objects its frame did not hold when seen
         self.drew: set = set()      # names of the random streams it called into
         self.owners = _stream_owners()
         self.rec = None             # the read recording it goes with (``reads.record``)
         self.switches: dict = {}    # index in modes.global_state() -> its value right after this thread set it
         self.touched: set = set()   # ids of the containers whose changing methods this thread called
         self._subscripts = None     # whether user code it ran stores by subscript (found once, after)
+        self._anywhere = None       # the names user code it ran may have stored on any object (found once)
 
     def drew_from(self, name) -> bool:
         """Whether this thread drew from the stream ``name``: a call of its methods was seen (Python's
@@ -107,10 +126,13 @@ class Watch:
         """The profile function of this thread while the read recording is off (``previous``: a
         user's profiler, kept running)."""
         ran, owners, drew, c_return, touched = self.ran, self.owners, self.drew, self.c_return, self.touched
+        returned = self.returned
 
         def watch(frame, what, arg):        # (c_call inlined: called for every event)
             if what == "call":
                 ran.add(frame.f_code)
+            elif what == "return":
+                returned(frame)
             elif what == "c_call":
                 held = getattr(arg, "__self__", None)
                 owner = owners.get(id(held))
@@ -126,17 +148,42 @@ class Watch:
         watch.watch = self
         return watch
 
-    def could_write(self, key) -> bool:
-        ran = tuple(self.ran)
-        return any(key in names or (any_name or named) and self.is_user(c)
-                   for c in ran for names, any_name, named, _ in (_writes(c),))
+    def returned(self, frame, scanned=_scanned):
+        """A frame of this thread returns: the objects its stores name, as its frame holds them as it
+        ends, are noted with the names stored on them (:func:`_writes`)."""
+        code = frame.f_code
+        stores = (scanned.get(code) or _writes(code))[0]
+        if not stores:
+            return
+        wrote = self.wrote
+        for chain, names in stores:
+            try:
+                obj = _held(frame, chain, self.is_library)
+            except Exception:       # (a profile function must not raise)
+                obj = _GONE
+            if obj is _GONE:
+                self.loose[code] = self.loose.get(code, frozenset()) | names
+                continue
+            key = id(vars(obj)) if isinstance(obj, types.ModuleType) else id(obj)
+            had = wrote.get(key)
+            wrote[key] = names if had is None or had is names else had | names
+
+    def could_write(self, key, *objs) -> bool:
+        """Whether code this thread ran could store ``key`` on one of ``objs`` (an object, a dict)."""
+        if any(key in names or ANY in names or id(o) in self.touched for o in objs
+               for names in (self.wrote.get(id(o), ()),)):       # (``touched``: ``vars(x).update(...)``)
+            return True
+        if self._anywhere is None:      # (user code's stores no frame showed the object of: found once)
+            user = [c for c in tuple(self.ran) if self.is_user(c)]
+            self._anywhere = set().union(*(self.loose.get(c, ()) for c in user), *(_writes(c)[1] for c in user))
+        return key in self._anywhere or ANY in self._anywhere
 
     def _foreign(self, s) -> list:
-        """The changed names of a module's globals or a user class's dict (snapshot ``s``) that this
-        thread could not have written."""
+        """The changed names of a module's globals, an object's or a user class's dict (snapshot ``s``)
+        that this thread could not have written."""
         now = s.obj if s.kind == "attrs" else dict(vars(s.obj))
-        return [k for k in now.keys() | s.before.keys() if not _same(now.get(k, _GONE), s.before.get(k, _GONE))
-                and not traced(now.get(k)) and not self.could_write(k)]
+        objs = (s.obj,) if isinstance(s.owner, str) else (s.obj, s.owner)
+        return [k for k in changed_keys(now, s.before) if not traced(now.get(k)) and not self.could_write(k, *objs)]
 
     def adopt(self, snaps) -> list:
         """Take into the copies of module globals the changes this thread could not have made, so that
@@ -181,7 +228,7 @@ class Watch:
         """Whether user code this thread ran stores or deletes by subscript, or updates in place
         (``d[k] = v``, ``xs += [v]``): any container it reaches may be its write."""
         if self._subscripts is None:
-            self._subscripts = any(self.is_user(c) and _writes(c)[3] for c in tuple(self.ran))
+            self._subscripts = any(self.is_user(c) and _subscripts(c) for c in tuple(self.ran))
         return self._subscripts
 
     def _adopt_state(self, s) -> list:
@@ -190,7 +237,7 @@ class Watch:
         It stays; the module's dict is listed as changed (a trace that read its length runs again)."""
         module, key = s.owner
         d = vars(module)[key]
-        theirs = [k for k in state_changes(s) if not self.could_write(k)
+        theirs = [k for k in state_changes(s) if not self.could_write(k, module, d)
                   and not any(traced(t) for t in _tensors(dict.get(d, k)))]
         for k in theirs:
             if k in d:
@@ -240,15 +287,56 @@ def _stream_owners() -> dict:
 
 
 def _writes(code) -> tuple:
-    """``(names it stores, whole-dict access, setters, stores by subscript or in place)``."""
+    """``(((chain of an object it stores on, frozenset of the names), ...), the names it stores on
+    objects no chain names)``, from its bytecode (``bytecode.chains``'s stores; ``ANY`` stands for every
+    name: ``setattr(x, k, v)``, ``x.__dict__[k] = v``): the chains are followed in its frame
+    (:meth:`Watch.returned`). Code at module level (a class body, text exec'd) writes its namespace.
+    aotgrad's own code is none of the program's."""
     hit = _scanned.get(code)
-    if hit is None:
-        ins = list(dis.get_instructions(code))
-        names = {i.argval for i in ins if i.opname in _STORES}
-        co_names = set(code.co_names)
-        if co_names & _NAMED:       # library code: the names it holds as constants
-            names |= {c for c in code.co_consts if isinstance(c, str)}
-        subscripts = any(i.opname in _SUBSCRIPT_STORES or i.opname == "BINARY_OP" and "=" in i.argrepr
-                         or i.opname.startswith("INPLACE_") for i in ins)
-        hit = _scanned[code] = (frozenset(names), bool(co_names & _ANY_NAME), bool(co_names & _NAMED), subscripts)
+    if hit is not None:
+        return hit
+    hit = ((), frozenset())
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        hit = (_NAMESPACE, frozenset())
+    elif not code.co_filename.startswith(_OURS) and (_STORING.intersection(code.co_code[::2])
+                                                     or _REFLECTIVE.intersection(code.co_names)):
+        targets, anywhere = {}, set()
+        try:
+            stores = chains(code)[1]
+        except Exception:       # (bytecode its reader does not follow: a profile function must not raise)
+            stores = [Store("", None, None, i.argval) for i in dis.get_instructions(code)
+                      if i.opname in ("STORE_ATTR", "DELETE_ATTR")]
+        for st in stores:
+            if st.name is not None:
+                (targets.setdefault(st.on, set()) if st.on is not None else anywhere).add(st.name)
+        hit = (tuple((c, frozenset(n)) for c, n in targets.items()), frozenset(anywhere))
+    _scanned[code] = hit
     return hit
+
+
+@functools.cache        # (code is immutable)
+def _subscripts(code) -> bool:
+    """Whether the code stores or deletes by subscript, or updates in place (``d[k] = v``, ``xs += [v]``)."""
+    return any(i.opname in _SUBSCRIPT_STORES or i.opname == "BINARY_OP" and "=" in i.argrepr
+               or i.opname.startswith("INPLACE_") for i in dis.get_instructions(code))
+
+
+def _held(frame, chain, is_library):
+    """The object ``chain`` names in ``frame`` now, or ``_GONE``: followed through dicts only (``peek``),
+    ``__class__`` as the object's type."""
+    if chain.root in ("globals", "namespace"):
+        return frame.f_globals if chain.root == "globals" else frame.f_locals
+    v = frame.f_locals.get(chain.name, _GONE) if chain.root in ("fast", "deref") else \
+        frame.f_globals.get(chain.name, _GONE) if chain.root == "global" else \
+        sys.modules.get(chain.name, _GONE) if chain.root == "import" else _GONE
+    for kind, key in chain.steps:
+        if v is _GONE or kind not in ("attr", "item"):
+            return _GONE
+        if (kind, key) == ("attr", "__class__"):
+            v = type(v)
+        elif (kind, key) == ("attr", "__dict__"):       # (a class's: the class; a module's: its globals)
+            v = v if isinstance(v, type) else vars(v) if isinstance(v, types.ModuleType) else _own_dict(v)
+            v = _GONE if v is None else v
+        else:
+            v = peek(v, kind, key, is_library)
+    return v

@@ -24,6 +24,11 @@ class Store:
     """An assignment to state that outlives the call (a global, a closure cell, an attribute of an argument)."""
     target: str
     line: int | None
+    on: Chain | None = None     # an attribute write's: the chain of the object written (None: no chain names it)
+    name: str | None = None     # and the attribute's name (``ANY``: ``setattr(x, ...)``, ``x.__dict__[k] = v``)
+
+
+ANY = "*"
 
 
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
@@ -48,6 +53,8 @@ def _scan(code, instructions=None):
     ins_list = _normalized(dis.get_instructions(code) if instructions is None else instructions)
     imports = _imports(ins_list, args)
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
+    copied = None       # the chain ``x.k += v`` copies for its store of ``k`` (``COPY 1`` ... ``SWAP 2; STORE_ATTR``)
+    setter, space = False, None     # ``cur`` is the object a setter call writes; (a namespace loaded, its line)
     skip = 0
     for at, ins in enumerate(ins_list):
         line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
@@ -63,6 +70,7 @@ def _scan(code, instructions=None):
             step, skip = _through(callee, ins_list, at)
             if step is not None:        # ``type(x)``, ``vars(x)``, ``getattr(x, "k"[, d])``, ``hasattr(x, "k")``
                 cur, callee = Chain(cur.root, cur.name, cur.steps + (step,), cur.line), None
+                setter = setter and step != ("attr", "__dict__")    # (``vars(x)``: written where the dict is)
                 continue
             if callee in ("getattr", "hasattr") and op not in _ATTR and not (
                     op == "LOAD_CONST" and at + 1 < len(ins_list) and ins_list[at + 1].opname == "BINARY_SUBSCR"):
@@ -85,16 +93,38 @@ def _scan(code, instructions=None):
         if cur is not None and op == "BINARY_SUBSCR" and pending is not None:
             cur, pending = Chain(cur.root, cur.name, cur.steps + (("item", pending),), cur.line), None
             continue
+        if op == "COPY":
+            copied = cur if ins.argval == 1 else None
         if op in ("STORE_ATTR", "DELETE_ATTR"):     # ``self.n += 1`` leaves no chain before its store
-            stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line))
+            on = cur if cur is not None else copied if at and ins_list[at - 1].opname == "SWAP" else None
+            stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line, on, ins.argval))
         if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             stores.append(Store(_text(cur) + "[...]", line))
+        ns = cur if cur is not None and _namespace(cur) else space[0] if space and space[1] == line else None
+        if op in ("STORE_SUBSCR", "DELETE_SUBSCR") and ns is not None:
+            # ``x.__dict__["k"] = v``, ``globals()[k] += 1`` (its key loaded after the namespace, on its line)
+            stores.append(Store(_text(ns) + "[...]", line, ns, _name(pending, ns is cur)))
+        target = False
         if cur is not None:
             cur = _ended(cur, op)
             found.append(cur)
-            if cur.steps and cur.steps[-1] in _MUTATORS:
-                stores.append(Store(_text(cur), line))
-        cur, pending = None, None
+            if cur.steps and cur.steps[-1] in _MUTATORS:     # (``vars(x).update(...)``: an attribute write)
+                ns = _namespace(cur, 1)
+                stores.append(Store(_text(cur), line, _less(cur) if ns else None, ANY if ns else None))
+            elif op in ("STORE_FAST", "STORE_DEREF") and _namespace(cur):     # ``d = vars(x)``: written as ``d``
+                stores.append(Store(_text(cur), line, cur, ANY))
+            if cur.steps and cur.steps[-1][1] in _SETTERS and cur.steps[-1][0] in ("attr", "anyclass"):
+                stores.append(Store(_text(cur), line, _less(cur), ANY))     # ``self.__setattr__``, ``super().__setattr__``
+            if setter:      # (a call's result, or a reading function's: named by the chain after)
+                target = _callee(cur) in _THROUGH
+                if not target:
+                    called = op.startswith(("PRECALL", "CALL")) and not (isinstance(ins.argval, int) and ins.argval > 1)
+                    stores.append(Store(_text(cur), line, None if called else cur, _name(pending, True)))
+            target = target or _sets(cur)
+            space = (cur, line) if _namespace(cur) else space
+        elif op in _ATTR and ins.argval in ("__dict__", *_SETTERS):     # (``f().__dict__``: of no chain)
+            stores.append(Store("", line, None, ANY))
+        cur, pending, setter = None, None, False
         root = _ROOTS.get(op)
         if root == "deref" and ins.argval in args:
             # An argument nested code closes over (``self`` read in a comprehension too) is a cell
@@ -103,15 +133,45 @@ def _scan(code, instructions=None):
         if root == "deref" and ins.argval not in free or root == "fast" and ins.argval not in args:
             root = None
         if root is None and op == "LOAD_FAST" and ins.argval in imports:
-            cur = Chain("import", *imports[ins.argval], line)
+            cur, setter = Chain("import", *imports[ins.argval], line), target
         elif root is not None:
             callee = ended if ended in _THROUGH else None    # the reading function loaded just before this chain
-            cur = Chain(root, ins.argval, (), line)
-        elif op == "STORE_GLOBAL" or op == "STORE_DEREF" and ins.argval in free:
+            cur, setter = Chain(root, ins.argval, (), line), target
+        elif op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            stores.append(Store(ins.argval, line, _GLOBALS, ins.argval))
+        elif op == "STORE_DEREF" and ins.argval in free:
             stores.append(Store(ins.argval, line))
+        if target and not setter:       # ``setattr(f(), ...)``: an object no chain names
+            stores.append(Store("", line, None, ANY))
     if cur is not None:
         found.append(cur)
     return tuple(dict.fromkeys(found)), tuple(stores)
+
+
+_SETTERS = ("__setattr__", "__delattr__")
+_GLOBALS = Chain("globals", "", (), None)
+
+
+def _name(pending, given: bool) -> str:
+    """The attribute a setter or a namespace's item names: the string constant given after the object, or any."""
+    return pending if given and isinstance(pending, str) else ANY
+
+
+def _sets(chain) -> bool:
+    """Whether ``chain`` is a function whose call writes an attribute of its first argument, whichever
+    it names: ``setattr``, ``delattr``, ``vars`` (the dict it answers), ``object.__setattr__``."""
+    return not chain.steps and chain.root == "global" and chain.name in ("setattr", "delattr", "vars") \
+        or bool(chain.steps) and chain.steps[-1][1] in _SETTERS
+
+
+def _namespace(chain, drop=0) -> bool:
+    """Whether ``chain`` (less its last ``drop`` steps) is a namespace: an object's ``__dict__``, ``globals()``."""
+    steps = chain.steps[:len(chain.steps) - drop]
+    return steps[-1:] == (("attr", "__dict__"),) or not steps and chain.root == "globals"
+
+
+def _less(chain) -> Chain:
+    return Chain(chain.root, chain.name, chain.steps[:-1], chain.line)
 
 
 def _imports(ins, args) -> dict:

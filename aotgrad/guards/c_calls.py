@@ -14,6 +14,13 @@ function (or of the class that defines the method):
   ``queue.SimpleQueue.get``, ``time.strftime``, a C extension's own functions): refused at capture,
   naming the call and the user's line. Its answer is not something a guard can check.
 
+C does more than its calls show: a C type's constructor and operators, and its attributes and items,
+run with no profile event. So a C type of a module not on the list, loaded by user code, is refused
+as its functions are (``decimal.Decimal``: its arithmetic reads the thread's decimal context); and so
+is a read C answers from an object the guards hold by identity alone (:func:`state_read`: a
+``ctypes.c_double``'s ``value``), a memoryview's items and methods included (its contents are another
+object's buffer, which is checked only where the code reads that object itself).
+
 torch's own C functions are on the list: torch's process-wide state is read through its switches and
 modes (:mod:`..runtime.modes`), its ops are traced. Draws from a ``random.Random`` of the program's
 own are refused where its methods run too (``rng.randint`` is Python calling ``getrandbits``):
@@ -123,6 +130,9 @@ def _of_function(fn, owner, name):
         return None
     if module == "time":
         return _CLOCKS
+    if isinstance(fn, type):
+        return "a C type: making its objects and computing with them (its operators, its attributes) runs in C, " \
+            "where no guard sees what it reads (`decimal`'s arithmetic reads the thread's decimal context)"
     return "its answer comes from state outside its arguments that aotgrad cannot see or check on later calls"
 
 
@@ -132,8 +142,34 @@ def _of_method(cls, name):
         return None     # (draws_from: a stream of the program's own, refused where any code draws)
     if module.split(".")[0] in _PURE or name in _PURE_METHODS.get(module, ()):
         return None
-    return f"a method of `{module}.{cls.__qualname__}`, whose answer comes from the object's state inside C, " \
-        "which aotgrad cannot see or check on later calls"
+    return f"`{module}.{cls.__qualname__}.{name}` answers from the object's state inside C, which aotgrad cannot " \
+        "see or check on later calls"
+
+
+_PYTHON = (types.FunctionType, classmethod, staticmethod, property)
+
+
+def c_type(v) -> bool:
+    """Whether ``v`` is a class C implements: no Python function in it or its bases, so making its
+    objects and computing with them runs C code alone (no profile event shows a type's call)."""
+    return isinstance(v, type) and not any(isinstance(x, _PYTHON) for c in v.__mro__ for x in vars(c).values())
+
+
+def state_read(obj, kind, key) -> str | None:
+    """Why ``obj.key`` (``kind`` "attr") or ``obj[key]`` ("item"), read by user code from an object the guards
+    hold by identity alone, is refused: C answers it from the object's own state (a C type's attribute,
+    method or item: ``ctypes.c_double(...).value``), as its method's call would be (:func:`_of_method`); a
+    memoryview's contents are another object's buffer. None where Python code answers, which is recorded."""
+    name = "__getitem__" if kind == "item" else key
+    cls = next((c for c in type(obj).__mro__ if isinstance(name, str) and name in vars(c)), None)
+    found = vars(cls)[name] if cls is not None and name not in ("__dict__", "__weakref__") else None
+    if found is None or isinstance(found, _PYTHON) or not c_type(type(found)) or not hasattr(found, "__get__") \
+            or isinstance(found, types.MemberDescriptorType) and "__slots__" in vars(cls):
+        return None     # (a value; Python code; a Python class's slot, read through the object)
+    if isinstance(obj, memoryview):
+        return "a memoryview's contents are another object's buffer, which the guards check only where the code " \
+            "reads that object itself"
+    return _of_method(cls, name)
 
 
 def generator_call(fn):

@@ -152,6 +152,8 @@ class Recording:
     def event(self, frame, event, arg):
         if event != "call":
             if event == "return":
+                if self.watch is not None:
+                    self.watch.returned(frame)
                 if frame is self.root_frame:
                     self.stop()
                 elif self.writes.memoized and frame.f_code in self.writes.memoized:
@@ -431,7 +433,7 @@ def record(fn=None):
     costs every trace it watches about as much again. An existing profiler keeps running."""
     root = getattr(getattr(fn, "func", fn), "__code__", None) if not isinstance(fn, torch.nn.Module) else fn
     # Where other Python threads are alive, a write may be theirs: the capture's thread is watched.
-    watch = attribution.Watch(None) if threading.active_count() > 1 else None
+    watch = attribution.Watch(None, is_library) if threading.active_count() > 1 else None
     rec = Recording(root=root, watch=watch)
     if watch is not None:
         # user code as the recording saw it, with its module's name (code made by exec in a notebook

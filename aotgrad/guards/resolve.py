@@ -192,8 +192,9 @@ class Resolver:
                        ("switch", name), _Called(getter), "value", freeze(seen) if kind == "frozen" else seen, kind))
 
     def _c_function(self, fn):
-        """A C function the code loads: called where the recording cannot see the call (handed to
-        ``functools.partial``, ``map``, a ``key=``), it answers as a direct call does (:mod:`.c_calls`)."""
+        """A C function or C type the code loads: called where the recording cannot see the call (handed to
+        ``functools.partial``, ``map``, a ``key=``; a type's call, its objects' operators), it answers as a
+        direct call does (:mod:`.c_calls`)."""
         why = c_calls.verdict(fn)
         if why == c_calls.GETTER:
             self._switch(c_calls.getter_name(fn), fn, fn())
@@ -447,7 +448,7 @@ class Resolver:
 
     def _follow(self, obj, path, source, steps):
         whole = None        # (object, its path, its source) whose ``__dict__`` (``vars(x)``) was just reached
-        for kind, key in steps:
+        for at, (kind, key) in enumerate(steps):
             if whole is not None and kind not in ("item", "get"):
                 self._whole(*whole)       # ``vars(x).items()``, iterated: all of it
                 return
@@ -456,8 +457,15 @@ class Resolver:
                 obj = os.environ
                 continue
             if obj is sys and key == "modules":     # ``sys.modules[name]``: a module, read by its name
-                obj, path = sys.modules, None
-                continue
+                if steps[at + 1:at + 2] and steps[at + 1][0] in ("item", "get"):
+                    obj, path = sys.modules, None
+                    continue
+                raise errors.UnsupportedError(
+                    f"the traced code reads `{source}.modules` by a key computed at run time, or whole "
+                    "(`sys.modules[__name__]`, `name in sys.modules`): which module it finds there, and what "
+                    "it then reads of it, cannot be checked on later calls; import the module (`import m`, "
+                    "`importlib.import_module(name)`), index `sys.modules` with a string constant, or pass "
+                    "the value as an argument", user_line=self.line)
             if obj is os and key in ("getenv", "environb", "getenvb"):
                 self._environment(None)     # ``os.getenv(k)``
                 return
@@ -473,6 +481,8 @@ class Resolver:
                 self._add(Read(f"{source}.get()", None, _ContextValue(obj), "value",
                                freeze(value) if kind == "frozen" else value, kind))
                 return
+            if kind in ("attr", "item"):
+                self._in_c(obj, kind, key, source)
             library_module = isinstance(obj, types.ModuleType) and _stops(obj)
             if library_module:
                 # a library's module: a plain value or module the code loads from it (``mylib.FLAG``,
@@ -480,7 +490,7 @@ class Resolver:
                 # identity (``F.gelu = mine`` rebinds it), not followed
                 value = vars(obj).get(key, _UNSET)
                 if kind != "attr" or not _module_state(value):
-                    if isinstance(value, types.BuiltinFunctionType) and self.structure:
+                    if (isinstance(value, types.BuiltinFunctionType) or c_calls.c_type(value)) and self.structure:
                         self._c_function(value)
                     if kind == "attr" and callable(value):
                         self._add(Read(f"{source}.{key}", path + ((kind, key),) if path is not None else None,
@@ -520,6 +530,15 @@ class Resolver:
             self._whole(*whole)
         if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
             self._environment(None)
+
+    def _in_c(self, obj, kind, key, source):
+        """``obj.key`` / ``obj[key]`` that C answers from the state of an object held by identity alone
+        (``ctypes.c_double(...).value``, a memoryview's item): refused (:func:`.c_calls.state_read`)."""
+        why = c_calls.state_read(obj, kind, key) if guard_kind(obj) == "id" else None
+        if why is not None:
+            read = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
+            raise errors.UnsupportedError(f"the traced code reads `{read}`: {why}; compute the value outside the "
+                                          "compiled function and pass it in", user_line=self.line)
 
     def _own_dict(self, obj, d, path, source):
         """A plain object's attribute read from its own ``__dict__`` ``d``: that ``obj.__dict__`` is still
@@ -666,8 +685,8 @@ class Resolver:
         if id(v) in self.done or _stops(v) and not isinstance(v, _CALLABLES) and not _settings(v):
             if path is not None and _state_of_library(v):   # where a library method it ran was called from
                 self.paths.setdefault(id(v), (path, source))
-            elif isinstance(v, types.BuiltinFunctionType) and self.structure:      # ``from gc import get_threshold``
-                self._c_function(v)
+            elif (isinstance(v, types.BuiltinFunctionType) or c_calls.c_type(v)) and self.structure:
+                self._c_function(v)     # ``from gc import get_threshold``, ``from decimal import Decimal``
             return
         self.done.add(id(v))
         if path is not None:

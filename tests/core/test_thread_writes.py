@@ -425,6 +425,51 @@ def test_the_capturing_threads_own_attribute_write_is_still_refused_and_undone()
         _overlapping(body, lambda: None)
 
 
+class _Config:
+    def __init__(self):
+        self.beats, self.mode, self.name, self.value, self.step = 0, "a", "a", "a", "a"
+
+    def bump(self):
+        self.beats += 1
+
+
+CONFIG = _Config()
+
+
+def _bump_attribute():
+    CONFIG.beats += 1
+
+
+def _bump_dict():
+    CONFIG.__dict__["beats"] = CONFIG.beats + 1
+
+
+# the capture's own write of CONFIG.beats, each way
+OWN_WRITES = {"attribute": _bump_attribute, "setattr": lambda: setattr(CONFIG, "beats", CONFIG.beats + 1),
+              "__dict__": _bump_dict, "method": lambda: CONFIG.bump()}
+
+
+@pytest.mark.parametrize("own, theirs", [("attribute", "mode"), ("setattr", "name"), ("__dict__", "value"),
+                                         ("method", "name")])
+def test_another_threads_write_of_a_name_library_code_stores_is_kept_beside_the_captures_own(own, theirs):
+    """The other thread sets ``CONFIG.<theirs>``, a name torch's or the standard library's code that runs
+    in the capturing thread also stores (on objects of its own: ``set_grad_enabled``'s ``self.mode``)
+    or holds as a constant; the capture's own write of ``CONFIG.beats`` is refused and undone, theirs
+    is kept and not blamed. Before: any library code's store of that name, or the name among the
+    constants of library code calling ``setattr``, counted as the capture's: the other thread's value
+    was put back and the error named it."""
+    CONFIG.__init__()
+
+    def body(m, x, pause):
+        OWN_WRITES[own]()
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="assigns `beats` of _Config") as e:
+        _overlapping(body, lambda: setattr(CONFIG, theirs, "b"))
+    assert theirs not in str(e.value).split("(")[0]
+    assert CONFIG.beats == 0 and getattr(CONFIG, theirs) == "b"
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_another_threads_write_of_an_attribute_the_trace_read_captures_again(entry):
     SETTINGS.scale = 2.0

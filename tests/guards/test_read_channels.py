@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad import errors
+from aotgrad import _torch, errors
 from aotgrad.runtime import modes
 
 _UNSET = object()
@@ -143,11 +143,14 @@ SWITCHES = {
 def test_torch_switch_read_by_the_trace(name):
     read, put, get = SWITCHES[name]
     ns = _module(f"def f(x):\n    return x * (2.0 if {read} else 3.0)\n")
-    was = get()
+    was, precisions = get(), _torch.fp32_precisions()
     try:
         _check(ns, ns["f"], lambda: put(not was), torch.tensor([1.0, -2.0]))
     finally:
         put(was)
+        # (a per-backend precision's flag puts back "none" or another value, not the one it had: later
+        # tests' legacy getter would raise on the mix)
+        _torch.set_fp32_setting(precisions)
 
 
 # State a library's module holds as an object or a container, read through the module by the
@@ -537,6 +540,24 @@ def test_a_class_attribute_read_through_an_object_in_a_container(holder):
     ns = _module(f"class O:\n    k = 2.0\n{make[0]}\n\ndef f(x):\n    return x * {make[1]}.k\n\n"
                  "def change():\n    O.k = 3.0\n")
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
+
+
+# A module found in ``sys.modules`` by a key computed at run time: which module, and what is read of it,
+# no guard can follow (``sys.modules["m"]`` with a constant is read by its name, as an import is).
+# Before: trusted, a stale graph after the module's K changed.
+SYS_MODULES = ["sys.modules[__name__].K", "sys.modules[NAME].K", "getattr(sys.modules[__name__], 'K')",
+               "vars(sys.modules[NAME])['K']", "sys.modules.get(NAME).K", "(M := sys.modules)[NAME].K"]
+
+
+@pytest.mark.parametrize("expr", SYS_MODULES)
+def test_a_module_found_in_sys_modules_by_a_computed_key_is_refused_with_the_users_line(expr):
+    ns = _module(f"import sys\nK = 2.0\n\ndef f(x):\n    return x * {expr}\n")
+    ns["NAME"] = ns["__name__"]
+    x = torch.tensor([1.0, -2.0])
+    for compile_ in (lambda: aotgrad.jit(ns["f"])(x), lambda: aotgrad.capture(ns["f"], x)):
+        with pytest.raises(errors.UnsupportedError, match=r"reads `sys.modules` by a key computed") as info:
+            compile_()
+        assert info.value.user_line and "in f" in info.value.user_line
 
 
 @pytest.mark.parametrize("text", ["eval('self.k')", "(exec('r = self.k', globals(), d) or d['r'])",
