@@ -66,7 +66,8 @@ from ..runtime.modes import SETTERS, global_state
 from .bytecode import ANY, Chain, Store, chains
 from .writes import _GONE, _changed, _entries, _own_dict, _same, changed_keys, held_dict, peek, state_changes, traced
 
-_STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"))
+_STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR",
+                                             "STORE_SUBSCR", "DELETE_SUBSCR"))
 _NAMESPACE = ((Chain("namespace", "", (), None), frozenset((ANY,))),)
 # (code that may write an attribute with no store instruction: a setter called, a namespace written)
 _REFLECTIVE = frozenset({"setattr", "delattr", "__setattr__", "__delattr__", "globals", "vars", "__dict__"})
@@ -215,7 +216,7 @@ class Watch:
         thread called none of its methods that change it (``c_call``) and ran no user code storing
         into some container by subscript. It stays as the other thread left it; its changed items
         are listed (a trace that read one runs again)."""
-        if id(s.obj) in self.touched or self.subscript_stores() or not _changed(s):
+        if id(s.obj) in self.touched or id(s.obj) in self.wrote or self.subscript_stores() or not _changed(s):
             return []
         obj, before = s.obj, s.before
         now = _entries(obj) if isinstance(obj, dict) else obj.copy()

@@ -55,7 +55,7 @@ def _scan(code, instructions=None):
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
     copied = None       # the chain ``x.k += v`` copies for its store of ``k`` (``COPY 1`` ... ``SWAP 2; STORE_ATTR``)
     setter, space = False, None     # ``cur`` is the object a setter call writes; (a namespace loaded, its line)
-    skip = 0
+    skip, last = 0, (None, -1)      # (the chain an instruction ended last, its index)
     for at, ins in enumerate(ins_list):
         line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
         if skip:
@@ -98,8 +98,14 @@ def _scan(code, instructions=None):
         if op in ("STORE_ATTR", "DELETE_ATTR"):     # ``self.n += 1`` leaves no chain before its store
             on = cur if cur is not None else copied if at and ins_list[at - 1].opname == "SWAP" else None
             stores.append(Store((_text(cur) if cur is not None else "") + "." + ins.argval, line, on, ins.argval))
-        if cur is not None and op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
-            stores.append(Store(_text(cur) + "[...]", line))
+        if op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+            # the container: the chain before a constant key, or the chain the key's one load ended
+            # (``self._buffers[name] = t``); a key computed otherwise leaves it unnamed
+            box = cur if cur is not None and pending is not None else last[0] if last[1] == at - 1 \
+                and ins_list[at - 1].opname in _KEY_LOADS else None
+            if box is not None or cur is not None:
+                stores.append(Store(_text(box if box is not None else cur) + "[...]", line, box,
+                                    None if box is None else _name(pending, box is cur)))
         ns = cur if cur is not None and _namespace(cur) else space[0] if space and space[1] == line else None
         if op in ("STORE_SUBSCR", "DELETE_SUBSCR") and ns is not None:
             # ``x.__dict__["k"] = v``, ``globals()[k] += 1`` (its key loaded after the namespace, on its line)
@@ -108,6 +114,7 @@ def _scan(code, instructions=None):
         if cur is not None:
             cur = _ended(cur, op)
             found.append(cur)
+            last = (cur, at)
             if cur.steps and cur.steps[-1] in _MUTATORS:     # (``vars(x).update(...)``: an attribute write)
                 ns = _namespace(cur, 1)
                 stores.append(Store(_text(cur), line, _less(cur) if ns else None, ANY if ns else None))
@@ -149,6 +156,7 @@ def _scan(code, instructions=None):
 
 
 _SETTERS = ("__setattr__", "__delattr__")
+_KEY_LOADS = ("LOAD_FAST", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF")
 _GLOBALS = Chain("globals", "", (), None)
 
 

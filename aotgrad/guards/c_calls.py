@@ -18,8 +18,7 @@ C does more than its calls show: a C type's constructor and operators, and its a
 run with no profile event. So a C type of a module not on the list, loaded by user code, is refused
 as its functions are (``decimal.Decimal``: its arithmetic reads the thread's decimal context); and so
 is a read C answers from an object the guards hold by identity alone (:func:`state_read`: a
-``ctypes.c_double``'s ``value``), a memoryview's items and methods included (its contents are another
-object's buffer, which is checked only where the code reads that object itself).
+``ctypes.c_double``'s ``value``). (A memoryview is read by its bytes, as a ``bytearray``: ``state.freeze``.)
 
 torch's own C functions are on the list: torch's process-wide state is read through its switches and
 modes (:mod:`..runtime.modes`), its ops are traced. Draws from a ``random.Random`` of the program's
@@ -158,17 +157,14 @@ def c_type(v) -> bool:
 def state_read(obj, kind, key) -> str | None:
     """Why ``obj.key`` (``kind`` "attr") or ``obj[key]`` ("item"), read by user code from an object the guards
     hold by identity alone, is refused: C answers it from the object's own state (a C type's attribute,
-    method or item: ``ctypes.c_double(...).value``), as its method's call would be (:func:`_of_method`); a
-    memoryview's contents are another object's buffer. None where Python code answers, which is recorded."""
+    method or item: ``ctypes.c_double(...).value``), as its method's call would be (:func:`_of_method`).
+    None where Python code answers, which is recorded."""
     name = "__getitem__" if kind == "item" else key
     cls = next((c for c in type(obj).__mro__ if isinstance(name, str) and name in vars(c)), None)
     found = vars(cls)[name] if cls is not None and name not in ("__dict__", "__weakref__") else None
     if found is None or isinstance(found, _PYTHON) or not c_type(type(found)) or not hasattr(found, "__get__") \
             or isinstance(found, types.MemberDescriptorType) and "__slots__" in vars(cls):
         return None     # (a value; Python code; a Python class's slot, read through the object)
-    if isinstance(obj, memoryview):
-        return "a memoryview's contents are another object's buffer, which the guards check only where the code " \
-            "reads that object itself"
     return _of_method(cls, name)
 
 

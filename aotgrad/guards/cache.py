@@ -262,11 +262,12 @@ def _data_fp(v):
     arrays (``bytearray``, ``array.array``, NumPy arrays and scalars) by their bytes; None for others."""
     if isinstance(v, enum.Enum):
         return ("enum", _type_name(type(v)), v.name, _fp(v.value, {}))
-    if isinstance(v, (bytearray, array.array)):
-        data = v.tobytes() if isinstance(v, array.array) else bytes(v)
+    if isinstance(v, (bytearray, array.array, memoryview)):
+        data = bytes(v) if isinstance(v, bytearray) else v.tobytes()
         if len(data) > _DATA_LIMIT:
             raise Uncacheable(f"a {type(v).__qualname__} of {len(data)} bytes is too large to fingerprint")
-        return (_type_name(type(v)), getattr(v, "typecode", None), "sha256 " + hashlib.sha256(data).hexdigest())
+        return (_type_name(type(v)), getattr(v, "typecode", None) or getattr(v, "format", None), getattr(v, "shape", None),
+                "sha256 " + hashlib.sha256(data).hexdigest())
     np = sys.modules.get("numpy")
     if np is not None and isinstance(v, (np.ndarray, np.generic)):
         a = np.asarray(v)

@@ -98,10 +98,17 @@ def freeze(v, depth=0):
 def _buffer(v) -> bool:
     """Whether ``v`` holds its value in a buffer (``bytearray``, ``array.array``, a NumPy array or
     scalar not of objects), compared by its bytes."""
-    if isinstance(v, (bytearray, array.array)):
-        return True
+    if isinstance(v, (bytearray, array.array)) or isinstance(v, memoryview) and _readable(v):
+        return True     # (a memoryview: its bytes now, whichever object holds them)
     np = sys.modules.get("numpy")
     return np is not None and isinstance(v, (np.ndarray, np.generic)) and not np.asarray(v).dtype.hasobject
+
+
+def _readable(view) -> bool:
+    try:
+        return view.nbytes >= 0
+    except ValueError:      # released
+        return False
 
 
 def _raw(v):
@@ -112,11 +119,13 @@ def _raw(v):
         return (_BYTES, bytes(v))
     if isinstance(v, array.array):
         return (_ARRAY, v.typecode, v.tobytes())
+    if isinstance(v, memoryview):
+        return (_VIEW, v.format, v.shape, v.tobytes())
     a = sys.modules["numpy"].asarray(v)
     return (_NUMPY, a.dtype.str, a.shape, a.tobytes())
 
 
-_BYTES, _ARRAY, _NUMPY, _MAXLEN = "bytes", "array", "numpy", "maxlen"
+_BYTES, _ARRAY, _VIEW, _NUMPY, _MAXLEN = "bytes", "array", "memoryview", "numpy", "maxlen"
 
 
 def _unbits(t, body):
@@ -246,7 +255,7 @@ def _thaw(f):
         return sub
     if t in _EQ_TYPES:
         return _unbits(t, body)
-    if isinstance(body, tuple) and body[:1] in ((_BYTES,), (_ARRAY,), (_NUMPY,)):
+    if isinstance(body, tuple) and body[:1] in ((_BYTES,), (_ARRAY,), (_VIEW,), (_NUMPY,)):
         return _unraw(t, body)
     if isinstance(body, tuple) and body[:1] == (_MAXLEN,):
         out = t.__new__(t)
@@ -263,6 +272,8 @@ def _unraw(t, body):
         out = t(body[1])
         out.frombytes(body[2])
         return out
+    if body[0] == _VIEW:
+        return memoryview(bytearray(body[3])).cast("B").cast(body[1], body[2])
     import numpy as np
     a = np.frombuffer(body[3], dtype=np.dtype(body[1])).reshape(body[2]).copy()
     return a if t is np.ndarray else a.reshape(()).astype(t)[()] if issubclass(t, np.generic) else a

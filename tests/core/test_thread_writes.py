@@ -6,7 +6,9 @@ global the trace read that another thread changed meanwhile makes the capture ru
 Each test forces the overlap (the traced forward waits, in the capturing thread, until the other
 thread has done its part) and bounds every wait.
 """
+import copy
 import random
+import re
 import threading
 
 import numpy as np
@@ -545,3 +547,36 @@ def test_the_captures_own_write_through_execd_code_is_refused_while_a_thread_idl
     finally:
         stop.set()
         idle.join(WAIT)
+
+
+MEMO: dict = {}
+
+# the capture's own write through library code storing by subscript into what the user holds
+LIBRARY_ITEM_WRITES = {
+    "register_buffer(name, None)": (lambda m: m.register_buffer("extra", None),
+                                    "registers or replaces the buffer `extra`", lambda m: "extra" not in m._buffers),
+    "register_parameter(name, None)": (lambda m: m.register_parameter("extra", None),
+                                       "parameter `extra`", lambda m: "extra" not in m._parameters),
+    "copy.deepcopy into a memo": (lambda m: copy.deepcopy([1.0], MEMO), "MEMO", lambda m: MEMO == {}),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("write", LIBRARY_ITEM_WRITES)
+def test_the_captures_own_item_write_through_library_code_is_refused_beside_another_thread(write, entry):
+    """torch's ``register_buffer`` stores ``self._buffers[name] = None``, ``copy.deepcopy`` its memo
+    item: stores by subscript no call shows. The store names its container (the chain before its
+    key), so the capture's own write is refused and undone as without threads. Before: with another
+    thread alive the write was taken for that thread's and kept (the capture ran, eager's later
+    calls would write again)."""
+    MEMO.clear()
+    do, message, untouched = LIBRARY_ITEM_WRITES[write]
+    box = {}
+
+    def body(m, x, pause):
+        do(m)
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match=re.escape(message)):
+        _overlapping(body, lambda: None, entry, box)
+    assert untouched(box["model"])

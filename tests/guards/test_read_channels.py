@@ -39,6 +39,9 @@ VALUES = {
     "list five deep": ("[[[[[2.0]]]]]", "{v}[0][0][0][0][0]", "{v}[0][0][0][0][0] = 3.0"),
     "tensor .item()": ("torch.tensor(2.0)", "{v}.item()", "{v}.fill_(3.0)"),
     "set": ("{2}", "(2.0 if 3 not in {v} else 3.0)", "{v}.add(3)"),
+    # a view's bytes are another object's, written through the view or through that object
+    "memoryview": ("memoryview(bytearray(b'\\x02'))", "{v}[0]", "{v}[0] = 3"),
+    "memoryview of an array": ("memoryview(array.array('d', [2.0]))", "{v}.tolist()[0]", "{v}.obj[0] = 3.0"),
 }
 
 # place: (definition of the holder, the expression reaching the value ``{h}``)
@@ -97,7 +100,7 @@ def test_value_read_in_place_changed(kind, place):
     _check(ns, ns["f"], ns["change"], torch.tensor([1.0, -2.0]))
 
 
-@pytest.mark.parametrize("kind", ["set", "bytearray", "deque"])
+@pytest.mark.parametrize("kind", ["set", "bytearray", "deque", "memoryview", "memoryview of an array"])
 def test_container_argument_changed_in_place(kind):
     make, read, change = VALUES[kind]
     ns = _module(f"ARG = {make}\n\ndef f(x, v):\n    return x * {read.format(v='v')}\n\n"
