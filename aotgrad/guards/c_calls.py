@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import _random
 import _thread
+import datetime
 import gc
 import os
 import random
@@ -154,6 +155,11 @@ def c_type(v) -> bool:
     return isinstance(v, type) and not any(isinstance(x, _PYTHON) for c in v.__mro__ for x in vars(c).values())
 
 
+# C types whose objects never change: a field read off one is its value for good (its methods may read
+# process state, ``datetime.timestamp()`` the time zone: their calls are classified as any C call's).
+_IMMUTABLE = (datetime.date, datetime.time, datetime.timedelta, datetime.timezone)
+
+
 def state_read(obj, kind, key) -> str | None:
     """Why ``obj.key`` (``kind`` "attr") or ``obj[key]`` ("item"), read by user code from an object the guards
     hold by identity alone, is refused: C answers it from the object's own state (a C type's attribute,
@@ -163,8 +169,9 @@ def state_read(obj, kind, key) -> str | None:
     cls = next((c for c in type(obj).__mro__ if isinstance(name, str) and name in vars(c)), None)
     found = vars(cls)[name] if cls is not None and name not in ("__dict__", "__weakref__") else None
     if found is None or isinstance(found, _PYTHON) or not c_type(type(found)) or not hasattr(found, "__get__") \
-            or isinstance(found, types.MemberDescriptorType) and "__slots__" in vars(cls):
-        return None     # (a value; Python code; a Python class's slot, read through the object)
+            or isinstance(found, types.MemberDescriptorType) and "__slots__" in vars(cls) \
+            or isinstance(obj, _IMMUTABLE) and isinstance(found, (types.GetSetDescriptorType, types.MemberDescriptorType)):
+        return None     # (a value; Python code; a Python class's slot, read through the object; a field of a value)
     return _of_method(cls, name)
 
 

@@ -497,6 +497,7 @@ class Resolver:
                                        vars(obj), key, value, "id"))
                     return
             elif _stops(obj) and not _state_of_library(obj) and not (kind == "item" and isinstance(obj, _KEYED)):
+                self._past_items(obj, steps[at:], source)
                 return
             if kind in ("next", "iter"):        # consumed, not read: the write undo tells whether it moved
                 return
@@ -530,6 +531,22 @@ class Resolver:
             self._whole(*whole)
         if obj is os.environ or obj is os.getenv:      # ``"K" in environ``, iterated, ``getenv`` held
             self._environment(None)
+
+    def _past_items(self, obj, steps, source):
+        """A chain going on past an item of a list or deque, whose value is guarded whole (the
+        objects in it by identity): a read C answers from such an object's own state (``L[0].value``
+        of a ``ctypes.c_double``) is refused as where a global names the object (:meth:`_in_c`)."""
+        for kind, key in steps:
+            if kind not in ("attr", "item"):
+                return
+            self._in_c(obj, kind, key, source)
+            if kind != "item" or type(obj) not in (list, tuple, dict, collections.deque):
+                return
+            try:
+                obj = obj[key]
+            except (IndexError, KeyError, TypeError):
+                return
+            source = f"{source}[{key!r}]"
 
     def _in_c(self, obj, kind, key, source):
         """``obj.key`` / ``obj[key]`` that C answers from the state of an object held by identity alone

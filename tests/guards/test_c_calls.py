@@ -459,6 +459,10 @@ C_STATE = {
     "ctypes.c_double's value": ("CD.value", "reads `CD.value`", "CD.value = 3.0"),
     "a ctypes array's item": ("CA[0]", "reads `CA[0]`", "CA[0] = 3.0"),
     "a ctypes structure's field": ("PT.v", "reads `PT.v`", "PT.v = 3.0"),
+    # held in a list (guarded whole, its objects by identity), in a deque, two lists deep
+    "a ctypes value in a list": ("LC[0].value", "reads `LC[0].value`", "LC[0].value = 3.0"),
+    "a ctypes value in a deque": ("DC[0].value", "reads `DC[0].value`", "DC[0].value = 3.0"),
+    "a ctypes array's item two lists deep": ("LL[0][0][0]", "reads `LL[0][0][0]`", "LL[0][0][0] = 3.0"),
     "decimal arithmetic": ("float(decimal.Decimal(1) / decimal.Decimal(3))", "calls `decimal.Decimal`",
                            "decimal.getcontext().prec = 3"),
     "a C type imported by name": ("float(Decimal(1) / Decimal(3))", "calls `decimal.Decimal`",
@@ -470,9 +474,11 @@ C_STATE = {
 @pytest.mark.parametrize("entry", ["capture", "jit"])
 def test_state_c_holds_out_of_sight_is_refused(case, entry):
     read, named, change = C_STATE[case]
-    ns = _module("import ctypes, decimal\nfrom decimal import Decimal\n"
+    ns = _module("import collections, ctypes, decimal\nfrom decimal import Decimal\n"
                  "CD = ctypes.c_double(2.0)\nCA = (ctypes.c_double * 2)(2.0, 1.0)\n"
-                 "class P(ctypes.Structure):\n    _fields_ = [('v', ctypes.c_double)]\nPT = P(2.0)\n\n"
+                 "class P(ctypes.Structure):\n    _fields_ = [('v', ctypes.c_double)]\nPT = P(2.0)\n"
+                 "LC = [ctypes.c_double(2.0)]\nDC = collections.deque([ctypes.c_double(2.0)])\n"
+                 "LL = [[(ctypes.c_double * 1)(2.0)]]\n\n"
                  f"def f(x):\n    return x * {read}\n\ndef change():\n    {change}\n")
     before = ns["f"](X)
     with decimal.localcontext():
@@ -495,3 +501,21 @@ def test_a_global_found_among_the_builtins_is_read_there():
         _check(ns, ns["f"], ns["change"], X)
     finally:
         del builtins.AOTGRAD_TEST_SCALE
+
+
+# A field of a C value that never changes (datetime's types) is its value for good: read where it is
+# held (a global, a list item), guarded by the object's identity; a new object there runs again.
+IMMUTABLE_FIELDS = {
+    "timedelta.seconds, a global": ("TD = datetime.timedelta(seconds=2)", "TD.seconds",
+                                    "global TD\n    TD = datetime.timedelta(seconds=3)"),
+    "date.day in a list": ("L = [datetime.date(2026, 1, 2)]", "L[0].day", "L[0] = datetime.date(2026, 1, 3)"),
+    "datetime.minute in a dict": ("D = {'t': datetime.datetime(2026, 1, 2, 3, 2)}", "D['t'].minute",
+                                  "D['t'] = datetime.datetime(2026, 1, 2, 3, 3)"),
+}
+
+
+@pytest.mark.parametrize("case", IMMUTABLE_FIELDS)
+def test_a_field_of_an_immutable_c_value_is_read_not_refused(case):
+    setup, read, change = IMMUTABLE_FIELDS[case]
+    ns = _module(f"import datetime\n{setup}\n\ndef f(x):\n    return x * {read}\n\ndef change():\n    {change}\n")
+    _check(ns, ns["f"], ns["change"], X)
