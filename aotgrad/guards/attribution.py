@@ -63,14 +63,15 @@ import types
 import torch
 
 from ..runtime.modes import SETTERS, global_state
-from .bytecode import ANY, Chain, Store, chains
+from .bytecode import _MUTATORS, _OPERATOR_WRITES, ANY, Chain, Store, chains
 from .writes import _GONE, _changed, _entries, _own_dict, _same, changed_keys, held_dict, peek, state_changes, traced
 
 _STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR",
                                              "STORE_SUBSCR", "DELETE_SUBSCR"))
 _NAMESPACE = ((Chain("namespace", "", (), None), frozenset((ANY,))),)
 # (code that may write an attribute with no store instruction: a setter called, a namespace written)
-_REFLECTIVE = frozenset({"setattr", "delattr", "__setattr__", "__delattr__", "globals", "vars", "__dict__"})
+_REFLECTIVE = frozenset({"setattr", "delattr", "__setattr__", "__delattr__", "globals", "vars", "__dict__",
+                         *(m for _, m in _MUTATORS), *_OPERATOR_WRITES})      # (and containers' writers)
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The methods of a torch generator that change its stream (reading its state does not).
 _TORCH_SETTERS = frozenset({"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"})

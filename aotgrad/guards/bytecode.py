@@ -55,6 +55,7 @@ def _scan(code, instructions=None):
     callee, ended = None, None      # ``cur`` is the first argument of a call of a builtin in _THROUGH
     copied = None       # the chain ``x.k += v`` copies for its store of ``k`` (``COPY 1`` ... ``SWAP 2; STORE_ATTR``)
     setter, space = False, None     # ``cur`` is the object a setter call writes; (a namespace loaded, its line)
+    by_vars = False     # the setter is ``vars`` itself (its dict is written where it is then used)
     skip, last = 0, (None, -1)      # (the chain an instruction ended last, its index)
     for at, ins in enumerate(ins_list):
         line = ins.positions.lineno if getattr(ins, "positions", None) and ins.positions.lineno else line
@@ -70,7 +71,8 @@ def _scan(code, instructions=None):
             step, skip = _through(callee, ins_list, at)
             if step is not None:        # ``type(x)``, ``vars(x)``, ``getattr(x, "k"[, d])``, ``hasattr(x, "k")``
                 cur, callee = Chain(cur.root, cur.name, cur.steps + (step,), cur.line), None
-                setter = setter and step != ("attr", "__dict__")    # (``vars(x)``: written where the dict is)
+                # (``vars(x).update(...)``: written where the dict is; ``operator.setitem(vars(x), ...)``: here)
+                setter = setter and not (by_vars and step == ("attr", "__dict__"))
                 continue
             if callee in ("getattr", "hasattr") and op not in _ATTR and not (
                     op == "LOAD_CONST" and at + 1 < len(ins_list) and ins_list[at + 1].opname == "BINARY_SUBSCR"):
@@ -115,9 +117,10 @@ def _scan(code, instructions=None):
             cur = _ended(cur, op)
             found.append(cur)
             last = (cur, at)
-            if cur.steps and cur.steps[-1] in _MUTATORS:     # (``vars(x).update(...)``: an attribute write)
-                ns = _namespace(cur, 1)
-                stores.append(Store(_text(cur), line, _less(cur) if ns else None, ANY if ns else None))
+            if cur.steps and cur.steps[-1] in _MUTATORS:
+                # ``L.append(x)``, ``map(L.append, xs)``: a write of the container; ``vars(x).update(...)``: of
+                # x's attributes (a method handed to C is called where no profile event shows it)
+                stores.append(Store(_text(cur), line, _less(cur), ANY))
             elif op in ("STORE_FAST", "STORE_DEREF") and _namespace(cur):     # ``d = vars(x)``: written as ``d``
                 stores.append(Store(_text(cur), line, cur, ANY))
             if cur.steps and cur.steps[-1][1] in _SETTERS and cur.steps[-1][0] in ("attr", "anyclass"):
@@ -127,7 +130,8 @@ def _scan(code, instructions=None):
                 if not target:
                     called = op.startswith(("PRECALL", "CALL")) and not (isinstance(ins.argval, int) and ins.argval > 1)
                     stores.append(Store(_text(cur), line, None if called else cur, _name(pending, True)))
-            target = target or _sets(cur)
+            if not target and _sets(cur):
+                target, by_vars = True, not cur.steps and cur.name == "vars"
             space = (cur, line) if _namespace(cur) else space
         elif op in _ATTR and ins.argval in ("__dict__", *_SETTERS):     # (``f().__dict__``: of no chain)
             stores.append(Store("", line, None, ANY))
@@ -166,10 +170,21 @@ def _name(pending, given: bool) -> str:
 
 
 def _sets(chain) -> bool:
-    """Whether ``chain`` is a function whose call writes an attribute of its first argument, whichever
-    it names: ``setattr``, ``delattr``, ``vars`` (the dict it answers), ``object.__setattr__``."""
-    return not chain.steps and chain.root == "global" and chain.name in ("setattr", "delattr", "vars") \
-        or bool(chain.steps) and chain.steps[-1][1] in _SETTERS
+    """Whether ``chain`` is a function whose call writes its first argument: an attribute of it, whichever
+    it names (``setattr``, ``delattr``, ``vars``: the dict it answers, ``object.__setattr__``), or its
+    items (``operator.setitem``, ``operator.iadd``, ``dict.__setitem__``, ``list.append``: a container's
+    changing method called on the type)."""
+    if not chain.steps:
+        return chain.root == "global" and chain.name in ("setattr", "delattr", "vars", *_OPERATOR_WRITES)
+    kind, name = chain.steps[-1]
+    return name in _SETTERS or len(chain.steps) == 1 and kind == "attr" and chain.root in ("global", "import") and (
+        chain.name == "operator" and name in _OPERATOR_WRITES or chain.name in _CONTAINER_TYPES and (kind, name) in _MUTATORS)
+
+
+# operator's functions writing their first argument; the types whose changing methods write theirs
+_OPERATOR_WRITES = frozenset(("setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imatmul",
+                              "imod", "imul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor"))
+_CONTAINER_TYPES = frozenset(("dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "deque", "Counter"))
 
 
 def _namespace(chain, drop=0) -> bool:

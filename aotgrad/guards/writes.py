@@ -41,7 +41,7 @@ HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_p
 HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
-@dataclass
+@dataclass(slots=True)      # (no __dict__: _outlives must never take a snapshot for an object the call built)
 class Snap:
     obj: object         # the dict, class, list, set or cell that may be written
     before: object      # its shallow copy when the trace first reached it
