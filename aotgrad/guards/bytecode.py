@@ -109,7 +109,7 @@ def _scan(code, instructions=None):
                 stores.append(Store(_text(box if box is not None else cur) + "[...]", line, box,
                                     None if box is None else _name(pending, box is cur)))
         ns = cur if cur is not None and _namespace(cur) else space[0] if space and space[1] == line else None
-        if op in ("STORE_SUBSCR", "DELETE_SUBSCR") and ns is not None:
+        if op in ("STORE_SUBSCR", "DELETE_SUBSCR") and ns is not None and ns is not box:
             # ``x.__dict__["k"] = v``, ``globals()[k] += 1`` (its key loaded after the namespace, on its line)
             stores.append(Store(_text(ns) + "[...]", line, ns, _name(pending, ns is cur)))
         target = False
@@ -178,13 +178,13 @@ def _sets(chain) -> bool:
         return chain.root == "global" and chain.name in ("setattr", "delattr", "vars", *_OPERATOR_WRITES)
     kind, name = chain.steps[-1]
     return name in _SETTERS or len(chain.steps) == 1 and kind == "attr" and chain.root in ("global", "import") and (
-        chain.name == "operator" and name in _OPERATOR_WRITES or chain.name in _CONTAINER_TYPES and (kind, name) in _MUTATORS)
+        chain.name == "operator" and name in _OPERATOR_WRITES or chain.name in _CONTAINER_TYPE_NAMES and (kind, name) in _MUTATORS)
 
 
 # operator's functions writing their first argument; the types whose changing methods write theirs
 _OPERATOR_WRITES = frozenset(("setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imatmul",
                               "imod", "imul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor"))
-_CONTAINER_TYPES = frozenset(("dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "deque", "Counter"))
+_CONTAINER_TYPE_NAMES = frozenset(("dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "deque", "Counter"))
 
 
 def _namespace(chain, drop=0) -> bool:

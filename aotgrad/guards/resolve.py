@@ -533,24 +533,24 @@ class Resolver:
             self._environment(None)
 
     def _past_items(self, obj, steps, source):
-        """A chain going on past an item of a list or deque, whose value is guarded whole (the
-        objects in it by identity): a read C answers from such an object's own state (``L[0].value``
-        of a ``ctypes.c_double``) is refused as where a global names the object (:meth:`_in_c`)."""
-        for kind, key in steps:
-            if kind not in ("attr", "item"):
-                return
-            self._in_c(obj, kind, key, source)
-            if kind != "item" or type(obj) not in (list, tuple, dict, collections.deque):
+        """A chain going on past an item of a list, tuple, dict or deque whose value is guarded whole (the
+        objects in it by identity), ``steps`` from that item on: a read C answers from such an object's own
+        state (``L[0].value`` of a ``ctypes.c_double``) is refused as where a global names the object
+        (:meth:`_in_c`; the first step's own read is the caller's)."""
+        for (kind, key), (next_kind, next_key) in zip(steps, steps[1:]):
+            if kind != "item" or type(obj) not in (list, tuple, dict, collections.deque) \
+                    or next_kind not in ("attr", "item"):
                 return
             try:
                 obj = obj[key]
             except (IndexError, KeyError, TypeError):
                 return
             source = f"{source}[{key!r}]"
+            self._in_c(obj, next_kind, next_key, source)
 
     def _in_c(self, obj, kind, key, source):
         """``obj.key`` / ``obj[key]`` that C answers from the state of an object held by identity alone
-        (``ctypes.c_double(...).value``, a memoryview's item): refused (:func:`.c_calls.state_read`)."""
+        (``ctypes.c_double(...).value``, a ctypes array's item): refused (:func:`.c_calls.state_read`)."""
         why = c_calls.state_read(obj, kind, key) if guard_kind(obj) == "id" else None
         if why is not None:
             read = f"{source}.{key}" if kind == "attr" else f"{source}[{key!r}]"
