@@ -231,19 +231,46 @@ def _engine_is_caller() -> bool:
 
 
 def _forward_frames(anchors) -> str:
-    """The running thread's frames fx's forward-only filter keeps, formatted as fx formats them."""
-    import traceback
-    from torch.fx.experimental.symbolic_shapes import uninteresting_files
-    skip = uninteresting_files()
+    """The running thread's frames fx's forward-only filter keeps, formatted as fx formats them.
+    Which code objects it keeps is decided once per code (while the anchors stay as they are), and
+    the text once per stack of kept lines: a trace's nodes are made some 70 frames deep, a few user
+    lines each."""
+    global _kept_for
+    now = (len(_ANCHORS), frozenset(anchors))      # (ours only grow; fx's may lose one)
+    if _kept_for != now or len(_KEPT) > 8192 or len(_TEXTS) > 8192:
+        _KEPT.clear()
+        _TEXTS.clear()
+        _kept_for = now
     kept = []
     f = sys._getframe(2)
     while f is not None:
         code = f.f_code
-        where = (code.co_filename, code.co_name)
-        if (code.co_name == "forward" or where in _ANCHORS or where in anchors) and code.co_filename not in skip:
-            kept.append(traceback.FrameSummary(code.co_filename, f.f_lineno, code.co_name))
+        keep = _KEPT.get(id(code))
+        if keep is None:
+            keep = _KEPT[id(code)] = (code, _keeps(code, anchors))
+        if keep[1]:
+            kept.append((code, f.f_lineno))
         f = f.f_back
-    return "".join(traceback.StackSummary.from_list(kept[::-1]).format()).strip()
+    key = tuple((id(c), line) for c, line in kept)
+    got = _TEXTS.get(key)
+    if got is None:
+        import traceback
+        text = "".join(traceback.StackSummary.from_list(
+            [traceback.FrameSummary(c.co_filename, line, c.co_name) for c, line in reversed(kept)]).format()).strip()
+        got = _TEXTS[key] = (kept, text)     # (the codes: alive while their ids are a key)
+    return got[1]
+
+
+def _keeps(code, anchors) -> bool:
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
+    where = (code.co_filename, code.co_name)
+    return (code.co_name == "forward" or where in _ANCHORS or where in anchors) and code.co_filename not in uninteresting_files()
+
+
+# Keyed by the ids of code objects _KEPT holds (a new one for code defined again); cleared together when full.
+_KEPT: dict = {}            # id(code) -> (code, whether stack traces keep its frames)
+_kept_for = None            # the anchors _KEPT was decided for
+_TEXTS: dict = {}           # ((id(code), line), ...) kept -> (those codes and lines, the formatted stack trace)
 
 
 def fresh_fakes(mode, metas) -> list:

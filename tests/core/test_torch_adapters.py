@@ -130,3 +130,36 @@ def test_user_stack_traces_are_the_ones_fx_records():
     traced = [t for _, t in cheap if t]
     assert any("in forward" in t and "self.fc(x).relu()" in t for t in traced)
     assert any("in _anchored" in t and "(h + x).sum()" in t for t in traced)
+
+
+def _cell(source: str):
+    """A function defined by running ``source`` as a notebook cell: every run the same file name."""
+    import linecache
+    linecache.cache["<cell>"] = (len(source), None, source.splitlines(keepends=True), "<cell>")
+    ns = {"torch": torch}
+    exec(compile(source, "<cell>", "exec"), ns)
+    return ns["step"]
+
+
+def _traces(fn, m) -> list:
+    def f(x):
+        _torch.user_stack_traces()
+        return fn(m, x)
+    gm = make_fx(f, record_stack_traces=True)(torch.randn(2, 3))
+    return [n.meta.get("stack_trace") or "" for n in gm.graph.nodes]
+
+
+def test_cheap_stack_traces_follow_a_later_anchor_and_code_defined_again():
+    """Which frames a stack trace keeps, and its text, are found once per code object and reused: a
+    function anchored after it was traced gets its line from then on, and a cell run again with other
+    lines (the same file and function name) names its new lines, not the first run's."""
+    m = _Inner()
+    first = _cell("def step(m, x):\n    return (m(x) * 3).sum()\n")
+    assert not any("in step" in t for t in _traces(first, m))      # not anchored: only forward's frames
+    _torch.register_stack_trace_anchor(first)
+    assert any("in step" in t and "(m(x) * 3).sum()" in t for t in _traces(first, m))
+    again = _cell("def step(m, x):\n    h = m(x)\n    return (h - 1).mean()\n")
+    _torch.register_stack_trace_anchor(again)
+    traced = _traces(again, m)
+    assert any('"<cell>", line 3, in step' in t and "(h - 1).mean()" in t for t in traced)
+    assert not any("(m(x) * 3).sum()" in t for t in traced)
