@@ -16,8 +16,9 @@ into a global random stream or a container's changing methods.
   ``object.__setattr__(x, ...)``, ``x.__dict__[k] = v``, ``vars(x).update(...)``: that name (any, where
   it is no constant) of ``x``; ``global`` stores and ``globals()[k] = v``: its module's globals; code at
   module level: its namespace; or when it now holds a traced tensor. User code writing through an
-  object its bytecode does not name (``for m in mods: m.k = v``, ``setattr(f(), k, v)``) may have
-  written that name (any name) of any object. A library's writes through objects it does not name are
+  object its bytecode does not name (``for m in mods: m.k = v``, ``setattr(f(), k, v)``), or through a
+  setter it looked up (``getattr(builtins, "setattr")``, ``methodcaller("__setattr__", ...)``, a
+  ``setattr`` the watch saw called by code not naming it) may have written that name (any name) of any object. A library's writes through objects it does not name are
   to objects of its own, and a name alone is no evidence: torch's ``set_grad_enabled`` stores
   ``self.mode`` on itself, not on the user's ``CFG``. Otherwise it is left as the other thread made
   it, and one the trace *read* that changed meanwhile makes the capture run again (its graph may have
@@ -63,7 +64,7 @@ import types
 import torch
 
 from ..runtime.modes import SETTERS, global_state
-from .bytecode import _MUTATORS, _OPERATOR_WRITES, ANY, Chain, Store, chains
+from .bytecode import _MUTATORS, _OPERATOR_WRITES, ANY, SETTER_NAMES, Chain, Store, chains
 from .writes import _GONE, _changed, _entries, _own_dict, _same, changed_keys, held_dict, peek, state_changes, traced
 
 _STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR",
@@ -108,13 +109,22 @@ class Watch:
         stream is always the capture's (refused and put back, as without threads)."""
         return name in self.drew or name == "numpy.random"
 
-    def c_call(self, arg):
+    def c_call(self, arg, code):
         held = getattr(arg, "__self__", None)
         owner = self.owners.get(id(held))
         if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
             self.drew.add(owner[0])
         elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
             self.touched.add(id(held))
+        elif arg is setattr or arg is delattr:
+            self.set_through(arg, code)
+
+    def set_through(self, setter, code):
+        """``setattr``/``delattr`` called by code that does not name it (``getattr(builtins, "setattr")``,
+        an alias ``SET = setattr``): no store its bytecode shows names the object, so the user code may
+        have written any name of any object (a library's such call writes objects of its own)."""
+        if setter.__name__ not in code.co_names and self.is_user(code):
+            self.loose[code] = self.loose.get(code, frozenset()) | {ANY}
 
     def c_return(self, arg):
         """A process-wide torch setting this thread set (``modes.SETTERS``): its value now is this
@@ -128,7 +138,7 @@ class Watch:
         """The profile function of this thread while the read recording is off (``previous``: a
         user's profiler, kept running)."""
         ran, owners, drew, c_return, touched = self.ran, self.owners, self.drew, self.c_return, self.touched
-        returned = self.returned
+        returned, set_through = self.returned, self.set_through
 
         def watch(frame, what, arg):        # (c_call inlined: called for every event)
             if what == "call":
@@ -142,6 +152,8 @@ class Watch:
                     drew.add(owner[0])
                 elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
                     touched.add(id(held))
+                elif arg is setattr or arg is delattr:
+                    set_through(arg, frame.f_code)
             elif what == "c_return" and arg.__name__ in SETTERS:
                 c_return(arg)
             if previous is not None:
@@ -301,7 +313,8 @@ def _writes(code) -> tuple:
     if not code.co_flags & inspect.CO_OPTIMIZED:
         hit = (_NAMESPACE, frozenset())
     elif not code.co_filename.startswith(_OURS) and (_STORING.intersection(code.co_code[::2])
-                                                     or _REFLECTIVE.intersection(code.co_names)):
+                                                     or _REFLECTIVE.intersection(code.co_names)
+                                                     or SETTER_NAMES.intersection(code.co_consts)):
         targets, anywhere = {}, set()
         try:
             stores = chains(code)[1]

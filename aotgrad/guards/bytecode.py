@@ -62,6 +62,10 @@ def _scan(code, instructions=None):
         if skip:
             skip -= 1
             continue
+        if ins.opname == "LOAD_CONST" and ins.argval in SETTER_NAMES:
+            # ``getattr(object, "__setattr__")(x, ...)``, ``methodcaller("__setattr__", ...)``: a setter
+            # looked up by its name, called where no chain shows on what
+            stores.append(Store("", line, None, ANY))
         op = ins.opname
         sup, skip = _super(cur, code, ins_list, at) if cur is not None else (None, 0)
         if sup is not None:
@@ -160,6 +164,7 @@ def _scan(code, instructions=None):
 
 
 _SETTERS = ("__setattr__", "__delattr__")
+SETTER_NAMES = frozenset(("setattr", "delattr", *_SETTERS))     # (as strings: a setter looked up)
 _KEY_LOADS = ("LOAD_FAST", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF")
 _GLOBALS = Chain("globals", "", (), None)
 

@@ -193,7 +193,7 @@ class Recording:
         self.last_c = (fn, frame.f_code, frame.f_lineno)
         self.c_event(fn, frame)
         if self.watch is not None:
-            self.watch.c_call(fn)
+            self.watch.c_call(fn, frame.f_code)
 
     def c_event(self, fn, frame):
         """A C call the trace (or the joint's recorded backward) made: one that replaces the profile

@@ -6,6 +6,7 @@ global the trace read that another thread changed meanwhile makes the capture ru
 Each test forces the overlap (the traced forward waits, in the capturing thread, until the other
 thread has done its part) and bounds every wait.
 """
+import builtins
 import collections
 import copy
 import functools
@@ -616,3 +617,34 @@ def test_the_captures_own_container_write_through_c_is_refused_beside_another_th
     with pytest.raises(aotgrad.errors.UnsupportedError):
         _overlapping(body, lambda: None, entry)
     assert LOG == [] and TABLE == {}
+
+
+SET_ATTR = setattr      # a setter under another name (``setter = setattr`` in a config module)
+
+# the capture's own write of CONFIG.beats through a setter no name in its bytecode shows
+DYNAMIC_SETTERS = {
+    "getattr(builtins, 'setattr')": lambda: getattr(builtins, "setattr")(CONFIG, "beats", 1),
+    "vars(builtins)['setattr']": lambda: vars(builtins)["setattr"](CONFIG, "beats", 1),
+    "an alias of setattr": lambda: SET_ATTR(CONFIG, "beats", 1),
+    "getattr(builtins, 'delattr')": lambda: getattr(builtins, "delattr")(CONFIG, "beats"),
+    "getattr(object, '__setattr__')": lambda: getattr(object, "__setattr__")(CONFIG, "beats", 1),
+    "operator.methodcaller('__setattr__', ...)": lambda: operator.methodcaller("__setattr__", "beats", 1)(CONFIG),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("write", DYNAMIC_SETTERS)
+def test_the_captures_own_write_through_a_setter_it_looked_up_is_refused_beside_another_thread(write, entry):
+    """Without threads each is refused and undone (``CONFIG.beats`` changed). With another thread alive
+    the change was taken for that thread's: the capture ran and left ``CONFIG`` written. The watch sees
+    the setter called (C calls it, or the thread called it from Python) with no name of it in the
+    code: that code may have written any name of any object."""
+    CONFIG.__init__()
+
+    def body(m, x, pause):
+        DYNAMIC_SETTERS[write]()
+        pause()
+        return m.fc(x)
+    with pytest.raises(aotgrad.errors.UnsupportedError, match="beats"):
+        _overlapping(body, lambda: None, entry)
+    assert CONFIG.beats == 0
