@@ -161,7 +161,7 @@ class Recording:
                 if type(arg) not in _PLAIN and frame.f_back is not None and self.kinds.get(frame.f_back.f_code) == USER \
                         and (type(arg) is types.ModuleType and self.kinds.get(frame.f_code, SKIP) in (SKIP, STDLIB)
                              or self.kinds.get(frame.f_code) in (STDLIB, LIBRARY) and holds_state(arg)
-                             and id(arg) not in self.writes.built):
+                             and arg not in self.writes.built):
                     # a module, or a stateful object, a library call handed user code (``importlib.import_module(
                     # name)``, ``logging.getLogger(name)``): what the code then loads from it is read
                     self.returned.append(arg)
@@ -289,10 +289,10 @@ class Recording:
     def _add(self, frame, code, kind):
         if kind == STDLIB:
             if code.co_name in _BUILDING and code.co_argcount:      # (an object made in the trace is not held)
-                self.writes.built.add(id(frame.f_locals.get(code.co_varnames[0])))
+                self.writes.built.add(frame.f_locals.get(code.co_varnames[0]))
             elif self._held_method(frame, code):
                 obj = frame.f_locals.get("self")
-                if holds_state(obj) and id(obj) not in self.writes.built:
+                if holds_state(obj) and obj not in self.writes.built:
                     self.frames.setdefault((code, None, id(obj), ()), Frame(code, HELD, None, obj))
                     self.held.add(code)
             return
@@ -305,10 +305,10 @@ class Recording:
         if kind == LIBRARY:
             g = frame.f_globals
             if code.co_name in _BUILDING and self_obj is not None:
-                self.writes.built.add(id(self_obj))
+                self.writes.built.add(self_obj)
             if not isinstance(self_obj, torch.nn.Module):
                 self_obj = self_obj if self._held_method(frame, code) and holds_state(self_obj) \
-                    and id(self_obj) not in self.writes.built else None
+                    and self_obj not in self.writes.built else None
             self.frames.setdefault((code, id(g), id(self_obj), ()), Frame(code, kind, g, self_obj))
             return
         if kind != USER:
@@ -338,7 +338,7 @@ class Recording:
         self.frames[key] = Frame(code, kind, g, self_obj, args, held)
         if code.co_name in _CONSTRUCTORS:   # an object being built is not state from before the call
             if self_obj is not None:
-                self.writes.built.add(id(self_obj))
+                self.writes.built.add(self_obj)
             return
         self._writable(frame, code, f_locals, g)
 

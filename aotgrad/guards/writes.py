@@ -24,6 +24,7 @@ import random
 import sys
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +42,7 @@ HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_p
 HOOK_EXTRAS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
-@dataclass(slots=True)      # (no __dict__: _outlives must never take a snapshot for an object the call built)
+@dataclass(slots=True)      # (a recording makes hundreds)
 class Snap:
     obj: object         # the dict, class, list, set or cell that may be written
     before: object      # its shallow copy when the trace first reached it
@@ -53,10 +54,32 @@ class Snap:
                         # dict, or one it holds: only entries that took a tensor of the trace are put back)
 
 
+class Built:
+    """The objects constructed while recording, by identity. An id alone outlives its object, and a
+    later object may take it (a ``Snap`` the recording made was then counted as a built holder): so
+    each is held by a weak reference, or, not weakly referable, by itself."""
+    __slots__ = ("_by_id",)
+
+    def __init__(self):
+        self._by_id: dict = {}      # id -> (weakly, reference or object)
+
+    def add(self, obj) -> None:
+        if obj is None:
+            return
+        try:
+            self._by_id[id(obj)] = (True, weakref.ref(obj))
+        except TypeError:
+            self._by_id[id(obj)] = (False, obj)
+
+    def __contains__(self, obj) -> bool:
+        held = self._by_id.get(id(obj))
+        return held is not None and (held[1]() if held[0] else held[1]) is obj
+
+
 class Writes:
     def __init__(self, is_library):
         self.snaps: dict = {}       # id(obj) -> Snap
-        self.built: set = set()     # ids of objects constructed while recording
+        self.built = Built()        # objects constructed while recording
         self.hooked: set = set()    # ids of the module dicts whose hook dicts are copied
         self.is_library = is_library
         self.generators = _generator_states()       # Python's and numpy's global random streams
@@ -87,13 +110,14 @@ class Writes:
     def made_here(self, *objs) -> None:
         """Objects aotgrad made for the trace to write (a cache layer's copy): not state from before."""
         self.made.extend(objs)
-        self.built.update(id(o) for o in objs)
+        for o in objs:
+            self.built.add(o)
 
     # ------------------------------------------------------------ before
 
     def attrs(self, obj):
         """Copy ``obj.__dict__`` (and its user classes' dicts): an object from before the call."""
-        if id(obj) in self.built:
+        if obj in self.built:
             return
         d = _own_dict(obj)
         if d is not None and id(d) not in self.snaps:
@@ -182,7 +206,7 @@ class Writes:
         per-optimizer ``found_inf``): not followed further, and only a tensor the trace left there is
         taken out (its other state is its own: an Event another thread waits on, a logger's counters)."""
         d = _own_dict(v)
-        if d is None or id(d) in self.snaps or id(v) in self.built:
+        if d is None or id(d) in self.snaps or v in self.built:
             return
         self.snaps[id(d)] = Snap(d, dict(d), v, "leaks")
         for x in list(d.values()):
@@ -222,7 +246,7 @@ class Writes:
             held, attr = (v.items() if isinstance(v, dict) else enumerate(v)), False
         else:
             d = _own_dict(v)
-            if d is None or id(d) in self.snaps or id(v) in self.built:
+            if d is None or id(d) in self.snaps or v in self.built:
                 return
             self.attrs(v)
             held, attr = d.items(), True
@@ -622,7 +646,7 @@ def _refs(snap) -> int:
 _BASE = _refs(Snap([], None, None, "items"))       # what the recording's own Snap and this call hold
 
 
-def _outlives(snap, snaps, built=frozenset()) -> bool:
+def _outlives(snap, snaps, built=()) -> bool:
     """Whether something besides the recording holds a changed container: one only the call's own
     frames held (a local list given to a helper) went with them, and so did one only objects the
     call built hold (a cache made in the forward: its ``is_updated`` dict). Copies of other
@@ -633,10 +657,10 @@ def _outlives(snap, snaps, built=frozenset()) -> bool:
         return False
     built_held = 0      # references from the attributes of an object the call built
     for d in gc.get_referrers(snap.obj):
-        own = _own_dict(d) if id(d) in built else None
+        own = _own_dict(d) if d in built else None
         if type(own) is dict:       # (3.13: the object refers to it from its inline values)
             built_held += sum(1 for v in own.values() if v is snap.obj)
-        elif type(d) is dict and any(id(o) in built and _own_dict(o) is d for o in gc.get_referrers(d)):
+        elif type(d) is dict and any(o in built and _own_dict(o) is d for o in gc.get_referrers(d)):
             built_held += sum(1 for v in d.values() if v is snap.obj)
     return extra > built_held
 

@@ -460,21 +460,46 @@ def test_a_library_object_the_call_makes_is_its_own_state():
     check(_made_inside, (torch.randn(3, 5, requires_grad=True),))
 
 
-_KEPT = []      # a list a program's global holds
+class _Made:
+    """An object a traced call builds (its ``__init__`` runs while recording)."""
 
 
-def test_a_snapshot_is_never_taken_for_an_object_the_call_built():
+def test_an_object_that_took_a_dead_built_objects_id_is_not_built():
     """A changed container is put back where something outside the call holds it, counting the holders
-    that are objects the call built (ids noted as they ran). An id outlives its object: a snapshot made
-    later may get the id of a built object that died, and was then counted as one, so the global list a
-    capture appended to was taken for the call's own and left changed (about one capture in ten with a
-    thread alive, where the writes run through the attribution). Snapshots keep no ``__dict__``."""
+    that are objects the call built. An id outlives its object: an object from before the call (here
+    the one holding the list) that had the id of a built object that died was counted as built, and the
+    list the capture appended to was taken for the call's own and left changed (a ``Snap`` taking such an
+    id made it happen about one capture in ten with a thread alive). Built objects are held by identity."""
     from aotgrad.guards.writes import Writes
-    _KEPT.clear()
+    holder = _Made()
+    holder.items = []
     w = Writes(lambda obj: False)
-    w.module_dict(globals())
-    w.value(_KEPT, "_KEPT")
-    w.built.update(id(s) for s in w.snaps.values())     # as if each snapshot took a dead built object's id
-    _KEPT.append(1)
+    w.value(holder, "holder")
+    w.value(holder.items, "holder.items")
+    dead = _Made()
+    w.built.add(dead)
+    w.built._by_id[id(holder)] = w.built._by_id.pop(id(dead))     # as if the holder took the dead one's id
+    del dead
+    holder.items.append(1)
     done = w.undo()
-    assert _KEPT == [] and any("_KEPT" in text for text, _ in done)
+    assert holder.items == [] and done
+
+
+def test_built_objects_are_known_by_identity_not_by_id():
+    """``Built`` answers for the object itself: one that died and a later one taking its address (CPython
+    gives a freed block to the next object of its size) is not built; one not weakly referable is held."""
+    from aotgrad.guards.writes import Built
+    built, taken = Built(), 0
+    for _ in range(200):
+        made = _Made()
+        built.add(made)
+        assert made in built
+        old = id(made)
+        del made
+        later = _Made()
+        taken += id(later) == old
+        assert later not in built
+    assert taken        # the collision this guards against did happen here
+    kept = {"slots": 1}     # a dict is not weakly referable: held, and so its id stays its own
+    built.add(kept)
+    assert kept in built and {"slots": 1} not in built
