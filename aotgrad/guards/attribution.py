@@ -64,7 +64,7 @@ import types
 import torch
 
 from ..runtime.modes import SETTERS, global_state
-from .bytecode import _MUTATORS, _OPERATOR_WRITES, ANY, SETTER_NAMES, Chain, Store, chains
+from .bytecode import _OPERATOR_WRITES, ANY, CHANGERS, SETTER_NAMES, Chain, Store, chains
 from .writes import _GONE, _changed, _entries, _own_dict, _same, changed_keys, held_dict, peek, state_changes, traced
 
 _STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR",
@@ -72,17 +72,13 @@ _STORING = frozenset(dis.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL", "ST
 _NAMESPACE = ((Chain("namespace", "", (), None), frozenset((ANY,))),)
 # (code that may write an attribute with no store instruction: a setter called, a namespace written)
 _REFLECTIVE = frozenset({"setattr", "delattr", "__setattr__", "__delattr__", "globals", "vars", "__dict__",
-                         *(m for _, m in _MUTATORS), *_OPERATOR_WRITES})      # (and containers' writers)
+                         *CHANGERS, *_OPERATOR_WRITES})      # (and containers' writers)
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The methods of a torch generator that change its stream (reading its state does not).
 _TORCH_SETTERS = frozenset({"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"})
 _SUBSCRIPT_STORES = frozenset({"STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE", "DELETE_SLICE"})
-# A container's methods that change it (a call of one by the capturing thread makes a change of it its own).
+# Containers a call of one of their changing methods (``CHANGERS``) by the capturing thread makes its own.
 _CONTAINERS = (list, dict, set, bytearray)
-_CHANGERS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
-                       "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
-                       "symmetric_difference_update", "__setitem__", "__delitem__", "__iadd__", "__ior__",
-                       "__imul__", "__isub__", "__iand__", "__ixor__"})
 _scanned: dict = {}     # code -> ``_writes(code)``: code is immutable
 
 
@@ -114,7 +110,7 @@ class Watch:
         owner = self.owners.get(id(held))
         if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
             self.drew.add(owner[0])
-        elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
+        elif type(held) in _CONTAINERS and arg.__name__ in CHANGERS:
             self.touched.add(id(held))
         elif arg is setattr or arg is delattr:
             self.set_through(arg, code)
@@ -150,7 +146,7 @@ class Watch:
                 owner = owners.get(id(held))
                 if owner is not None and (owner[0] != "torch" or arg.__name__ in _TORCH_SETTERS):
                     drew.add(owner[0])
-                elif type(held) in _CONTAINERS and arg.__name__ in _CHANGERS:
+                elif type(held) in _CONTAINERS and arg.__name__ in CHANGERS:
                     touched.add(id(held))
                 elif arg is setattr or arg is delattr:
                     set_through(arg, frame.f_code)

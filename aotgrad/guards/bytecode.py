@@ -34,10 +34,13 @@ ANY = "*"
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_CLASSDEREF": "deref", "LOAD_FAST": "fast"}
 _ATTR = ("LOAD_ATTR", "LOAD_METHOD")
 # Methods that change a list, dict or set in place: ``HISTORY.append(x)`` writes to ``HISTORY``.
-_MUTATORS = frozenset(("attr", m) for m in (
+# A container's methods that change it: one loaded as a value is a store on it here; one its thread
+# called (a C call whose ``__self__`` it is) makes a change of it the capture's (``attribution``).
+CHANGERS = frozenset((
     "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add", "discard",
-    "sort", "reverse", "__setitem__", "__delitem__", "__iadd__", "__ior__", "difference_update",
-    "intersection_update", "symmetric_difference_update"))
+    "sort", "reverse", "__setitem__", "__delitem__", "difference_update", "intersection_update",
+    "symmetric_difference_update", "__iadd__", "__ior__", "__imul__", "__isub__", "__iand__", "__ixor__"))
+_MUTATORS = frozenset(("attr", m) for m in CHANGERS)
 
 
 @functools.cache        # a true cache: code objects are immutable, so their chains never change
