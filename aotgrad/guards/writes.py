@@ -88,7 +88,6 @@ class Writes:
         self.memoized: dict = {}    # code of a function an lru_cache wraps -> the wrapper
         self.poisoned: dict = {}    # id(wrapper) -> (wrapper, its name): it cached a traced tensor
         self.foreign: list = []     # (globals dict, name) another thread changed meanwhile
-        self.made: list = []        # objects aotgrad built for the trace (kept alive: their ids stay theirs)
         self.lines: dict = {}       # what a message names -> the user's line that wrote it, where seen as it ran
 
     def own_stream(self, stream, watch, line: str) -> None:
@@ -109,7 +108,6 @@ class Writes:
 
     def made_here(self, *objs) -> None:
         """Objects aotgrad made for the trace to write (a cache layer's copy): not state from before."""
-        self.made.extend(objs)
         for o in objs:
             self.built.add(o)
 
