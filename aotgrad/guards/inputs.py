@@ -192,7 +192,7 @@ def _exemplar(spec: TensorSpec, is_param: bool) -> torch.Tensor:
 def _source(name: str, specs, conditions, numbers=()):
     """``def name(flat)`` checking ``specs`` and the shape conditions over their symbols, and
     ``def bind(flat)``; with the conditions it checks."""
-    lines, bound = [f"def {name}(flat):"], {}
+    lines, bound, later = [f"def {name}(flat):"], {}, []
     bind_lines = ["def bind(flat):", "    return {"]
     for i, spec in enumerate(specs):
         if spec is None:
@@ -206,8 +206,10 @@ def _source(name: str, specs, conditions, numbers=()):
             if isinstance(s, sympy.Symbol) and s not in bound:
                 bound[s] = f"flat[{i}].shape[{d}]"
                 bind_lines.append(f"        {str(s)!r}: flat[{i}].shape[{d}],")
-            elif not isinstance(s, int):
+            elif not isinstance(s, int) and s.free_symbols <= bound.keys():
                 exact.append(f"t.shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))})")
+            elif not isinstance(s, int):    # of a symbol a later input binds (``1 + s1``, s1 its size)
+                later.append((i, d, s))
         if spec.filled:
             exact.append("t.untyped_storage().nbytes() < (t.storage_offset() + 1 + sum((n - 1) * s for n, s in "
                          "zip(t.shape, t.stride()))) * t.element_size()")
@@ -220,6 +222,9 @@ def _source(name: str, specs, conditions, numbers=()):
             if isinstance(s, sympy.Symbol) and s not in bound:
                 bound[s] = src
                 bind_lines.append(f"        {str(s)!r}: {src},")
+    for i, d, s in later:       # every input's type and rank checked by now (a number input's symbol: its frontend's)
+        if s.free_symbols <= bound.keys():
+            lines.append(f"    if flat[{i}].shape[{d}] != ({PythonPrinter().doprint(_subst(s, bound))}): return {i}")
     for i, spec in enumerate(specs):
         if spec is not None:
             lines += _layout_checks(i, spec, bound)
