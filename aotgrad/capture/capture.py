@@ -33,6 +33,7 @@ from ..guards import state as state_guards
 from ..observe import timed
 from ..passes import share_recomputed_randomness
 from ..passes.cleanup import simplify_owned
+from ..passes.input_writes import keep_written_originals
 from ..passes.views import fold_views_owned
 from ..passes.rng_positions import ENDS as RNG_ENDS, traced_with_positions
 from .. import tracing
@@ -192,6 +193,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         if not lay.is_inference:        # t(t(w)) -> w, in place: the compile's fold then copies nothing
             info["views folded"] = fold_views_owned(joint, lay.n_fw)
         joint = simplify_owned(joint)   # the fresh trace, or share_recomputed_randomness's copy
+        info["written inputs copied"] = keep_written_originals(joint, lay)
         info["nodes"] = len(joint.graph.nodes)
     analysis = _settled(analysis, setup.session.shape_env)
     with timed(history, "input guards"):

@@ -183,3 +183,33 @@ def _may_alias(target) -> bool:
         return True
     schema = getattr(target, "_schema", None)
     return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def keep_written_originals(joint: fx.GraphModule, lay) -> int:
+    """A copy, made in the forward, of each input the epilogue writes whose value before the write the
+    backward reads (``x.mul_(w)`` on an input that does not require grad: ``w``'s gradient needs the old
+    ``x``), in place; returns how many. Saved as the input itself, or a view of it, the backward would
+    read the caller's tensor after the write: the new values, and a bumped version. Eager's autograd
+    saves a copy of the original there too. (An input that requires grad is written through a copy
+    already: ``capture.joint``.)"""
+    from ..ir.ops import RUNS_IN_FORWARD, aliases_input
+    from ..partition.default import forward_nodes, placeholders
+    if lay.is_inference or not lay.mutated:
+        return 0
+    fw, primals, done = forward_nodes(joint, lay), placeholders(joint.graph), 0
+    for i in lay.mutated:
+        p, chain, late = primals[i], [primals[i]], False
+        for n in chain:     # the input and every view of it, read in the backward (or made there)
+            late |= n not in fw or any(u not in fw and u.op != "output" for u in n.users)
+            chain += [u for u in n.users if u.op == "call_function" and u.args and u.args[0] is n
+                      and (aliases_input(u) or u.target is operator.getitem)]
+        if not late:
+            continue
+        with joint.graph.inserting_after(primals[-1]):
+            copy = joint.graph.call_function(torch.ops.aten.clone.default, (p,))
+        copy.meta.update(val=p.meta["val"].clone(), **{RUNS_IN_FORWARD: True})
+        p.replace_all_uses_with(copy, delete_user_cb=lambda u: u is not copy and u.op != "output")
+        done += 1
+    if done:
+        joint.recompile()
+    return done

@@ -117,6 +117,39 @@ def test_mutation_of_nonleaf_input_requiring_grad():
     check(f, make=make)
 
 
+# An input that does not require grad, written in place by a value that does: the gradient of that value
+# needs the input's old contents, which eager's autograd saves a copy of; the compiled forward must not
+# save the input itself (the epilogue overwrites it, and bumps its version, before the backward runs).
+_WRITTEN_ORIGINALS = {
+    "mul_": lambda x, w: x.mul_(w),
+    "div_": lambda x, w: x.div_(w.exp()),
+    "then_add_": lambda x, w: x.mul_(w).add_(w),
+    "view": lambda x, w: x.t().mul_(w.t()),
+    "row": lambda x, w: x[1].mul_(w[1]),
+    "strided": lambda x, w: x[:, ::2].mul_(w[:, ::2]),
+    "twice": lambda x, w: x.mul_(w).mul_(w),
+}
+
+
+@pytest.mark.parametrize("write", sorted(_WRITTEN_ORIGINALS))
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+def test_input_not_requiring_grad_written_by_one_that_does(write, partitioner):
+    def f(x, w):
+        _WRITTEN_ORIGINALS[write](x, w)
+        return (x * 2).sum(), x.sin()
+    check(f, (torch.randn(4, 4), rand(4, 4)), partitioner=partitioner)
+
+
+def test_input_not_requiring_grad_written_by_one_that_does_as_a_non_contiguous_input():
+    def make():
+        return (torch.randn(4, 6)[:, ::2], rand(4, 3)), {}
+
+    def f(x, w):
+        x.mul_(w)
+        return x.sum()
+    check(f, make=make)
+
+
 def test_mutation_under_no_grad_of_param():
     def f(p, g):
         out = (p * g).sum()
@@ -358,6 +391,24 @@ def test_guards_on_rounded_symbolic_sizes(rounding):
     for n in (7, 8, 9, 10, 6):
         x = torch.randn(n, requires_grad=True)
         check(f, (x,), compile=lambda fn, *a: compiled)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["expression_first", "symbol_first"])
+def test_guards_on_a_size_that_is_an_expression_of_another_inputs_size(first):
+    """An input whose size is an expression (``1 + s1``) of a symbol a later input's size binds: its guard
+    once read the symbol before any input bound it and raised NameError on every call."""
+    def f(x, w):
+        return x[1:] * w.t()
+
+    def g(w, x):
+        return x[1:] * w.t()
+    fn, order = (f, lambda a, b: (a, b)) if first else (g, lambda a, b: (b, a))
+    compiled = aotgrad.capture(fn, *order(torch.randn(5, 4), torch.randn(4, 4)), dynamic=True).compile()
+    for n in (4, 6, 3):
+        args = order(torch.randn(n + 1, 4), torch.randn(4, n))
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    with pytest.raises(errors.InputMismatchError):
+        compiled(*order(torch.randn(6, 4), torch.randn(4, 4)))
 
 
 def test_metadata_mutation_of_input_requiring_grad():

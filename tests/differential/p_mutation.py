@@ -262,6 +262,22 @@ def _(n=4):
     return fn(f, *views_of((n, 3), True, lambda b: b[:]), r(n, 3, rg=True))
 
 
+@program("mutation_of_input_not_requiring_grad_by_one_that_does", M)
+def _(n=4):
+    def f(x, w):    # w's gradient needs x's old values: the forward must save a copy, not x itself
+        x.mul_(w)
+        return x.sum(1)
+    return fn(f, r(n, 3), r(n, 3, rg=True))
+
+
+@program("mutation_of_input_view_not_requiring_grad_by_one_that_does", M)
+def _(n=4):
+    def f(x, w):
+        x.t()[1:].mul_(w)
+        return x.sin()
+    return fn(f, r(n, 3), r(2, n, rg=True))
+
+
 @program("detach__on_input", M)
 def _(n=4):
     def f(x):
