@@ -140,6 +140,19 @@ def test_input_not_requiring_grad_written_by_one_that_does(write, partitioner):
     check(f, (torch.randn(4, 4), rand(4, 4)), partitioner=partitioner)
 
 
+def test_buffer_written_by_a_parameter():
+    class Scaled(nn.Module):        # the buffer ends holding history, a non-leaf, as in eager
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.randn(4, 3))
+            self.w = nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            self.b.mul_(self.w)
+            return (self.b * x).sum(1)
+    check(Scaled(), (rand(4, 3),))
+
+
 def test_input_not_requiring_grad_written_by_one_that_does_as_a_non_contiguous_input():
     def make():
         return (torch.randn(4, 6)[:, ::2], rand(4, 3)), {}

@@ -278,6 +278,14 @@ def _(n=4):
     return fn(f, r(n, 3), r(2, n, rg=True))
 
 
+@program("mutation_of_input_not_requiring_grad_returned", M)
+def _(n=4):
+    def f(x, w):
+        y = x.mul_(w.exp())     # returned: the input itself, its history the write's
+        return y, (y * w).sum()
+    return fn(f, r(n, 3), r(n, 3, rg=True))
+
+
 @program("detach__on_input", M)
 def _(n=4):
     def f(x):
