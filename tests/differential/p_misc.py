@@ -612,3 +612,15 @@ def _(n=4):
             h = memo.add(self.fc(x))
             return h * memo.count + sum(memo.seen)
     return fn(Net(), r(n, 3, rg=True))
+
+
+# Input sizes that are expressions of another input's size: under symbolic sizes each input's guard
+# checks its size against the symbol another input binds, whichever input comes first.
+@program("size_one_more_than_a_later_inputs")
+def _(n=4):
+    return fn(lambda x, w: x[1:] * w, r(n + 1, 3, rg=True), r(n, 3, rg=True))
+
+
+@program("size_twice_a_later_inputs")
+def _(n=4):
+    return fn(lambda x, y: x.view(2, n, 3) * y, r(2 * n, 3, rg=True), r(n, 3, rg=True))
