@@ -258,6 +258,11 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     # emulate_precision_casts: a cast to bf16/fp16 inside a fused kernel rounds as eager's does
     # (dropout of x.bfloat16() gave x * 2 unrounded); torch versions without it keep the default.
     exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
+    # No FX graph cache for symbolic sizes: an entry keeps its shape guards as expressions over the
+    # symbols' sources, and the symbols of a graph's own fakes have none (``__meta_utils_unknown_tensor1``),
+    # so the next lookup of that entry raised NameError and the graph ran without Inductor.
+    if hasattr(config, "fx_graph_cache") and _symbolic(example_inputs):
+        exact["fx_graph_cache"] = False
     constant = _fixed_sizes(example_inputs)
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
             autocast_off():
@@ -285,6 +290,12 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
             return gm.forward(*args)
         return compiled(args)
     return checked
+
+
+def _symbolic(examples: list) -> bool:
+    import torch
+    return any(isinstance(e, torch.SymInt) or isinstance(e, torch.Tensor) and not all(
+        type(v) is int for v in (*e.shape, *e.stride(), e.storage_offset())) for e in examples)
 
 
 def _fixed_sizes(examples: list) -> list:

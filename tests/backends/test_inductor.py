@@ -94,6 +94,24 @@ def test_dynamic_shapes():
               fw_compiler="inductor")
 
 
+@pytest.mark.slow
+def test_symbolic_backward_compiled_again_hits_inductors_cache_without_falling_back():
+    """A backward with symbolic sizes compiled a second time (another jit, another process) found its
+    entry in Inductor's FX graph cache, whose shape guards name the symbols' sources: aotgrad's fakes
+    have none, the lookup raised NameError and the backward ran without Inductor."""
+    def f(x, w):
+        return x[1:] * w
+    for _ in range(2):
+        step = aotgrad.jit(f, fw_compiler="inductor")
+        for n in (4, 6, 7):     # the second size recompiles with symbolic sizes
+            x, w = torch.randn(n + 1, 3, requires_grad=True), torch.randn(n, 3, requires_grad=True)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message="aotgrad inductor backend: running")
+                out = step(x, w)
+                out.sum().backward()
+            torch.testing.assert_close(out, f(x, w))
+
+
 def _relaid_forward(gm, example_inputs):
     """A forward compiler that returns what it computes in other layouts than the graph traced
     (as Inductor may: padding, a dense copy of an ``expand``): each 2-d output transposed in memory."""
