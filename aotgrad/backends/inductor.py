@@ -292,10 +292,13 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     return checked
 
 
+def _static(t: torch.Tensor) -> bool:
+    """Whether ``t``'s sizes, strides and storage offset are all plain ints."""
+    return all(type(v) is int for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
 def _symbolic(examples: list) -> bool:
-    import torch
-    return any(isinstance(e, torch.SymInt) or isinstance(e, torch.Tensor) and not all(
-        type(v) is int for v in (*e.shape, *e.stride(), e.storage_offset())) for e in examples)
+    return any(isinstance(e, torch.SymInt) or isinstance(e, torch.Tensor) and not _static(e) for e in examples)
 
 
 def _fixed_sizes(examples: list) -> list:
@@ -401,12 +404,9 @@ def _as_laid_out(examples: list, args: list, fake_mode) -> list:
     (static layouts only: a symbolic one is what the graph was traced for, and comparing its sizes with
     the call's would guard them, specialising the backward to this call's sizes, which a later call of
     other sizes would then get: a gradient of an empty input of the first call's shape)."""
-    import torch
-
     out = []
     for ex, a in zip(examples, args):
-        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor) \
-                and all(type(v) is int for v in (*ex.shape, *ex.stride(), ex.storage_offset())) \
+        if isinstance(ex, torch.Tensor) and isinstance(a, torch.Tensor) and _static(ex) \
                 and tuple(ex.shape) == tuple(a.shape) \
                 and (ex.stride() != a.stride() or ex.storage_offset() != a.storage_offset()):
             with fake_mode:
