@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from .._torch import FakeTensor, append_node, copy_node, fake_like, lazy_graph_module
 
-from ..ir.ops import RUNS_IN_FORWARD, draws_at_backward, has_side_effect, is_collective, is_random
+from ..ir.ops import RUNS_IN_FORWARD, aliases_input, draws_at_backward, has_side_effect, is_collective, is_random
 from ..ir.records import JointLayout
 
 
@@ -114,6 +114,21 @@ def descendants(roots) -> set[fx.Node]:
         if n not in seen:
             seen.add(n)
             stack.extend(n.users)
+    return seen
+
+
+def views_of(roots) -> set[fx.Node]:
+    """``roots`` and every node that views one of them, transitively: a view op's output, or a part of a
+    split's views (``getitem``)."""
+    stack = list(roots)
+    seen = set(stack)
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u not in seen and u.op == "call_function" and u.args and u.args[0] is n \
+                    and (aliases_input(u) or u.target is operator.getitem):
+                seen.add(u)
+                stack.append(u)
     return seen
 
 

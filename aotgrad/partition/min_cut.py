@@ -24,7 +24,7 @@ from .._torch import copy_graph, copy_node, lazy_graph_module
 from ..ir.records import JointLayout
 from ..ir.ops import aliases_input
 from .costs import STRICT, may_recompute, node_bytes
-from .default import Partition, ancestors, build, default_partition, forward_nodes, is_sym, split_nodes
+from .default import Partition, ancestors, build, default_partition, forward_nodes, is_sym, split_nodes, views_of
 from .blocks import inline_calls
 from .memory import estimate
 
@@ -150,13 +150,8 @@ def stale_inputs(primals: list, lay: JointLayout, bw: set) -> set:
     reads anyway are no new risk. Views of such inputs are as stale: saved, they
     would cost nothing and hand a recomputation the new values all the same."""
     written = set(lay.mutated)
-    stale = {p for i, p in enumerate(primals) if i in written or (
-        i not in set(lay.grad_of) and not any(u in bw for u in p.users))}
-    for n in (primals[0].graph.nodes if primals else ()):
-        viewing = aliases_input(n) or n.target is operator.getitem    # a view, or a part of a split's views
-        if viewing and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in stale:
-            stale.add(n)
-    return stale
+    return views_of(p for i, p in enumerate(primals) if i in written or (
+        i not in set(lay.grad_of) and not any(u in bw for u in p.users)))
 
 
 def cut_partition(joint: fx.GraphModule, lay: JointLayout, policy="cheap",

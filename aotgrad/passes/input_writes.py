@@ -192,18 +192,15 @@ def keep_written_originals(joint: fx.GraphModule, lay) -> int:
     read the caller's tensor after the write: the new values, and a bumped version. Eager's autograd
     saves a copy of the original there too. (An input that requires grad is written through a copy
     already: ``capture.joint``.)"""
-    from ..ir.ops import RUNS_IN_FORWARD, aliases_input
-    from ..partition.default import forward_nodes, placeholders
+    from ..ir.ops import RUNS_IN_FORWARD
+    from ..partition.default import forward_nodes, placeholders, views_of
     if lay.is_inference or not lay.mutated:
         return 0
     fw, primals, done = forward_nodes(joint, lay), placeholders(joint.graph), 0
     for i in lay.mutated:
-        p, chain, late = primals[i], [primals[i]], False
-        for n in chain:     # the input and every view of it, read in the backward (or made there)
-            late |= n not in fw or any(u not in fw and u.op != "output" for u in n.users)
-            chain += [u for u in n.users if u.op == "call_function" and u.args and u.args[0] is n
-                      and (aliases_input(u) or u.target is operator.getitem)]
-        if not late:
+        p = primals[i]
+        # the input and every view of it, read in the backward (or made there)
+        if all(n in fw and all(u in fw or u.op == "output" for u in n.users) for n in views_of([p])):
             continue
         with joint.graph.inserting_after(primals[-1]):
             copy = joint.graph.call_function(torch.ops.aten.clone.default, (p,))
