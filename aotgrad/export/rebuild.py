@@ -253,11 +253,16 @@ def _signature(m: dict, module: torch.nn.Module) -> Signature:
             or not all(type(v) in (bool, int, float, str, torch.dtype, torch.device, type(None)) for v in leaves):
         raise _ExportFormatError("the artifact's call signature is malformed")
     names = tuple(e["name"] for e in m["state"])
+    same = sig.get("same", [])      # (an artifact written before it: distinct arguments, as its capture checked)
+    n_flat = len(names) + len(pos)
+    if not isinstance(same, list) or not all(isinstance(p, list) and len(p) == 2 and all(type(k) is int for k in p)
+                                             and 0 <= p[1] < p[0] < n_flat for p in same):
+        raise _ExportFormatError("the artifact's call signature is malformed")
     slots = []
     for name, e in zip(names, m["state"]):
         owner_name, _, attr = name.rpartition(".")
         slots.append(Slot(module.get_submodule(owner_name) if owner_name else module, attr, e["kind"] == "param"))
-    return Signature(in_spec, tuple(leaves), tuple(pos), names, tuple(slots))
+    return Signature(in_spec, tuple(leaves), tuple(pos), names, tuple(slots), same=tuple(map(tuple, same)))
 
 
 def _partition(m: dict, graphs: dict, tensors: dict):

@@ -117,7 +117,7 @@ def jit_key(fn, args, kwargs, *, modes, dynamic, dynamic_dims, options) -> JitKe
     """The key of one ``jit`` compile, or None when something in it cannot be fingerprinted."""
     try:
         program = _module_fp(fn, {}) if isinstance(fn, torch.nn.Module) else _program_fp(fn)
-        parts = (program, _inputs(args, kwargs), modes, _global_state(), dynamic,
+        parts = (program, _inputs(args, kwargs, _state(fn)), modes, _global_state(), dynamic,
                  sorted((i, sorted(d)) for i, d in dynamic_dims.items()), _options(options))
     except Uncacheable as e:
         log.info("not caching %s on disk: %s", getattr(fn, "__name__", type(fn).__name__), e)
@@ -504,14 +504,21 @@ def _options(options):
     return sorted(options.items())
 
 
-def _inputs(args, kwargs):
+def _state(fn) -> list:
+    """A module's parameters and buffers (an argument may be one of them: :func:`_inputs`)."""
+    return [*fn.parameters(), *fn.buffers()] if isinstance(fn, torch.nn.Module) else []
+
+
+def _inputs(args, kwargs, state=()):
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     storages: dict = {}
+    objects = {id(t): k for k, t in enumerate(state)}     # one object passed twice: one stand-in (flatten.same_objects)
     out = [str(spec)]
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             first = storages.setdefault(leaf.untyped_storage()._cdata, len(storages))
             out.append(("tensor", type(leaf).__qualname__, _tensor_meta(leaf), leaf.is_leaf, first,
+                        objects.setdefault(id(leaf), len(objects)),
                         tuple(sorted(getattr(leaf, "_dynamo_dynamic_indices", ())))))
         else:
             out.append(_fp(leaf, {}))

@@ -56,6 +56,9 @@ class Signature:
     slots: tuple             # Slot per lifted tensor
     ties: tuple = ()         # (name, Slot, flat index): a lifted tensor's second place (a tied weight)
     unwrap: Unwrap | None = None     # subclass inputs as their inner tensors (inputs.subclasses)
+    # (j, i): tensor argument j is the object at flat index i < j (:func:`same_objects`); None where the
+    # frontend gives distinct objects itself (Dynamo dedupes its graph's inputs)
+    same: tuple | None = None
 
 
 def _slots(module: torch.nn.Module, *walked):
@@ -118,6 +121,7 @@ def signature(fn, args: tuple, kwargs: dict):
             descs.append(InputDesc(input_name(path)))
         else:
             leaves.append(leaf)
+    same = same_objects(tensors, len(state))
     with _unwatched({type(t) for t in tensors}):
         unwrap = Unwrap.of(tensors, descs)
     if unwrap is not None:      # the graph takes each subclass's inner tensors
@@ -126,8 +130,22 @@ def signature(fn, args: tuple, kwargs: dict):
             refuse_tensor(str(d), t)
     sig = Signature(in_spec, tuple(leaves), tuple(tensor_pos),
                     tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
-                    _ties(fn, state, where) if state else (), unwrap)
+                    _ties(fn, state, where) if state else (), unwrap, same)
     return sig, tensors, descs
+
+
+def same_objects(tensors, n_state: int) -> tuple:
+    """``(j, i)`` for each tensor argument ``j`` that is the very object at an earlier flat index ``i``
+    (``f(x, x)``, ``m(m.weight)``). Eager's callee sees one object there (``x is y``, a dict keyed by
+    it); the trace gives it one stand-in too (:func:`flat_function`), as PyTorch's AOTAutograd dedupes
+    such arguments, and every call must pass them so (``runtime.call``'s prologue)."""
+    first: dict = {}
+    out = []
+    for j, t in enumerate(tensors):
+        i = first.setdefault(id(t), j)
+        if i != j and j >= n_state:
+            out.append((j, i))
+    return tuple(out)
 
 
 _TORCH_CLASSES = frozenset((torch.Tensor, torch.nn.Parameter))
@@ -226,6 +244,10 @@ def flat_function(fn, sig: Signature) -> Callable:
     homes = state_homes(sig) if isinstance(fn, torch.nn.Module) else None
 
     def flat_fn(*flat):
+        if sig.same:        # one object passed twice: one stand-in in both places
+            flat = list(flat)
+            for j, i in sig.same:
+                flat[j] = flat[i]
         leaves = list(sig.leaves)
         for pos, t in zip(sig.tensor_pos, flat[n_state:]):
             leaves[pos] = t

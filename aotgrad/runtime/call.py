@@ -166,6 +166,7 @@ def _generated_match(captured):
         env[f"t{j}"], env["held"] = s.module.__dict__, _held
         lines += [f"    if held(t{j}[{'_parameters' if s.is_param else '_buffers'!r}], {s.attr!r}) is not flat[{i}]:",
                   f"        return None, {_untied_why(name, sig.state_names[i])!r}"]
+    lines += _identity_lines(sig, env)
     if sig.unwrap is not None:      # subclass inputs: checked, then as their inner tensors (inputs.subclasses)
         env["unwrap"] = sig.unwrap.graph_inputs
         lines += ["    flat, why = unwrap(flat)", "    if why:", "        return None, why"]
@@ -212,6 +213,43 @@ def _gather_lines(sig, env) -> list:
     return (["    if gathered is None:", "        try:", *lines, f"            flat = [{', '.join(gather + args)}]",
              "        except KeyError as e:", "            return None, gone_why(e)",
              "    else:", f"        flat = [{', '.join(['*gathered'] + args)}]"])
+
+
+def _identity_lines(sig, env) -> list:
+    """The trace gave one object passed twice one stand-in (``inputs.flatten.same_objects``), and other
+    arguments their own: a call must pass the same objects in the same places, and its tensor arguments
+    must be distinct objects elsewhere (``x is y``, a dict keyed by one, would answer otherwise). An
+    argument that is a parameter or buffer only now is not checked (its type, if a ``Parameter``, is)."""
+    n_state, lines = len(sig.slots), []
+    if sig.same is None:
+        return lines
+    for j, i in sig.same:
+        lines += [f"    if flat[{j}] is not flat[{i}]:",
+                  f"        return None, {_identity_why(sig, j, i, True)!r}"]
+    n_args = len(sig.tensor_pos)
+    if n_args > 1:
+        distinct = n_args - sum(i >= n_state for _, i in sig.same)
+        env["ident_why"] = lambda flat: _distinct_why(sig, flat)
+        lines += [f"    if len({{id(t) for t in flat[{n_state}:]}}) != {distinct}:", "        return None, ident_why(flat)"]
+    return lines
+
+
+def _identity_why(sig, j, i, was_same: bool) -> str:
+    paths = leaf_paths(sig.in_spec)
+    n_state = len(sig.slots)
+    name = lambda k: paths[sig.tensor_pos[k - n_state]] if k >= n_state else sig.state_names[k]
+    return (f"{name(j)} {'was' if was_same else 'was not'} the same tensor object as {name(i)} when captured, "
+            f"{'now it is not' if was_same else 'now it is'}")
+
+
+def _distinct_why(sig, flat) -> str:
+    n_state, same = len(sig.slots), dict(sig.same)
+    first: dict = {}
+    for j in range(n_state, len(flat)):
+        i = first.setdefault(id(flat[j]), j)
+        if i != j and same.get(j) != i:
+            return _identity_why(sig, j, i, False)
+    return "the tensor arguments are not the objects they were when captured"
 
 
 def held_slots(captured) -> tuple:

@@ -62,7 +62,7 @@ def _manifest(captured, partitioner, memory_budget, values: bool):
         "grad_enabled": bool(captured.setup.session.grad_enabled),
         "modes": codec.encode(list(_modes(captured))), "values": values, "state": state,
         "signature": {"in_spec": codec.spec_text(sig.in_spec, "argument"), "leaves": codec.encode(list(sig.leaves)),
-                      "tensor_pos": list(sig.tensor_pos)},
+                      "tensor_pos": list(sig.tensor_pos), "same": [list(p) for p in sig.same or ()]},
         "out_spec": codec.spec_text(captured.out_spec),
         "input_descs": codec.encode(list(captured.input_descs)),
         "output_descs": codec.encode(list(captured.output_descs)),

@@ -448,6 +448,29 @@ def test_untied_weight_recompiles():
         step(x)
 
 
+def _pick(a, b, c):
+    """Which arguments are one object decides the path (``a is b``), as in nn.MultiheadAttention."""
+    return a * (2.0 if a is b else 3.0) + c * (5.0 if b is c else 7.0)
+
+
+@pytest.mark.parametrize("order", [("abb", "aaa", "abc"), ("aaa", "abc", "aab"), ("aab", "aba", "abb")])
+def test_which_arguments_are_one_object_is_guarded(order):
+    """One object passed in two places is one object in the trace (the graph's path for ``a is b``);
+    a call passing other objects there, or one object where the capture had two, gets another graph
+    (jit) or an InputMismatchError naming both places (a compiled step), never the first graph."""
+    x, y, z = (torch.randn(3, requires_grad=True) for _ in range(3))
+    pick = {"a": x, "b": y, "c": z}
+    calls = [tuple(pick[k] for k in s) for s in order]
+    g = aotgrad.jit(_pick)
+    step = aotgrad.capture(_pick, *calls[0]).compile()
+    for args in calls:
+        _same(g, _pick, *args, grads=tuple({id(t): t for t in (args[0], args[2])}.values()))
+    assert len(g.entries) == len(set(order)) and all("same tensor object" in w for w in _reasons(g)[1:])
+    for args in calls[1:]:
+        with pytest.raises(errors.InputMismatchError, match=r"args\[\d\] was (not )?the same tensor object as args"):
+            step(*args)
+
+
 def test_nan_constant_reuses_its_entry():
     g = aotgrad.jit(lambda x, k: x * k)
     x = torch.ones(2)

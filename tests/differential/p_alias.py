@@ -338,3 +338,73 @@ def _(n=4):
         def forward(self, x):
             return self.w.view(torch.int32), x @ self.w.t()
     return fn(M(), r(n, 4))
+
+
+# --- one tensor object passed in two places: eager's callee sees one object (``x is y``, a dict or set
+# keyed by it); the trace must give it one stand-in, and a call passing two objects must not run that graph.
+
+class _Identity(torch.nn.Module):
+    """``x is self.w``: an argument that is the module's own parameter."""
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x, v):
+        return x * v * (2.0 if v is self.w else 3.0)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, q, k, v):     # nn.MultiheadAttention packs one projection where query is key is value
+        return self.a(q, k, v, need_weights=False)[0]
+
+
+@program("one_object_twice_is", A, must_match=True)
+def _(n=4):
+    x = r(n, 3, rg=True)
+    return fn(lambda x, y: x * (2.0 if x is y else 3.0), x, x)
+
+
+@program("one_object_twice_written", A, must_match=True, may_refuse=("export",))
+def _(n=4):
+    def f(a, b, w):
+        a.mul_(2)
+        return (b * w).sum() + (1.0 if a is b else 0.0)
+    x = r(n, 3)
+    return fn(f, x, x, r(n, 3, rg=True))
+
+
+@program("one_object_in_a_list_and_an_argument", A, must_match=True)
+def _(n=4):
+    x = r(n, 3, rg=True)
+    return fn(lambda xs, y: sum(t * (2.0 if t is y else 1.0) for t in xs), [x, r(n, 3, rg=True)], x)
+
+
+@program("one_object_twice_dict_key", A, must_match=True)
+def _(n=4):
+    def f(a, b):
+        memo = {a: 1.0}
+        return a * memo.get(b, 5.0)
+    x = r(n, 3, rg=True)
+    return fn(f, x, x)
+
+
+@program("parameter_passed_as_argument", A, must_match=True)
+def _(n=4):
+    m = _Identity()
+    return fn(m, r(n, 3, rg=True), m.w)
+
+
+@program("self_attention_one_object", A, must_match=True)
+def _(n=4):
+    x = r(2, n, 8, rg=True)
+    return fn(_Attention(), x, x, x)
+
+
+@program("distinct_objects_equal_values", A, must_match=True)
+def _(n=4):
+    x = r(n, 3, rg=True)
+    return fn(lambda x, y: x * (2.0 if x is y else 3.0), x, x.detach().clone().requires_grad_())
