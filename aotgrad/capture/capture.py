@@ -181,8 +181,7 @@ def _capture_setup(setup: Setup, history: list, reuse, rng: torch.Tensor, user_c
         info["reused blocks"], info["reused whole blocks"] = (reuse.count(), reuse.whole) if reuse else (0, 0)
         if reuse:
             info.update(_block_facts(joint, reuse))
-    if setup.session.grad_enabled or not lay.is_inference:
-        _refuse_grad_constants(joint)
+    _refuse_held_constants(joint, setup, analysis, setup.session.grad_enabled or not lay.is_inference)
     _refuse_used_inner_leaves(joint, analysis)
     _unread_freed_inputs(joint, analysis)
     in_descs, out_descs = _joint_descs(setup, analysis, lay)
@@ -303,17 +302,31 @@ def _user_line(nodes) -> str | None:
     return ": ".join(line.strip() for line in trace.strip().splitlines()[-2:]) if trace else None
 
 
-def _refuse_grad_constants(joint) -> None:
-    """Tensors that require grad but are not inputs (a module reached through a closure or a
-    global) were baked in as constants: their gradients would be silently dropped."""
-    for n in joint.graph.nodes:
-        t = getattr(joint, n.target, None) if n.op == "get_attr" else None
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            line = _user_line(n.users)
+def _refuse_held_constants(joint, setup, analysis, training: bool) -> None:
+    """Real tensors the trace read as constants (a closure, a global, a plain attribute), refused where
+    the graph would differ from eager: one that requires grad (``training``: its gradient would be
+    dropped), and one in the storage of an input the graph writes (a buffer also held as ``self.alias``
+    or in a global): eager's read through that reference sees the call's writes, the graph's constant
+    is the tensor as it was before the call."""
+    written = {setup.real_inputs[i].untyped_storage()._cdata: setup.input_descs[i]
+               for i, info in enumerate(analysis.inputs) if info.mutates_data and i < len(setup.real_inputs)
+               and isinstance(setup.real_inputs[i], torch.Tensor) and not isinstance(setup.real_inputs[i], FakeTensor)}
+    for n in joint.graph.find_nodes(op="get_attr"):
+        t = getattr(joint, n.target, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if training and t.requires_grad:
             raise errors.UnsupportedError(
                 f"the function uses a tensor of shape {tuple(t.shape)} that requires grad but is not an input "
                 "(a module's parameter reached through a closure or a global?); its gradient would be lost. "
-                "Capture the module itself, or pass the tensor as an argument", user_line=line)
+                "Capture the module itself, or pass the tensor as an argument", user_line=_user_line(n.users))
+        desc = written.get(t.untyped_storage()._cdata) if written and t.layout == torch.strided else None
+        if desc is not None:
+            raise errors.UnsupportedError(
+                f"the function writes {desc} in place and also reads it (or a view of it) through another "
+                "reference (a plain attribute, a global, a closure or a list), which the trace holds as a "
+                "constant: eager's read there sees the call's writes, the graph's would not; read it where the "
+                "function is given it (the module's registered buffer, the argument)", user_line=_user_line(n.users))
 
 
 def name_placeholders(gm, descs) -> None:

@@ -554,7 +554,9 @@ def test_flat_buffer_read_is_exact_or_refused(path):
         assert all(o.item() > 0 for o in outs)
         return
     step, model, (x, y) = make()
-    with pytest.raises(errors.UnsupportedError, match=r"reads `.*`, a tensor over the flat buffer"):
+    # (the capture's own check of constants over written inputs, or the step's, which names the path)
+    with pytest.raises(errors.UnsupportedError, match=r"reads `.*`, a tensor over the flat buffer|through another "
+                                                      r"reference .* which the trace holds as a constant"):
         aotgrad.jit(step)(x, y)
     assert all(not p.grad.any() for p in model.parameters())
 

@@ -396,3 +396,46 @@ def _(n=4):
         x.add_(1)
         return x * 2
     return fn(f, r(0, n))
+
+
+# --- a written input read through another reference than the one the capture lifts (a plain attribute,
+# a global): the trace holds that reference's tensor as a constant, as it was before the call, where
+# eager's read sees the call's writes. Refused (typed), never the old values.
+
+_HELD_ELSEWHERE: dict = {}
+
+
+class _WrittenAndHeld(torch.nn.Module):
+    def __init__(self, where: str):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+        self.register_buffer("b", torch.ones(3))
+        self.where = where
+        if where == "attribute":
+            self.alias = self.b[1:]
+        else:
+            _HELD_ELSEWHERE[id(self)] = self.b
+
+    def forward(self, x):
+        self.b.mul_(2)
+        held = self.alias if self.where == "attribute" else _HELD_ELSEWHERE[id(self)][1:]
+        return x * self.w * torch.cat([self.b[:1], held])
+
+
+@program("buffer_written_read_through_a_plain_attribute", M, calls=2)
+def _(n=4):
+    return fn(_WrittenAndHeld("attribute"), r(n, 3, rg=True))
+
+
+@program("buffer_written_read_through_a_global", M, calls=2)
+def _(n=4):
+    return fn(_WrittenAndHeld("global"), r(n, 3, rg=True))
+
+
+@program("input_written_read_through_a_closure", M, calls=2)
+def _(n=4):
+    x = r(n, 3)
+    def f(a, w):
+        a.add_(1)
+        return x * w        # x is the argument a: eager reads the written values
+    return fn(f, x, r(n, 3, rg=True))
