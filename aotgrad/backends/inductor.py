@@ -260,8 +260,11 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
     exact = {"emulate_precision_casts": True} if hasattr(config, "emulate_precision_casts") else {}
     # No FX graph cache for symbolic sizes: an entry keeps its shape guards as expressions over the
     # symbols' sources, and the symbols of a graph's own fakes have none (``__meta_utils_unknown_tensor1``),
-    # so the next lookup of that entry raised NameError and the graph ran without Inductor.
-    if hasattr(config, "fx_graph_cache") and _symbolic(example_inputs):
+    # so the next lookup of that entry raised NameError and the graph ran without Inductor. Nor for a
+    # graph holding a live object (the torch.Generator a program draws from): an entry is keyed by the
+    # object's serialized state, and a hit ran the code compiled for another generator (Dynamo never puts
+    # one in a graph).
+    if hasattr(config, "fx_graph_cache") and (_symbolic(example_inputs) or _holds_objects(gm)):
         exact["fx_graph_cache"] = False
     constant = _fixed_sizes(example_inputs)
     with tracing(TracingContext(fake_mode)), config.patch(fallback_random=True, layout_optimization=False, **exact), \
@@ -295,6 +298,12 @@ def _compile_inner(gm: fx.GraphModule, example_inputs: list, fake_mode):
 def _static(t: torch.Tensor) -> bool:
     """Whether ``t``'s sizes, strides and storage offset are all plain ints."""
     return all(type(v) is int for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _holds_objects(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` holds an object other than a tensor or a module as an attribute (``_opaque_obj0``)."""
+    return any(not isinstance(operator.attrgetter(n.target)(gm), (torch.Tensor, torch.nn.Module))
+               for n in gm.graph.find_nodes(op="get_attr"))
 
 
 def _symbolic(examples: list) -> bool:

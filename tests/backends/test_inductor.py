@@ -112,6 +112,24 @@ def test_symbolic_backward_compiled_again_hits_inductors_cache_without_falling_b
             torch.testing.assert_close(out, f(x, w))
 
 
+def test_a_generator_the_program_draws_from_is_never_a_cached_graphs(tmp_path, monkeypatch):
+    """A graph holding the torch.Generator a program draws from, compiled again with another
+    generator (a second capture, a second model): Inductor's FX graph cache keyed it by the first
+    generator's state and its hit drew from that one, not from the caller's (wrong numbers, and the
+    caller's generator never moved)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))     # a cache no other test filled
+
+    def f(x, g):
+        return x * torch.rand(x.shape, generator=g)
+    x = torch.randn(4, 3)
+    for seed in (3, 3):
+        mine, eager = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        step = aotgrad.capture(f, x, mine).compile(fw_compiler="inductor")
+        for _ in range(2):
+            torch.testing.assert_close(step(x, mine), f(x, eager))
+        assert torch.equal(mine.get_state(), eager.get_state())
+
+
 def _relaid_forward(gm, example_inputs):
     """A forward compiler that returns what it computes in other layouts than the graph traced
     (as Inductor may: padding, a dense copy of an ``expand``): each 2-d output transposed in memory."""
