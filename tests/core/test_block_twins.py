@@ -17,6 +17,8 @@ TWINS = sorted(name for name, p in PROGRAMS.items() if G in p.tags)
 
 # How many block calls a template stands for; 0 where reuse would be wrong or is not possible.
 REUSED = {
+    # A block drawing from a torch.Generator it holds runs flat: a template's graph would hold one block's.
+    "generator_per_block": 0, "generator_alternating_blocks": 0,
     "blocks_input_without_grad": 3, "blocks_input_with_grad": 3,
     "blocks_signed_zero_attribute": 2,          # the two 0.0 blocks share a template, -0.0 runs flat
     "blocks_signed_zero_argument": 3,           # one template for 0.0, one for -0.0

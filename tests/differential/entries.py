@@ -87,8 +87,9 @@ def _stored_first(compile, fn, args, kwargs):
 
 
 def _own_closure(fn):
-    """``fn`` with copies of the tensors its closure holds (deepcopy shares a function as it is): the
-    first process's call must not write the closure tensors of the program under test."""
+    """``fn`` with copies of the tensors and generators its closure holds (deepcopy shares a function as
+    it is): the first process's call must not write the closure tensors of the program under test, nor
+    move its generators on."""
     if not isinstance(fn, types.FunctionType) or not fn.__closure__:
         return fn
     def held(c):
@@ -96,7 +97,7 @@ def _own_closure(fn):
             return c.cell_contents
         except ValueError:      # an empty cell
             return None
-    cells = tuple(types.CellType(copy.deepcopy(held(c))) if isinstance(held(c), torch.Tensor) else c
+    cells = tuple(types.CellType(copy.deepcopy(held(c))) if isinstance(held(c), (torch.Tensor, torch.Generator)) else c
                   for c in fn.__closure__)
     return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
 

@@ -44,6 +44,63 @@ def _(n=4):
     return fn(lambda x: (x * 1).random_(0, 10) * x + (x * 1).random_(5), r(n, 8, rg=True))
 
 
+# A torch.Generator the program is given (an argument, a closure, a module's attribute): the graph
+# draws from that object, and its state moves on as eager's does (``calls=2``: the second call draws anew).
+# Export cannot write a generator (typed refusal); a dynamic capture cannot size a draw by a symbol on one.
+
+@program("generator_argument", R, must_match=True, calls=2, may_refuse=("export", "capture_dynamic"))
+def _(n=4):
+    return fn(lambda x, g: x * torch.rand(x.shape, generator=g), r(n, 3, rg=True), torch.Generator().manual_seed(3))
+
+
+@program("generator_closure_and_global_stream", R, must_match=True, calls=2, may_refuse=("export", "capture_dynamic"))
+def _(n=4):
+    g = torch.Generator().manual_seed(7)
+    return fn(lambda x: x * torch.rand(x.shape, generator=g) + torch.rand(x.shape), r(n, 3, rg=True))
+
+
+@program("generator_twice_and_another", R, must_match=True, calls=2, may_refuse=("export",))
+def _(n=4):
+    def f(x, g, h, k):
+        noise = torch.empty_like(x).normal_(generator=g) + torch.bernoulli(torch.full_like(x, 0.5), generator=h)
+        return x[torch.randperm(x.shape[0], generator=k)] * noise
+    g = torch.Generator().manual_seed(3)
+    return fn(f, r(n, 3, rg=True), g, g, torch.Generator().manual_seed(4))
+
+
+class _NoisyBlock(torch.nn.Module):
+    def __init__(self, g):
+        super().__init__()
+        self.lin, self.g = torch.nn.Linear(6, 6), g
+
+    def forward(self, x):
+        return self.lin(x) * torch.rand(x.shape, generator=self.g)
+
+
+class _NoisyStack(torch.nn.Module):
+    """Repeated blocks, each drawing from its own generator, or two of them alternating: twins whose
+    templates must not share one block's generator."""
+    def __init__(self, shared: bool, n: int = 4):
+        super().__init__()
+        gens = [torch.Generator().manual_seed(100 + i) for i in range(2 if shared else n)]
+        self.blocks = torch.nn.ModuleList(_NoisyBlock(gens[i % len(gens)]) for i in range(n))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x).tanh()
+        return x
+
+
+@program("generator_per_block", R, "blocks", must_match=True, calls=2, may_refuse=("export", "capture_dynamic"))
+def _(n=4):
+    return fn(_NoisyStack(shared=False), r(n, 6, rg=True))
+
+
+@program("generator_alternating_blocks", R, "blocks", must_match=True, calls=2, may_refuse=("export", "capture_dynamic"))
+def _(n=4):
+    return fn(_NoisyStack(shared=True), r(n, 6, rg=True))
+
+
 def _fill_gapped_views(x):
     y = x * 1
     y[:, 1:].normal_()                  # a view with gaps: eager's kernel fills it element by element
