@@ -512,7 +512,7 @@ def _state(fn) -> list:
 def _inputs(args, kwargs, state=()):
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     storages: dict = {}
-    objects = {id(t): k for k, t in enumerate(state)}     # one object passed twice: one stand-in (flatten.same_objects)
+    objects = {id(t): k for k, t in enumerate(state)}     # one object passed twice: one stand-in (runtime.call.same_objects)
     out = [str(spec)]
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from .._torch import FakeTensor, pytree, subclass_kind, traceable_subclass
-from ..runtime.call import rebound, tensor_attributes
+from ..runtime.call import rebound, same_objects, tensor_attributes
 from ..runtime.modes import left_as_found
 from ..guards.reads import paused, thread_watch
 from ..ir.descriptors import BaseDesc, BufferDesc, InputDesc, ParamDesc, input_name
@@ -56,7 +56,7 @@ class Signature:
     slots: tuple             # Slot per lifted tensor
     ties: tuple = ()         # (name, Slot, flat index): a lifted tensor's second place (a tied weight)
     unwrap: Unwrap | None = None     # subclass inputs as their inner tensors (inputs.subclasses)
-    # (j, i): tensor argument j is the object at flat index i < j (:func:`same_objects`); None where the
+    # (j, i): tensor argument j is the object at flat index i < j (``runtime.call.same_objects``); None where the
     # frontend gives distinct objects itself (Dynamo dedupes its graph's inputs)
     same: tuple | None = None
 
@@ -132,20 +132,6 @@ def signature(fn, args: tuple, kwargs: dict):
                     tuple(n for n, _, _ in state), tuple(s for _, _, s in state),
                     _ties(fn, state, where) if state else (), unwrap, same)
     return sig, tensors, descs
-
-
-def same_objects(tensors, n_state: int) -> tuple:
-    """``(j, i)`` for each tensor argument ``j`` that is the very object at an earlier flat index ``i``
-    (``f(x, x)``, ``m(m.weight)``). Eager's callee sees one object there (``x is y``, a dict keyed by
-    it); the trace gives it one stand-in too (:func:`flat_function`), as PyTorch's AOTAutograd dedupes
-    such arguments, and every call must pass them so (``runtime.call``'s prologue)."""
-    first: dict = {}
-    out = []
-    for j, t in enumerate(tensors):
-        i = first.setdefault(id(t), j)
-        if i != j and j >= n_state:
-            out.append((j, i))
-    return tuple(out)
 
 
 _TORCH_CLASSES = frozenset((torch.Tensor, torch.nn.Parameter))

@@ -216,7 +216,7 @@ def _gather_lines(sig, env) -> list:
 
 
 def _identity_lines(sig, env) -> list:
-    """The trace gave one object passed twice one stand-in (``inputs.flatten.same_objects``), and other
+    """The trace gave one object passed twice one stand-in (:func:`same_objects`), and other
     arguments their own: a call must pass the same objects in the same places, and its tensor arguments
     must be distinct objects elsewhere (``x is y``, a dict keyed by one, would answer otherwise). An
     argument that is a parameter or buffer only now is not checked (its type, if a ``Parameter``, is)."""
@@ -246,14 +246,25 @@ def _identity_why(sig, j, i, was_same: bool) -> str:
             f"{'now it is not' if was_same else 'now it is'}")
 
 
-def _distinct_why(sig, flat) -> str:
-    n_state, same = len(sig.slots), dict(sig.same)
+def same_objects(tensors, n_state: int) -> tuple:
+    """``(j, i)`` for each tensor argument ``j`` that is the very object at an earlier flat index ``i``
+    (``f(x, x)``, ``m(m.weight)``). Eager's callee sees one object there (``x is y``, a dict keyed by
+    it); the trace gives it one stand-in too (``inputs.flatten.flat_function``), as PyTorch's AOTAutograd
+    dedupes such arguments, and every call must pass them so (:func:`_identity_lines`)."""
     first: dict = {}
-    for j in range(n_state, len(flat)):
-        i = first.setdefault(id(flat[j]), j)
-        if i != j and same.get(j) != i:
-            return _identity_why(sig, j, i, False)
-    return "the tensor arguments are not the objects they were when captured"
+    out = []
+    for j, t in enumerate(tensors):
+        i = first.setdefault(id(t), j)
+        if i != j and j >= n_state:
+            out.append((j, i))
+    return tuple(out)
+
+
+def _distinct_why(sig, flat) -> str:
+    """Why ``flat`` failed the distinctness test: the first two arguments that are one object now only."""
+    n_state, captured = len(sig.slots), set(sig.same)
+    new = [(j, i) for j, i in same_objects(flat, n_state) if i >= n_state and (j, i) not in captured]
+    return _identity_why(sig, *new[0], False) if new else "the tensor arguments are not the objects they were when captured"
 
 
 def held_slots(captured) -> tuple:
